@@ -1,0 +1,127 @@
+"""Multi-head self-attention, Appendix A of the paper (Eqs. 5-8).
+
+Axes used throughout: b batch, n tokens (i queries, j keys), h heads, d head size D_h.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import einsum
+from einops.layers.torch import Rearrange
+from torch import nn
+
+from ._checks import check_choice, check_positive_int, check_probability
+from .config import ATTN_IMPLS
+
+
+class Attend(nn.Module):
+    """The attention math alone: Eq. 6 ``A = softmax(q k^T / sqrt(D_h))`` and Eq. 7 ``A v``.
+
+    The scale sits *inside* the softmax and uses the head size D_h, not D. The softmax is its own
+    submodule, so a forward hook on ``attend.softmax`` sees A on the einsum path.
+
+    Args:
+        head_dim: D_h, the size of one head.
+        dropout: dropout on A (attention dropout), active in training only.
+        impl: "einsum" (written out here) or "sdpa" (torch.nn.functional.scaled_dot_product_attention).
+
+    Shapes: q, k, v (b, h, n, d); mask None or bool broadcastable to (b, h, n, n), True = may attend;
+    output (b, h, n, d).
+    """
+
+    def __init__(self, head_dim: int, dropout: float = 0.0, impl: str = "einsum") -> None:
+        super().__init__()
+        self.scale = check_positive_int("head_dim", head_dim) ** -0.5
+        self.softmax = nn.Softmax(dim=-1)
+        self.dropout = nn.Dropout(check_probability("attn_dropout", dropout))
+        self.impl = impl
+
+    @property
+    def impl(self) -> str:
+        return self._impl
+
+    @impl.setter
+    def impl(self, value: str) -> None:
+        self._impl = check_choice("attention impl", value, ATTN_IMPLS)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self._impl == "sdpa":
+            # SDPA's default scale is 1/sqrt(q.size(-1)) = 1/sqrt(D_h): the same Eq. 6.
+            p = self.dropout.p if self.training else 0.0
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        # (q / sqrt(D_h)) k^T equals q k^T / sqrt(D_h); scaling q touches n*d numbers instead of n*n.
+        energy = einsum(q * self.scale, k, "b h i d, b h j d -> b h i j")
+        if mask is not None:
+            energy = energy.masked_fill(~mask, float("-inf"))
+        attn = self.dropout(self.softmax(energy))
+        return einsum(attn, v, "b h i j, b h j d -> b h i d")
+
+    def extra_repr(self) -> str:
+        return f"impl={self._impl!r}, scale={self.scale:.6g}"
+
+
+class MultiHeadAttention(nn.Module):
+    """MSA(z) = [SA_1(z); ...; SA_h(z)] U_msa (Eq. 8), with every head's U_qkv fused in one Linear (Eq. 5).
+
+    The fused ``qkv`` output is laid out (qkv h d): rows [0:D] are q, [D:2D] k, [2D:3D] v, head i owning
+    rows [i*D_h:(i+1)*D_h] in each. That is exactly ``nn.MultiheadAttention.in_proj_weight`` and timm's
+    ``attn.qkv.weight``, so weights copy across without permutation.
+
+    Args:
+        dim: D, the model width; must be divisible by ``heads``.
+        heads: h.
+        dropout: dropout after the output projection ``proj`` (Appendix B.1).
+        attn_dropout: dropout on the attention matrix.
+        impl: "einsum" or "sdpa"; a plain attribute that may be changed after construction.
+
+    Shapes: x (b, n, D); mask None or bool broadcastable to (b, h, n, n), True = may attend;
+    output (b, n, D).
+    """
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0, attn_dropout: float = 0.0, impl: str = "einsum") -> None:
+        super().__init__()
+        check_positive_int("dim", dim)
+        check_positive_int("heads", heads)
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not divisible by heads {heads}")
+        self.dim, self.heads = dim, heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.split_heads = Rearrange("b n (qkv h d) -> qkv b h n d", qkv=3, h=heads)
+        self.attend = Attend(dim // heads, attn_dropout, impl)
+        self.merge_heads = Rearrange("b h n d -> b n (h d)")
+        self.proj = nn.Linear(dim, dim)
+        self.dropout = nn.Dropout(check_probability("dropout", dropout))
+
+    @property
+    def impl(self) -> str:
+        return self.attend.impl
+
+    @impl.setter
+    def impl(self, value: str) -> None:
+        self.attend.impl = value
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if x.ndim != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"expected x of shape (b, n, {self.dim}), got {tuple(x.shape)}")
+        if mask is not None:
+            mask = self._check_mask(mask, x)
+        q, k, v = self.split_heads(self.qkv(x))
+        return self.dropout(self.proj(self.merge_heads(self.attend(q, k, v, mask))))
+
+    def _check_mask(self, mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise TypeError(f"mask must be a bool tensor (True = may attend), got {got}")
+        b, n = x.shape[:2]
+        full = (b, self.heads, n, n)
+        try:
+            ok = mask.ndim <= 4 and torch.broadcast_shapes(mask.shape, full) == full
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to (b, h, n, n) = {full}")
+        if not mask.expand(full).any(dim=-1).all():
+            # softmax over an all -inf row is NaN on the einsum path and silently 0 or NaN in SDPA kernels.
+            raise ValueError("mask leaves at least one query row with no key to attend to")
+        return mask

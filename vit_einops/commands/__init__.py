@@ -1,0 +1,1 @@
+"""Subcommands of the ``vit-einops`` command line (see vit_einops.cli)."""

@@ -1,0 +1,53 @@
+"""Eq. 4, y = LN(z_L^0), and the classifier attached to it."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+from ._checks import check_choice, check_positive_int
+from .config import POOLS
+
+
+class TokenPool(nn.Module):
+    """(b, n, D) -> (b, D): "cls" takes the class token z^0 (the paper); "mean" averages the patch tokens,
+    the class token excluded."""
+
+    def __init__(self, mode: str = "cls") -> None:
+        super().__init__()
+        self.mode = check_choice("pool", mode, POOLS)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, 0] if self.mode == "cls" else x[:, 1:].mean(dim=1)
+
+    def extra_repr(self) -> str:
+        return f"mode={self.mode!r}"
+
+
+class ClassificationHead(nn.Sequential):
+    """``norm`` (the final LayerNorm of Eq. 4), ``pool``, optional ``pre_logits`` (Linear + tanh, the paper's
+    pre-training head), then ``fc`` to ``num_classes`` (nn.Identity when num_classes is 0).
+
+    Shapes: (b, n, D) -> (b, num_classes), or (b, D or representation_size) when num_classes is 0.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_classes: int,
+        pool: str = "cls",
+        representation_size: int | None = None,
+        layer_norm_eps: float = 1e-6,
+    ) -> None:
+        check_positive_int("dim", dim)
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be an int >= 0 (0 = no classifier), got {num_classes!r}")
+        stages = [("norm", nn.LayerNorm(dim, eps=layer_norm_eps)), ("pool", TokenPool(pool))]
+        features = dim
+        if representation_size is not None:
+            features = check_positive_int("representation_size", representation_size)
+            stages.append(("pre_logits", nn.Sequential(OrderedDict(fc=nn.Linear(dim, features), act=nn.Tanh()))))
+        stages.append(("fc", nn.Linear(features, num_classes) if num_classes else nn.Identity()))
+        super().__init__(OrderedDict(stages))

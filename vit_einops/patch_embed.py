@@ -1,0 +1,98 @@
+"""Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N' E] + E_pos, then dropout (Appendix B.1)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from einops import rearrange, repeat
+from einops.layers.torch import Rearrange
+from torch import nn
+
+from ._checks import check_choice, check_positive_int, check_probability, to_pair
+from .config import PATCHIFY
+
+# ViT's own init for the class token and positions (timm, torchvision): a small truncated normal.
+EMBED_INIT_STD = 0.02
+
+
+class ClassToken(nn.Module):
+    """Prepends the learnable x_class to the patch tokens: (b, n, D) -> (b, n + 1, D).
+
+    Kept as a module with a ``weight`` so tools that count module weights (torchsummary) see it.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(1, 1, check_positive_int("dim", dim)))
+        nn.init.trunc_normal_(self.weight, std=EMBED_INIT_STD)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cls = repeat(self.weight, "1 1 d -> b 1 d", b=x.shape[0])
+        return torch.cat([cls, x], dim=1)
+
+
+class PositionEmbedding(nn.Module):
+    """Adds the learnable 1-D E_pos in R^{N x D} (class token's row first): (b, N, D) -> (b, N, D)."""
+
+    def __init__(self, num_tokens: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(1, check_positive_int("num_tokens", num_tokens), check_positive_int("dim", dim)))
+        nn.init.trunc_normal_(self.weight, std=EMBED_INIT_STD)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.weight
+
+
+def conv_to_linear_weight(weight: torch.Tensor) -> torch.Tensor:
+    """Conv2d kernel (D, C, p1, p2) -> the paper's E^T as a Linear weight (D, p1*p2*C)."""
+    return rearrange(weight, "d c p1 p2 -> d (p1 p2 c)")
+
+
+def linear_to_conv_weight(weight: torch.Tensor, in_channels: int, patch_size: tuple[int, int]) -> torch.Tensor:
+    """Inverse of :func:`conv_to_linear_weight`."""
+    return rearrange(weight, "d (p1 p2 c) -> d c p1 p2", c=in_channels, p1=patch_size[0], p2=patch_size[1])
+
+
+class PatchEmbedding(nn.Sequential):
+    """Image to tokens, Eq. 1.
+
+    patchify="conv": ``proj`` = Conv2d(C, D, kernel=stride=P), then ``flatten`` 'b d h w -> b (h w) d'.
+    patchify="linear": ``to_patches`` 'b c (h p1) (w p2) -> b (h w) (p1 p2 c)', then ``proj`` = Linear(P^2 C, D),
+    the matrix E of Eq. 1 literally. Both compute the same map (see :func:`conv_to_linear_weight`).
+    Then ``cls_token`` prepends x_class, ``pos_embed`` adds E_pos, ``dropout`` follows the addition.
+
+    Shapes: (b, C, H, W) -> (b, N' + 1, D).
+    """
+
+    def __init__(
+        self,
+        image_size: int | tuple[int, int],
+        patch_size: int | tuple[int, int],
+        in_channels: int,
+        dim: int,
+        dropout: float = 0.0,
+        patchify: str = "conv",
+    ) -> None:
+        image_size, patch_size = to_pair("image_size", image_size), to_pair("patch_size", patch_size)
+        if image_size[0] % patch_size[0] or image_size[1] % patch_size[1]:
+            raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
+        check_positive_int("in_channels", in_channels)
+        check_positive_int("dim", dim)
+        (ph, pw), (gh, gw) = patch_size, (image_size[0] // patch_size[0], image_size[1] // patch_size[1])
+        if check_choice("patchify", patchify, PATCHIFY) == "conv":
+            proj = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
+            stages = [("proj", proj), ("flatten", Rearrange("b d h w -> b (h w) d"))]
+        else:
+            proj = nn.Linear(in_channels * ph * pw, dim)
+            stages = [("to_patches", Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=ph, p2=pw)), ("proj", proj)]
+        # LeCun normal on the patch projection, as torchvision does (fan_in = C * P^2), in either form.
+        nn.init.trunc_normal_(proj.weight, std=(in_channels * ph * pw) ** -0.5)
+        nn.init.zeros_(proj.bias)
+        stages += [
+            ("cls_token", ClassToken(dim)),
+            ("pos_embed", PositionEmbedding(gh * gw + 1, dim)),
+            ("dropout", nn.Dropout(check_probability("dropout", dropout))),
+        ]
+        super().__init__(OrderedDict(stages))
+        self.image_size, self.patch_size, self.grid_size, self.patchify = image_size, patch_size, (gh, gw), patchify
