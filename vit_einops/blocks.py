@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ._checks import check_positive_int, check_probability
+from ._sequential import Sequential
 from .attention import MultiHeadAttention
 
 
@@ -22,7 +23,7 @@ class ResidualAdd(nn.Module):
         return self.fn(x, **kwargs) + x
 
 
-class FeedForwardBlock(nn.Sequential):
+class FeedForwardBlock(Sequential):
     """The MLP of Eq. 3: Linear(D, mlp_dim), exact (erf) GELU, Dropout, Linear(mlp_dim, D), Dropout.
 
     Shapes: (b, n, D) -> (b, n, D).
@@ -43,7 +44,7 @@ class FeedForwardBlock(nn.Sequential):
         )
 
 
-class TransformerEncoderBlock(nn.Sequential):
+class TransformerEncoderBlock(Sequential):
     """One layer l of the encoder.
 
     ``attn``: z'_l = MSA(LN(z_{l-1})) + z_{l-1}   (Eq. 2)
@@ -84,7 +85,7 @@ class TransformerEncoderBlock(nn.Sequential):
         )
 
 
-class TransformerEncoder(nn.Sequential):
+class TransformerEncoder(Sequential):
     """``depth`` TransformerEncoderBlocks in a row (l = 1..L). Shapes: (b, n, D) -> (b, n, D)."""
 
     def __init__(self, depth: int, dim: int, heads: int, mlp_dim: int, **block_kwargs) -> None:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ._checks import check_choice, check_positive_int
+from ._sequential import Sequential
 from .config import POOLS
 
 
@@ -26,7 +27,7 @@ class TokenPool(nn.Module):
         return f"mode={self.mode!r}"
 
 
-class ClassificationHead(nn.Sequential):
+class ClassificationHead(Sequential):
     """``norm`` (the final LayerNorm of Eq. 4), ``pool``, optional ``pre_logits`` (Linear + tanh, the paper's
     pre-training head), then ``fc`` to ``num_classes`` (nn.Identity when num_classes is 0).
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ._checks import check_choice
+from ._sequential import Sequential
 from .attention import MultiHeadAttention
 from .blocks import TransformerEncoder
 from .config import ATTN_IMPLS, ViTConfig
@@ -19,7 +20,7 @@ from .patch_embed import PatchEmbedding
 LINEAR_INIT_STD = 0.02
 
 
-class ViT(nn.Sequential):
+class ViT(Sequential):
     """Vision Transformer (Dosovitskiy et al. 2021), children ``patch_embed``, ``blocks``, ``head``.
 
     Every argument is keyword-only and is a field of :class:`ViTConfig` (see there for defaults and

@@ -10,6 +10,7 @@ from einops.layers.torch import Rearrange
 from torch import nn
 
 from ._checks import check_choice, check_positive_int, check_probability, to_pair
+from ._sequential import Sequential
 from .config import PATCHIFY
 
 # ViT's own init for the class token and positions (timm, torchvision): a small truncated normal.
@@ -54,7 +55,7 @@ def linear_to_conv_weight(weight: torch.Tensor, in_channels: int, patch_size: tu
     return rearrange(weight, "d (p1 p2 c) -> d c p1 p2", c=in_channels, p1=patch_size[0], p2=patch_size[1])
 
 
-class PatchEmbedding(nn.Sequential):
+class PatchEmbedding(Sequential):
     """Image to tokens, Eq. 1.
 
     patchify="conv": ``proj`` = Conv2d(C, D, kernel=stride=P), then ``flatten`` 'b d h w -> b (h w) d'.
