@@ -1,0 +1,216 @@
+"""The machinery both converters share: a key layout as a table of renames, config inference, and key checks.
+
+A foreign ViT (torchvision's, timm's) holds the same tensors as ours under other names, with the same shapes:
+conversion is a rename, checked key by key and shape by shape. What a state dict cannot tell (the number of heads,
+a non-square image, the pooling), the caller passes in; everything else is read off the tensors.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._checks import check_positive_int, to_pair
+from ..config import ViTConfig
+from ..model import ViT
+from ..patch_embed import conv_to_linear_weight, linear_to_conv_weight
+
+# h is not in any tensor's shape (the fused qkv is D x 3D for every h), so it comes from Table 1 by width D
+# (192 and 384 are the DeiT Ti and S that torchvision and timm also ship).
+HEADS_BY_DIM: dict[int, int] = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+
+# The ViTConfig fields a state dict cannot pin down and that change no tensor: callers may set them freely.
+FREE_FIELDS = ("dropout", "attn_dropout", "attn_impl", "patchify", "layer_norm_eps")
+
+PATCH_WEIGHT = "patch_embed.proj.weight"
+
+
+class StateDictMismatchError(ValueError):
+    """A state dict does not fit the expected layout; lists every missing, unexpected and mis-shaped key."""
+
+    def __init__(
+        self,
+        source: str,
+        missing: list[str],
+        unexpected: list[str],
+        mis_shaped: dict[str, tuple[tuple[int, ...], tuple[int, ...]]],
+    ) -> None:
+        self.missing, self.unexpected, self.mis_shaped = missing, unexpected, mis_shaped
+        lines = [f"{source} state dict does not match the expected layout:"]
+        if missing:
+            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
+        if unexpected:
+            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+        for key, (got, want) in mis_shaped.items():
+            lines.append(f"  mis-shaped {key}: got {tuple(got)}, expected {tuple(want)}")
+        super().__init__("\n".join(lines))
+
+
+def check_state_dict(state_dict: Any, source: str) -> dict[str, torch.Tensor]:
+    """Return ``state_dict`` as a plain dict after checking it maps str keys to tensors."""
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"{source} state dict must be a mapping of str to torch.Tensor, got {type(state_dict).__name__}")
+    for key, value in state_dict.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"{source} state dict must map str to torch.Tensor; key {key!r} holds {type(value).__name__}"
+            )
+    return dict(state_dict)
+
+
+def check_keys(state_dict: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Size], source: str) -> None:
+    """Raise :class:`StateDictMismatchError` unless ``state_dict`` has exactly the keys and shapes of ``expected``."""
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    mis_shaped = {
+        k: (tuple(v.shape), tuple(expected[k]))
+        for k, v in state_dict.items()
+        if k in expected and tuple(v.shape) != tuple(expected[k])
+    }
+    if missing or unexpected or mis_shaped:
+        raise StateDictMismatchError(source, missing, unexpected, mis_shaped)
+
+
+def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
+    """Our state-dict keys and shapes for ``config``, from a model on the meta device (no memory, no init cost)."""
+    with torch.device("meta"):
+        model = ViT.from_config(config)
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+def require(state_dict: Mapping[str, torch.Tensor], key: str, ndim: int, source: str) -> torch.Tensor:
+    """The tensor at ``key``, which config inference needs; a clear error if it is absent or of the wrong rank."""
+    if key not in state_dict:
+        raise StateDictMismatchError(source, [key], [], {})
+    tensor = state_dict[key]
+    if tensor.ndim != ndim:
+        raise ValueError(f"{source} {key} must be {ndim}-D, got shape {tuple(tensor.shape)}")
+    return tensor
+
+
+def count_blocks(state_dict: Mapping[str, torch.Tensor], pattern: str, source: str) -> int:
+    """L, from the block indices in keys matching ``pattern`` (one group: the index); they must run 0..L-1."""
+    indices = {int(m.group(1)) for k in state_dict if (m := re.match(pattern, k))}
+    if not indices:
+        raise ValueError(f"{source} state dict has no encoder blocks (no key matches {pattern!r})")
+    if indices != set(range(len(indices))):
+        gaps = sorted(set(range(max(indices) + 1)) - indices)
+        raise ValueError(f"{source} encoder block indices are not 0..{max(indices)}: blocks {gaps} are missing")
+    return len(indices)
+
+
+def infer_heads(dim: int, heads: int | None) -> int:
+    """``heads`` if given, else Table 1's h for width ``dim``."""
+    if heads is not None:
+        return check_positive_int("heads", heads)
+    if dim not in HEADS_BY_DIM:
+        raise ValueError(
+            f"the number of heads cannot be read from a state dict and width {dim} is not a Table 1 size "
+            f"({', '.join(f'{d}->{h}' for d, h in HEADS_BY_DIM.items())}); pass heads=..."
+        )
+    return HEADS_BY_DIM[dim]
+
+
+def infer_image_size(
+    num_patch_tokens: int, patch_size: tuple[int, int], image_size: int | tuple[int, int] | None, source: str
+) -> tuple[int, int]:
+    """(H, W) from the number of patch rows in the position embedding; square unless ``image_size`` is given."""
+    if image_size is not None:
+        h, w = to_pair("image_size", image_size)
+        if (h // patch_size[0]) * (w // patch_size[1]) != num_patch_tokens or h % patch_size[0] or w % patch_size[1]:
+            raise ValueError(
+                f"image_size {(h, w)} with patch_size {patch_size} gives a grid of "
+                f"{h / patch_size[0]:g} x {w / patch_size[1]:g}, but the {source} position embedding has "
+                f"{num_patch_tokens} patch rows"
+            )
+        return (h, w)
+    side = round(num_patch_tokens**0.5)
+    if side * side != num_patch_tokens:
+        raise ValueError(
+            f"the {source} position embedding has {num_patch_tokens} patch rows, not a square grid; "
+            f"pass image_size=(H, W)"
+        )
+    return (side * patch_size[0], side * patch_size[1])
+
+
+def check_free_fields(overrides: Mapping[str, Any]) -> None:
+    """Only fields that no tensor pins down may be overridden when a config is inferred."""
+    fixed = sorted(set(overrides) - set(FREE_FIELDS))
+    if fixed:
+        raise ValueError(
+            f"{fixed} are read from the state dict and cannot be overridden; "
+            f"the fields that can are {', '.join(FREE_FIELDS)}"
+        )
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """A foreign key layout: ``rules`` are (our key regex, their key template) pairs, applied with re.fullmatch.
+
+    Every one of our keys matches exactly one rule; the tensors keep their shapes (our patch projection is
+    compared in its Conv2d form, whatever ``patchify`` the model uses).
+    """
+
+    name: str
+    rules: tuple[tuple[str, str], ...]
+
+    def key_map(self, config: ViTConfig) -> dict[str, str]:
+        """Our key -> their key, for every tensor of a model with ``config``."""
+        mapping = {}
+        for ours in expected_shapes(config):
+            for pattern, template in self.rules:
+                if m := re.fullmatch(pattern, ours):
+                    mapping[ours] = m.expand(template)
+                    break
+            else:
+                raise ValueError(f"{self.name} has no counterpart of {ours!r} (config {config})")
+        return mapping
+
+    def to_ours(self, state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
+        """Their state dict -> ours for ``config``, after checking every key and shape."""
+        state_dict = check_state_dict(state_dict, self.name)
+        mapping = self.key_map(_conv_form(config))
+        shapes = expected_shapes(_conv_form(config))
+        check_keys(state_dict, {theirs: shapes[ours] for ours, theirs in mapping.items()}, self.name)
+        return convert_patchify({k: state_dict[theirs] for k, theirs in mapping.items()}, config, "conv", config.patchify)
+
+    def from_ours(self, state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
+        """Our state dict for ``config`` -> theirs, after checking every key and shape."""
+        state_dict = check_state_dict(state_dict, "vit-einops")
+        check_keys(state_dict, expected_shapes(config), "vit-einops")
+        state_dict = convert_patchify({k: v.detach() for k, v in state_dict.items()}, config, config.patchify, "conv")
+        return {theirs: state_dict[ours] for ours, theirs in self.key_map(_conv_form(config)).items()}
+
+
+def convert_patchify(
+    state_dict: dict[str, torch.Tensor], config: ViTConfig, source: str, target: str
+) -> dict[str, torch.Tensor]:
+    """Move the patch projection between its Conv2d (D, C, p1, p2) and Linear (D, p1 p2 C) forms, in place."""
+    if source != target:
+        w = state_dict[PATCH_WEIGHT]
+        state_dict[PATCH_WEIGHT] = (
+            conv_to_linear_weight(w) if target == "linear" else linear_to_conv_weight(w, config.in_channels, config.patch_size)
+        )
+    return state_dict
+
+
+def _conv_form(config: ViTConfig) -> ViTConfig:
+    """The same config with a Conv2d patch projection, the form both libraries store."""
+    return ViTConfig.from_dict({**config.to_dict(), "patchify": "conv"})
+
+
+def model_and_config(model_or_state: Any, config: ViTConfig | None) -> tuple[dict[str, torch.Tensor], ViTConfig]:
+    """Accept a ViT (its own config) or our state dict plus its config."""
+    if isinstance(model_or_state, ViT):
+        if config is not None and config != model_or_state.config:
+            raise ValueError("config was given together with a ViT whose own config differs; pass one or the other")
+        return model_or_state.state_dict(), model_or_state.config
+    if config is None:
+        raise TypeError("a vit-einops state dict needs its ViTConfig: pass config=..., or pass the ViT itself")
+    if not isinstance(config, ViTConfig):
+        raise TypeError(f"config must be a ViTConfig, got {type(config).__name__}")
+    return check_state_dict(model_or_state, "vit-einops"), config

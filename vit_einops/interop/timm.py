@@ -1,0 +1,167 @@
+"""timm's ``VisionTransformer`` (vit_*_patch*_* with a class token) <-> vit-einops.
+
+timm's names are closest to ours (SPEC.md): ``blocks.i.attn.qkv`` is our fused ``qkv`` in the same (qkv h d)
+layout, ``norm1``/``norm2`` the two pre-norms, ``mlp.fc1``/``mlp.fc2`` the MLP, ``norm`` the final LayerNorm and
+``head`` the classifier (absent when timm's ``num_classes=0``).
+
+Supported: a class token with its own position row (``class_token=True, no_embed_class=False``), biases on
+qkv, no layer scale, no register tokens, no pre-norm, and pooling ``global_pool="token"`` (our ``pool="cls"``) or
+``global_pool="avg", fc_norm=False`` (our ``pool="mean"``: LayerNorm on every token, then the mean of the patch
+tokens). timm's default for ``avg`` is ``fc_norm=True``, which normalises *after* pooling; our head normalises
+before, so such checkpoints (keys ``fc_norm.*``) are refused with that reason.
+
+Read off the state dict: P, C, D, L, MLP size, image size (square unless ``image_size`` is given), classes.
+Not readable: the heads h (Table 1's by D unless given) and the pooling (``global_pool``, default "token").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .._checks import check_choice
+from ..config import ViTConfig
+from ..model import ViT
+from .io import load_state_dict_file
+from .keys import (
+    KeyLayout,
+    check_free_fields,
+    check_state_dict,
+    count_blocks,
+    infer_heads,
+    infer_image_size,
+    model_and_config,
+    require,
+)
+
+SOURCE = "timm"
+# timm's global_pool -> our pool; 'avg' only with fc_norm=False (see the module docstring).
+GLOBAL_POOLS = {"token": "cls", "avg": "mean"}
+LAYOUT = KeyLayout(
+    SOURCE,
+    (
+        (r"patch_embed\.proj\.(weight|bias)", r"patch_embed.proj.\1"),
+        (r"patch_embed\.cls_token\.weight", "cls_token"),
+        (r"patch_embed\.pos_embed\.weight", "pos_embed"),
+        (r"blocks\.(\d+)\.attn\.fn\.norm\.(weight|bias)", r"blocks.\1.norm1.\2"),
+        (r"blocks\.(\d+)\.attn\.fn\.mha\.qkv\.(weight|bias)", r"blocks.\1.attn.qkv.\2"),
+        (r"blocks\.(\d+)\.attn\.fn\.mha\.proj\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
+        (r"blocks\.(\d+)\.mlp\.fn\.norm\.(weight|bias)", r"blocks.\1.norm2.\2"),
+        (r"blocks\.(\d+)\.mlp\.fn\.ff\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+        (r"head\.norm\.(weight|bias)", r"norm.\1"),
+        (r"head\.fc\.(weight|bias)", r"head.\1"),
+    ),
+)
+
+
+def timm_config(
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    heads: int | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    global_pool: str = "token",
+    **overrides: Any,
+) -> ViTConfig:
+    """The ViTConfig of a timm ViT state dict.
+
+    Args:
+        state_dict: timm ``VisionTransformer.state_dict()`` (keys ``cls_token``, ``pos_embed``, ``blocks.i...``).
+        heads: h; not stored in any shape, so by default Table 1's value for the width D.
+        image_size: the checkpoint's (H, W); by default a square grid is assumed.
+        global_pool: the timm model's ``global_pool``, "token" or "avg" (with ``fc_norm=False``); the state dict
+            of either has the same keys, so it cannot be inferred.
+        **overrides: fields no tensor holds: dropout, attn_dropout, attn_impl, patchify, layer_norm_eps.
+    """
+    check_free_fields(overrides)
+    check_choice("global_pool", global_pool, GLOBAL_POOLS)
+    state_dict = check_state_dict(state_dict, SOURCE)
+    if "fc_norm.weight" in state_dict:
+        raise ValueError(
+            "timm state dict has fc_norm (global_pool='avg' with fc_norm=True: LayerNorm after pooling); "
+            "vit-einops normalises every token before pooling, which equals timm's fc_norm=False only"
+        )
+    if "cls_token" not in state_dict:
+        raise ValueError("timm state dict has no cls_token; vit-einops needs a class token (class_token=True)")
+    dim, in_channels, *patch = require(state_dict, "patch_embed.proj.weight", 4, SOURCE).shape
+    pos = require(state_dict, "pos_embed", 3, SOURCE)
+    fc1 = require(state_dict, "blocks.0.mlp.fc1.weight", 2, SOURCE)
+    head = state_dict.get("head.weight")
+    return ViTConfig(
+        image_size=infer_image_size(pos.shape[1] - 1, tuple(patch), image_size, SOURCE),
+        patch_size=tuple(patch),
+        in_channels=in_channels,
+        num_classes=0 if head is None else head.shape[0],
+        dim=dim,
+        depth=count_blocks(state_dict, r"blocks\.(\d+)\.", SOURCE),
+        heads=infer_heads(dim, heads),
+        mlp_dim=fc1.shape[0],
+        pool=GLOBAL_POOLS[global_pool],
+        **overrides,
+    )
+
+
+def from_timm(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
+    """A timm state dict renamed to ours for ``config``; every key and shape is checked
+    (:class:`~vit_einops.interop.keys.StateDictMismatchError` lists what is missing, unexpected or mis-shaped)."""
+    return LAYOUT.to_ours(state_dict, config)
+
+
+def to_timm(model_or_state: ViT | Mapping[str, torch.Tensor], config: ViTConfig | None = None) -> dict[str, torch.Tensor]:
+    """Our weights (a ViT, or its state dict plus ``config``) as a timm ``VisionTransformer`` state dict;
+    build the timm model with :func:`timm_kwargs`."""
+    state_dict, config = model_and_config(model_or_state, config)
+    timm_kwargs(config)  # raises if timm's VisionTransformer cannot express this config
+    return LAYOUT.from_ours(state_dict, config)
+
+
+def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
+    """Arguments of ``timm.models.vision_transformer.VisionTransformer`` that build the architecture of ``config``."""
+    if config.representation_size is not None:
+        raise ValueError(
+            f"timm's VisionTransformer has no pre-logits layer (representation_size {config.representation_size})"
+        )
+    if config.layer_norm_eps != 1e-6:
+        raise ValueError(f"timm's LayerNorm eps is 1e-6, got layer_norm_eps {config.layer_norm_eps}")
+    mlp_ratio = config.mlp_dim / config.dim
+    if int(config.dim * mlp_ratio) != config.mlp_dim:  # timm builds int(dim * mlp_ratio) hidden units
+        raise ValueError(f"timm cannot express mlp_dim {config.mlp_dim} as int(dim {config.dim} * mlp_ratio)")
+    return dict(
+        img_size=config.image_size,
+        patch_size=config.patch_size,
+        in_chans=config.in_channels,
+        num_classes=config.num_classes,
+        global_pool={v: k for k, v in GLOBAL_POOLS.items()}[config.pool],
+        fc_norm=False,
+        embed_dim=config.dim,
+        depth=config.depth,
+        num_heads=config.heads,
+        mlp_ratio=mlp_ratio,
+        qkv_bias=True,
+        class_token=True,
+        proj_drop_rate=config.dropout,
+        pos_drop_rate=config.dropout,
+        attn_drop_rate=config.attn_dropout,
+    )
+
+
+def load_timm(
+    source: str | os.PathLike | Mapping[str, torch.Tensor],
+    *,
+    heads: int | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    global_pool: str = "token",
+    **overrides: Any,
+) -> ViT:
+    """A ViT holding timm weights: from a file (safetensors, .pth, .bin) or a state dict.
+
+    Args: as :func:`timm_config`. Resample to another resolution afterwards with
+    :func:`vit_einops.interop.resample_vit` (``mode="timm"`` matches timm's own).
+    """
+    state_dict = source if isinstance(source, Mapping) else load_state_dict_file(source)
+    config = timm_config(state_dict, heads=heads, image_size=image_size, global_pool=global_pool, **overrides)
+    model = ViT.from_config(config)
+    model.load_state_dict(from_timm(state_dict, config))
+    return model
