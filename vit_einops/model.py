@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ._checks import check_choice
+from ._init import trunc_normal_
 from ._sequential import Sequential
 from .attention import MultiHeadAttention
 from .blocks import TransformerEncoder
@@ -55,7 +56,7 @@ class ViT(Sequential):
         for module in (self.blocks, self.head):
             for m in module.modules():
                 if isinstance(m, nn.Linear):
-                    nn.init.trunc_normal_(m.weight, std=LINEAR_INIT_STD)
+                    trunc_normal_(m.weight, LINEAR_INIT_STD)
                     nn.init.zeros_(m.bias)
 
     @classmethod

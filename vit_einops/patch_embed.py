@@ -10,6 +10,7 @@ from einops.layers.torch import Rearrange
 from torch import nn
 
 from ._checks import check_choice, check_positive_int, check_probability, to_pair
+from ._init import trunc_normal_
 from ._sequential import Sequential
 from .config import PATCHIFY
 
@@ -26,7 +27,7 @@ class ClassToken(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(1, 1, check_positive_int("dim", dim)))
-        nn.init.trunc_normal_(self.weight, std=EMBED_INIT_STD)
+        trunc_normal_(self.weight, EMBED_INIT_STD)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cls = repeat(self.weight, "1 1 d -> b 1 d", b=x.shape[0])
@@ -39,7 +40,7 @@ class PositionEmbedding(nn.Module):
     def __init__(self, num_tokens: int, dim: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(1, check_positive_int("num_tokens", num_tokens), check_positive_int("dim", dim)))
-        nn.init.trunc_normal_(self.weight, std=EMBED_INIT_STD)
+        trunc_normal_(self.weight, EMBED_INIT_STD)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.weight
@@ -88,7 +89,7 @@ class PatchEmbedding(Sequential):
             proj = nn.Linear(in_channels * ph * pw, dim)
             stages = [("to_patches", Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=ph, p2=pw)), ("proj", proj)]
         # LeCun normal on the patch projection, as torchvision does (fan_in = C * P^2), in either form.
-        nn.init.trunc_normal_(proj.weight, std=(in_channels * ph * pw) ** -0.5)
+        trunc_normal_(proj.weight, (in_channels * ph * pw) ** -0.5)
         nn.init.zeros_(proj.bias)
         stages += [
             ("cls_token", ClassToken(dim)),
