@@ -1,0 +1,115 @@
+"""Every bad input raises ValueError/TypeError naming the value and what was expected, where it enters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vit_einops import MultiHeadAttention, PatchEmbedding, ViT, create_vit, set_attn_impl
+
+TINY = dict(image_size=16, patch_size=4, dim=32, depth=1, heads=4, mlp_dim=64, num_classes=5)
+
+
+@pytest.mark.parametrize(
+    "overrides, error, message",
+    [
+        (dict(dim=30, heads=4), ValueError, "dim 30 is not divisible by heads 4"),
+        (dict(image_size=18), ValueError, "image height 18 is not divisible by patch height 4"),
+        (dict(image_size=(16, 18)), ValueError, "image width 18 is not divisible by patch width 4"),
+        (dict(patch_size=(4, 5)), ValueError, "image width 16 is not divisible by patch width 5"),
+        (dict(image_size=(16, 16, 3)), ValueError, r"image_size must be an int or an \(h, w\) pair"),
+        (dict(dim=0), ValueError, "dim must be a positive int, got 0"),
+        (dict(depth=-1), ValueError, "depth must be a positive int, got -1"),
+        (dict(heads=0), ValueError, "heads must be a positive int, got 0"),
+        (dict(mlp_dim=0), ValueError, "mlp_dim must be a positive int, got 0"),
+        (dict(in_channels=0), ValueError, "in_channels must be a positive int, got 0"),
+        (dict(patch_size=0), ValueError, "patch_size must be a positive int, got 0"),
+        (dict(image_size=0), ValueError, "image_size must be a positive int, got 0"),
+        (dict(num_classes=-1), ValueError, "num_classes must be >= 0"),
+        (dict(representation_size=0), ValueError, "representation_size must be a positive int, got 0"),
+        (dict(dim=32.0), TypeError, "dim must be an int, got 32.0"),
+        (dict(depth=True), TypeError, "depth must be an int, got True"),
+        (dict(dropout=1.0), ValueError, r"dropout must be in \[0, 1\), got 1.0"),
+        (dict(dropout=-0.1), ValueError, r"dropout must be in \[0, 1\), got -0.1"),
+        (dict(attn_dropout=1.5), ValueError, r"attn_dropout must be in \[0, 1\), got 1.5"),
+        (dict(dropout="0.1"), TypeError, "dropout must be a float in"),
+        (dict(pool="max"), ValueError, "unknown pool 'max'; expected one of 'cls', 'mean'"),
+        (dict(attn_impl="flash"), ValueError, "unknown attn_impl 'flash'; expected one of 'einsum', "),
+        (dict(patchify="unfold"), ValueError, "unknown patchify 'unfold'"),
+        (dict(layer_norm_eps=0), ValueError, "layer_norm_eps must be a positive float, got 0"),
+    ],
+)
+def test_bad_configuration(overrides, error, message):
+    with pytest.raises(error, match=message):
+        ViT(**{**TINY, **overrides})
+
+
+def test_unknown_keyword_is_rejected():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'widht'"):
+        ViT(**TINY, widht=3)
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="unknown preset 'vit_x_16'; expected one of vit_ti_16, "):
+        create_vit("vit_x_16")
+
+
+@pytest.mark.parametrize(
+    "x, error, message",
+    [
+        (torch.randn(2, 1, 16, 16), ValueError, r"expected 3 channels, got 1 \(input shape \(2, 1, 16, 16\)\)"),
+        (torch.randn(2, 3, 16, 20), ValueError, r"expected height, width \(16, 16\), got \(16, 20\)"),
+        (torch.randn(2, 3, 32, 16), ValueError, r"expected height, width \(16, 16\), got \(32, 16\)"),
+        (torch.randn(3, 16, 16), ValueError, r"expected a 4-D tensor \(b, 3, 16, 16\), got 3-D"),
+        (torch.randn(1, 2, 3, 16, 16), ValueError, "got 5-D"),
+        (torch.zeros(2, 3, 16, 16, dtype=torch.uint8), TypeError, "expected a floating-point image tensor, got dtype torch.uint8"),
+        ([[0.0]], TypeError, "expected a torch.Tensor of shape \\(b, 3, 16, 16\\), got list"),
+    ],
+)
+def test_bad_model_input(x, error, message):
+    with pytest.raises(error, match=message):
+        ViT(**TINY)(x)
+
+
+def test_bad_attention_arguments():
+    with pytest.raises(ValueError, match="dim 10 is not divisible by heads 3"):
+        MultiHeadAttention(10, 3)
+    with pytest.raises(ValueError, match="heads must be a positive int, got 0"):
+        MultiHeadAttention(8, 0)
+    with pytest.raises(ValueError, match="unknown attention impl 'flash'"):
+        MultiHeadAttention(8, 2, impl="flash")
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got 1"):
+        MultiHeadAttention(8, 2, dropout=1)
+    mha = MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError, match="unknown attention impl 'Einsum'"):
+        mha.impl = "Einsum"
+    assert mha.impl == "einsum"
+    with pytest.raises(ValueError, match="unknown attention impl 'fast'"):
+        set_attn_impl(ViT(**TINY), "fast")
+    with pytest.raises(ValueError, match=r"expected x of shape \(b, n, 8\), got \(2, 5, 6\)"):
+        mha(torch.randn(2, 5, 6))
+
+
+@pytest.mark.parametrize(
+    "mask, error, message",
+    [
+        (torch.ones(5, 5), TypeError, "mask must be a bool tensor .*, got torch.float32"),
+        (torch.ones(5, 5, dtype=torch.int64), TypeError, "got torch.int64"),
+        ([[True]], TypeError, "got list"),
+        (torch.ones(4, 4, dtype=torch.bool), ValueError, r"mask of shape \(4, 4\) does not broadcast to \(b, h, n, n\) = \(2, 2, 5, 5\)"),
+        (torch.ones(3, 1, 5, 5, dtype=torch.bool), ValueError, r"mask of shape \(3, 1, 5, 5\) does not broadcast"),
+        (torch.ones(1, 2, 1, 5, 5, dtype=torch.bool), ValueError, "does not broadcast"),
+        (torch.ones(5, 5, dtype=torch.bool).triu(1), ValueError, "leaves at least one query row with no key"),
+    ],
+)
+def test_bad_mask(mask, error, message):
+    mha = MultiHeadAttention(8, 2)
+    with pytest.raises(error, match=message):
+        mha(torch.randn(2, 5, 8), mask=mask)
+
+
+def test_patch_embedding_checks_its_own_arguments():
+    with pytest.raises(ValueError, match=r"image_size \(10, 10\) is not divisible by patch_size \(4, 4\)"):
+        PatchEmbedding(10, 4, 3, 8)
+    with pytest.raises(ValueError, match="unknown patchify 'pixels'"):
+        PatchEmbedding(8, 4, 3, 8, patchify="pixels")

@@ -1,0 +1,147 @@
+"""Presets against Table 1 / SPEC.md parameter counts, torchsummary's total, and training-readiness of a tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vit_einops import PRESETS, ViT, create_vit, list_presets
+from vit_einops.summary import count_parameters, summarize
+
+# Published totals (SPEC.md; torchvision's num_params and timm) for 1000 classes at 224 px.
+PUBLISHED = {
+    "vit_ti_16": 5_717_416,
+    "vit_s_16": 22_050_664,
+    "vit_b_16": 86_567_656,
+    "vit_b_32": 88_224_232,
+    "vit_l_16": 304_326_632,
+    "vit_l_32": 306_535_400,
+    "vit_h_14": 632_045_800,
+}
+
+
+def spec_formula(p: int, d: int, layers: int, image: int = 224, classes: int = 1000) -> int:
+    """SPEC.md: 3P^2 D + D + D + N D + L (12 D^2 + 13 D) + 2 D + D K + K."""
+    n = (image // p) ** 2 + 1
+    return 3 * p * p * d + d + d + n * d + layers * (12 * d * d + 13 * d) + 2 * d + d * classes + classes
+
+
+def test_presets_are_the_documented_set():
+    assert list_presets() == ["vit_ti_16", "vit_s_16", "vit_s_32", "vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14"]
+
+
+def on_meta(name: str, **overrides) -> ViT:
+    """Build a preset without allocating or initialising its weights: counting needs only shapes."""
+    with torch.device("meta"):
+        return create_vit(name, **overrides)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_parameter_count(name):
+    model = on_meta(name)
+    cfg = model.config
+    assert cfg.mlp_dim == 4 * cfg.dim
+    expected = spec_formula(cfg.patch_size[0], cfg.dim, cfg.depth)
+    assert count_parameters(model) == expected
+    if name in PUBLISHED:
+        assert expected == PUBLISHED[name]
+
+
+def test_table_1_sizes():
+    sizes = {n: (p["depth"], p["dim"], p["mlp_dim"], p["heads"]) for n, p in PRESETS.items()}
+    assert sizes["vit_b_16"] == (12, 768, 3072, 12)
+    assert sizes["vit_l_16"] == (24, 1024, 4096, 16)
+    assert sizes["vit_h_14"] == (32, 1280, 5120, 16)
+    assert sizes["vit_ti_16"] == (12, 192, 768, 3) and sizes["vit_s_16"] == (12, 384, 1536, 6)
+
+
+def torchsummary_total(model: ViT) -> int:
+    cfg = model.config
+    text = summarize(model.eval(), (cfg.in_channels, *cfg.image_size))
+    line = next(l for l in text.splitlines() if l.startswith("Total params:"))
+    return int(line.split(":")[1].replace(",", ""))
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_torchsummary_total_equals_true_total_small_input(name):
+    # A 4x4 patch grid keeps even ViT-H's forward (torchsummary runs one, batch 2) to a fraction of a second.
+    model = zeroed(name, image_size=4 * PRESETS[name]["patch_size"])
+    assert torchsummary_total(model) == count_parameters(model)
+
+
+def test_torchsummary_total_vit_b_16_at_224():
+    """The one full-size forward of the suite: batch 2 at 224 px through ViT-B/16."""
+    assert torchsummary_total(zeroed("vit_b_16")) == 86_567_656
+
+
+def zeroed(name: str, **overrides) -> ViT:
+    """A preset with real (zero) weights but no slow random initialisation: the count needs only shapes."""
+    model = on_meta(name, **overrides).to_empty(device="cpu")
+    for p in model.parameters():
+        p.data.zero_()
+    return model
+
+
+def test_preset_overrides():
+    model = create_vit("vit_ti_16", num_classes=10, image_size=32, attn_impl="sdpa")
+    assert model.config.num_classes == 10 and model.config.image_size == (32, 32) and model.config.dim == 192
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+
+
+def tiny(**kw) -> ViT:
+    return ViT(image_size=16, patch_size=4, dim=32, depth=2, heads=4, mlp_dim=64, num_classes=5, **kw)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(pool="mean", patchify="linear"), dict(representation_size=16, attn_impl="sdpa")])
+def test_every_parameter_gets_a_gradient(kw):
+    torch.manual_seed(0)
+    model = tiny(dropout=0.1, **kw).train()
+    logits = model(torch.randn(4, 3, 16, 16))
+    assert torch.isfinite(logits).all()
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 2, 3])).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+
+
+def test_eval_is_deterministic_and_train_applies_dropout():
+    torch.manual_seed(0)
+    model = tiny(dropout=0.3, attn_dropout=0.3)
+    x = torch.randn(2, 3, 16, 16)
+    model.eval()
+    assert torch.equal(model(x), model(x))
+    model.train()
+    assert not torch.allclose(model(x), model(x))
+
+
+def test_initialisation():
+    """Class token, positions and Linear weights: normal(0, 0.02) truncated at 2 std (never ones or zeros).
+
+    Truncating N(0, s) at +-2s leaves a standard deviation of 0.880 s.
+    """
+    torch.manual_seed(0)
+    model = create_vit("vit_ti_16")
+    pos, cls = model.patch_embed.pos_embed.weight, model.patch_embed.cls_token.weight
+    qkv = model.blocks[0].attn.fn.mha.qkv
+    assert pos.shape == (1, 197, 192) and cls.shape == (1, 1, 192)
+    for w in (pos, cls, qkv.weight):
+        assert w.abs().max() <= 0.04 + 1e-7
+        assert abs(w.std().item() - 0.880 * 0.02) < 0.1 * 0.0176
+    assert torch.equal(qkv.bias, torch.zeros_like(qkv.bias))
+
+
+def test_state_dict_keys_are_readable():
+    keys = list(tiny(representation_size=8).state_dict())
+    assert keys[:4] == ["patch_embed.proj.weight", "patch_embed.proj.bias", "patch_embed.cls_token.weight", "patch_embed.pos_embed.weight"]
+    for key in ["blocks.1.attn.fn.mha.qkv.weight", "blocks.1.mlp.fn.ff.fc2.bias", "head.pre_logits.fc.weight", "head.fc.weight"]:
+        assert key in keys
+
+
+def test_slices_keep_working():
+    model = tiny()
+    x = torch.randn(2, 3, 16, 16)
+    tokens = model[:2](x)
+    assert tokens.shape == (2, 17, 32)
+    torch.testing.assert_close(model.head(tokens), model(x))
+    assert list(model[:2]._modules) == ["patch_embed", "blocks"]
