@@ -7,7 +7,7 @@ from typing import Any
 
 from ._checks import check_choice, check_positive_int, check_probability, to_pair
 
-ATTN_IMPLS = ("einsum", "sdpa")
+ATTN_IMPLS = ("einsum", "chunked", "sdpa")
 POOLS = ("cls", "mean")
 PATCHIFY = ("conv", "linear")
 
@@ -26,7 +26,7 @@ class ViTConfig:
     dropout: float = 0.0  # Appendix B.1: 0.1 for ImageNet runs, 0 for JFT pre-training
     attn_dropout: float = 0.0  # dropout on the attention matrix A (not in the paper; timm's attn_drop)
     pool: str = "cls"  # "cls": Eq. 4 reads z_L^0; "mean": average of the patch tokens
-    attn_impl: str = "einsum"  # "einsum": Eq. 6 written out; "sdpa": torch's fused kernel
+    attn_impl: str = "einsum"  # "einsum": Eq. 6 written out; "chunked": the same per block of queries; "sdpa": torch's fused kernel
     patchify: str = "conv"  # "conv": Conv2d(k=s=P); "linear": einops patches times E (Eq. 1 literally)
     representation_size: int | None = None  # the pre-training head's hidden layer (tanh), None at fine-tuning
     layer_norm_eps: float = 1e-6  # torchvision and timm; torch's default 1e-5 would not load their weights exactly
