@@ -13,16 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from vit_einops.reference import forward_backward  # noqa: F401  (re-exported for the tests)
+
 F64_TOL = dict(rtol=1e-9, atol=1e-10)
 F32_TOL = dict(rtol=1e-4, atol=1e-5, scale_atol=True)
-
-
-def forward_backward(fn, x: torch.Tensor, params: list[torch.Tensor], upstream: torch.Tensor):
-    """Return fn(x) and the gradients of <fn(x), upstream> with respect to x and each of ``params``."""
-    x = x.detach().clone().requires_grad_(True)
-    out = fn(x)
-    grads = torch.autograd.grad((out * upstream).sum(), [x, *params])
-    return out.detach(), grads
 
 
 def assert_close(actual, expected, tol, what: str) -> float:

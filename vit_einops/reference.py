@@ -49,6 +49,18 @@ def torch_encoder_layer_from(block: TransformerEncoderBlock) -> nn.TransformerEn
     return ref
 
 
+def forward_backward(fn, x: torch.Tensor, params: list[torch.Tensor], upstream: torch.Tensor):
+    """Return ``fn(x)`` and the gradients of ``<fn(x), upstream>`` with respect to x and each of ``params``.
+
+    A random ``upstream`` (rather than ``.sum()``) makes every output element weigh differently, so a permuted
+    output cannot hide in a symmetric gradient.
+    """
+    x = x.detach().clone().requires_grad_(True)
+    out = fn(x)
+    grads = torch.autograd.grad((out * upstream).sum(), [x, *params])
+    return out.detach(), grads
+
+
 def torch_reference_vit(model: ViT) -> nn.Sequential:
     """``model`` with every encoder block replaced by torch's ``nn.TransformerEncoderLayer`` (same weights).
 

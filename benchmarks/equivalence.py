@@ -1,0 +1,111 @@
+"""Measured maximum errors of every equivalence the tests assert, at ViT shapes, in float32 and float64.
+
+    python benchmarks/equivalence.py            # prints a table; --json FILE also writes it
+
+Errors are max |ours - torch| (absolute) and that divided by max |torch| (relative to the tensor's scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+
+import torch
+
+from vit_einops import ATTN_IMPLS, MultiHeadAttention, PatchEmbedding, TransformerEncoderBlock, ViT, conv_to_linear_weight
+from vit_einops.reference import forward_backward, torch_encoder_layer_from, torch_mha_from, torch_reference_vit
+
+
+def errors(ours: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    diff = (ours - ref).abs().max().item()
+    return diff, diff / ref.abs().max().item()
+
+
+def attention_rows(dtype: torch.dtype, b=2, n=197, heads=12, head_dim=64):
+    dim = heads * head_dim
+    g = torch.Generator().manual_seed(0)
+    x, up = torch.randn(b, n, dim, generator=g, dtype=dtype), torch.randn(b, n, dim, generator=g, dtype=dtype)
+    mask = (torch.rand(b, heads, n, n, generator=g) < 0.5) | torch.eye(n, dtype=torch.bool)
+    mha = MultiHeadAttention(dim, heads).to(dtype)
+    ref = torch_mha_from(mha)
+    for masked in (False, True):
+        m = mask if masked else None
+        torch_mask = None if m is None else ~m.reshape(b * heads, n, n)
+        r_out, r_grads = forward_backward(
+            lambda t: ref(t, t, t, attn_mask=torch_mask, need_weights=False)[0], x, [ref.in_proj_weight], up
+        )
+        for impl in ATTN_IMPLS:
+            mha.impl = impl
+            out, grads = forward_backward(lambda t: mha(t, mask=m), x, [mha.qkv.weight], up)
+            name = f"MultiHeadAttention[{impl}] vs nn.MultiheadAttention{' (masked)' if masked else ''}"
+            yield name, dtype, errors(out, r_out), errors(grads[0], r_grads[0]), errors(grads[1], r_grads[1])
+
+
+def block_rows(dtype: torch.dtype, b=2, n=197, dim=768, heads=12):
+    g = torch.Generator().manual_seed(1)
+    x, up = torch.randn(b, n, dim, generator=g, dtype=dtype), torch.randn(b, n, dim, generator=g, dtype=dtype)
+    block = TransformerEncoderBlock(dim, heads, 4 * dim).to(dtype)
+    ref = torch_encoder_layer_from(block)
+    r_out, r_grads = forward_backward(ref, x, [ref.linear1.weight], up)
+    for impl in ATTN_IMPLS:
+        block.attn.fn.mha.impl = impl
+        out, grads = forward_backward(block, x, [block.mlp.fn.ff.fc1.weight], up)
+        yield f"TransformerEncoderBlock[{impl}] vs nn.TransformerEncoderLayer", dtype, errors(out, r_out), errors(
+            grads[0], r_grads[0]
+        ), errors(grads[1], r_grads[1])
+
+
+def model_rows(dtype: torch.dtype):
+    model = ViT(image_size=224, patch_size=16, dim=192, depth=12, heads=3, mlp_dim=768).to(dtype).eval()
+    x = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(2), dtype=dtype)
+    with torch.inference_mode():
+        ref = torch_reference_vit(model).eval()(x)
+        for impl in ATTN_IMPLS:
+            model.set_attn_impl(impl)
+            yield f"ViT-Ti/16[{impl}] logits vs torch encoder layers (eval)", dtype, errors(model(x), ref), None, None
+
+
+def patchify_rows(dtype: torch.dtype):
+    conv = PatchEmbedding(224, 16, 3, 768).to(dtype)
+    linear = PatchEmbedding(224, 16, 3, 768, patchify="linear").to(dtype)
+    state = dict(conv.state_dict())
+    state["proj.weight"] = conv_to_linear_weight(state["proj.weight"])
+    linear.load_state_dict(state)
+    x = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(3), dtype=dtype)
+    with torch.no_grad():
+        yield "PatchEmbedding linear vs conv (224 px, P 16, D 768)", dtype, errors(linear(x), conv(x)), None, None
+
+
+def fmt(e):
+    return "-" if e is None else f"{e[0]:.2e} ({e[1]:.1e})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    rows = []
+    for dtype in (torch.float64, torch.float32):
+        for gen in (attention_rows, block_rows, model_rows, patchify_rows):
+            rows.extend(gen(dtype))
+    header = f"{'equivalence':<66} {'dtype':<8} {'output abs (rel)':<20} {'grad x abs (rel)':<20} {'grad W abs (rel)':<20}"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(header)
+    print("-" * len(header))
+    for name, dtype, out, gx, gw in rows:
+        print(f"{name:<66} {str(dtype).replace('torch.', ''):<8} {fmt(out):<20} {fmt(gx):<20} {fmt(gw):<20}")
+    if args.json:
+        records = [
+            dict(name=name, dtype=str(dtype), output=out, grad_x=gx, grad_weight=gw) for name, dtype, out, gx, gw in rows
+        ]
+        directory = os.path.dirname(os.path.abspath(args.json))
+        with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
+            json.dump(records, f, indent=2)
+        os.replace(f.name, args.json)
+
+
+if __name__ == "__main__":
+    main()
