@@ -1,0 +1,194 @@
+"""The "chunked" attention impl: what is specific to computing Eq. 6-7 block by block.
+
+The generic equivalence (MultiHeadAttention against nn.MultiheadAttention, every impl against the others) runs for
+"chunked" in test_attention.py through ATTN_IMPLS. Here: block boundaries (N not a multiple of the block, a block
+larger than N, one query row per block, uneven groups of images), masks whose pattern crosses blocks, gradients
+from the recomputing backward, dropout redrawn identically in backward, and that A is never stored for backward.
+
+Reference: torch's own F.scaled_dot_product_attention, and our full-matrix "einsum" path. Tolerances are those of
+tests/_equiv.py: float64 at rtol 1e-9 / atol 1e-10 (the paths differ only in summation order), float32 at rtol
+1e-4 and atol 1e-5 times the largest |expected|.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _equiv import F32_TOL, F64_TOL, assert_close
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vit_einops.attention import CHUNK_ELEMENTS, Attend, attention_blocks, chunked_attention
+
+
+def qkv(b, h, n, d, dtype=torch.float64, m=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    m = n if m is None else m
+    shapes = ((b, h, n, d), (b, h, m, d), (b, h, m, d))
+    return [torch.randn(s, generator=g, dtype=dtype).requires_grad_(True) for s in shapes]
+
+
+def value_and_grads(fn, q, k, v, upstream):
+    out = fn(q, k, v)
+    return out.detach(), torch.autograd.grad((out * upstream).sum(), (q, k, v))
+
+
+def assert_matches(actual, expected, tol, what):
+    (out, grads), (ref_out, ref_grads) = actual, expected
+    assert_close(out, ref_out, tol, f"{what}: output")
+    for name, g, rg in zip("qkv", grads, ref_grads):
+        assert_close(g, rg, tol, f"{what}: grad {name}")
+
+
+# (b, h, n, max_elements, what the plan must be): the block sizes the tiling produces for these budgets.
+BOUNDARY_CASES = {
+    "n not a multiple of the block (17 rows in blocks of 5)": (2, 3, 17, 3 * 17 * 5, dict(images=1, rows=5)),
+    "block larger than n (one block for everything)": (2, 3, 17, CHUNK_ELEMENTS, dict(images=2, rows=17)),
+    "budget below one row: one query row per block": (2, 3, 17, 1, dict(images=1, rows=1)),
+    "uneven groups of images (3 images, 2 per block)": (3, 2, 9, 2 * 2 * 9 * 9, dict(images=2, rows=9)),
+}
+
+
+@pytest.mark.parametrize("case", list(BOUNDARY_CASES))
+def test_block_boundaries_match_sdpa_and_einsum_float64(case):
+    b, h, n, budget, plan = BOUNDARY_CASES[case]
+    first = next(attention_blocks(b, h, n, n, budget))
+    assert (first[0].stop - first[0].start, first[2].stop - first[2].start) == (plan["images"], plan["rows"])
+    q, k, v = qkv(b, h, n, 8)
+    upstream = torch.randn_like(q)
+    scale = 8**-0.5
+    chunked = value_and_grads(lambda *t: chunked_attention(*t, scale=scale, max_elements=budget), q, k, v, upstream)
+    assert_matches(chunked, value_and_grads(F.scaled_dot_product_attention, q, k, v, upstream), F64_TOL, "vs sdpa")
+    einsum_path = Attend(8, impl="einsum").double()
+    assert_matches(chunked, value_and_grads(einsum_path, q, k, v, upstream), F64_TOL, "vs einsum")
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 5), h=st.integers(1, 4), n=st.integers(1, 40), m=st.integers(1, 40), budget=st.integers(1, 3000))
+def test_blocks_tile_every_image_and_query_exactly_once(b, h, n, m, budget):
+    covered = torch.zeros(b, n, dtype=torch.int64)
+    for images, heads, queries in attention_blocks(b, h, n, m, budget):
+        assert heads == slice(None)
+        g, c = len(range(b)[images]), len(range(n)[queries])
+        # Within budget, or the smallest block there is (one image, one query row).
+        assert g * h * c * m <= budget or (g, c) == (1, 1)
+        covered[images, queries] += 1
+    assert torch.equal(covered, torch.ones(b, n, dtype=torch.int64))
+
+
+MASKS = {
+    # A causal pattern: row i sees keys 0..i, so each block of rows sees a different prefix of the keys.
+    "causal (n, n)": lambda b, h, n, g: torch.ones(n, n, dtype=torch.bool).tril(),
+    # A band that starts inside one block of rows and ends in the next.
+    "band (b, 1, n, n)": lambda b, h, n, g: (torch.arange(n)[:, None] - torch.arange(n)).abs().le(3).expand(b, 1, n, n),
+    "random per head (1, h, n, n)": lambda b, h, n, g: (torch.rand(1, h, n, n, generator=g) < 0.3) | torch.eye(n, dtype=torch.bool),
+    "random (b, h, n, n)": lambda b, h, n, g: (torch.rand(b, h, n, n, generator=g) < 0.3) | torch.eye(n, dtype=torch.bool),
+}
+
+
+@pytest.mark.parametrize("mask_kind", list(MASKS))
+def test_masks_crossing_blocks_match_sdpa_float64(mask_kind):
+    b, h, n, d = 2, 3, 23, 4
+    mask = MASKS[mask_kind](b, h, n, torch.Generator().manual_seed(1))
+    q, k, v = qkv(b, h, n, d, seed=2)
+    upstream = torch.randn_like(q)
+    budget = h * n * 4  # blocks of 4 query rows: 23 = 5 * 4 + 3, so the last block is short
+    chunked = value_and_grads(
+        lambda *t: chunked_attention(*t, mask, scale=d**-0.5, max_elements=budget), q, k, v, upstream
+    )
+    reference = value_and_grads(lambda *t: F.scaled_dot_product_attention(*t, attn_mask=mask), q, k, v, upstream)
+    assert_matches(chunked, reference, F64_TOL, mask_kind)
+
+
+def test_cross_attention_queries_and_keys_of_different_lengths_float64():
+    """n queries and m keys: blocks cut the queries only, every block sees all m keys."""
+    q, k, v = qkv(2, 2, 11, 4, m=6, seed=3)
+    upstream = torch.randn_like(q)
+    chunked = value_and_grads(lambda *t: chunked_attention(*t, scale=0.5, max_elements=2 * 6 * 3), q, k, v, upstream)
+    assert_matches(chunked, value_and_grads(F.scaled_dot_product_attention, q, k, v, upstream), F64_TOL, "n != m")
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_vit_b_shape_float32_many_blocks_match_sdpa(masked):
+    """ViT-B's attention at 197 tokens in float32, cut into blocks of 50 query rows."""
+    b, h, n, d = 2, 12, 197, 64
+    q, k, v = qkv(b, h, n, d, dtype=torch.float32, seed=4)
+    mask = MASKS["random (b, h, n, n)"](b, h, n, torch.Generator().manual_seed(5)) if masked else None
+    upstream = torch.randn_like(q)
+    chunked = value_and_grads(
+        lambda *t: chunked_attention(*t, mask, scale=d**-0.5, max_elements=h * n * 50), q, k, v, upstream
+    )
+    reference = value_and_grads(lambda *t: F.scaled_dot_product_attention(*t, attn_mask=mask), q, k, v, upstream)
+    assert_matches(chunked, reference, F32_TOL, "float32")
+
+
+def test_gradcheck_without_and_with_dropout():
+    """torch's numerical gradient check of the hand-written backward; dropout is redrawn from the same seed."""
+    q, k, v = qkv(1, 2, 5, 2, seed=6)
+
+    def attention(dropout_p):
+        def fn(q, k, v):
+            torch.manual_seed(7)  # the dropout seed is drawn from the global generator on each call
+            # Blocks of 2 query rows: 5 = 2 + 2 + 1.
+            return chunked_attention(q, k, v, scale=2**-0.5, dropout_p=dropout_p, max_elements=2 * 5 * 2)
+
+        return fn
+
+    assert torch.autograd.gradcheck(attention(0.0), (q, k, v), fast_mode=True)
+    assert torch.autograd.gradcheck(attention(0.4), (q, k, v), fast_mode=True)
+
+
+def test_dropout_zeroes_or_rescales_each_probability():
+    """With v the identity, the output *is* the dropped matrix: each entry 0 or A / (1 - p), zeros at about rate p."""
+    b, h, n, p = 2, 3, 40, 0.25
+    q, k, _ = (t.detach() for t in qkv(b, h, n, 8, seed=8))
+    v = torch.eye(n, dtype=torch.float64).expand(b, h, n, n)
+    attn = chunked_attention(q, k, v, scale=8**-0.5)
+    torch.manual_seed(9)
+    dropped = chunked_attention(q, k, v, scale=8**-0.5, dropout_p=p, max_elements=h * n * 7)
+    kept = dropped != 0
+    torch.testing.assert_close(dropped[kept], attn[kept] / (1 - p), **F64_TOL)
+    # 9600 draws: the zero fraction's standard deviation is 0.0044, so +-0.03 is a 6-sigma band.
+    assert abs((~kept).double().mean().item() - p) < 0.03
+    torch.manual_seed(9)
+    assert torch.equal(chunked_attention(q, k, v, scale=8**-0.5, dropout_p=p, max_elements=h * n * 7), dropped)
+
+
+def test_attend_uses_dropout_in_training_only():
+    attend = Attend(8, dropout=0.5, impl="chunked").double()
+    q, k, v = (t.detach() for t in qkv(1, 2, 16, 8, seed=10))
+    reference = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(attend.eval()(q, k, v), reference, **F64_TOL)
+    assert not torch.allclose(attend.train()(q, k, v), reference)
+
+
+def saved_numel(fn, *inputs) -> int:
+    """Numbers autograd keeps for the backward pass of fn(*inputs) (each saved tensor counted once)."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        seen[id(t)] = t.numel()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*inputs)
+    return sum(seen.values())
+
+
+def test_backward_never_stores_the_attention_matrix():
+    """chunked keeps q, k, v and the output (4 b h n d numbers); the einsum path keeps A itself (b h n n)."""
+    b, h, n, d = 2, 3, 64, 4
+    q, k, v = qkv(b, h, n, d, dtype=torch.float32)
+    chunked = saved_numel(Attend(d, impl="chunked"), q, k, v)
+    full = saved_numel(Attend(d, impl="einsum"), q, k, v)
+    assert chunked == 4 * b * h * n * d
+    assert full >= b * h * n * n > chunked
+
+
+def test_chunk_elements_is_validated_and_shown():
+    with pytest.raises(ValueError, match="chunk_elements"):
+        Attend(8, impl="chunked", chunk_elements=0)
+    with pytest.raises(TypeError, match="chunk_elements"):
+        Attend(8, impl="chunked", chunk_elements=2.5)
+    assert "chunk_elements=1024" in repr(Attend(8, impl="chunked", chunk_elements=1024))
