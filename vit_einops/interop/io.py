@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save
 
 from ..config import ViTConfig
 from ..model import ViT
-from .keys import check_free_fields, check_keys, check_state_dict, convert_patchify, expected_shapes
+from .keys import build_vit, check_free_fields, check_keys, check_state_dict, convert_patchify, expected_shapes
 
 SAFETENSORS_SUFFIXES = (".safetensors",)
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
@@ -158,6 +158,4 @@ def load_vit(path: str | os.PathLike, **overrides: Any) -> ViT:
     state_dict = load_state_dict_file(path)
     check_keys(state_dict, expected_shapes(stored_config), str(path))
     config = ViTConfig.from_dict({**stored_config.to_dict(), **overrides})
-    model = ViT.from_config(config)
-    model.load_state_dict(convert_patchify(state_dict, config, stored_config.patchify, config.patchify))
-    return model
+    return build_vit(config, convert_patchify(state_dict, config, stored_config.patchify, config.patchify))

@@ -82,6 +82,17 @@ def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
     return {k: v.shape for k, v in model.state_dict().items()}
 
 
+def build_vit(config: ViTConfig, state_dict: Mapping[str, torch.Tensor]) -> ViT:
+    """A ViT for ``config`` holding copies of ``state_dict``'s tensors, in their dtype and on their device.
+
+    Built on the meta device: the random init that loading would overwrite is never computed (seconds for ViT-H).
+    """
+    with torch.device("meta"):
+        model = ViT.from_config(config)
+    model.load_state_dict({k: v.detach().clone() for k, v in state_dict.items()}, assign=True)
+    return model
+
+
 def require(state_dict: Mapping[str, torch.Tensor], key: str, ndim: int, source: str) -> torch.Tensor:
     """The tensor at ``key``, which config inference needs; a clear error if it is absent or of the wrong rank."""
     if key not in state_dict:

@@ -22,6 +22,7 @@ from einops import rearrange
 from .._checks import check_choice, to_pair
 from ..config import ViTConfig
 from ..model import ViT
+from .keys import build_vit
 
 # F.interpolate arguments of each library's convention.
 RESAMPLE_MODES: dict[str, dict[str, Any]] = {
@@ -87,6 +88,4 @@ def resample_vit(model: ViT, image_size: int | tuple[int, int], *, mode: str = "
     state_dict = model.state_dict()
     key = "patch_embed.pos_embed.weight"
     state_dict[key] = resample_pos_embed(state_dict[key], config.grid_size, model.config.grid_size, mode=mode)
-    new = ViT.from_config(config)
-    new.load_state_dict(state_dict)
-    return new.train(model.training)
+    return build_vit(config, state_dict).train(model.training)

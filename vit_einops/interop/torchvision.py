@@ -23,6 +23,7 @@ from ..model import ViT
 from .io import load_state_dict_file
 from .keys import (
     KeyLayout,
+    build_vit,
     check_free_fields,
     check_state_dict,
     count_blocks,
@@ -148,6 +149,4 @@ def load_torchvision(
     """
     state_dict = source if isinstance(source, Mapping) else load_state_dict_file(source)
     config = torchvision_config(state_dict, heads=heads, image_size=image_size, **overrides)
-    model = ViT.from_config(config)
-    model.load_state_dict(from_torchvision(state_dict, config))
-    return model
+    return build_vit(config, from_torchvision(state_dict, config))
