@@ -12,6 +12,8 @@ import sys
 # name -> (module, one-line help). Modules import lazily so `vit-einops summary` never loads matplotlib.
 COMMANDS: dict[str, tuple[str, str]] = {
     "summary": ("vit_einops.commands.summary", "print a preset's layer table (torchsummary) and parameter count"),
+    "train": ("vit_einops.commands.train", "train a ViT on the bundled digits or an image folder (also under torchrun)"),
+    "inspect": ("vit_einops.commands.inspect", "draw a trained model's attention maps, rollout, distances and embeddings"),
 }
 
 

@@ -1,0 +1,57 @@
+"""What the embeddings learned: position-embedding similarity (Figure 7 centre) and the principal components
+of the patch-embedding filters (Figure 7 left)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+from .._checks import check_positive_int
+from ..model import ViT
+from ..patch_embed import conv_to_linear_weight
+
+
+def position_similarity(pos_embed: torch.Tensor, grid_size: tuple[int, int], class_token: bool = True) -> torch.Tensor:
+    """Cosine similarity between the position embeddings of every pair of patches.
+
+    Args:
+        pos_embed: E_pos, (1, N, D) or (N, D); with ``class_token`` its first row is the class token's, dropped.
+        grid_size: (gh, gw), the patch grid, gh * gw = N'.
+
+    Returns (gh, gw, gh, gw): entry [r1, c1, r2, c2] compares patch (r1, c1) with patch (r2, c2); the slice
+    [r1, c1] is one tile of the paper's grid of grids.
+    """
+    gh, gw = grid_size
+    weight = pos_embed.detach().reshape(-1, pos_embed.shape[-1])  # (N, D)
+    if class_token:
+        weight = weight[1:]
+    if weight.shape[0] != gh * gw:
+        raise ValueError(f"{weight.shape[0]} patch position embeddings do not fit a {gh}x{gw} grid")
+    unit = F.normalize(weight.double(), dim=-1)
+    return rearrange(unit @ unit.T, "(r1 c1) (r2 c2) -> r1 c1 r2 c2", r1=gh, r2=gh).to(pos_embed.dtype)
+
+
+def patch_embedding_matrix(model: ViT) -> torch.Tensor:
+    """The model's E^T as a (D, p1*p2*c) matrix, whichever patchify it uses."""
+    proj = model.patch_embed.proj
+    weight = proj.weight.detach()
+    return conv_to_linear_weight(weight) if weight.ndim == 4 else weight
+
+
+def embedding_filter_components(model: ViT, num_components: int = 28) -> tuple[torch.Tensor, torch.Tensor]:
+    """Principal components of the D patch-embedding filters (each a p1 x p2 x c patch), as in Figure 7 left.
+
+    The filters (rows of E^T) are centred and decomposed by SVD; the top right singular vectors are the
+    components. Returns (components (k, c, p1, p2), explained variance ratio (k,)), k = min(num_components,
+    D, p1 * p2 * c). The sign of each component is arbitrary (SVD's).
+    """
+    check_positive_int("num_components", num_components)
+    c, (p1, p2) = model.config.in_channels, model.config.patch_size
+    filters = patch_embedding_matrix(model).double()
+    centred = filters - filters.mean(dim=0, keepdim=True)
+    _, s, vh = torch.linalg.svd(centred, full_matrices=False)
+    k = min(num_components, vh.shape[0])
+    ratio = s**2 / (s**2).sum()
+    components = rearrange(vh[:k], "k (p1 p2 c) -> k c p1 p2", p1=p1, p2=p2, c=c)
+    return components.float(), ratio[:k].float()

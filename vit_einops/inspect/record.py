@@ -1,0 +1,111 @@
+"""Record the attention matrices A (Eq. 6) of a running model, on every attention implementation.
+
+A forward hook on each :class:`~vit_einops.attention.Attend` receives the q and k the layer really used and
+recomputes ``A = softmax(q k^T / sqrt(D_h))`` from them, masked as the layer was. The model's own forward is
+untouched, so outputs do not change, and the fused SDPA path (which never forms A) is recorded as faithfully
+as the einsum path. Attention dropout is not applied: A is the distribution the layer attends with in eval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from einops import einsum
+from torch import nn
+
+from ..attention import Attend
+
+
+def attention_matrix(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Eq. 6 from the layer's q, k: (b, h, n, d) each -> A (b, h, n, n), rows summing to 1.
+
+    Written as Attend's einsum path writes it (q scaled first), so the einsum path is reproduced exactly.
+    """
+    energy = einsum(q * scale, k, "b h i d, b h j d -> b h i j")
+    if mask is not None:
+        energy = energy.masked_fill(~mask, float("-inf"))
+    return energy.softmax(dim=-1)
+
+
+def _attend_layers(model: nn.Module) -> list[Attend]:
+    layers = [m for m in model.modules() if isinstance(m, Attend)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no Attend module to record")
+    return layers
+
+
+class AttentionRecorder:
+    """Records A of the chosen attention layers while the model runs; a context manager.
+
+    Args:
+        model: a ViT, or any module containing :class:`Attend` layers (counted in ``model.modules()`` order,
+            which is block order for a ViT).
+        layers: indices of the layers to record (negative counts from the end); None records all.
+
+    Inside ``with AttentionRecorder(model) as rec:`` every forward appends to the record; on exit, also after an
+    exception, every hook is removed. ``rec.maps`` is (layers, b, h, n, n), b being all images seen, in order.
+    """
+
+    def __init__(self, model: nn.Module, layers: Sequence[int] | None = None) -> None:
+        attends = _attend_layers(model)
+        if layers is None:
+            layers = range(len(attends))
+        chosen = []
+        for i in layers:
+            if isinstance(i, bool) or not isinstance(i, int) or not -len(attends) <= i < len(attends):
+                raise ValueError(f"layer {i!r} out of range: the model has {len(attends)} attention layers (0..{len(attends) - 1})")
+            chosen.append(i % len(attends))
+        if len(set(chosen)) != len(chosen):
+            raise ValueError(f"layers {list(layers)} name a layer twice")
+        self.layers = chosen
+        self._attends = [attends[i] for i in chosen]
+        self._records: list[list[torch.Tensor]] = [[] for _ in chosen]
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> "AttentionRecorder":
+        if self._handles:
+            raise RuntimeError("this AttentionRecorder is already recording")
+        for records, attend in zip(self._records, self._attends):
+            self._handles.append(attend.register_forward_hook(self._hook(records), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    @staticmethod
+    def _hook(records: list[torch.Tensor]):
+        def hook(attend: Attend, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
+            # Attend.forward(q, k, v, mask=None): positional or keyword, as the caller chose.
+            bound = dict(zip(("q", "k", "v", "mask"), args), **kwargs)
+            with torch.no_grad():
+                records.append(attention_matrix(bound["q"].detach(), bound["k"].detach(), attend.scale, bound.get("mask")))
+
+        return hook
+
+    @property
+    def maps(self) -> torch.Tensor:
+        """(layers, b, h, n, n): the recorded attention matrices of every forward so far, batches concatenated."""
+        if not self._records[0]:
+            raise RuntimeError("nothing recorded yet: run the model inside the `with` block first")
+        return torch.stack([torch.cat(r) for r in self._records])
+
+    def clear(self) -> None:
+        """Forget what was recorded (the hooks stay while inside the `with` block)."""
+        for r in self._records:
+            r.clear()
+
+
+@torch.no_grad()
+def record_attention(model: nn.Module, images: torch.Tensor, layers: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``model`` on ``images`` once and return (output, maps (layers, b, h, n, n)); no hook remains after.
+
+    The model's train/eval mode is left as the caller set it; call ``model.eval()`` first to inspect a
+    trained model without dropout.
+    """
+    with AttentionRecorder(model, layers) as recorder:
+        output = model(images)
+    return output, recorder.maps

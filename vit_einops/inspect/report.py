@@ -1,0 +1,87 @@
+"""Everything `vit-einops inspect` writes for one model: the figures and the raw arrays behind them."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..model import ViT
+from ..train.checkpoint import atomic_write_bytes
+from .distance import mean_attention_distance, patch_distances
+from .embeddings import embedding_filter_components, position_similarity
+from .figures import plot_attention_distance, plot_attention_overlays, plot_filters, plot_position_similarity
+from .record import AttentionRecorder
+from .rollout import attention_rollout, last_layer_class_attention
+
+
+@torch.no_grad()
+def write_report(
+    model: ViT,
+    images: torch.Tensor,
+    out_dir: str | Path,
+    *,
+    distance_images: torch.Tensor | None = None,
+    titles: list[str] | None = None,
+    batch_size: int = 256,
+) -> dict[str, Path]:
+    """Write the inspection figures and ``arrays.npz`` for ``model`` (put in eval mode) under ``out_dir``.
+
+    Args:
+        images: (b, C, H, W) in [0, 1], the images drawn with their attention (a handful).
+        distance_images: the images the mean attention distance averages over (default ``images``); the paper
+            averages over many, e.g. a test set.
+        titles: one label per drawn image (e.g. "label 3, predicted 3").
+
+    Returns the written paths by name: attention, attention_distance, position_similarity, embedding_filters,
+    arrays.
+    """
+    model.eval()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    with AttentionRecorder(model) as recorder:
+        logits = model(images)
+    maps = recorder.maps  # (l, b, h, n, n)
+    heads = last_layer_class_attention(maps, cfg.grid_size)
+    rollout = attention_rollout(maps)
+    rollout_grid = rollout[:, 0, 1:].reshape(-1, *cfg.grid_size)  # the class token's row over the patches
+
+    distance_images = images if distance_images is None else distance_images
+    distance_sum = torch.zeros(cfg.depth, cfg.heads, dtype=torch.float64)
+    with AttentionRecorder(model) as recorder:
+        for start in range(0, len(distance_images), batch_size):
+            recorder.clear()
+            batch = distance_images[start : start + batch_size]
+            model(batch)
+            distance_sum += mean_attention_distance(recorder.maps, cfg.grid_size, cfg.patch_size).double() * len(batch)
+    distance = (distance_sum / len(distance_images)).float()
+    uniform = patch_distances(cfg.grid_size, cfg.patch_size).mean().item()
+
+    similarity = position_similarity(model.patch_embed.pos_embed.weight, cfg.grid_size)
+    components, explained = embedding_filter_components(model)
+
+    paths = {
+        "attention": plot_attention_overlays(images, heads, rollout_grid, out / "attention.png", titles),
+        "attention_distance": plot_attention_distance(distance, out / "attention_distance.png", uniform),
+        "position_similarity": plot_position_similarity(similarity, out / "position_similarity.png"),
+        "embedding_filters": plot_filters(components, explained, out / "embedding_filters.png"),
+    }
+    arrays = {
+        "images": images,
+        "logits": logits,
+        "attention": maps,
+        "class_attention_last_layer": heads,
+        "rollout": rollout,
+        "mean_attention_distance": distance,
+        "position_similarity": similarity,
+        "filter_components": components,
+        "filter_explained_variance": explained,
+    }
+    buf = io.BytesIO()
+    np.savez(buf, **{k: v.detach().cpu().numpy() for k, v in arrays.items()})
+    atomic_write_bytes(out / "arrays.npz", buf.getvalue())
+    paths["arrays"] = out / "arrays.npz"
+    return paths

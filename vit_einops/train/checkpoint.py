@@ -1,0 +1,280 @@
+"""Checkpoints that never unpickle: safetensors for every tensor, JSON for everything else.
+
+A checkpoint is a directory::
+
+    checkpoint.json                      config, training state, the optimizer's and scheduler's scalars,
+                                         and the name and SHA-256 of each tensor file below
+    model-<sha256 prefix>.safetensors    the model's state dict, keys as in ``ViT.state_dict()``
+    optimizer-<sha256 prefix>.safetensors  the optimizer's tensors (Adam moments, step counts), if saved
+
+Crash safety: tensor files are named by their content hash and written first (temp file in the same
+directory, fsync, ``os.replace``); ``checkpoint.json`` is replaced last, the one commit point. A crash at any
+moment therefore leaves either the old or the new ``checkpoint.json``, each naming complete files with
+matching hashes. Loading verifies the hashes, so a corrupt or truncated file is reported by name instead of
+being loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_save
+from torch import nn
+
+from ..config import ViTConfig
+from ..model import ViT
+
+FORMAT = "vit-einops.checkpoint"
+VERSION = 1
+META_NAME = "checkpoint.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, corrupt, truncated, or disagrees with itself; the message names the file."""
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the permissions open() would
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename itself is durable only once the directory entry is on disk (POSIX; Windows has no dir fds).
+    if os.name == "posix":
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# --- nested state <-> (JSON tree, flat tensor dict) -------------------------------------------------------
+# Optimizer and scheduler states are trees of dicts, lists, tuples, numbers and tensors, some dicts keyed by
+# int (parameter ids). Tensors move to the safetensors file under their path; the rest becomes JSON, with
+# tuples and int-keyed dicts tagged so that decoding gives back exactly the tree torch produced.
+
+
+def encode_tree(obj: Any, tensors: dict[str, torch.Tensor], path: str = "") -> Any:
+    """JSON-ready copy of ``obj`` with each tensor replaced by ``{"__tensor__": key}`` and stored in ``tensors``."""
+    if isinstance(obj, torch.Tensor):
+        tensors[path] = obj.detach().cpu().contiguous()
+        return {"__tensor__": path}
+    if isinstance(obj, dict):
+        if obj and all(isinstance(k, int) and not isinstance(k, bool) for k in obj):
+            return {"__int_keys__": {str(k): encode_tree(v, tensors, f"{path}.{k}") for k, v in obj.items()}}
+        if not all(isinstance(k, str) for k in obj):
+            raise TypeError(f"cannot store dict keys {list(obj)!r} at {path or 'top level'!r}: expected all str or all int")
+        return {k: encode_tree(v, tensors, f"{path}.{k}") for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [encode_tree(v, tensors, f"{path}.{i}") for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [encode_tree(v, tensors, f"{path}.{i}") for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot store {type(obj).__name__} at {path!r} in a checkpoint (JSON and tensors only)")
+
+
+def decode_tree(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Inverse of :func:`encode_tree`."""
+    if isinstance(obj, dict):
+        if obj.keys() == {"__tensor__"}:
+            return tensors[obj["__tensor__"]]
+        if obj.keys() == {"__int_keys__"}:
+            return {int(k): decode_tree(v, tensors) for k, v in obj["__int_keys__"].items()}
+        if obj.keys() == {"__tuple__"}:
+            return tuple(decode_tree(v, tensors) for v in obj["__tuple__"])
+        return {k: decode_tree(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode_tree(v, tensors) for v in obj]
+    return obj
+
+
+# --- save ---------------------------------------------------------------------------------------------------
+
+
+def _write_tensor_file(directory: Path, kind: str, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    data = safetensors_save(tensors)
+    digest = hashlib.sha256(data).hexdigest()
+    name = f"{kind}-{digest[:16]}.safetensors"
+    atomic_write_bytes(directory / name, data)
+    return {"name": name, "sha256": digest}
+
+
+def save_checkpoint(
+    directory: str | Path,
+    model: ViT,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    train_state: dict[str, Any] | None = None,
+) -> Path:
+    """Save ``model`` (its config and weights), and optionally the optimizer, LR scheduler and a JSON-ready
+    ``train_state`` dict, as a checkpoint directory (created if needed). Returns the path of checkpoint.json.
+
+    Tensor files that the new checkpoint.json no longer names are deleted after it is committed.
+    """
+    if not isinstance(getattr(model, "config", None), ViTConfig):
+        raise TypeError(f"expected a vit_einops ViT (with .config), got {type(model).__name__}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "config": model.config.to_dict(),
+        "train_state": train_state or {},
+        "files": {"model": _write_tensor_file(directory, "model", weights)},
+    }
+    if optimizer is not None:
+        tensors: dict[str, torch.Tensor] = {}
+        meta["optimizer"] = encode_tree(optimizer.state_dict(), tensors, "optimizer")
+        meta["files"]["optimizer"] = _write_tensor_file(directory, "optimizer", tensors)
+    if scheduler is not None:
+        no_tensors: dict[str, torch.Tensor] = {}
+        meta["scheduler"] = encode_tree(scheduler.state_dict(), no_tensors, "scheduler")
+        if no_tensors:
+            raise TypeError(f"scheduler state holds tensors {sorted(no_tensors)}; only scalar scheduler states are supported")
+    meta_path = directory / META_NAME
+    atomic_write_bytes(meta_path, (json.dumps(meta, indent=1) + "\n").encode())
+    keep = {f["name"] for f in meta["files"].values()}
+    for stale in [*directory.glob("model-*.safetensors"), *directory.glob("optimizer-*.safetensors")]:
+        if stale.name not in keep:
+            stale.unlink(missing_ok=True)
+    return meta_path
+
+
+# --- load ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Checkpoint:
+    """What :func:`load_checkpoint` read: the config, the model's state dict, and the training state."""
+
+    path: Path
+    config: ViTConfig
+    state_dict: dict[str, torch.Tensor]
+    train_state: dict[str, Any] = field(default_factory=dict)
+    optimizer_state: dict[str, Any] | None = None
+    scheduler_state: dict[str, Any] | None = None
+
+    def build_model(self) -> ViT:
+        """A ViT of the saved config with the saved weights, in eval mode."""
+        model = ViT.from_config(self.config)
+        model.load_state_dict(self.state_dict)
+        return model.eval()
+
+
+def _meta_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path / META_NAME if path.is_dir() else path
+
+
+def _read_tensor_file(directory: Path, entry: Any, meta_path: Path) -> dict[str, torch.Tensor]:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not isinstance(entry.get("sha256"), str):
+        raise CheckpointError(f"{meta_path}: malformed file entry {entry!r}, expected {{'name': ..., 'sha256': ...}}")
+    file = directory / entry["name"]
+    if Path(entry["name"]).name != entry["name"]:
+        raise CheckpointError(f"{meta_path}: file name {entry['name']!r} must not contain a directory")
+    try:
+        data = file.read_bytes()
+    except OSError as err:
+        raise CheckpointError(f"cannot read {file} named by {meta_path}: {err}") from err
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise CheckpointError(f"{file} is corrupt or truncated: its SHA-256 differs from the one recorded in {meta_path}")
+    try:
+        return safetensors_load(data)
+    except (SafetensorError, ValueError) as err:
+        raise CheckpointError(f"{file} is not a valid safetensors file: {err}") from err
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read a checkpoint directory (or its checkpoint.json) and verify it: hashes, config, weight names and shapes.
+
+    Raises :class:`CheckpointError` naming the offending file when anything is missing, corrupt, truncated or
+    inconsistent. Only JSON and safetensors are parsed; nothing is unpickled.
+    """
+    meta_path = _meta_path(path)
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError as err:
+        raise CheckpointError(f"no checkpoint at {meta_path} (expected a directory with {META_NAME})") from err
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{meta_path} is corrupt or truncated (not valid JSON): {err}") from err
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{meta_path} is not a vit-einops checkpoint (format {meta.get('format') if isinstance(meta, dict) else None!r})")
+    if meta.get("version") != VERSION:
+        raise CheckpointError(f"{meta_path} has checkpoint version {meta.get('version')!r}; this vit-einops reads version {VERSION}")
+    try:
+        config = ViTConfig.from_dict(meta["config"])
+        files = meta["files"]
+        files["model"]
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{meta_path} has a missing or invalid entry: {err}") from err
+    directory = meta_path.parent
+    state_dict = _read_tensor_file(directory, files["model"], meta_path)
+    _check_weights_match_config(state_dict, config, directory / files["model"]["name"], meta_path)
+    optimizer_state = None
+    if "optimizer" in files:
+        optimizer_state = decode_tree(meta.get("optimizer"), _read_tensor_file(directory, files["optimizer"], meta_path))
+    scheduler_state = decode_tree(meta["scheduler"], {}) if "scheduler" in meta else None
+    return Checkpoint(meta_path, config, state_dict, meta.get("train_state", {}), optimizer_state, scheduler_state)
+
+
+def _check_weights_match_config(state_dict: dict[str, torch.Tensor], config: ViTConfig, weights_path: Path, meta_path: Path) -> None:
+    # The meta device builds the parameter shapes without allocating or initialising them.
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in ViT.from_config(config).state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state_dict.items()}
+    problems = []
+    if missing := sorted(expected.keys() - got.keys()):
+        problems.append(f"missing {missing}")
+    if unexpected := sorted(got.keys() - expected.keys()):
+        problems.append(f"unexpected {unexpected}")
+    if shapes := [f"{k}: {got[k]} vs config {expected[k]}" for k in sorted(expected.keys() & got.keys()) if got[k] != expected[k]]:
+        problems.append("shape mismatches " + "; ".join(shapes))
+    if problems:
+        raise CheckpointError(f"weights in {weights_path} do not match the config in {meta_path}: " + ", ".join(problems))
+
+
+def load_model(path: str | Path) -> ViT:
+    """The ViT saved at ``path`` (a checkpoint directory or its checkpoint.json), in eval mode."""
+    return load_checkpoint(path).build_model()
+
+
+def restore_training(checkpoint: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+    """Load the saved weights, optimizer and scheduler states into freshly built objects for a resumed run."""
+    if checkpoint.optimizer_state is None or checkpoint.scheduler_state is None:
+        raise CheckpointError(f"{checkpoint.path} holds weights only (no optimizer or scheduler state); cannot resume from it")
+    model.load_state_dict(checkpoint.state_dict)
+    try:
+        optimizer.load_state_dict(checkpoint.optimizer_state)
+    except (ValueError, KeyError) as err:
+        raise CheckpointError(f"optimizer state in {checkpoint.path} does not fit this optimizer: {err}") from err
+    scheduler.load_state_dict(checkpoint.scheduler_state)

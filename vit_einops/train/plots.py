@@ -1,0 +1,41 @@
+"""The training curves as a PNG (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import atomic_write_bytes
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    """Render ``fig`` to PNG in memory, write it atomically to ``path``, and close it."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return Path(path)
+
+
+def plot_curves(records: list[dict[str, Any]], path: str | Path) -> Path:
+    """Train loss (left) and train/test accuracy (right) per epoch, from metrics.jsonl records."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [r["epoch"] for r in records]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.5))
+    ax_loss.plot(epochs, [r["train_loss"] for r in records], label="train loss")
+    ax_loss.set(xlabel="epoch", ylabel="cross-entropy", yscale="log", title="loss")
+    ax_acc.plot(epochs, [r["train_acc"] for r in records], label="train")
+    ax_acc.plot(epochs, [r["test_acc"] for r in records], label="test")
+    best = max(records, key=lambda r: r["test_acc"])
+    ax_acc.set(xlabel="epoch", ylabel="top-1 accuracy", ylim=(0, 1.01), title=f"accuracy (final test {records[-1]['test_acc']:.3f}, best {best['test_acc']:.3f})")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return save_figure(fig, path)
