@@ -1,0 +1,182 @@
+"""`vit-einops bench --smoke`: the table, the JSON/CSV schema of benchmarks/README.md, the plot files.
+
+No assertion here is about time: the smoke grid's numbers mean nothing, only that every one is produced, finite
+and positive (an IQR may be 0: one block per path), and that the measuring helpers measure what they say.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+
+import pytest
+import torch
+
+from vit_einops import cli
+from vit_einops.bench import report
+from vit_einops.bench.attention import CORE_PATHS, LAYER_PATHS, MODES, Point, add_ratios
+from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
+from vit_einops.bench.model import MODEL_MODES, MODEL_PATHS
+from vit_einops.commands import bench as bench_command
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# Fields that may legitimately be 0 or empty: an IQR of one block, the einsum path's difference from itself,
+# the compile time of paths that are not compiled.
+MAY_BE_ZERO = {"iqr_s", "max_abs_diff_vs_einsum"}
+MAY_BE_NONE = {"first_call_s"}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = cli.main(["bench", "--smoke", "--out", str(out)])
+    return dict(code=code, out=out, stdout=stdout.getvalue(), results=json.loads((out / "results.json").read_text()))
+
+
+def check_numbers(row: dict, fields) -> None:
+    for field in fields:
+        value = row[field]
+        if field in MAY_BE_NONE and value is None:
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            assert math.isfinite(value), (field, row)
+            assert value > 0 or (field in MAY_BE_ZERO and value == 0), (field, row)
+
+
+def test_smoke_run_exits_cleanly_and_prints_the_table(smoke):
+    assert smoke["code"] == 0
+    text = smoke["stdout"]
+    for words in ("torch 2", "threads", "CPU capability", "BLAS", "matmul ceiling", "torch.compile of the einsum path"):
+        assert words in text
+    for mode in MODES:
+        assert f"attention core, {mode} (ratios over sdpa)" in text
+        assert f"attention layer, {mode} (ratios over torch_mha)" in text
+    assert "whole model" in text
+    table = (smoke["out"] / "table.txt").read_text()
+    # table.txt is the printed table (the header is printed before the progress bar, the table after it).
+    assert table.splitlines()[4:] == text.split("\nwrote ")[0].splitlines()[4:]
+
+
+def test_results_json_schema(smoke):
+    results = smoke["results"]
+    assert results["schema"] == report.SCHEMA_VERSION
+    meta = results["meta"]
+    for key in ("torch", "threads", "cpu_capability", "blas", "load_average", "dtype", "options", "wall_s"):
+        assert key in meta
+    assert meta["threads"] == torch.get_num_threads()
+    assert meta["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    check_numbers(results["matmul_ceiling"], ("size", "median_s", "gflop_per_s"))
+    # The smoke grid does not compile, and says why.
+    assert results["compile"]["attempted"] is False and "smoke" in results["compile"]["skip_reason"]
+
+    rows = results["attention"]
+    smoke_grid = meta["options"]
+    expected = {
+        (section, mode, path, b, n)
+        for section, paths in (("core", [p for p in CORE_PATHS if p != "einsum_compiled"]), ("layer", LAYER_PATHS))
+        for mode in MODES
+        for path in paths
+        for b in smoke_grid["batches"]
+        for n in smoke_grid["tokens"]
+    }
+    assert {(r["section"], r["mode"], r["path"], r["batch"], r["tokens"]) for r in rows} == expected
+    for r in rows:
+        assert tuple(r) == report.ATTENTION_FIELDS or set(r) == set(report.ATTENTION_FIELDS)
+        check_numbers(r, report.ATTENTION_FIELDS)
+        point = Point(r["batch"], r["heads"], r["tokens"], r["head_dim"])
+        assert r["attn_matrix_bytes"] == point.batch * point.heads * point.tokens**2 * 4
+        assert r["gflop"] == pytest.approx(point.flops(r["section"], r["mode"]) / 1e9)
+        if r["path"] in ("sdpa", "torch_mha"):
+            assert r["time_ratio"] == 1.0 and r["mem_ratio"] == 1.0
+
+    model_rows = results["model"]
+    assert {(r["mode"], r["path"]) for r in model_rows} == {(m, p) for m in MODEL_MODES for p in MODEL_PATHS}
+    for r in model_rows:
+        assert set(r) == set(report.MODEL_FIELDS)
+        check_numbers(r, report.MODEL_FIELDS)
+        assert r["images_per_s"] == pytest.approx(r["batch"] / r["median_s"])
+        # Every path computes the same function as the einsum path (float32 rounding apart).
+        assert r["max_abs_diff_vs_einsum"] < 1e-4
+
+
+@pytest.mark.parametrize("name, fields, key", [("attention.csv", report.ATTENTION_FIELDS, "attention"), ("model.csv", report.MODEL_FIELDS, "model")])
+def test_csv_matches_json(smoke, name, fields, key):
+    with open(smoke["out"] / name, newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames) == fields
+        rows = list(reader)
+    expected = smoke["results"][key]
+    assert len(rows) == len(expected)
+    for row, want in zip(rows, expected):
+        for field in fields:
+            if want[field] is None:
+                assert row[field] == ""
+            elif isinstance(want[field], float):
+                assert float(row[field]) == pytest.approx(want[field], rel=1e-12)
+            else:
+                assert row[field] == str(want[field])
+
+
+@pytest.mark.parametrize("name", report.PLOTS)
+def test_plots_are_real_pngs(smoke, name):
+    data = (smoke["out"] / name).read_bytes()
+    assert data.startswith(PNG_SIGNATURE)
+    assert len(data) > 10_000  # axes, lines and labels; an empty figure is a few kB
+
+
+def test_no_temporary_files_left_behind(smoke):
+    assert not [p.name for p in smoke["out"].iterdir() if p.name.startswith(".")]
+
+
+def test_peak_memory_sees_allocations_and_frees():
+    """4 MiB kept, or 1 MiB made and freed twice in a row: the peak is 4 MiB, or 1 MiB (not 2)."""
+    mib = 2**20
+
+    def keep():
+        return torch.empty(mib, dtype=torch.float32)
+
+    def twice():
+        for _ in range(2):
+            torch.empty(mib // 4, dtype=torch.float32).fill_(1.0)
+
+    peaks = peak_memory_bytes({"keep": keep, "twice": twice})
+    assert 4 * mib <= peaks["keep"] < 4 * mib + 64 * 1024
+    assert mib <= peaks["twice"] < 2 * mib
+
+
+def test_time_interleaved_merges_every_round():
+    timings = time_interleaved({"a": lambda: torch.ones(8).sum(), "b": lambda: torch.ones(8).mean()}, rounds=2, min_run_time=0.001)
+    for t in timings.values():
+        assert t.blocks >= 2 and math.isfinite(t.median_s) and t.median_s > 0 and t.iqr_s >= 0
+
+
+def test_add_ratios_divides_by_the_sections_reference():
+    base = dict(mode="forward", batch=1, heads=1, tokens=4, head_dim=2)
+    rows = add_ratios(
+        [
+            dict(base, section="core", path="sdpa", median_s=2.0, peak_bytes=10),
+            dict(base, section="core", path="einsum", median_s=3.0, peak_bytes=40),
+            dict(base, section="layer", path="torch_mha", median_s=4.0, peak_bytes=8),
+            dict(base, section="layer", path="mha_sdpa", median_s=2.0, peak_bytes=4),
+        ]
+    )
+    assert [(r["time_ratio"], r["mem_ratio"]) for r in rows] == [(1.0, 1.0), (1.5, 4.0), (1.0, 1.0), (0.5, 0.5)]
+
+
+def test_bf16_is_refused_without_hardware(monkeypatch, capsys):
+    monkeypatch.setattr(bench_command, "cpu_flags", lambda: {"avx2"})
+    assert cli.main(["bench", "--smoke", "--dtype", "bfloat16"]) == 2
+    assert "not running bfloat16" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--batches", "0"], ["--batches", "a,b"], ["--paths", "flash"], ["--threads", "-1"], ["--models", "vit_x"]])
+def test_bad_options_are_rejected_by_name(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "--smoke", *argv])
+    assert exit_info.value.code == 2
+    assert argv[0] in capsys.readouterr().err

@@ -1,0 +1,193 @@
+"""The attention microbenchmark: Eq. 6-7 alone ("core") and the whole self-attention layer ("layer").
+
+core paths take q, k, v (b, h, n, d):  einsum, chunked, sdpa (our Attend impls) and einsum_compiled
+(torch.compile of the einsum Attend); reference sdpa.
+layer paths take x (b, n, D = h d):    mha_sdpa, mha_chunked (our MultiHeadAttention) and torch_mha
+(nn.MultiheadAttention with the same weights, torch's reference); reference torch_mha.
+Every path is timed forward under inference_mode ("forward") and as forward + backward to the inputs (and the
+layer's weights) ("forward_backward").
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from ..attention import Attend, MultiHeadAttention
+from ..reference import torch_mha_from
+from .measure import peak_memory_bytes, time_interleaved
+
+CORE_PATHS = ("einsum", "chunked", "sdpa", "einsum_compiled")
+LAYER_PATHS = ("mha_sdpa", "mha_chunked", "torch_mha")
+REFERENCE = {"core": "sdpa", "layer": "torch_mha"}
+MODES = ("forward", "forward_backward")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point: batch b, heads h, tokens n, head size d."""
+
+    batch: int
+    heads: int
+    tokens: int
+    head_dim: int
+
+    @property
+    def dim(self) -> int:
+        return self.heads * self.head_dim
+
+    def flops(self, section: str, mode: str) -> float:
+        """Counted FLOPs (2 per multiply-add) of the useful work, whatever a path recomputes.
+
+        core forward: q k^T and A v, 2 * 2 b h n^2 d. layer forward adds the qkv (2 b n D 3D) and output
+        (2 b n D D) projections, 8 b n D^2. Backward: two matmuls of the same size per forward matmul, so
+        forward + backward = 3 x forward.
+        """
+        b, n = self.batch, self.tokens
+        forward = 4 * b * self.heads * n * n * self.head_dim
+        if section == "layer":
+            forward += 8 * b * n * self.dim**2
+        return forward * (3 if mode == "forward_backward" else 1)
+
+    def attention_matrix_bytes(self, dtype: torch.dtype) -> int:
+        """The analytic size of A, (b, h, n, n): what the einsum path materialises."""
+        return self.batch * self.heads * self.tokens**2 * dtype.itemsize
+
+
+def grid(batches, heads, tokens, head_dims) -> list[Point]:
+    return [Point(b, h, n, d) for h in heads for d in head_dims for b in batches for n in tokens]
+
+
+class CompiledEinsum:
+    """torch.compile of the einsum Attend, compiled on first use; remembers why, if compiling fails.
+
+    ``dynamic=True`` asks for one graph for every (b, n) instead of one per grid point (a batch of 1 is still
+    specialised by dynamo, so it costs one more compile). Each first call at a new shape and mode is timed
+    separately, because it includes any compile.
+    """
+
+    def __init__(self, head_dim: int, dtype: torch.dtype, enabled: bool, skip_reason: str | None) -> None:
+        self.fn = torch.compile(Attend(head_dim, impl="einsum").to(dtype), dynamic=True) if enabled else None
+        self.skip_reason = skip_reason
+
+    def first_call(self, call: Callable[[], object]) -> float | None:
+        """Run ``call`` once, return its seconds; on a compile failure keep the reason and return None."""
+        if self.skip_reason is not None:
+            return None
+        start = time.perf_counter()
+        try:
+            call()
+        except Exception as error:  # noqa: BLE001 -- any failure to compile means: skip the path, say why
+            self.skip_reason = f"torch.compile failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            return None
+        return time.perf_counter() - start
+
+
+def _inputs(point: Point, dtype: torch.dtype, grad: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    b, h, n, d = point.batch, point.heads, point.tokens, point.head_dim
+    q, k, v = (torch.randn(b, h, n, d, generator=g).to(dtype).requires_grad_(grad) for _ in range(3))
+    x = torch.randn(b, n, point.dim, generator=g).to(dtype).requires_grad_(grad)
+    return q, k, v, x
+
+
+def _forwards(point, dtype, paths, compiled, q, k, v, x) -> dict[tuple[str, str], tuple[Callable, list[torch.Tensor]]]:
+    """(section, path) -> (a forward call, the tensors its backward differentiates)."""
+    calls = {}
+    for path in paths.get("core", ()):
+        if path == "einsum_compiled":
+            if compiled is not None and compiled.skip_reason is None:
+                calls["core", path] = (lambda: compiled.fn(q, k, v), [q, k, v])
+        else:
+            attend = Attend(point.head_dim, impl=path)
+            calls["core", path] = (lambda attend=attend: attend(q, k, v), [q, k, v])
+    if paths.get("layer"):
+        # One set of weights for every layer path, so they all compute the same function.
+        ours = MultiHeadAttention(point.dim, point.heads).to(dtype).eval()
+        for path in paths["layer"]:
+            if path == "torch_mha":
+                module = torch_mha_from(ours).eval()
+                call = lambda module=module: module(x, x, x, need_weights=False)[0]  # noqa: E731
+            else:
+                module = copy.deepcopy(ours)
+                module.impl = path.removeprefix("mha_")
+                call = lambda module=module: module(x)  # noqa: E731
+            calls["layer", path] = (call, [x, *module.parameters()])
+    return calls
+
+
+def _forward_backward(forward: Callable[[], torch.Tensor], inputs: list[torch.Tensor]) -> Callable[[], object]:
+    def step():
+        out = forward()
+        return torch.autograd.grad(out, inputs, torch.ones_like(out))
+
+    return step
+
+
+def measure_point(
+    point: Point,
+    mode: str,
+    dtype: torch.dtype,
+    paths: dict[str, tuple[str, ...]],
+    compiled: CompiledEinsum | None,
+    rounds: int,
+    min_run_time: float,
+) -> list[dict]:
+    """One result row per path of ``paths`` ({"core": (...), "layer": (...)}) at ``point`` in ``mode``.
+
+    The compiled path's first call at this point is timed apart (it includes any compile) and is not part of
+    its timing; if it fails, the path is dropped from here on and ``compiled.skip_reason`` says why.
+    """
+    grad = mode == "forward_backward"
+    q, k, v, x = _inputs(point, dtype, grad)
+    forwards = _forwards(point, dtype, paths, compiled, q, k, v, x)
+    calls = {key: _forward_backward(fn, inputs) if grad else fn for key, (fn, inputs) in forwards.items()}
+    first_call_s = None
+    with torch.enable_grad() if grad else torch.inference_mode():
+        if ("core", "einsum_compiled") in calls:
+            first_call_s = compiled.first_call(calls["core", "einsum_compiled"])
+            if first_call_s is None:
+                del calls["core", "einsum_compiled"]
+        timings = time_interleaved(
+            {f"{s}/{p}": fn for (s, p), fn in calls.items()}, rounds=rounds, min_run_time=min_run_time
+        )
+        peaks = peak_memory_bytes({f"{s}/{p}": fn for (s, p), fn in calls.items()})
+
+    rows = []
+    for section, path in calls:
+        timing, flops = timings[f"{section}/{path}"], point.flops(section, mode)
+        rows.append(
+            dict(
+                section=section,
+                mode=mode,
+                path=path,
+                batch=point.batch,
+                heads=point.heads,
+                tokens=point.tokens,
+                head_dim=point.head_dim,
+                dtype=str(dtype).removeprefix("torch."),
+                median_s=timing.median_s,
+                iqr_s=timing.iqr_s,
+                blocks=timing.blocks,
+                gflop=flops / 1e9,
+                gflop_per_s=flops / timing.median_s / 1e9,
+                peak_bytes=peaks[f"{section}/{path}"],
+                attn_matrix_bytes=point.attention_matrix_bytes(dtype),
+                first_call_s=first_call_s if path == "einsum_compiled" else None,
+            )
+        )
+    return rows
+
+
+def add_ratios(rows: list[dict]) -> list[dict]:
+    """Add time_ratio and mem_ratio: each row over its section's reference path at the same point and mode."""
+    key = lambda r: (r["section"], r["mode"], r["batch"], r["heads"], r["tokens"], r["head_dim"])  # noqa: E731
+    reference = {key(r): r for r in rows if r["path"] == REFERENCE[r["section"]]}
+    for r in rows:
+        ref = reference.get(key(r))
+        r["time_ratio"] = r["median_s"] / ref["median_s"] if ref else None
+        r["mem_ratio"] = r["peak_bytes"] / ref["peak_bytes"] if ref and ref["peak_bytes"] else None
+    return rows

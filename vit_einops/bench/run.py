@@ -1,0 +1,158 @@
+"""One benchmark run: the machine header, the matmul ceiling, the attention grid, the models, then the files."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from . import report
+from .attention import CORE_PATHS, LAYER_PATHS, MODES, CompiledEinsum, add_ratios, grid, measure_point
+from .env import machine_info
+from .measure import matmul_ceiling
+from .model import MODEL_MODES, MODEL_PATHS, measure_model
+
+
+@dataclass
+class BenchOptions:
+    """Everything a run measures; the named grids below are presets of it."""
+
+    attention: bool = True  # run the attention grid
+    batches: tuple[int, ...] = (1, 8)
+    heads: tuple[int, ...] = (12,)  # ViT-B's h and D_h: the shapes users run
+    tokens: tuple[int, ...] = (50, 197, 577, 1025)  # 32/16, 224/16, 384/16, 512/16 images, class token included
+    head_dims: tuple[int, ...] = (64,)
+    modes: tuple[str, ...] = MODES
+    core_paths: tuple[str, ...] = CORE_PATHS
+    layer_paths: tuple[str, ...] = LAYER_PATHS
+    compile_skip_reason: str | None = None  # set: einsum_compiled is not attempted, and this is printed
+    models: tuple[str, ...] = ("vit_ti_16", "vit_s_16", "vit_b_16")
+    model_paths: tuple[str, ...] = MODEL_PATHS
+    model_modes: tuple[str, ...] = MODEL_MODES
+    model_batch: int = 1
+    model_overrides: dict = field(default_factory=dict)  # ViT keywords applied to every preset (smoke: depth)
+    image_size: int = 224
+    rounds: int = 3  # interleaved rounds of blocked_autorange per path
+    min_run_time: float = 0.1  # seconds per blocked_autorange round
+    ceiling_size: int = 2048
+    dtype: str = "float32"
+    out: Path = field(default_factory=lambda: Path("bench-results"))
+
+
+GRIDS: dict[str, BenchOptions] = {
+    # About two minutes on 2 cores (most of it the cold torch.compile and the batch-8 forward+backward).
+    "default": BenchOptions(),
+    "quick": BenchOptions(
+        batches=(1,),
+        tokens=(50, 197, 577),
+        compile_skip_reason="skipped in --quick: a cold torch.compile takes ~40 s on 2 cores (run the default grid)",
+        models=("vit_ti_16",),
+        rounds=2,
+        min_run_time=0.05,
+        ceiling_size=1024,
+    ),
+    # Seconds: every code path once on tiny shapes, for CI. Numbers from it mean nothing.
+    "smoke": BenchOptions(
+        batches=(1, 2),
+        heads=(2,),
+        tokens=(9, 17),
+        head_dims=(8,),
+        compile_skip_reason="skipped in --smoke: compiling takes tens of seconds",
+        models=("vit_ti_16",),
+        model_batch=2,
+        model_overrides=dict(depth=2),
+        image_size=32,
+        rounds=1,
+        min_run_time=0.001,
+        ceiling_size=128,
+    ),
+}
+
+
+def run(options: BenchOptions, stdout=None) -> dict:
+    """Measure everything ``options`` asks for, print the table (to ``stdout``, default sys.stdout), write the
+    files; returns the results dict."""
+    stdout = stdout or sys.stdout
+    dtype = getattr(torch, options.dtype)
+    started = time.perf_counter()
+    meta = {**machine_info(), "dtype": options.dtype, "options": _jsonable(asdict(options))}
+    ceiling = matmul_ceiling(dtype, options.ceiling_size)
+    print(report.header_text(meta, ceiling), file=stdout, flush=True)
+
+    points = grid(options.batches, options.heads, options.tokens, options.head_dims) if options.attention else []
+    paths = {"core": options.core_paths, "layer": options.layer_paths}
+    jobs = [("attention", p, m) for p in points for m in options.modes] + [("model", name, None) for name in options.models]
+    compiled: dict[int, CompiledEinsum] = {}
+    first_calls = []
+    attention_rows: list[dict] = []
+    model_rows: list[dict] = []
+    for kind, what, mode in tqdm(jobs, desc="vit-einops bench", unit="job", file=sys.stderr, dynamic_ncols=True):
+        if kind == "attention":
+            if what.head_dim not in compiled and "einsum_compiled" in options.core_paths:
+                compiled[what.head_dim] = CompiledEinsum(what.head_dim, dtype, options.compile_skip_reason is None, options.compile_skip_reason)
+            rows = measure_point(what, mode, dtype, paths, compiled.get(what.head_dim), options.rounds, options.min_run_time)
+            attention_rows += rows
+            first_calls += [dict(mode=mode, batch=what.batch, tokens=what.tokens, seconds=r["first_call_s"]) for r in rows if r["first_call_s"] is not None]
+        else:
+            model_rows += measure_model(
+                what, options.model_batch, dtype, options.model_paths, options.model_modes,
+                options.rounds, options.min_run_time, ceiling["gflop_per_s"], options.image_size, options.model_overrides,
+            )  # fmt: skip
+    for r in add_ratios(attention_rows):
+        r["ceiling_fraction"] = r["gflop_per_s"] / ceiling["gflop_per_s"]
+
+    skip_reasons = sorted({c.skip_reason for c in compiled.values() if c.skip_reason})
+    compile_info = dict(
+        attempted="einsum_compiled" in options.core_paths and options.compile_skip_reason is None,
+        skip_reason="; ".join(skip_reasons) or None,
+        first_calls=first_calls,
+        total_first_call_s=sum(c["seconds"] for c in first_calls),
+    )
+    meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    meta["wall_s"] = time.perf_counter() - started
+    results = dict(
+        schema=report.SCHEMA_VERSION, meta=meta, matmul_ceiling=ceiling, compile=compile_info,
+        attention=attention_rows, model=model_rows,
+    )  # fmt: skip
+    table = "\n".join(
+        [report.header_text(meta, ceiling), _compile_text(compile_info)]
+        + ([report.attention_table(attention_rows)] if attention_rows else [])
+        + ([report.model_table(model_rows)] if model_rows else [])
+    )
+    print("\n".join(table.splitlines()[4:]), file=stdout)  # the header was printed before the progress bar
+
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_text(out / "table.txt", table + "\n")
+    report.write_json(out / "results.json", results)
+    if attention_rows:
+        report.write_csv(out / "attention.csv", attention_rows, report.ATTENTION_FIELDS)
+    if model_rows:
+        report.write_csv(out / "model.csv", model_rows, report.MODEL_FIELDS)
+    plots = report.plot(out, attention_rows, model_rows)
+    written = ", ".join(p.name for p in sorted(out.iterdir()) if not p.name.startswith("."))
+    print(f"\nwrote {written} to {out}/ (wall {meta['wall_s']:.0f} s, {len(plots)} plots)", file=stdout)
+    return results
+
+
+def _compile_text(info: dict) -> str:
+    if not info["attempted"] or info["skip_reason"]:
+        return f"torch.compile of the einsum path: {info['skip_reason'] or 'not requested'}"
+    return (
+        f"torch.compile of the einsum path: {len(info['first_calls'])} first calls (compile included, not in the "
+        f"timings) took {info['total_first_call_s']:.1f} s in all"
+    )
+
+
+def _jsonable(options: dict) -> dict:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
+
+
+def with_overrides(grid_name: str, **overrides) -> BenchOptions:
+    """The named grid with every non-None override applied."""
+    return replace(GRIDS[grid_name], **{k: v for k, v in overrides.items() if v is not None})

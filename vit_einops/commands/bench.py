@@ -1,0 +1,125 @@
+"""`vit-einops bench`: einsum, chunked and SDPA attention against each other and torch's layers, and whole models.
+
+Writes table.txt, results.json, attention.csv, model.csv and PNG plots to --out (benchmarks/README.md has the schema).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from ..bench.attention import CORE_PATHS, LAYER_PATHS, MODES
+from ..bench.env import BF16_FLAGS, bf16_slowdown, cpu_flags
+from ..bench.model import MODEL_MODES, MODEL_PATHS
+from ..bench.run import run as run_bench
+from ..bench.run import with_overrides
+from ..presets import list_presets
+
+DTYPES = ("float32", "bfloat16")
+
+
+def _list_of(kind, choices=None):
+    """argparse type: a comma-separated list of positive ints (kind=int) or of names from ``choices``."""
+
+    def parse(text: str) -> tuple:
+        items = [s.strip() for s in text.split(",") if s.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        if kind is int:
+            if not all(s.isdigit() and int(s) > 0 for s in items):
+                raise argparse.ArgumentTypeError(f"expected positive integers like 1,8,32, got {text!r}")
+            return tuple(int(s) for s in items)
+        unknown = [s for s in items if s not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; expected some of {', '.join(choices)}")
+        return tuple(items)
+
+    return parse
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    grid = parser.add_mutually_exclusive_group()
+    grid.add_argument("--quick", action="store_const", dest="grid", const="quick", help="a small grid, well under a minute, no compile")
+    grid.add_argument("--smoke", action="store_const", dest="grid", const="smoke", help="tiny shapes, one round, seconds (CI); numbers mean nothing")
+    parser.set_defaults(grid="default")
+    parser.add_argument("--out", type=Path, help="output directory (default ./bench-results)")
+    parser.add_argument("--threads", type=_positive(int), help="torch threads (default: torch's, usually one per core)")
+    parser.add_argument("--dtype", choices=DTYPES, help="float32 (default); bfloat16 only where the CPU has bf16 hardware")
+    a = parser.add_argument_group("attention grid (comma-separated lists replace the grid's)")
+    a.add_argument("--batches", type=_list_of(int), help="batch sizes (default 1,8)")
+    a.add_argument("--tokens", type=_list_of(int), help="tokens N (default 50,197,577,1025)")
+    a.add_argument("--heads", type=_list_of(int), help="heads h (default 12)")
+    a.add_argument("--head-dims", type=_list_of(int), help="head sizes D_h (default 64)")
+    a.add_argument("--modes", type=_list_of(str, MODES), help=f"of {', '.join(MODES)}")
+    a.add_argument("--paths", dest="core_paths", type=_list_of(str, CORE_PATHS), help=f"core paths, of {', '.join(CORE_PATHS)}")
+    a.add_argument("--layer-paths", type=_list_of(str, LAYER_PATHS), help=f"layer paths, of {', '.join(LAYER_PATHS)}")
+    a.add_argument("--no-compile", action="store_true", help="do not torch.compile the einsum path")
+    a.add_argument("--skip-attention", action="store_true", help="no attention grid")
+    m = parser.add_argument_group("whole models")
+    m.add_argument("--models", type=_list_of(str, list_presets()), help="presets (default vit_ti_16,vit_s_16,vit_b_16)")
+    m.add_argument("--model-batch", type=_positive(int), help="images per call (default 1; 32 is slow on 2 cores)")
+    m.add_argument("--model-modes", type=_list_of(str, MODEL_MODES), help=f"of {', '.join(MODEL_MODES)}")
+    m.add_argument("--model-paths", type=_list_of(str, MODEL_PATHS), help=f"of {', '.join(MODEL_PATHS)}")
+    m.add_argument("--skip-model", action="store_true", help="no whole-model benchmark")
+    t = parser.add_argument_group("timing")
+    t.add_argument("--rounds", type=_positive(int), help="interleaved rounds of blocked_autorange per path (default 3)")
+    t.add_argument("--min-run-time", type=_positive(float), help="seconds per round and path (default 0.1)")
+
+
+def _check_bf16() -> str | None:
+    """Why bf16 should not be benchmarked here, or None when the hardware runs it at least as fast as float32."""
+    if not any(flag in cpu_flags() for flag in BF16_FLAGS):
+        return f"this CPU has none of {', '.join(BF16_FLAGS)}: torch emulates bf16, far slower than float32"
+    slowdown = bf16_slowdown()
+    if slowdown > 1.0:
+        return f"a bf16 matmul measured {slowdown:.1f}x slower than float32 here"
+    print(f"bf16: a 512x512 matmul measured {1 / slowdown:.1f}x faster than float32 here", file=sys.stderr)
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.dtype == "bfloat16":
+        reason = _check_bf16()
+        if reason:
+            print(f"vit-einops bench: not running bfloat16: {reason}; use --dtype float32", file=sys.stderr)
+            return 2
+    options = with_overrides(
+        args.grid,
+        out=args.out,
+        dtype=args.dtype,
+        batches=args.batches,
+        tokens=args.tokens,
+        heads=args.heads,
+        head_dims=args.head_dims,
+        modes=args.modes,
+        core_paths=args.core_paths,
+        layer_paths=args.layer_paths,
+        compile_skip_reason="skipped: --no-compile" if args.no_compile else None,
+        attention=False if args.skip_attention else None,
+        models=() if args.skip_model else args.models,
+        model_batch=args.model_batch,
+        model_modes=args.model_modes,
+        model_paths=args.model_paths,
+        rounds=args.rounds,
+        min_run_time=args.min_run_time,
+    )
+    run_bench(options)
+    return 0
