@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _equiv import F64_TOL, assert_close
+from _interop import TINY, assert_same_state, perturbed
 from vit_einops import ViT
 from vit_einops.interop import (
     HEADS_BY_DIM,
@@ -30,21 +31,6 @@ from vit_einops.interop import (
     torchvision_kwargs,
 )
 
-TINY = dict(image_size=32, patch_size=8, dim=48, depth=2, heads=4, mlp_dim=96, num_classes=5)
-
-
-def randomized(model: ViT) -> ViT:
-    """Every tensor random (the default init zeroes biases): a wrongly routed tensor then changes the logits."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    return model.eval()
-
-
-def assert_same_state(actual: dict, expected: dict) -> None:
-    assert list(actual) == list(expected)
-    for key, value in expected.items():
-        assert actual[key].shape == value.shape and torch.equal(actual[key], value), key
 
 
 # ---- torchvision's forward, written from torch primitives over its key names: an independent implementation ----
@@ -79,7 +65,7 @@ def torchvision_forward(sd: dict, x: torch.Tensor, heads: int, patch: int, eps: 
 @pytest.mark.parametrize("representation_size", [None, 24])
 def test_torchvision_layout_computes_our_logits(representation_size):
     """Float64, so the two forwards differ only by summation order (tolerance rationale: tests/_equiv.py)."""
-    model = randomized(ViT(**TINY, representation_size=representation_size)).double()
+    model = perturbed(ViT(**TINY, representation_size=representation_size)).double()
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     with torch.no_grad():
         assert_close(torchvision_forward(to_torchvision(model), x, heads=4, patch=8), model(x), F64_TOL, "logits")
@@ -87,7 +73,7 @@ def test_torchvision_layout_computes_our_logits(representation_size):
 
 def test_timm_layout_is_torchvision_layout_renamed():
     """timm and torchvision hold the same tensors: converting one to the other through us moves nothing."""
-    model = randomized(ViT(**TINY))
+    model = perturbed(ViT(**TINY))
     tv, tm = to_torchvision(model), to_timm(model)
     assert len(tv) == len(tm)
     assert sorted(t.data_ptr() for t in tv.values()) == sorted(t.data_ptr() for t in tm.values())
@@ -128,7 +114,7 @@ def tiny_configs(square: bool):
 @settings(max_examples=15)
 @given(tiny_configs(square=False))
 def test_timm_round_trip_is_exact(kwargs):
-    model = randomized(ViT(**kwargs))
+    model = perturbed(ViT(**kwargs))
     theirs = to_timm(model)
     inferred = dict(
         heads=kwargs["heads"],
@@ -145,7 +131,7 @@ def test_timm_round_trip_is_exact(kwargs):
 @settings(max_examples=15)
 @given(tiny_configs(square=True))
 def test_torchvision_round_trip_is_exact(kwargs):
-    model = randomized(ViT(**kwargs))
+    model = perturbed(ViT(**kwargs))
     theirs = to_torchvision(model)
     inferred = dict(heads=kwargs["heads"], patchify=kwargs["patchify"])
     assert torchvision_config(theirs, **inferred) == model.config
@@ -155,7 +141,7 @@ def test_torchvision_round_trip_is_exact(kwargs):
 
 
 def test_torchvision_kwargs_describe_the_config():
-    config = torchvision_config(to_torchvision(randomized(ViT(**TINY, representation_size=7))), heads=4)
+    config = torchvision_config(to_torchvision(perturbed(ViT(**TINY, representation_size=7))), heads=4)
     assert torchvision_kwargs(config) == dict(
         image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=48, mlp_dim=96,
         dropout=0.0, attention_dropout=0.0, num_classes=5, representation_size=7,

@@ -5,17 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _interop import TINY, assert_same_state
 from vit_einops import ViT
 from vit_einops.cli import main
 from vit_einops.interop import load_state_dict_file, load_vit, resample_pos_embed, save_state_dict_file, save_vit, to_timm, to_torchvision
 
-TINY = dict(image_size=32, patch_size=8, dim=48, depth=2, heads=4, mlp_dim=96, num_classes=5)
-
-
-def assert_same_state(actual: dict, expected: dict) -> None:
-    assert sorted(actual) == sorted(expected)
-    for key, value in expected.items():
-        assert torch.equal(actual[key], value), key
 
 
 def test_torchvision_to_vit_einops_and_back(tmp_path, capsys):

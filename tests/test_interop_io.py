@@ -11,6 +11,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from _interop import TINY, assert_same_state
 from vit_einops import ViT
 from vit_einops.interop import (
     StateDictMismatchError,
@@ -24,16 +25,8 @@ from vit_einops.interop import (
     to_timm,
     to_torchvision,
 )
-from vit_einops.interop.io import atomic_write
 
-TINY = dict(image_size=32, patch_size=8, dim=48, depth=2, heads=4, mlp_dim=96, num_classes=5)
 SUFFIXES = [".safetensors", ".pth", ".bin"]
-
-
-def assert_same_state(actual: dict, expected: dict) -> None:
-    assert sorted(actual) == sorted(expected)
-    for key, value in expected.items():
-        assert torch.equal(actual[key], value), key
 
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
@@ -85,17 +78,19 @@ def test_vit_file_overrides_free_fields(tmp_path):
         load_vit(path, depth=3)
 
 
-def test_failed_write_keeps_the_old_file(tmp_path):
+def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
     path = save_state_dict_file({"a": torch.ones(2)}, tmp_path / "w.safetensors")
     with pytest.raises(TypeError):
         save_state_dict_file({"a": "not a tensor"}, path)
 
-    def crash_halfway(tmp):
-        tmp.write_bytes(b"half a file")
-        raise KeyboardInterrupt  # a crash mid-write
+    def crash(*args):
+        raise KeyboardInterrupt  # a crash between writing the new file and moving it into place
 
-    with pytest.raises(KeyboardInterrupt):
-        atomic_write(path, crash_halfway)
+    monkeypatch.setattr(os, "replace", crash)
+    for suffix in (".safetensors", ".pth"):
+        with pytest.raises(KeyboardInterrupt):
+            save_state_dict_file({"a": torch.zeros(3)}, path.with_suffix(suffix))
+    monkeypatch.undo()
     assert torch.equal(load_state_dict_file(path)["a"], torch.ones(2))
     assert os.listdir(tmp_path) == ["w.safetensors"]
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from _equiv import F32_TOL, F64_TOL, assert_close
+from _interop import assert_same_state, perturbed
 from vit_einops.interop import (
     from_torchvision,
     intermediate_layers,
@@ -65,24 +66,10 @@ def _report():
             json.dump(DIFFS, f, indent=2, sort_keys=True)
 
 
-def perturbed(model: torch.nn.Module, std: float = 0.02) -> torch.nn.Module:
-    """The library's own init plus noise: its zero-initialised heads and biases would hide a misrouted tensor."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p), alpha=std)
-    return model.eval()
-
-
 def compare(name: str, ours: torch.nn.Module, theirs: torch.nn.Module, x: torch.Tensor) -> None:
     with torch.no_grad():
         expected, actual = theirs(x), ours.eval()(x)
     DIFFS[name] = assert_close(actual, expected, F64_TOL if x.dtype == torch.float64 else F32_TOL, name)
-
-
-def assert_same_state(actual: dict, expected: dict) -> None:
-    assert sorted(actual) == sorted(expected)
-    for key, value in expected.items():
-        assert actual[key].dtype == value.dtype and torch.equal(actual[key], value), key
 
 
 # ---- torchvision ----

@@ -5,17 +5,17 @@ Two kinds of file:
   written by :func:`save_state_dict_file`;
 - a *vit-einops file*: one safetensors file whose metadata holds the model's ViTConfig as JSON, so the file alone
   rebuilds the model (:func:`save_vit`, :func:`load_vit`).
-Every write goes to a temporary file in the target's directory, then ``os.replace``: a crash leaves the old file or
-the new one, never half of one.
+Every write goes through ``atomic_write_bytes`` (the training checkpoints' writer): a temporary file in the target's
+directory, fsync, then ``os.replace``; a crash leaves the old file or the new one, never half of one.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save
 
 from ..config import ViTConfig
 from ..model import ViT
+from ..train.checkpoint import atomic_write_bytes
 from .keys import build_vit, check_free_fields, check_keys, check_state_dict, convert_patchify, expected_shapes
 
 SAFETENSORS_SUFFIXES = (".safetensors",)
@@ -85,22 +86,6 @@ def _unwrap(obj: Any, path: Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"{path}: does not hold a state dict: {e}") from e
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp)`` on a temporary path in ``path``'s directory, fsync it, then move it onto ``path``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def _safetensors_bytes(state_dict: Mapping[str, torch.Tensor], metadata: dict[str, str] | None) -> bytes:
     # safetensors stores each tensor once, densely: make every tensor contiguous and unshared.
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
@@ -113,8 +98,12 @@ def save_state_dict_file(state_dict: Mapping[str, torch.Tensor], path: str | os.
     state_dict = check_state_dict(state_dict, "state dict to save")
     if _suffix(path) in SAFETENSORS_SUFFIXES:
         data = _safetensors_bytes(state_dict, None)
-        return atomic_write(path, lambda tmp: tmp.write_bytes(data))
-    return atomic_write(path, lambda tmp: torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, tmp))
+    else:
+        buffer = io.BytesIO()
+        torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, buffer)
+        data = buffer.getvalue()
+    atomic_write_bytes(path, data)
+    return path
 
 
 def save_vit(model: ViT, path: str | os.PathLike) -> Path:
@@ -125,8 +114,8 @@ def save_vit(model: ViT, path: str | os.PathLike) -> Path:
     if path.suffix.lower() not in SAFETENSORS_SUFFIXES:
         raise ValueError(f"{path}: a vit-einops file is safetensors; use the suffix .safetensors")
     metadata = {FORMAT_KEY: FORMAT_NAME, CONFIG_KEY: json.dumps(model.config.to_dict())}
-    data = _safetensors_bytes(model.state_dict(), metadata)
-    return atomic_write(path, lambda tmp: tmp.write_bytes(data))
+    atomic_write_bytes(path, _safetensors_bytes(model.state_dict(), metadata))
+    return path
 
 
 def read_vit_config(path: str | os.PathLike) -> ViTConfig:

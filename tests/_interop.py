@@ -1,0 +1,26 @@
+"""Helpers shared by the interop tests (test_interop*.py, test_features.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+# A ViT small enough to build in milliseconds, with every part present (two blocks, a classifier).
+TINY = dict(image_size=32, patch_size=8, dim=48, depth=2, heads=4, mlp_dim=96, num_classes=5)
+
+
+def perturbed(model: torch.nn.Module, std: float = 0.02) -> torch.nn.Module:
+    """``model`` in eval mode with noise on every parameter: the zero-initialised heads and biases of the
+    libraries' (and our) init would hide a tensor routed to the wrong place."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=std)
+    return model.eval()
+
+
+def assert_same_state(actual: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> None:
+    """The same keys, and bit-identical tensors (dtype and shape included) under each."""
+    assert sorted(actual) == sorted(expected)
+    for key, value in expected.items():
+        assert actual[key].dtype == value.dtype and torch.equal(actual[key], value), key
