@@ -140,6 +140,14 @@ def test_torchvision_round_trip_is_exact(kwargs):
     assert_same_state(to_torchvision(load_torchvision(theirs, **inferred)), theirs)
 
 
+def test_torchvision_legacy_mlp_names_load():
+    """Older torchvision checkpoints name the MLP linear_1/linear_2; they load as mlp.0/mlp.3 do."""
+    model = ViT(**TINY)
+    legacy = {k.replace("mlp.0.", "mlp.linear_1.").replace("mlp.3.", "mlp.linear_2."): v for k, v in to_torchvision(model).items()}
+    assert "encoder.layers.encoder_layer_1.mlp.linear_2.bias" in legacy
+    assert_same_state(load_torchvision(legacy, heads=4).state_dict(), model.state_dict())
+
+
 def test_torchvision_kwargs_describe_the_config():
     config = torchvision_config(to_torchvision(perturbed(ViT(**TINY, representation_size=7))), heads=4)
     assert torchvision_kwargs(config) == dict(

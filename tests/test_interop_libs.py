@@ -115,6 +115,16 @@ def test_torchvision_small_float64(representation_size, image_size, new_size):
             torch.randn(2, 3, new_size, new_size, dtype=torch.float64))  # fmt: skip
 
 
+def test_torchvision_legacy_mlp_names_as_torchvision_reads_them():
+    """Checkpoints from before torchvision's MLP refactor (mlp.linear_1/2): torchvision and we read them alike."""
+    kwargs = dict(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=3)
+    tv = perturbed(TorchvisionViT(**kwargs))
+    legacy = {k.replace("mlp.0.", "mlp.linear_1.").replace("mlp.3.", "mlp.linear_2."): v for k, v in tv.state_dict().items()}
+    reloaded = TorchvisionViT(**kwargs).eval()
+    reloaded.load_state_dict(legacy)
+    compare("torchvision legacy MLP names", load_torchvision(legacy, heads=4), reloaded, torch.randn(2, 3, 32, 32))
+
+
 def test_torchvision_feature_extractor_as_in_the_course():
     """The course's feature extractor: torchvision's vit with ``heads`` replaced by Identity returns our pre-logits."""
     tv = perturbed(TorchvisionViT(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64))

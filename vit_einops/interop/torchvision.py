@@ -13,6 +13,7 @@ representation size (``heads``). Not readable: the number of heads h (defaults t
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,6 +55,21 @@ LAYOUT = KeyLayout(
 )
 
 
+# Checkpoints saved before torchvision's MLP refactor (pytorch/vision PR 6053, 2022) name the MLP layers
+# linear_1/linear_2; torchvision renames them on load (MLPBlock._load_from_state_dict), and so do we.
+_LEGACY_MLP = re.compile(r"(encoder\.layers\.encoder_layer_\d+\.mlp\.)linear_([12])\.(weight|bias)")
+
+
+def upgrade_legacy_keys(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``mlp.linear_1`` / ``mlp.linear_2`` (older torchvision checkpoints) renamed to ``mlp.0`` / ``mlp.3``."""
+    state_dict = check_state_dict(state_dict, SOURCE)
+    renamed = {}
+    for key, value in state_dict.items():
+        m = _LEGACY_MLP.fullmatch(key)
+        renamed[f"{m[1]}{3 * (int(m[2]) - 1)}.{m[3]}" if m else key] = value
+    return renamed
+
+
 def torchvision_config(
     state_dict: Mapping[str, torch.Tensor],
     *,
@@ -71,7 +87,7 @@ def torchvision_config(
         **overrides: fields no tensor holds: dropout, attn_dropout, attn_impl, patchify, layer_norm_eps.
     """
     check_free_fields(overrides)
-    state_dict = check_state_dict(state_dict, SOURCE)
+    state_dict = upgrade_legacy_keys(state_dict)
     dim, in_channels, *patch = require(state_dict, "conv_proj.weight", 4, SOURCE).shape
     pos = require(state_dict, "encoder.pos_embedding", 3, SOURCE)
     fc1 = require(state_dict, "encoder.layers.encoder_layer_0.mlp.0.weight", 2, SOURCE)
@@ -93,9 +109,10 @@ def torchvision_config(
 
 
 def from_torchvision(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
-    """A torchvision state dict renamed to ours for ``config``; every key and shape is checked
-    (:class:`~vit_einops.interop.keys.StateDictMismatchError` lists what is missing, unexpected or mis-shaped)."""
-    return LAYOUT.to_ours(state_dict, config)
+    """A torchvision state dict (current or legacy MLP names) renamed to ours for ``config``; every key and shape
+    is checked (:class:`~vit_einops.interop.keys.StateDictMismatchError` lists what is missing, unexpected or
+    mis-shaped)."""
+    return LAYOUT.to_ours(upgrade_legacy_keys(state_dict), config)
 
 
 def to_torchvision(model_or_state: ViT | Mapping[str, torch.Tensor], config: ViTConfig | None = None) -> dict[str, torch.Tensor]:
