@@ -8,7 +8,7 @@ a non-square image, the pooling), the caller passes in; everything else is read 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,23 +169,23 @@ class KeyLayout:
     name: str
     rules: tuple[tuple[str, str], ...]
 
-    def key_map(self, config: ViTConfig) -> dict[str, str]:
-        """Our key -> their key, for every tensor of a model with ``config``."""
+    def key_map(self, our_keys: Iterable[str]) -> dict[str, str]:
+        """Our key -> their key, for each of ``our_keys``."""
         mapping = {}
-        for ours in expected_shapes(config):
+        for ours in our_keys:
             for pattern, template in self.rules:
                 if m := re.fullmatch(pattern, ours):
                     mapping[ours] = m.expand(template)
                     break
             else:
-                raise ValueError(f"{self.name} has no counterpart of {ours!r} (config {config})")
+                raise ValueError(f"the {self.name} layout has no counterpart of {ours!r}")
         return mapping
 
     def to_ours(self, state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
         """Their state dict -> ours for ``config``, after checking every key and shape."""
         state_dict = check_state_dict(state_dict, self.name)
-        mapping = self.key_map(_conv_form(config))
         shapes = expected_shapes(_conv_form(config))
+        mapping = self.key_map(shapes)
         check_keys(state_dict, {theirs: shapes[ours] for ours, theirs in mapping.items()}, self.name)
         return convert_patchify({k: state_dict[theirs] for k, theirs in mapping.items()}, config, "conv", config.patchify)
 
@@ -194,7 +194,7 @@ class KeyLayout:
         state_dict = check_state_dict(state_dict, "vit-einops")
         check_keys(state_dict, expected_shapes(config), "vit-einops")
         state_dict = convert_patchify({k: v.detach() for k, v in state_dict.items()}, config, config.patchify, "conv")
-        return {theirs: state_dict[ours] for ours, theirs in self.key_map(_conv_form(config)).items()}
+        return {theirs: state_dict[ours] for ours, theirs in self.key_map(state_dict).items()}
 
 
 def convert_patchify(
