@@ -29,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="source", choices=FORMATS, required=True, help="key layout of SRC")
     parser.add_argument("--to", dest="target", choices=FORMATS, default="vit-einops", help="key layout of DST (default vit-einops)")
     parser.add_argument("--heads", type=int, help="attention heads (not stored in any tensor; default: Table 1's for the width)")
-    parser.add_argument("--image-size", type=int, nargs="+", metavar="H [W]", help="SRC's image size (default: square from its positions)")
+    parser.add_argument("--image-size", type=int, nargs="+", metavar="N", help="SRC's image size, H or H W (default: square, from its positions)")
     parser.add_argument("--global-pool", choices=("token", "avg"), default="token", help="timm SRC's global_pool (default token)")
-    parser.add_argument("--resample-to", type=int, nargs="+", metavar="H [W]", help="resample the position embedding to this image size")
+    parser.add_argument("--resample-to", type=int, nargs="+", metavar="N", help="resample the position embedding to this image size, H or H W")
     parser.add_argument("--resample-mode", choices=("torchvision", "timm"), default="timm", help="interpolation convention (default timm)")
 
 
