@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--test-fraction", type=float, default=DEFAULT_TEST_FRACTION, help="held-out fraction, stratified (default %(default)s)")
     data.add_argument("--limit", type=int, metavar="N", help="use only the first N training and N test images (smoke tests)")
     model = parser.add_argument_group("model")
-    model.add_argument("--preset", default=DIGITS, choices=[DIGITS, *list_presets()], help="model size (default %(default)s: D 64, L 4, h 4, 2x2 patches)")
-    model.add_argument("--image-size", type=int, help="input size (default 8 for digits, else the preset's)")
+    model.add_argument("--preset", default=DIGITS, choices=[DIGITS, *list_presets()], help="model size (default %(default)s: the small model made for the digits, D 64, L 4, h 4, 2x2 patches)")
+    model.add_argument("--image-size", type=int, help="input size (default: 8 on the digits; on --data 32 for the digits model, 224 for the others)")
     model.add_argument("--patch-size", type=int, help="patch size P (default from the preset)")
     for name in ("dim", "depth", "heads", "mlp-dim"):
         model.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
@@ -51,11 +51,12 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
 
     if args.preset == DIGITS:
         kwargs = dict(DIGITS_MODEL)
+        if args.data:  # the same small model on RGB photos: 32x32 in 4x4 patches keeps the 8x8 grid cheap
+            kwargs.update(image_size=32, patch_size=4, in_channels=3)
     else:
         kwargs = preset_config(args.preset, dropout=0.0)
         kwargs["image_size"] = 224 if args.data else 8
-    if args.data is None:
-        kwargs.update(in_channels=1, num_classes=10)
+        kwargs["in_channels"] = 3 if args.data else 1
     for field in ("image_size", "patch_size", "dim", "depth", "heads", "mlp_dim", "dropout"):
         if getattr(args, field) is not None:
             kwargs[field] = getattr(args, field)

@@ -23,9 +23,9 @@ def _pyplot():
 def _show_image(ax, image: torch.Tensor) -> None:
     """(C, H, W) in [0, 1] -> grey or RGB panel without axes."""
     if image.shape[0] == 1:
-        ax.imshow(image[0].cpu(), cmap="gray", vmin=0, vmax=1)
+        ax.imshow(image[0].cpu().numpy(), cmap="gray", vmin=0, vmax=1)
     else:
-        ax.imshow(image.permute(1, 2, 0).clamp(0, 1).cpu())  # (C, H, W) -> (H, W, C) for imshow
+        ax.imshow(image.permute(1, 2, 0).clamp(0, 1).cpu().numpy())  # (C, H, W) -> (H, W, C) for imshow
     ax.set_xticks([])
     ax.set_yticks([])
 
@@ -53,7 +53,7 @@ def plot_attention_overlays(
         panels = [*head_maps[row], rollout_maps[row]]
         for col, grid_map in enumerate(panels, start=1):
             _show_image(axes[row, col], images[row])
-            axes[row, col].imshow(_upsample(grid_map, size), cmap="inferno", alpha=0.6, vmin=0, vmax=1)
+            axes[row, col].imshow(_upsample(grid_map, size).cpu().numpy(), cmap="inferno", alpha=0.6, vmin=0, vmax=1)
     axes[0, 0].set_title("input", fontsize=9)
     for h in range(heads):
         axes[0, h + 1].set_title(f"last layer\nhead {h}", fontsize=9)
@@ -68,7 +68,7 @@ def plot_attention_distance(distance: torch.Tensor, path: str | Path, uniform_di
     layers, heads = distance.shape
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for h in range(heads):
-        ax.scatter(range(1, layers + 1), distance[:, h].cpu(), s=18, label=f"head {h}")
+        ax.scatter(range(1, layers + 1), distance[:, h].cpu().numpy(), s=18, label=f"head {h}")
     if uniform_distance is not None:
         ax.axhline(uniform_distance, color="grey", linestyle="--", linewidth=1, label="uniform attention")
     ax.set(xlabel="network depth (layer)", ylabel="mean attention distance (pixels)", title="Mean attention distance")
@@ -86,7 +86,7 @@ def plot_position_similarity(similarity: torch.Tensor, path: str | Path) -> Path
     fig, axes = plt.subplots(gh, gw, figsize=(0.75 * gw + 1.0, 0.75 * gh), squeeze=False)
     for r in range(gh):
         for c in range(gw):
-            image = axes[r, c].imshow(similarity[r, c].cpu(), cmap="viridis", vmin=-1, vmax=1)
+            image = axes[r, c].imshow(similarity[r, c].cpu().numpy(), cmap="viridis", vmin=-1, vmax=1)
             axes[r, c].set_xticks([])
             axes[r, c].set_yticks([])
         axes[r, 0].set_ylabel(str(r + 1), fontsize=7)

@@ -1,0 +1,202 @@
+"""Training: the schedule, augmentation, data loading, a short run that learns, exact resume, and the CLI."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from vit_einops import ViT
+from vit_einops.cli import main
+from vit_einops.train.checkpoint import CheckpointError, load_checkpoint
+from vit_einops.train.config import TrainConfig
+from vit_einops.train.data import describe_data, load_digits, load_folder_split, load_image, load_image_folder, stratified_split
+from vit_einops.train.loop import WarmupCosine, random_shift, train
+
+TINY = dict(image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=2, heads=2, mlp_dim=32, dropout=0.1)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # The tiny models here run fastest on one thread; two spin-wait against each other on a busy 2-core machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_digits()
+
+
+def test_warmup_then_cosine():
+    f = WarmupCosine(warmup_steps=4, total_steps=14)
+    assert [f(t) for t in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(4) == 1.0
+    assert f(9) == pytest.approx(0.5)  # half way through the decay
+    assert f(14) == pytest.approx(0.0, abs=1e-12) and f(20) == pytest.approx(0.0, abs=1e-12)
+    assert WarmupCosine(0, 10)(0) == 1.0
+
+
+def test_train_config_rejects_bad_values():
+    for bad, match in [
+        (dict(epochs=0), "epochs"),
+        (dict(lr=0.0), "lr"),
+        (dict(warmup_epochs=-1), "warmup_epochs"),
+        (dict(label_smoothing=1.0), "label_smoothing"),
+        (dict(shift=-1), "shift"),
+        (dict(seed=-2), "seed"),
+        (dict(weight_decay=-0.1), "weight_decay"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            TrainConfig(**bad)
+
+
+def test_random_shift_equals_per_image_slicing():
+    images = torch.rand(5, 3, 6, 7)
+    torch.manual_seed(3)
+    got = random_shift(images, 2)
+    torch.manual_seed(3)
+    dy, dx = torch.randint(0, 5, (2, 5, 1))
+    padded = F.pad(images, (2, 2, 2, 2))
+    for i in range(5):
+        y, x = int(dy[i]), int(dx[i])
+        assert torch.equal(got[i], padded[i, :, y : y + 6, x : x + 7])
+    assert random_shift(images, 0) is images
+
+
+def test_digits_split_is_fixed_stratified_and_in_range(digits):
+    train_set, test_set = digits
+    assert (len(train_set), len(test_set)) == (1437, 360)
+    assert train_set.images.shape[1:] == (1, 8, 8) and train_set.images.dtype == torch.float32
+    assert train_set.images.min() == 0.0 and train_set.images.max() == 1.0
+    counts = torch.bincount(test_set.labels, minlength=10)
+    assert counts.min() >= 35 and counts.max() <= 37  # ~20% of each class's ~180 images
+    again_train, _ = load_digits()
+    assert torch.equal(again_train.images, train_set.images)
+
+
+def test_stratified_split_is_a_partition():
+    labels = torch.tensor([0] * 10 + [1] * 20)
+    train_idx, test_idx = stratified_split(labels, 0.3, seed=1)
+    assert sorted([*train_idx, *test_idx]) == list(range(30))
+    assert np.bincount(labels[test_idx].numpy()).tolist() == [3, 6]
+    with pytest.raises(ValueError, match="test fraction"):
+        stratified_split(labels, 1.0, seed=1)
+
+
+def make_folder(root, classes=("cat", "dog"), per_class=5, size=(12, 10)):
+    for c, name in enumerate(classes):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            Image.new("RGB", size, (255 * c, 40 * i, 0)).save(root / name / f"{i}.png")
+    (root / "README.txt").write_text("not a class folder")
+
+
+def test_image_folder_loading(tmp_path):
+    make_folder(tmp_path / "data")
+    data = load_image_folder(tmp_path / "data", 8, in_channels=3)
+    assert data.classes == ["cat", "dog"] and data.images.shape == (10, 3, 8, 8)
+    assert data.labels.tolist() == [0] * 5 + [1] * 5
+    assert torch.allclose(data.images[5:, 0], torch.ones(5, 8, 8))  # dog images are red
+    grey = load_image(tmp_path / "data" / "dog" / "0.png", (4, 6), in_channels=1)
+    assert grey.shape == (1, 4, 6)
+    train_set, test_set = load_folder_split(tmp_path / "data", None, 8, test_fraction=0.4)
+    assert (len(train_set), len(test_set)) == (6, 4) and sorted(test_set.labels.tolist()) == [0, 0, 1, 1]
+
+
+def test_image_folder_errors(tmp_path):
+    make_folder(tmp_path / "data")
+    make_folder(tmp_path / "test", classes=("cat", "bird"))
+    with pytest.raises(ValueError, match="expected the training classes"):
+        load_folder_split(tmp_path / "data", tmp_path / "test", 8)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_image_folder(tmp_path / "missing", 8)
+    (tmp_path / "data" / "cat" / "broken.png").write_bytes(b"not a png")
+    with pytest.raises(ValueError, match="cannot read image.*broken.png"):
+        load_image_folder(tmp_path / "data", 8)
+    with pytest.raises(ValueError, match="needs a training folder"):
+        describe_data(None, tmp_path / "test", 0.2)
+
+
+def run_tiny(digits, out=None, **kwargs):
+    train_set, test_set = digits
+    torch.manual_seed(0)
+    model = ViT(**TINY)
+    config = TrainConfig(**{"epochs": 2, "batch_size": 32, "warmup_epochs": 1, "seed": 5, **kwargs.pop("config", {})})
+    result = train(model, train_set.subset(range(160)), test_set.subset(range(64)), config, out_dir=out, progress=False, **kwargs)
+    return model, result
+
+
+def test_one_short_epoch_lowers_the_loss(digits):
+    # A ViT's loss sits near ln(10) for its first few dozen steps; 64 steps at a high rate get past that.
+    train_set = digits[0].subset(range(1024))
+    torch.manual_seed(0)
+    model = ViT(**{**TINY, "dim": 32})
+
+    def loss() -> float:
+        with torch.no_grad():
+            return F.cross_entropy(model.eval()(train_set.images), train_set.labels).item()
+
+    before = loss()
+    config = TrainConfig(epochs=1, batch_size=16, lr=3e-3, warmup_epochs=0, shift=0)
+    train(model, train_set, digits[1].subset(range(32)), config, progress=False)
+    assert loss() < before - 0.15
+
+
+def test_resume_is_bit_identical_to_an_uninterrupted_run(digits, tmp_path):
+    whole, whole_result = run_tiny(digits, tmp_path / "whole")
+    run_tiny(digits, tmp_path / "split", stop_after=1)
+    assert load_checkpoint(tmp_path / "split" / "checkpoint").train_state["epoch"] == 1
+    resumed, resumed_result = run_tiny(digits, tmp_path / "split", resume=True)
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert whole_result.weights_sha256 == resumed_result.weights_sha256
+    strip = lambda records: [{k: v for k, v in r.items() if k != "seconds"} for r in records]  # noqa: E731
+    lines = [json.loads(line) for line in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
+    assert strip(lines) == strip(whole_result.records) and len(lines) == 2
+    for name in ("curves.png", "summary.json"):
+        assert (tmp_path / "split" / name).stat().st_size > 0
+    summary = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    recorded = json.loads((tmp_path / "whole" / "checkpoint" / "checkpoint.json").read_text())["files"]["model"]["sha256"]
+    assert summary["weights_sha256"] == [recorded]
+
+
+def test_resume_refuses_a_different_recipe(digits, tmp_path):
+    run_tiny(digits, tmp_path, stop_after=1)
+    with pytest.raises(CheckpointError, match="train_config"):
+        run_tiny(digits, tmp_path, resume=True, config={"lr": 1e-2})
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        run_tiny(digits, tmp_path / "empty", resume=True)
+
+
+def test_cli_train_then_inspect(tmp_path, capsys):
+    out = tmp_path / "run"
+    tiny = ["--dim", "16", "--depth", "2", "--heads", "2", "--mlp-dim", "32"]
+    assert main(["train", "--limit", "96", "--epochs", "1", "--out", str(out), "--no-progress", *tiny]) == 0
+    assert "test accuracy" in capsys.readouterr().out
+    assert main(["inspect", "--checkpoint", str(out / "checkpoint"), "--num-images", "3", "--distance-images", "32"]) == 0
+    for name in ("attention", "attention_distance", "position_similarity", "embedding_filters"):
+        with Image.open(out / "inspect" / f"{name}.png") as png:
+            assert png.size[0] > 200, name
+    arrays = np.load(out / "inspect" / "arrays.npz")
+    assert arrays["attention"].shape == (2, 3, 2, 17, 17)
+    assert arrays["mean_attention_distance"].shape == (2, 2)
+    np.testing.assert_allclose(arrays["attention"].sum(-1), 1.0, atol=1e-5)
+
+
+def test_cli_trains_on_a_folder_and_inspects_a_given_image(tmp_path):
+    make_folder(tmp_path / "data", per_class=6)
+    out = tmp_path / "run"
+    args = ["--data", str(tmp_path / "data"), "--image-size", "8", "--patch-size", "4", "--dim", "16", "--depth", "1"]
+    assert main(["train", *args, "--heads", "2", "--mlp-dim", "16", "--epochs", "1", "--out", str(out), "--no-progress"]) == 0
+    ckpt = load_checkpoint(out / "checkpoint")
+    assert ckpt.config.num_classes == 2 and ckpt.config.in_channels == 3
+    assert ckpt.train_state["data"]["classes"] == ["cat", "dog"]
+    image = tmp_path / "data" / "dog" / "0.png"
+    assert main(["inspect", "--checkpoint", str(out / "checkpoint"), "--image", str(image), "--out", str(tmp_path / "figs")]) == 0
+    assert np.load(tmp_path / "figs" / "arrays.npz")["images"].shape == (1, 3, 8, 8)
