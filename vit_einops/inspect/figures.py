@@ -46,7 +46,7 @@ def plot_attention_overlays(
     plt = _pyplot()
     b, heads = head_maps.shape[:2]
     size = tuple(images.shape[-2:])
-    fig, axes = plt.subplots(b, heads + 2, figsize=(1.6 * (heads + 2), 1.7 * b), squeeze=False)
+    fig, axes = plt.subplots(b, heads + 2, figsize=(1.6 * (heads + 2), 1.7 * b + 0.6), squeeze=False, layout="constrained")
     for row in range(b):
         _show_image(axes[row, 0], images[row])
         axes[row, 0].set_ylabel(titles[row] if titles else f"image {row}", fontsize=8)
@@ -66,7 +66,7 @@ def plot_attention_distance(distance: torch.Tensor, path: str | Path, uniform_di
     """Mean attention distance (l, h) as a scatter over layers, one dot per head (Figure 7 right / Figure 11)."""
     plt = _pyplot()
     layers, heads = distance.shape
-    fig, ax = plt.subplots(figsize=(5, 3.6))
+    fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
     for h in range(heads):
         ax.scatter(range(1, layers + 1), distance[:, h].cpu().numpy(), s=18, label=f"head {h}")
     if uniform_distance is not None:
@@ -83,7 +83,7 @@ def plot_position_similarity(similarity: torch.Tensor, path: str | Path) -> Path
     """The grid of grids of Figure 7 (centre): tile (r, c) shows cos(E_pos[r, c], E_pos[., .]) over the grid."""
     plt = _pyplot()
     gh, gw = similarity.shape[:2]
-    fig, axes = plt.subplots(gh, gw, figsize=(0.75 * gw + 1.0, 0.75 * gh), squeeze=False)
+    fig, axes = plt.subplots(gh, gw, figsize=(0.75 * gw + 1.0, 0.75 * gh + 0.5), squeeze=False, layout="constrained")
     for r in range(gh):
         for c in range(gw):
             image = axes[r, c].imshow(similarity[r, c].cpu().numpy(), cmap="viridis", vmin=-1, vmax=1)
@@ -103,7 +103,7 @@ def plot_filters(components: torch.Tensor, explained: torch.Tensor, path: str | 
     k = components.shape[0]
     cols = min(k, 7)
     rows = math.ceil(k / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(1.2 * cols, 1.35 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(1.2 * cols, 3.5), 1.35 * rows + 0.5), squeeze=False, layout="constrained")
     for ax in axes.flat:
         ax.set_axis_off()
     for i, (component, ratio) in enumerate(zip(components, explained)):
@@ -111,5 +111,5 @@ def plot_filters(components: torch.Tensor, explained: torch.Tensor, path: str | 
         _show_image(axes.flat[i], (component - lo) / (hi - lo).clamp_min(1e-12))
         axes.flat[i].set_axis_on()
         axes.flat[i].set_title(f"PC{i + 1} {100 * ratio:.0f}%", fontsize=7)
-    fig.suptitle("Patch-embedding filters: principal components", fontsize=10)
+    fig.suptitle("Patch-embedding filters:\nprincipal components", fontsize=10)
     return save_figure(fig, path)
