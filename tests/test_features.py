@@ -62,7 +62,7 @@ def test_intermediate_layers_match_hooks():
     hooked = block_outputs(model, x)
     got = intermediate_layers(model, x, [2, 0, -2])
     assert len(got) == 3 and all(t.shape == (2, 17, 48) for t in got)
-    for tokens, i in zip(got, [2, 0, 1]):
+    for tokens, i in zip(got, [2, 0, 1], strict=True):
         assert torch.equal(tokens, hooked[i])
     normed = intermediate_layers(model, x, [-1], norm=True)[0]
     assert torch.equal(normed, model.head.norm(hooked[2]))

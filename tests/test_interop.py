@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from _equiv import F64_TOL, assert_close
+from _interop import TINY, assert_same_state, perturbed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _equiv import F64_TOL, assert_close
-from _interop import TINY, assert_same_state, perturbed
 from vit_einops import ViT
 from vit_einops.interop import (
     HEADS_BY_DIM,
@@ -30,8 +30,6 @@ from vit_einops.interop import (
     torchvision_config,
     torchvision_kwargs,
 )
-
-
 
 # ---- torchvision's forward, written from torch primitives over its key names: an independent implementation ----
 
@@ -54,7 +52,11 @@ def torchvision_forward(sd: dict, x: torch.Tensor, heads: int, patch: int, eps: 
         )  # fmt: skip
         x = x + y.transpose(0, 1)
         y = F.layer_norm(x, (dim,), sd[p + "ln_2.weight"], sd[p + "ln_2.bias"], eps)
-        y = F.linear(F.gelu(F.linear(y, sd[p + "mlp.0.weight"], sd[p + "mlp.0.bias"])), sd[p + "mlp.3.weight"], sd[p + "mlp.3.bias"])
+        y = F.linear(
+            F.gelu(F.linear(y, sd[p + "mlp.0.weight"], sd[p + "mlp.0.bias"])),
+            sd[p + "mlp.3.weight"],
+            sd[p + "mlp.3.bias"],
+        )
         x = x + y
     z = F.layer_norm(x, (dim,), sd["encoder.ln.weight"], sd["encoder.ln.bias"], eps)[:, 0]
     if "heads.pre_logits.weight" in sd:
@@ -77,12 +79,15 @@ def test_timm_layout_is_torchvision_layout_renamed():
     tv, tm = to_torchvision(model), to_timm(model)
     assert len(tv) == len(tm)
     assert sorted(t.data_ptr() for t in tv.values()) == sorted(t.data_ptr() for t in tm.values())
-    assert torch.equal(tm["blocks.1.attn.qkv.weight"], tv["encoder.layers.encoder_layer_1.self_attention.in_proj_weight"])
+    assert torch.equal(
+        tm["blocks.1.attn.qkv.weight"], tv["encoder.layers.encoder_layer_1.self_attention.in_proj_weight"]
+    )
     assert torch.equal(tm["blocks.0.mlp.fc2.bias"], tv["encoder.layers.encoder_layer_0.mlp.3.bias"])
     assert torch.equal(tm["norm.weight"], tv["encoder.ln.weight"])
 
 
 # ---- round trips through our own exporters: exact ----
+
 
 def tiny_configs(square: bool):
     """Small random ViTs; ``square`` for torchvision (square images, a classifier, class-token pooling)."""
@@ -143,7 +148,10 @@ def test_torchvision_round_trip_is_exact(kwargs):
 def test_torchvision_legacy_mlp_names_load():
     """Older torchvision checkpoints name the MLP linear_1/linear_2; they load as mlp.0/mlp.3 do."""
     model = ViT(**TINY)
-    legacy = {k.replace("mlp.0.", "mlp.linear_1.").replace("mlp.3.", "mlp.linear_2."): v for k, v in to_torchvision(model).items()}
+    legacy = {
+        k.replace("mlp.0.", "mlp.linear_1.").replace("mlp.3.", "mlp.linear_2."): v
+        for k, v in to_torchvision(model).items()
+    }
     assert "encoder.layers.encoder_layer_1.mlp.linear_2.bias" in legacy
     assert_same_state(load_torchvision(legacy, heads=4).state_dict(), model.state_dict())
 

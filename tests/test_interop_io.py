@@ -8,10 +8,10 @@ import zipfile
 
 import pytest
 import torch
+from _interop import TINY, assert_same_state
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from _interop import TINY, assert_same_state
 from vit_einops import ViT
 from vit_einops.interop import (
     StateDictMismatchError,

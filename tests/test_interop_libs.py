@@ -19,9 +19,9 @@ import os
 
 import pytest
 import torch
-
 from _equiv import F32_TOL, F64_TOL, assert_close
 from _interop import assert_same_state, perturbed
+
 from vit_einops.interop import (
     from_torchvision,
     intermediate_layers,
@@ -38,7 +38,10 @@ from vit_einops.interop import (
 )
 from vit_einops.presets import preset_config
 
-REASON = "{} is not installed: it needs torch 2.14.1 (torchvision 0.29.1); .ci/run-interop runs these tests in .venv-interop-ci"
+REASON = (
+    "{} is not installed: it needs torch 2.14.1 (torchvision 0.29.1); "
+    ".ci/run-interop runs these tests in a venv of their own (.venv-interop-ci)"
+)
 
 
 def _library(name: str):
@@ -49,10 +52,10 @@ def _library(name: str):
 
 torchvision = _library("torchvision")
 timm = _library("timm")
-from torchvision.models.vision_transformer import VisionTransformer as TorchvisionViT  # noqa: E402
-from torchvision.models.vision_transformer import interpolate_embeddings  # noqa: E402
 from timm.layers import resample_abs_pos_embed  # noqa: E402
 from timm.models.vision_transformer import VisionTransformer as TimmViT  # noqa: E402
+from torchvision.models.vision_transformer import VisionTransformer as TorchvisionViT  # noqa: E402
+from torchvision.models.vision_transformer import interpolate_embeddings  # noqa: E402
 
 DIFFS: dict[str, float] = {}
 
@@ -87,7 +90,12 @@ def test_torchvision_vit_b_16_logits_native_and_resampled():
 
     tv256 = torchvision.models.vit_b_16(image_size=256).eval()
     tv256.load_state_dict(interpolate_embeddings(256, 16, dict(state)))
-    compare("torchvision vit_b_16 @256 (resampled from 224)", resample_vit(model, 256, mode="torchvision"), tv256, torch.randn(1, 3, 256, 256))
+    compare(
+        "torchvision vit_b_16 @256 (resampled from 224)",
+        resample_vit(model, 256, mode="torchvision"),
+        tv256,
+        torch.randn(1, 3, 256, 256),
+    )
 
 
 @pytest.mark.parametrize("name", ["vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14"])
@@ -104,7 +112,9 @@ def test_torchvision_presets_keys_and_config(name):
 @pytest.mark.parametrize("image_size, new_size", [(32, 48), (48, 24)])
 def test_torchvision_small_float64(representation_size, image_size, new_size):
     kwargs = dict(patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=7)
-    tv = perturbed(TorchvisionViT(image_size=image_size, representation_size=representation_size, **kwargs), 0.1).double()
+    tv = perturbed(
+        TorchvisionViT(image_size=image_size, representation_size=representation_size, **kwargs), 0.1
+    ).double()
     model = load_torchvision(tv.state_dict(), heads=4).double()
     tag = f"torchvision float64 repr={representation_size} {image_size}px"
     compare(tag, model, tv, torch.randn(2, 3, image_size, image_size, dtype=torch.float64))
@@ -119,7 +129,9 @@ def test_torchvision_legacy_mlp_names_as_torchvision_reads_them():
     """Checkpoints from before torchvision's MLP refactor (mlp.linear_1/2): torchvision and we read them alike."""
     kwargs = dict(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=3)
     tv = perturbed(TorchvisionViT(**kwargs))
-    legacy = {k.replace("mlp.0.", "mlp.linear_1.").replace("mlp.3.", "mlp.linear_2."): v for k, v in tv.state_dict().items()}
+    legacy = {
+        k.replace("mlp.0.", "mlp.linear_1.").replace("mlp.3.", "mlp.linear_2."): v for k, v in tv.state_dict().items()
+    }
     reloaded = TorchvisionViT(**kwargs).eval()
     reloaded.load_state_dict(legacy)
     compare("torchvision legacy MLP names", load_torchvision(legacy, heads=4), reloaded, torch.randn(2, 3, 32, 32))
@@ -154,7 +166,12 @@ def test_timm_registered_models_native_and_resampled(name):
     model = load_timm(state, global_pool=kwargs.get("global_pool", "token"))
     compare(f"timm {name} {kwargs} @224", model, tm, torch.randn(1, 3, 224, 224))
     assert_same_state(to_timm(model), state)
-    compare(f"timm {name} {kwargs} @288 (resampled from 224)", resample_vit(model, 288, mode="timm"), tm, torch.randn(1, 3, 288, 288))
+    compare(
+        f"timm {name} {kwargs} @288 (resampled from 224)",
+        resample_vit(model, 288, mode="timm"),
+        tm,
+        torch.randn(1, 3, 288, 288),
+    )
 
 
 @pytest.mark.parametrize("global_pool", ["token", "avg"])
@@ -200,7 +217,7 @@ def test_timm_features():
         theirs = tm.forward_intermediates(x, indices=[0, 2], norm=True, output_fmt="NLC", intermediates_only=True,
                                           return_prefix_tokens=True)  # fmt: skip
         ours = intermediate_layers(model, x, [0, 2], norm=True)
-    for (patches, prefix), tokens in zip(theirs, ours):
+    for (patches, prefix), tokens in zip(theirs, ours, strict=True):
         assert_close(tokens, torch.cat([prefix, patches], dim=1), F32_TOL, "intermediate tokens")
 
 

@@ -65,8 +65,8 @@ def test_torchvision_mode_keeps_the_corner_patches():
     pe = pos_embed((3, 4))
     out = rearrange(resample_pos_embed(pe, (7, 9), (3, 4), mode="torchvision")[:, 1:], "1 (h w) d -> h w d", h=7)
     grid = rearrange(pe[:, 1:], "1 (h w) d -> h w d", h=3)
-    for (i, j), (oi, oj) in zip([(0, 0), (0, -1), (-1, 0), (-1, -1)], [(0, 0), (0, -1), (-1, 0), (-1, -1)]):
-        torch.testing.assert_close(out[oi, oj], grid[i, j], **TOL)
+    for corner in [(0, 0), (0, -1), (-1, 0), (-1, -1)]:
+        torch.testing.assert_close(out[corner], grid[corner], **TOL)
 
 
 def test_the_two_conventions_differ():

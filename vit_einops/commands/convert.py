@@ -27,12 +27,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="weights file to read (.safetensors, .pth, .bin)")
     parser.add_argument("dst", help="file to write; a vit-einops file must end in .safetensors")
     parser.add_argument("--from", dest="source", choices=FORMATS, required=True, help="key layout of SRC")
-    parser.add_argument("--to", dest="target", choices=FORMATS, default="vit-einops", help="key layout of DST (default vit-einops)")
-    parser.add_argument("--heads", type=int, help="attention heads (not stored in any tensor; default: Table 1's for the width)")
-    parser.add_argument("--image-size", type=int, nargs="+", metavar="N", help="SRC's image size, H or H W (default: square, from its positions)")
-    parser.add_argument("--global-pool", choices=("token", "avg"), default="token", help="timm SRC's global_pool (default token)")
-    parser.add_argument("--resample-to", type=int, nargs="+", metavar="N", help="resample the position embedding to this image size, H or H W")
-    parser.add_argument("--resample-mode", choices=("torchvision", "timm"), default="timm", help="interpolation convention (default timm)")
+    parser.add_argument(
+        "--to", dest="target", choices=FORMATS, default="vit-einops", help="key layout of DST (default vit-einops)"
+    )
+    parser.add_argument(
+        "--heads", type=int, help="attention heads (not stored in any tensor; default: Table 1's for the width)"
+    )
+    parser.add_argument(
+        "--image-size",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="SRC's image size, H or H W (default: square, from its positions)",
+    )
+    parser.add_argument(
+        "--global-pool", choices=("token", "avg"), default="token", help="timm SRC's global_pool (default token)"
+    )
+    parser.add_argument(
+        "--resample-to",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="resample the position embedding to this image size, H or H W",
+    )
+    parser.add_argument(
+        "--resample-mode",
+        choices=("torchvision", "timm"),
+        default="timm",
+        help="interpolation convention (default timm)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
             model = load_timm(args.src, global_pool=args.global_pool, **inferred)
         else:
             if any(v is not None for v in inferred.values()):
-                raise ValueError("--heads and --image-size describe torchvision/timm sources; a vit-einops file stores its config")
+                raise ValueError(
+                    "--heads and --image-size describe torchvision/timm sources; a vit-einops file stores its config"
+                )
             model = load_vit(args.src)
         if args.resample_to is not None:
             model = resample_vit(model, _size(args.resample_to), mode=args.resample_mode)
@@ -66,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
             save_vit(model, args.dst)
             print(f"wrote {args.dst}: vit-einops, config {json.dumps(model.config.to_dict())}")
         else:
-            export, kwargs = (to_torchvision, torchvision_kwargs) if args.target == "torchvision" else (to_timm, timm_kwargs)
+            export, kwargs = (
+                (to_torchvision, torchvision_kwargs) if args.target == "torchvision" else (to_timm, timm_kwargs)
+            )
             save_state_dict_file(export(model), args.dst)
             print(f"wrote {args.dst}: {args.target} state dict; build its model with {kwargs(model.config)}")
     except (ValueError, TypeError, FileNotFoundError) as e:

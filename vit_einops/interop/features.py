@@ -36,7 +36,9 @@ def pre_logits(model: ViT, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def intermediate_layers(model: ViT, x: torch.Tensor, layers: Sequence[int], *, norm: bool = False) -> list[torch.Tensor]:
+def intermediate_layers(
+    model: ViT, x: torch.Tensor, layers: Sequence[int], *, norm: bool = False
+) -> list[torch.Tensor]:
     """All tokens z_l of the encoder blocks in ``layers`` (0-based; -1 is the last block), in the order asked.
 
     Args:
@@ -54,7 +56,9 @@ def intermediate_layers(model: ViT, x: torch.Tensor, layers: Sequence[int], *, n
     wanted = []
     for i in layers:
         if isinstance(i, bool) or not isinstance(i, int) or not -depth <= i < depth:
-            raise ValueError(f"layer index {i!r} out of range for a ViT of depth {depth} (valid: {-depth}..{depth - 1})")
+            raise ValueError(
+                f"layer index {i!r} out of range for a ViT of depth {depth} (valid: {-depth}..{depth - 1})"
+            )
         wanted.append(i % depth)
     model.check_input(x)
     x = model.patch_embed(x)

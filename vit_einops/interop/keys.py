@@ -53,7 +53,9 @@ class StateDictMismatchError(ValueError):
 def check_state_dict(state_dict: Any, source: str) -> dict[str, torch.Tensor]:
     """Return ``state_dict`` as a plain dict after checking it maps str keys to tensors."""
     if not isinstance(state_dict, Mapping):
-        raise TypeError(f"{source} state dict must be a mapping of str to torch.Tensor, got {type(state_dict).__name__}")
+        raise TypeError(
+            f"{source} state dict must be a mapping of str to torch.Tensor, got {type(state_dict).__name__}"
+        )
     for key, value in state_dict.items():
         if not isinstance(key, str) or not isinstance(value, torch.Tensor):
             raise TypeError(
@@ -187,7 +189,9 @@ class KeyLayout:
         shapes = expected_shapes(_conv_form(config))
         mapping = self.key_map(shapes)
         check_keys(state_dict, {theirs: shapes[ours] for ours, theirs in mapping.items()}, self.name)
-        return convert_patchify({k: state_dict[theirs] for k, theirs in mapping.items()}, config, "conv", config.patchify)
+        return convert_patchify(
+            {k: state_dict[theirs] for k, theirs in mapping.items()}, config, "conv", config.patchify
+        )
 
     def from_ours(self, state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
         """Our state dict for ``config`` -> theirs, after checking every key and shape."""
@@ -204,7 +208,9 @@ def convert_patchify(
     if source != target:
         w = state_dict[PATCH_WEIGHT]
         state_dict[PATCH_WEIGHT] = (
-            conv_to_linear_weight(w) if target == "linear" else linear_to_conv_weight(w, config.in_channels, config.patch_size)
+            conv_to_linear_weight(w)
+            if target == "linear"
+            else linear_to_conv_weight(w, config.in_channels, config.patch_size)
         )
     return state_dict
 

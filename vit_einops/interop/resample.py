@@ -67,7 +67,9 @@ def resample_pos_embed(
         old_grid = (side, side)
     old_grid = to_pair("old_grid", old_grid)
     if old_grid[0] * old_grid[1] != num_patches:
-        raise ValueError(f"old_grid {old_grid} has {old_grid[0] * old_grid[1]} cells, pos_embed {num_patches} patch rows")
+        raise ValueError(
+            f"old_grid {old_grid} has {old_grid[0] * old_grid[1]} cells, pos_embed {num_patches} patch rows"
+        )
     if new_grid == old_grid:
         return pos_embed
     prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]

@@ -110,7 +110,9 @@ def from_timm(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> dict
     return LAYOUT.to_ours(state_dict, config)
 
 
-def to_timm(model_or_state: ViT | Mapping[str, torch.Tensor], config: ViTConfig | None = None) -> dict[str, torch.Tensor]:
+def to_timm(
+    model_or_state: ViT | Mapping[str, torch.Tensor], config: ViTConfig | None = None
+) -> dict[str, torch.Tensor]:
     """Our weights (a ViT, or its state dict plus ``config``) as a timm ``VisionTransformer`` state dict;
     build the timm model with :func:`timm_kwargs`."""
     state_dict, config = model_and_config(model_or_state, config)

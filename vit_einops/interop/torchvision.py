@@ -115,7 +115,9 @@ def from_torchvision(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) 
     return LAYOUT.to_ours(upgrade_legacy_keys(state_dict), config)
 
 
-def to_torchvision(model_or_state: ViT | Mapping[str, torch.Tensor], config: ViTConfig | None = None) -> dict[str, torch.Tensor]:
+def to_torchvision(
+    model_or_state: ViT | Mapping[str, torch.Tensor], config: ViTConfig | None = None
+) -> dict[str, torch.Tensor]:
     """Our weights (a ViT, or its state dict plus ``config``) as a torchvision ``VisionTransformer`` state dict."""
     state_dict, config = model_and_config(model_or_state, config)
     torchvision_kwargs(config)  # raises if torchvision cannot express this config
@@ -127,7 +129,9 @@ def torchvision_kwargs(config: ViTConfig) -> dict[str, Any]:
     (h, w), (ph, pw) = config.image_size, config.patch_size
     problems = []
     if h != w or ph != pw:
-        problems.append(f"square images and patches only (image_size {config.image_size}, patch_size {config.patch_size})")
+        problems.append(
+            f"square images and patches only (image_size {config.image_size}, patch_size {config.patch_size})"
+        )
     if config.in_channels != 3:
         problems.append(f"3 input channels only (in_channels {config.in_channels})")
     if config.num_classes == 0:
