@@ -145,6 +145,16 @@ def test_torchvision_round_trip_is_exact(kwargs):
     assert_same_state(to_torchvision(load_torchvision(theirs, **inferred)), theirs)
 
 
+def test_loaded_model_owns_trainable_weights():
+    """Built on the meta device and filled by assignment: still Parameters that train, copies of the source."""
+    theirs = to_timm(perturbed(ViT(**TINY)))
+    model = load_timm(theirs, heads=4)
+    assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad for p in model.parameters())
+    with torch.no_grad():
+        model.head.fc.weight.zero_()
+    assert theirs["head.weight"].abs().sum() > 0  # the source state dict is untouched
+
+
 def test_torchvision_legacy_mlp_names_load():
     """Older torchvision checkpoints name the MLP linear_1/linear_2; they load as mlp.0/mlp.3 do."""
     model = ViT(**TINY)
