@@ -14,7 +14,7 @@ def test_two_process_torchrun_gives_identical_weights_on_both_ranks(tmp_path):
     out = tmp_path / "ddp"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vit_einops", "train",
-        "--limit", "64", "--epochs", "2", "--batch-size", "16", "--dim", "16", "--depth", "1", "--heads", "2",
+        "--limit", "64", "--epochs", "1", "--batch-size", "16", "--dim", "16", "--depth", "1", "--heads", "2",
         "--mlp-dim", "16", "--out", str(out), "--no-progress",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -28,4 +28,4 @@ def test_two_process_torchrun_gives_identical_weights_on_both_ranks(tmp_path):
     checkpoint = json.loads((out / "checkpoint" / "checkpoint.json").read_text())
     assert checkpoint["files"]["model"]["sha256"] == hashes[0]  # rank 0 saved exactly those weights
     assert checkpoint["train_state"]["world_size"] == 2
-    assert [r["epoch"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [1, 2]
+    assert [r["epoch"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [1]

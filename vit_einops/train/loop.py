@@ -205,31 +205,7 @@ def train(
         started = time.perf_counter()
         sampler.set_epoch(epoch)
         torch.manual_seed(epoch_seed(config.seed, epoch, ctx.rank))
-        net.train()
-        # Sums over this rank's samples: loss * count, correct, count.
-        totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)
-        bar = tqdm(
-            BatchSampler(sampler, config.batch_size, drop_last=False),
-            total=steps_per_epoch,
-            desc=f"epoch {epoch + 1}/{config.epochs}",
-            file=sys.stderr,
-            disable=not (progress and ctx.is_main),
-            leave=False,
-        )
-        for batch in bar:
-            x, y = train_set.images[batch].to(ctx.device), train_set.labels[batch].to(ctx.device)
-            x = random_shift(x, config.shift)
-            logits = net(x)
-            loss = criterion(logits, y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
-            optimizer.step()
-            scheduler.step()
-            totals += torch.stack([loss.detach() * len(batch), (logits.argmax(-1) == y).sum(), torch.tensor(len(batch))]).to(totals)
-            bar.set_postfix(loss=f"{totals[0] / totals[2]:.4f}", acc=f"{totals[1] / totals[2]:.3f}", refresh=False)
-        if ctx.active:
-            dist.all_reduce(totals)
+        totals = _train_epoch(net, train_set, sampler, optimizer, scheduler, criterion, config, ctx, progress, epoch, steps_per_epoch)
         record = {
             "epoch": epoch + 1,
             "train_loss": (totals[0] / totals[2]).item(),
@@ -262,6 +238,35 @@ def train(
         atomic_write_bytes(out / SUMMARY_NAME, (json.dumps(summary, indent=1) + "\n").encode())
         plot_curves(records, out / "curves.png")
     return TrainResult(records, hashes, checkpoint)
+
+
+def _train_epoch(net, train_set, sampler, optimizer, scheduler, criterion, config, ctx, progress, epoch, steps) -> torch.Tensor:
+    """One pass over this rank's shard; returns (loss * count, correct, count) summed over every rank."""
+    net.train()
+    model = net.module if isinstance(net, DistributedDataParallel) else net
+    totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)
+    bar = tqdm(
+        BatchSampler(sampler, config.batch_size, drop_last=False),
+        total=steps,
+        desc=f"epoch {epoch + 1}/{config.epochs}",
+        file=sys.stderr,
+        disable=not (progress and ctx.is_main),
+        leave=False,
+    )
+    for batch in bar:
+        x, y = train_set.images[batch].to(ctx.device), train_set.labels[batch].to(ctx.device)
+        logits = net(random_shift(x, config.shift))
+        loss = criterion(logits, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # under DDP, gradients arrive averaged over the ranks: every rank takes the same step
+        nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+        optimizer.step()
+        scheduler.step()
+        totals += torch.stack([loss.detach() * len(batch), (logits.argmax(-1) == y).sum(), torch.tensor(len(batch))]).to(totals)
+        bar.set_postfix(loss=f"{totals[0] / totals[2]:.4f}", acc=f"{totals[1] / totals[2]:.3f}", refresh=False)
+    if ctx.active:
+        dist.all_reduce(totals)
+    return totals
 
 
 def _resume(out: Path, model: ViT, optimizer, scheduler, train_state: dict[str, Any], ctx: Distributed) -> tuple[int, list[dict[str, Any]]]:
