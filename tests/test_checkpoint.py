@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 from vit_einops import ViT
 from vit_einops.train import checkpoint as ckpt_module
-from vit_einops.train.checkpoint import CheckpointError, decode_tree, encode_tree, load_checkpoint, load_model, save_checkpoint
+from vit_einops.train.checkpoint import (
+    CheckpointError,
+    decode_tree,
+    encode_tree,
+    load_checkpoint,
+    load_model,
+    save_checkpoint,
+)
 from vit_einops.train.loop import WarmupCosine, parameter_groups
 
 TINY = dict(image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=2, heads=2, mlp_dim=32)
@@ -69,12 +76,20 @@ def test_loading_never_unpickles(saved, monkeypatch):
 
 
 tensors_or_scalars = st.recursive(
-    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False) | st.text(max_size=3)
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 5)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=3)
     | st.integers(0, 3).map(lambda n: torch.arange(n, dtype=torch.float32)),
-    lambda children: st.lists(children, max_size=3)
-    | st.tuples(children, children)
-    | st.dictionaries(st.text(min_size=1, max_size=3).filter(lambda k: not k.startswith("__")), children, max_size=3)
-    | st.dictionaries(st.integers(0, 9), children, min_size=1, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.tuples(children, children)
+        | st.dictionaries(
+            st.text(min_size=1, max_size=3).filter(lambda k: not k.startswith("__")), children, max_size=3
+        )
+        | st.dictionaries(st.integers(0, 9), children, min_size=1, max_size=3)
+    ),
     max_leaves=8,
 )
 
@@ -89,7 +104,7 @@ def assert_same_tree(a, b):
             assert_same_tree(a[k], b[k])
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             assert_same_tree(x, y)
     else:
         assert a == b

@@ -64,7 +64,11 @@ def test_einsum_path_recording_equals_the_models_own_softmax():
     # On the einsum path the model forms A itself; a hook on attend.softmax sees it (before dropout).
     model = tiny_vit()
     seen = []
-    handles = [m.softmax.register_forward_hook(lambda mod, inp, out: seen.append(out)) for m in model.modules() if hasattr(m, "softmax")]
+    handles = [
+        m.softmax.register_forward_hook(lambda mod, inp, out: seen.append(out))
+        for m in model.modules()
+        if hasattr(m, "softmax")
+    ]
     _, maps = record_attention(model, torch.rand(2, 1, 8, 8))
     for h in handles:
         h.remove()
@@ -116,7 +120,7 @@ def test_layer_selection_and_errors():
     with pytest.raises(ValueError, match="no Attend"):
         AttentionRecorder(nn.Linear(2, 2))
     with pytest.raises(RuntimeError, match="nothing recorded"):
-        AttentionRecorder(model).maps
+        _ = AttentionRecorder(model).maps
 
 
 def test_repeated_forwards_concatenate_along_the_batch():
@@ -192,7 +196,9 @@ def test_mean_distance_of_uniform_attention_is_the_grids_mean_pairwise_distance(
 @given(st.integers(1, 5), st.integers(1, 5), st.integers(1, 4), st.integers(1, 4))
 def test_mean_distance_of_uniform_attention_matches_brute_force(gh, gw, ph, pw):
     cells = list(itertools.product(range(gh), range(gw)))
-    brute = np.mean([math.hypot((r1 - r2) * ph, (c1 - c2) * pw) for (r1, c1), (r2, c2) in itertools.product(cells, cells)])
+    brute = np.mean(
+        [math.hypot((r1 - r2) * ph, (c1 - c2) * pw) for (r1, c1), (r2, c2) in itertools.product(cells, cells)]
+    )
     got = mean_attention_distance(uniform_maps(gh, gw).double(), (gh, gw), (ph, pw))
     np.testing.assert_allclose(got.numpy(), brute, rtol=1e-12)
     np.testing.assert_allclose(patch_distances((gh, gw), (ph, pw)).mean().item(), brute, rtol=1e-12)
@@ -241,7 +247,9 @@ def test_position_similarity_of_angles_is_the_cosine_of_their_difference():
 def test_filter_components_match_scikit_learn_pca(patchify):
     from sklearn.decomposition import PCA
 
-    model = ViT(image_size=8, patch_size=2, in_channels=3, num_classes=0, dim=32, depth=1, heads=2, mlp_dim=8, patchify=patchify)
+    model = ViT(
+        image_size=8, patch_size=2, in_channels=3, num_classes=0, dim=32, depth=1, heads=2, mlp_dim=8, patchify=patchify
+    )
     components, explained = embedding_filter_components(model, num_components=5)
     assert components.shape == (5, 3, 2, 2)
     proj = model.patch_embed.proj.weight.detach()

@@ -1,7 +1,6 @@
 """Training: the schedule, augmentation, data loading, a short run that learns, exact resume, and the CLI."""
 
 import json
-import math
 
 import numpy as np
 import pytest
@@ -13,10 +12,19 @@ from vit_einops import ViT
 from vit_einops.cli import main
 from vit_einops.train.checkpoint import CheckpointError, load_checkpoint
 from vit_einops.train.config import TrainConfig
-from vit_einops.train.data import describe_data, load_digits, load_folder_split, load_image, load_image_folder, stratified_split
+from vit_einops.train.data import (
+    describe_data,
+    load_digits,
+    load_folder_split,
+    load_image,
+    load_image_folder,
+    stratified_split,
+)
 from vit_einops.train.loop import WarmupCosine, random_shift, train
 
-TINY = dict(image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=2, heads=2, mlp_dim=32, dropout=0.1)
+TINY = dict(
+    image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=2, heads=2, mlp_dim=32, dropout=0.1
+)
 
 
 @pytest.fixture(autouse=True)
@@ -128,7 +136,9 @@ def run_tiny(digits, out=None, **kwargs):
     torch.manual_seed(0)
     model = ViT(**TINY)
     config = TrainConfig(**{"epochs": 2, "batch_size": 32, "warmup_epochs": 1, "seed": 5, **kwargs.pop("config", {})})
-    result = train(model, train_set.subset(range(160)), test_set.subset(range(64)), config, out_dir=out, progress=False, **kwargs)
+    result = train(
+        model, train_set.subset(range(160)), test_set.subset(range(64)), config, out_dir=out, progress=False, **kwargs
+    )
     return model, result
 
 
@@ -153,7 +163,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(digits, tmp_path):
     run_tiny(digits, tmp_path / "split", stop_after=1)
     assert load_checkpoint(tmp_path / "split" / "checkpoint").train_state["epoch"] == 1
     resumed, resumed_result = run_tiny(digits, tmp_path / "split", resume=True)
-    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert whole_result.weights_sha256 == resumed_result.weights_sha256
     strip = lambda records: [{k: v for k, v in r.items() if k != "seconds"} for r in records]  # noqa: E731
@@ -162,7 +172,9 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(digits, tmp_path):
     for name in ("curves.png", "summary.json"):
         assert (tmp_path / "split" / name).stat().st_size > 0
     summary = json.loads((tmp_path / "whole" / "summary.json").read_text())
-    recorded = json.loads((tmp_path / "whole" / "checkpoint" / "checkpoint.json").read_text())["files"]["model"]["sha256"]
+    recorded = json.loads((tmp_path / "whole" / "checkpoint" / "checkpoint.json").read_text())["files"]["model"][
+        "sha256"
+    ]
     assert summary["weights_sha256"] == [recorded]
 
 
@@ -179,7 +191,9 @@ def test_cli_train_then_inspect(tmp_path, capsys):
     tiny = ["--dim", "16", "--depth", "2", "--heads", "2", "--mlp-dim", "32"]
     assert main(["train", "--limit", "96", "--epochs", "1", "--out", str(out), "--no-progress", *tiny]) == 0
     assert "test accuracy" in capsys.readouterr().out
-    assert main(["inspect", "--checkpoint", str(out / "checkpoint"), "--num-images", "3", "--distance-images", "32"]) == 0
+    assert (
+        main(["inspect", "--checkpoint", str(out / "checkpoint"), "--num-images", "3", "--distance-images", "32"]) == 0
+    )
     for name in ("attention", "attention_distance", "position_similarity", "embedding_filters"):
         with Image.open(out / "inspect" / f"{name}.png") as png:
             assert png.size[0] > 200, name
@@ -193,10 +207,18 @@ def test_cli_trains_on_a_folder_and_inspects_a_given_image(tmp_path):
     make_folder(tmp_path / "data", per_class=6)
     out = tmp_path / "run"
     args = ["--data", str(tmp_path / "data"), "--image-size", "8", "--patch-size", "4", "--dim", "16", "--depth", "1"]
-    assert main(["train", *args, "--heads", "2", "--mlp-dim", "16", "--epochs", "1", "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(["train", *args, "--heads", "2", "--mlp-dim", "16", "--epochs", "1", "--out", str(out), "--no-progress"])
+        == 0
+    )
     ckpt = load_checkpoint(out / "checkpoint")
     assert ckpt.config.num_classes == 2 and ckpt.config.in_channels == 3
     assert ckpt.train_state["data"]["classes"] == ["cat", "dog"]
     image = tmp_path / "data" / "dog" / "0.png"
-    assert main(["inspect", "--checkpoint", str(out / "checkpoint"), "--image", str(image), "--out", str(tmp_path / "figs")]) == 0
+    assert (
+        main(
+            ["inspect", "--checkpoint", str(out / "checkpoint"), "--image", str(image), "--out", str(tmp_path / "figs")]
+        )
+        == 0
+    )
     assert np.load(tmp_path / "figs" / "arrays.npz")["images"].shape == (1, 3, 8, 8)

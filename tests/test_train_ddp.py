@@ -9,11 +9,14 @@ import pytest
 import torch.distributed as dist
 
 
-@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="this torch build has no gloo backend")
+@pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="this torch build has no gloo backend"
+)
 def test_two_process_torchrun_gives_identical_weights_on_both_ranks(tmp_path):
     out = tmp_path / "ddp"
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vit_einops", "train",
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "-m", "vit_einops", "train",
         "--limit", "64", "--epochs", "1", "--batch-size", "16", "--dim", "16", "--depth", "1", "--heads", "2",
         "--mlp-dim", "16", "--out", str(out), "--no-progress",
     ]  # fmt: skip

@@ -8,11 +8,30 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, metavar="CKPT", help="a checkpoint directory from `vit-einops train` (or its checkpoint.json)")
-    parser.add_argument("--image", action="append", metavar="FILE", help="an image to draw attention for (repeatable; default: test images of the training data)")
-    parser.add_argument("--num-images", type=int, default=6, help="test images drawn when no --image is given (default %(default)s)")
-    parser.add_argument("--distance-images", type=int, default=512, help="test images the mean attention distance averages over (default %(default)s)")
-    parser.add_argument("--out", metavar="DIR", help="where to write the figures (default: inspect/ beside the checkpoint)")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="CKPT",
+        help="a checkpoint directory from `vit-einops train` (or its checkpoint.json)",
+    )
+    parser.add_argument(
+        "--image",
+        action="append",
+        metavar="FILE",
+        help="an image to draw attention for (repeatable; default: test images of the training data)",
+    )
+    parser.add_argument(
+        "--num-images", type=int, default=6, help="test images drawn when no --image is given (default %(default)s)"
+    )
+    parser.add_argument(
+        "--distance-images",
+        type=int,
+        default=512,
+        help="test images the mean attention distance averages over (default %(default)s)",
+    )
+    parser.add_argument(
+        "--out", metavar="DIR", help="where to write the figures (default: inspect/ beside the checkpoint)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{ckpt.path} records no training data to draw test images from; pass --image FILE")
     with torch.no_grad():
         predicted = model(images).argmax(-1).tolist()
-    titles = [f"{n}\npredicted {classes[p] if classes else p}" for n, p in zip(names, predicted)]
+    titles = [f"{n}\npredicted {classes[p] if classes else p}" for n, p in zip(names, predicted, strict=True)]
     distance_images = test_set.images[: args.distance_images] if test_set is not None and not args.image else images
     paths = write_report(model, images, out, distance_images=distance_images, titles=titles)
     for name, path in paths.items():

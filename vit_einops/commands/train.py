@@ -16,33 +16,84 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     defaults = TrainConfig()
     data = parser.add_argument_group("data")
-    data.add_argument("--data", metavar="DIR", help="class-per-subfolder image folder (default: scikit-learn's bundled 8x8 digits)")
-    data.add_argument("--test-data", metavar="DIR", help="test folder with the same class subfolders (default: a held-out split of --data)")
-    data.add_argument("--test-fraction", type=float, default=DEFAULT_TEST_FRACTION, help="held-out fraction, stratified (default %(default)s)")
-    data.add_argument("--limit", type=int, metavar="N", help="use only the first N training and N test images (smoke tests)")
+    data.add_argument(
+        "--data", metavar="DIR", help="class-per-subfolder image folder (default: scikit-learn's bundled 8x8 digits)"
+    )
+    data.add_argument(
+        "--test-data",
+        metavar="DIR",
+        help="test folder with the same class subfolders (default: a held-out split of --data)",
+    )
+    data.add_argument(
+        "--test-fraction",
+        type=float,
+        default=DEFAULT_TEST_FRACTION,
+        help="held-out fraction, stratified (default %(default)s)",
+    )
+    data.add_argument(
+        "--limit", type=int, metavar="N", help="use only the first N training and N test images (smoke tests)"
+    )
     model = parser.add_argument_group("model")
-    model.add_argument("--preset", default=DIGITS, choices=[DIGITS, *list_presets()], help="model size (default %(default)s: the small model made for the digits, D 64, L 4, h 4, 2x2 patches)")
-    model.add_argument("--image-size", type=int, help="input size (default: 8 on the digits; on --data 32 for the digits model, 224 for the others)")
+    model.add_argument(
+        "--preset",
+        default=DIGITS,
+        choices=[DIGITS, *list_presets()],
+        help="model size (default %(default)s: the small model made for the digits, D 64, L 4, h 4, 2x2 patches)",
+    )
+    model.add_argument(
+        "--image-size",
+        type=int,
+        help="input size (default: 8 on the digits; on --data 32 for the digits model, 224 for the others)",
+    )
     model.add_argument("--patch-size", type=int, help="patch size P (default from the preset)")
     for name in ("dim", "depth", "heads", "mlp-dim"):
         model.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
     model.add_argument("--dropout", type=float, help="dropout (default 0.1 for digits, else 0)")
-    model.add_argument("--attn-impl", choices=ATTN_IMPLS, default="einsum", help="attention implementation (default %(default)s)")
+    model.add_argument(
+        "--attn-impl", choices=ATTN_IMPLS, default="einsum", help="attention implementation (default %(default)s)"
+    )
     opt = parser.add_argument_group("optimisation (SPEC.md, Table 3)")
     opt.add_argument("--epochs", type=int, default=defaults.epochs, help="default %(default)s")
     opt.add_argument("--batch-size", type=int, default=defaults.batch_size, help="per process (default %(default)s)")
     opt.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate (default %(default)s)")
-    opt.add_argument("--weight-decay", type=float, default=defaults.weight_decay, help="AdamW weight decay (default %(default)s)")
-    opt.add_argument("--warmup-epochs", type=int, default=defaults.warmup_epochs, help="linear warm-up, then cosine (default %(default)s)")
-    opt.add_argument("--clip-norm", type=float, default=defaults.clip_norm, help="global gradient norm clip (default %(default)s)")
+    opt.add_argument(
+        "--weight-decay", type=float, default=defaults.weight_decay, help="AdamW weight decay (default %(default)s)"
+    )
+    opt.add_argument(
+        "--warmup-epochs",
+        type=int,
+        default=defaults.warmup_epochs,
+        help="linear warm-up, then cosine (default %(default)s)",
+    )
+    opt.add_argument(
+        "--clip-norm", type=float, default=defaults.clip_norm, help="global gradient norm clip (default %(default)s)"
+    )
     opt.add_argument("--label-smoothing", type=float, default=defaults.label_smoothing, help="default %(default)s")
-    opt.add_argument("--shift", type=int, default=defaults.shift, help="random translation augmentation in pixels (default %(default)s)")
-    opt.add_argument("--seed", type=int, default=defaults.seed, help="seeds init, shuffling and dropout (default %(default)s)")
+    opt.add_argument(
+        "--shift",
+        type=int,
+        default=defaults.shift,
+        help="random translation augmentation in pixels (default %(default)s)",
+    )
+    opt.add_argument(
+        "--seed", type=int, default=defaults.seed, help="seeds init, shuffling and dropout (default %(default)s)"
+    )
     run = parser.add_argument_group("run")
-    run.add_argument("--out", metavar="DIR", help="metrics.jsonl, curves.png, summary.json, checkpoint/ (default runs/<data name>)")
-    run.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint; gives the uninterrupted run's result exactly")
-    run.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process (default %(default)s: the "
-                     "small default model runs fastest on one; raise it for bigger models)")
+    run.add_argument(
+        "--out", metavar="DIR", help="metrics.jsonl, curves.png, summary.json, checkpoint/ (default runs/<data name>)"
+    )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from DIR/checkpoint; gives the uninterrupted run's result exactly",
+    )
+    run.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads per process (default %(default)s: the "
+        "small default model runs fastest on one; raise it for bigger models)",
+    )
     run.add_argument("--no-progress", action="store_true", help="no tqdm bars")
 
 
@@ -68,36 +119,56 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..model import ViT
-    from ..train.data import describe_data, load_split
     from ..train.config import TrainConfig
+    from ..train.data import describe_data, load_split
     from ..train.loop import init_distributed, train
 
     torch.set_num_threads(args.threads)
     ctx = init_distributed()
     try:
         config = TrainConfig(
-            epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-            warmup_epochs=args.warmup_epochs, clip_norm=args.clip_norm, label_smoothing=args.label_smoothing,
-            shift=args.shift, seed=args.seed,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            weight_decay=args.weight_decay,
+            warmup_epochs=args.warmup_epochs,
+            clip_norm=args.clip_norm,
+            label_smoothing=args.label_smoothing,
+            shift=args.shift,
+            seed=args.seed,
         )
         info = describe_data(args.data, args.test_data, args.test_fraction)
         kwargs = _model_kwargs(args)
         train_set, test_set = load_split(info, kwargs["image_size"], kwargs.get("in_channels", 3))
         if args.limit is not None:
             info["limit"] = args.limit
-            train_set, test_set = train_set.subset(range(min(args.limit, len(train_set)))), test_set.subset(range(min(args.limit, len(test_set))))
+            train_set, test_set = (
+                train_set.subset(range(min(args.limit, len(train_set)))),
+                test_set.subset(range(min(args.limit, len(test_set)))),
+            )
         if args.data is not None:
             kwargs["num_classes"] = len(train_set.classes)
         torch.manual_seed(config.seed)  # the same initial weights on every rank and every rerun
         model = ViT(**kwargs)
         out = Path(args.out) if args.out else Path("runs") / (Path(args.data).resolve().name if args.data else DIGITS)
         info["classes"] = train_set.classes
-        result = train(model, train_set, test_set, config, out_dir=out, resume=args.resume, data_info=info,
-                       progress=not args.no_progress, ctx=ctx)
+        result = train(
+            model,
+            train_set,
+            test_set,
+            config,
+            out_dir=out,
+            resume=args.resume,
+            data_info=info,
+            progress=not args.no_progress,
+            ctx=ctx,
+        )
         if ctx.is_main:
             last = result.records[-1]
-            print(f"test accuracy {last['test_acc']:.4f} after {last['epoch']} epochs; wrote {out}/ "
-                  f"(metrics.jsonl, curves.png, summary.json, checkpoint/)")
+            print(
+                f"test accuracy {last['test_acc']:.4f} after {last['epoch']} epochs; wrote {out}/ "
+                f"(metrics.jsonl, curves.png, summary.json, checkpoint/)"
+            )
     finally:
         if ctx.active:
             torch.distributed.destroy_process_group()

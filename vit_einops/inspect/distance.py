@@ -20,7 +20,9 @@ def patch_distances(grid_size: tuple[int, int], patch_size: int | tuple[int, int
     return torch.cdist(centres, centres)
 
 
-def mean_attention_distance(maps: torch.Tensor, grid_size: tuple[int, int], patch_size: int | tuple[int, int]) -> torch.Tensor:
+def mean_attention_distance(
+    maps: torch.Tensor, grid_size: tuple[int, int], patch_size: int | tuple[int, int]
+) -> torch.Tensor:
     """Mean attention distance in pixels per layer and head.
 
     The class token is left out on both sides (it has no position in the image); each patch query's weights

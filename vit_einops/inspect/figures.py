@@ -37,7 +37,11 @@ def _upsample(grid_map: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 
 
 def plot_attention_overlays(
-    images: torch.Tensor, head_maps: torch.Tensor, rollout_maps: torch.Tensor, path: str | Path, titles: list[str] | None = None
+    images: torch.Tensor,
+    head_maps: torch.Tensor,
+    rollout_maps: torch.Tensor,
+    path: str | Path,
+    titles: list[str] | None = None,
 ) -> Path:
     """One row per image: the input, each head's last-layer class-token attention over it, and the rollout.
 
@@ -46,7 +50,9 @@ def plot_attention_overlays(
     plt = _pyplot()
     b, heads = head_maps.shape[:2]
     size = tuple(images.shape[-2:])
-    fig, axes = plt.subplots(b, heads + 2, figsize=(1.6 * (heads + 2), 1.7 * b + 0.6), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        b, heads + 2, figsize=(1.6 * (heads + 2), 1.7 * b + 0.6), squeeze=False, layout="constrained"
+    )
     for row in range(b):
         _show_image(axes[row, 0], images[row])
         axes[row, 0].set_ylabel(titles[row] if titles else f"image {row}", fontsize=8)
@@ -103,10 +109,12 @@ def plot_filters(components: torch.Tensor, explained: torch.Tensor, path: str | 
     k = components.shape[0]
     cols = min(k, 7)
     rows = math.ceil(k / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(max(1.2 * cols, 3.5), 1.35 * rows + 0.5), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(max(1.2 * cols, 3.5), 1.35 * rows + 0.5), squeeze=False, layout="constrained"
+    )
     for ax in axes.flat:
         ax.set_axis_off()
-    for i, (component, ratio) in enumerate(zip(components, explained)):
+    for i, (component, ratio) in enumerate(zip(components, explained, strict=True)):
         lo, hi = component.min(), component.max()
         _show_image(axes.flat[i], (component - lo) / (hi - lo).clamp_min(1e-12))
         axes.flat[i].set_axis_on()

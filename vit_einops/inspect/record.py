@@ -55,7 +55,9 @@ class AttentionRecorder:
         chosen = []
         for i in layers:
             if isinstance(i, bool) or not isinstance(i, int) or not -len(attends) <= i < len(attends):
-                raise ValueError(f"layer {i!r} out of range: the model has {len(attends)} attention layers (0..{len(attends) - 1})")
+                raise ValueError(
+                    f"layer {i!r} out of range: the model has {len(attends)} attention layers (0..{len(attends) - 1})"
+                )
             chosen.append(i % len(attends))
         if len(set(chosen)) != len(chosen):
             raise ValueError(f"layers {list(layers)} name a layer twice")
@@ -67,7 +69,7 @@ class AttentionRecorder:
     def __enter__(self) -> "AttentionRecorder":
         if self._handles:
             raise RuntimeError("this AttentionRecorder is already recording")
-        for records, attend in zip(self._records, self._attends):
+        for records, attend in zip(self._records, self._attends, strict=True):
             self._handles.append(attend.register_forward_hook(self._hook(records), with_kwargs=True))
         return self
 
@@ -80,9 +82,11 @@ class AttentionRecorder:
     def _hook(records: list[torch.Tensor]):
         def hook(attend: Attend, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
             # Attend.forward(q, k, v, mask=None): positional or keyword, as the caller chose.
-            bound = dict(zip(("q", "k", "v", "mask"), args), **kwargs)
+            bound = dict(zip(("q", "k", "v", "mask"), args, strict=False), **kwargs)  # args may stop early
             with torch.no_grad():
-                records.append(attention_matrix(bound["q"].detach(), bound["k"].detach(), attend.scale, bound.get("mask")))
+                records.append(
+                    attention_matrix(bound["q"].detach(), bound["k"].detach(), attend.scale, bound.get("mask"))
+                )
 
         return hook
 
@@ -100,7 +104,9 @@ class AttentionRecorder:
 
 
 @torch.no_grad()
-def record_attention(model: nn.Module, images: torch.Tensor, layers: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def record_attention(
+    model: nn.Module, images: torch.Tensor, layers: Sequence[int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Run ``model`` on ``images`` once and return (output, maps (layers, b, h, n, n)); no hook remains after.
 
     The model's train/eval mode is left as the caller set it; call ``model.eval()`` first to inspect a

@@ -13,7 +13,9 @@ HEAD_FUSIONS = ("mean", "max", "min")
 
 def _check_maps(maps: torch.Tensor) -> None:
     if not isinstance(maps, torch.Tensor) or maps.ndim != 5 or maps.shape[-1] != maps.shape[-2]:
-        raise ValueError(f"expected attention maps (layers, b, h, n, n), got {getattr(maps, 'shape', type(maps).__name__)}")
+        raise ValueError(
+            f"expected attention maps (layers, b, h, n, n), got {getattr(maps, 'shape', type(maps).__name__)}"
+        )
 
 
 def attention_rollout(maps: torch.Tensor, residual: float = 0.5, head_fusion: str = "mean") -> torch.Tensor:
@@ -47,7 +49,9 @@ def class_attention_grid(attention: torch.Tensor, grid_size: tuple[int, int]) ->
     """
     gh, gw = grid_size
     if attention.shape[-1] != gh * gw + 1:
-        raise ValueError(f"attention over {attention.shape[-1]} tokens does not fit a {gh}x{gw} grid plus the class token")
+        raise ValueError(
+            f"attention over {attention.shape[-1]} tokens does not fit a {gh}x{gw} grid plus the class token"
+        )
     return rearrange(attention[..., 0, 1:], "... (gh gw) -> ... gh gw", gh=gh, gw=gw)
 
 

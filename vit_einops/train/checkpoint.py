@@ -90,7 +90,9 @@ def encode_tree(obj: Any, tensors: dict[str, torch.Tensor], path: str = "") -> A
         if obj and all(isinstance(k, int) and not isinstance(k, bool) for k in obj):
             return {"__int_keys__": {str(k): encode_tree(v, tensors, f"{path}.{k}") for k, v in obj.items()}}
         if not all(isinstance(k, str) for k in obj):
-            raise TypeError(f"cannot store dict keys {list(obj)!r} at {path or 'top level'!r}: expected all str or all int")
+            raise TypeError(
+                f"cannot store dict keys {list(obj)!r} at {path or 'top level'!r}: expected all str or all int"
+            )
         return {k: encode_tree(v, tensors, f"{path}.{k}") for k, v in obj.items()}
     if isinstance(obj, tuple):
         return {"__tuple__": [encode_tree(v, tensors, f"{path}.{i}") for i, v in enumerate(obj)]}
@@ -160,7 +162,9 @@ def save_checkpoint(
         no_tensors: dict[str, torch.Tensor] = {}
         meta["scheduler"] = encode_tree(scheduler.state_dict(), no_tensors, "scheduler")
         if no_tensors:
-            raise TypeError(f"scheduler state holds tensors {sorted(no_tensors)}; only scalar scheduler states are supported")
+            raise TypeError(
+                f"scheduler state holds tensors {sorted(no_tensors)}; only scalar scheduler states are supported"
+            )
     meta_path = directory / META_NAME
     atomic_write_bytes(meta_path, (json.dumps(meta, indent=1) + "\n").encode())
     keep = {f["name"] for f in meta["files"].values()}
@@ -197,7 +201,11 @@ def _meta_path(path: str | Path) -> Path:
 
 
 def _read_tensor_file(directory: Path, entry: Any, meta_path: Path) -> dict[str, torch.Tensor]:
-    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not isinstance(entry.get("sha256"), str):
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("name"), str)
+        or not isinstance(entry.get("sha256"), str)
+    ):
         raise CheckpointError(f"{meta_path}: malformed file entry {entry!r}, expected {{'name': ..., 'sha256': ...}}")
     file = directory / entry["name"]
     if Path(entry["name"]).name != entry["name"]:
@@ -207,7 +215,9 @@ def _read_tensor_file(directory: Path, entry: Any, meta_path: Path) -> dict[str,
     except OSError as err:
         raise CheckpointError(f"cannot read {file} named by {meta_path}: {err}") from err
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise CheckpointError(f"{file} is corrupt or truncated: its SHA-256 differs from the one recorded in {meta_path}")
+        raise CheckpointError(
+            f"{file} is corrupt or truncated: its SHA-256 differs from the one recorded in {meta_path}"
+        )
     try:
         return safetensors_load(data)
     except (SafetensorError, ValueError) as err:
@@ -228,9 +238,14 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{meta_path} is corrupt or truncated (not valid JSON): {err}") from err
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{meta_path} is not a vit-einops checkpoint (format {meta.get('format') if isinstance(meta, dict) else None!r})")
+        raise CheckpointError(
+            f"{meta_path} is not a vit-einops checkpoint "
+            f"(format {meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT!r})"
+        )
     if meta.get("version") != VERSION:
-        raise CheckpointError(f"{meta_path} has checkpoint version {meta.get('version')!r}; this vit-einops reads version {VERSION}")
+        raise CheckpointError(
+            f"{meta_path} has checkpoint version {meta.get('version')!r}; this vit-einops reads version {VERSION}"
+        )
     try:
         config = ViTConfig.from_dict(meta["config"])
         files = meta["files"]
@@ -242,12 +257,16 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     _check_weights_match_config(state_dict, config, directory / files["model"]["name"], meta_path)
     optimizer_state = None
     if "optimizer" in files:
-        optimizer_state = decode_tree(meta.get("optimizer"), _read_tensor_file(directory, files["optimizer"], meta_path))
+        optimizer_state = decode_tree(
+            meta.get("optimizer"), _read_tensor_file(directory, files["optimizer"], meta_path)
+        )
     scheduler_state = decode_tree(meta["scheduler"], {}) if "scheduler" in meta else None
     return Checkpoint(meta_path, config, state_dict, meta.get("train_state", {}), optimizer_state, scheduler_state)
 
 
-def _check_weights_match_config(state_dict: dict[str, torch.Tensor], config: ViTConfig, weights_path: Path, meta_path: Path) -> None:
+def _check_weights_match_config(
+    state_dict: dict[str, torch.Tensor], config: ViTConfig, weights_path: Path, meta_path: Path
+) -> None:
     # The meta device builds the parameter shapes without allocating or initialising them.
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in ViT.from_config(config).state_dict().items()}
@@ -257,10 +276,14 @@ def _check_weights_match_config(state_dict: dict[str, torch.Tensor], config: ViT
         problems.append(f"missing {missing}")
     if unexpected := sorted(got.keys() - expected.keys()):
         problems.append(f"unexpected {unexpected}")
-    if shapes := [f"{k}: {got[k]} vs config {expected[k]}" for k in sorted(expected.keys() & got.keys()) if got[k] != expected[k]]:
+    if shapes := [
+        f"{k}: {got[k]} vs config {expected[k]}" for k in sorted(expected.keys() & got.keys()) if got[k] != expected[k]
+    ]:
         problems.append("shape mismatches " + "; ".join(shapes))
     if problems:
-        raise CheckpointError(f"weights in {weights_path} do not match the config in {meta_path}: " + ", ".join(problems))
+        raise CheckpointError(
+            f"weights in {weights_path} do not match the config in {meta_path}: " + ", ".join(problems)
+        )
 
 
 def load_model(path: str | Path) -> ViT:
@@ -268,10 +291,14 @@ def load_model(path: str | Path) -> ViT:
     return load_checkpoint(path).build_model()
 
 
-def restore_training(checkpoint: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+def restore_training(
+    checkpoint: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> None:
     """Load the saved weights, optimizer and scheduler states into freshly built objects for a resumed run."""
     if checkpoint.optimizer_state is None or checkpoint.scheduler_state is None:
-        raise CheckpointError(f"{checkpoint.path} holds weights only (no optimizer or scheduler state); cannot resume from it")
+        raise CheckpointError(
+            f"{checkpoint.path} holds weights only (no optimizer or scheduler state); cannot resume from it"
+        )
     model.load_state_dict(checkpoint.state_dict)
     try:
         optimizer.load_state_dict(checkpoint.optimizer_state)

@@ -31,7 +31,10 @@ class ImageDataset:
 
     def __post_init__(self) -> None:
         if self.images.ndim != 4 or self.labels.shape != (self.images.shape[0],):
-            raise ValueError(f"expected images (n, C, H, W) and labels (n,), got {tuple(self.images.shape)} and {tuple(self.labels.shape)}")
+            raise ValueError(
+                f"expected images (n, C, H, W) and labels (n,), "
+                f"got {tuple(self.images.shape)} and {tuple(self.labels.shape)}"
+            )
 
     def __len__(self) -> int:
         return self.labels.shape[0]
@@ -145,8 +148,12 @@ def load_split(info: dict, image_size: int | tuple[int, int], in_channels: int) 
     """Train and test sets from a :func:`describe_data` description, read at the model's size and channels."""
     if info.get("name") == "digits":
         if to_pair("image_size", image_size) != (8, 8) or in_channels != 1:
-            raise ValueError(f"the digits are 8x8 grey images; the model expects {in_channels} channels at {image_size}")
+            raise ValueError(
+                f"the digits are 8x8 grey images; the model expects {in_channels} channels at {image_size}"
+            )
         return load_digits(info["test_fraction"])
     if info.get("name") == "folder":
-        return load_folder_split(info["data"], info["test_data"], image_size, in_channels, info["test_fraction"] or DEFAULT_TEST_FRACTION)
+        return load_folder_split(
+            info["data"], info["test_data"], image_size, in_channels, info["test_fraction"] or DEFAULT_TEST_FRACTION
+        )
     raise ValueError(f"unknown data description {info!r}; expected name 'digits' or 'folder'")

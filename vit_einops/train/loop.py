@@ -128,12 +128,14 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, An
 
 def weights_sha256(model: nn.Module) -> str:
     """SHA-256 of the model's weights as a safetensors file: equal to the model hash a checkpoint records."""
-    return hashlib.sha256(safetensors_save({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})).hexdigest()
+    return hashlib.sha256(
+        safetensors_save({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
+    ).hexdigest()
 
 
 @torch.no_grad()
 def evaluate(model: ViT, data: ImageDataset, ctx: Distributed, batch_size: int = 512) -> float:
-    """Top-1 accuracy on ``data``; under torchrun each rank scores every world_size-th image and the counts are summed."""
+    """Top-1 accuracy on ``data``; under torchrun each rank scores every world_size-th image, counts are summed."""
     model.eval()
     index = torch.arange(ctx.rank, len(data), ctx.world_size)
     correct = torch.zeros((), dtype=torch.long, device=ctx.device)
@@ -186,7 +188,8 @@ def train(
     steps_per_epoch = math.ceil(math.ceil(len(train_set) / ctx.world_size) / config.batch_size)
     optimizer = torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr, betas=config.betas)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, WarmupCosine(min(config.warmup_epochs, config.epochs) * steps_per_epoch, config.epochs * steps_per_epoch)
+        optimizer,
+        WarmupCosine(min(config.warmup_epochs, config.epochs) * steps_per_epoch, config.epochs * steps_per_epoch),
     )
     train_state = {"train_config": config.to_dict(), "data": data_info or {}, "world_size": ctx.world_size}
     records: list[dict[str, Any]] = []
@@ -196,7 +199,11 @@ def train(
             raise ValueError("resume needs out_dir, the directory holding checkpoint/")
         start_epoch, records = _resume(out, model, optimizer, scheduler, train_state, ctx)
 
-    net = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None) if ctx.active else model
+    net = (
+        DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+        if ctx.active
+        else model
+    )
     sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=config.seed)
     criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
     last_epoch = config.epochs if stop_after is None else min(config.epochs, stop_after)
@@ -205,7 +212,9 @@ def train(
         started = time.perf_counter()
         sampler.set_epoch(epoch)
         torch.manual_seed(epoch_seed(config.seed, epoch, ctx.rank))
-        totals = _train_epoch(net, train_set, sampler, optimizer, scheduler, criterion, config, ctx, progress, epoch, steps_per_epoch)
+        totals = _train_epoch(
+            net, train_set, sampler, optimizer, scheduler, criterion, config, ctx, progress, epoch, steps_per_epoch
+        )
         record = {
             "epoch": epoch + 1,
             "train_loss": (totals[0] / totals[2]).item(),
@@ -223,7 +232,9 @@ def train(
             )
             if out is not None:
                 train_state["epoch"] = epoch + 1
-                checkpoint = save_checkpoint(out / CHECKPOINT_DIR, model, optimizer=optimizer, scheduler=scheduler, train_state=train_state)
+                checkpoint = save_checkpoint(
+                    out / CHECKPOINT_DIR, model, optimizer=optimizer, scheduler=scheduler, train_state=train_state
+                )
                 _write_jsonl(out / METRICS_NAME, records)
         if ctx.active:
             dist.barrier()  # no rank runs ahead of rank 0's checkpoint
@@ -240,7 +251,9 @@ def train(
     return TrainResult(records, hashes, checkpoint)
 
 
-def _train_epoch(net, train_set, sampler, optimizer, scheduler, criterion, config, ctx, progress, epoch, steps) -> torch.Tensor:
+def _train_epoch(
+    net, train_set, sampler, optimizer, scheduler, criterion, config, ctx, progress, epoch, steps
+) -> torch.Tensor:
     """One pass over this rank's shard; returns (loss * count, correct, count) summed over every rank."""
     net.train()
     model = net.module if isinstance(net, DistributedDataParallel) else net
@@ -262,17 +275,23 @@ def _train_epoch(net, train_set, sampler, optimizer, scheduler, criterion, confi
         nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
         optimizer.step()
         scheduler.step()
-        totals += torch.stack([loss.detach() * len(batch), (logits.argmax(-1) == y).sum(), torch.tensor(len(batch))]).to(totals)
+        totals += torch.stack(
+            [loss.detach() * len(batch), (logits.argmax(-1) == y).sum(), torch.tensor(len(batch))]
+        ).to(totals)
         bar.set_postfix(loss=f"{totals[0] / totals[2]:.4f}", acc=f"{totals[1] / totals[2]:.3f}", refresh=False)
     if ctx.active:
         dist.all_reduce(totals)
     return totals
 
 
-def _resume(out: Path, model: ViT, optimizer, scheduler, train_state: dict[str, Any], ctx: Distributed) -> tuple[int, list[dict[str, Any]]]:
+def _resume(
+    out: Path, model: ViT, optimizer, scheduler, train_state: dict[str, Any], ctx: Distributed
+) -> tuple[int, list[dict[str, Any]]]:
     ckpt = load_checkpoint(out / CHECKPOINT_DIR)
     if ckpt.config != model.config:
-        raise CheckpointError(f"{ckpt.path} was saved for model config {ckpt.config.to_dict()}, not {model.config.to_dict()}")
+        raise CheckpointError(
+            f"{ckpt.path} was saved for model config {ckpt.config.to_dict()}, not {model.config.to_dict()}"
+        )
     saved = ckpt.train_state
     for key in ("train_config", "data"):
         if saved.get(key) != train_state[key]:
@@ -281,8 +300,11 @@ def _resume(out: Path, model: ViT, optimizer, scheduler, train_state: dict[str, 
                 "continue the same run (start a new --out, or pass the same options)"
             )
     if saved.get("world_size") != ctx.world_size and ctx.is_main:
-        print(f"warning: {ckpt.path} was written by {saved.get('world_size')} processes, resuming on {ctx.world_size}: "
-              "the data shards differ, so the run will not repeat the original", file=sys.stderr)
+        print(
+            f"warning: {ckpt.path} was written by {saved.get('world_size')} processes, resuming on {ctx.world_size}: "
+            "the data shards differ, so the run will not repeat the original",
+            file=sys.stderr,
+        )
     restore_training(ckpt, model, optimizer, scheduler)
     epoch = saved.get("epoch")
     if not isinstance(epoch, int) or epoch < 0:

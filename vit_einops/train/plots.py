@@ -34,7 +34,12 @@ def plot_curves(records: list[dict[str, Any]], path: str | Path) -> Path:
     ax_acc.plot(epochs, [r["train_acc"] for r in records], label="train")
     ax_acc.plot(epochs, [r["test_acc"] for r in records], label="test")
     best = max(records, key=lambda r: r["test_acc"])
-    ax_acc.set(xlabel="epoch", ylabel="top-1 accuracy", ylim=(0, 1.01), title=f"accuracy (final test {records[-1]['test_acc']:.3f}, best {best['test_acc']:.3f})")
+    ax_acc.set(
+        xlabel="epoch",
+        ylabel="top-1 accuracy",
+        ylim=(0, 1.01),
+        title=f"accuracy (final test {records[-1]['test_acc']:.3f}, best {best['test_acc']:.3f})",
+    )
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
         ax.legend()
