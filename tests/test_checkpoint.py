@@ -85,9 +85,7 @@ tensors_or_scalars = st.recursive(
     lambda children: (
         st.lists(children, max_size=3)
         | st.tuples(children, children)
-        | st.dictionaries(
-            st.text(min_size=1, max_size=3).filter(lambda k: not k.startswith("__")), children, max_size=3
-        )
+        | st.dictionaries(st.text(max_size=3), children, max_size=3)
         | st.dictionaries(st.integers(0, 9), children, min_size=1, max_size=3)
     ),
     max_leaves=8,
@@ -122,6 +120,8 @@ def test_codec_rejects_what_json_cannot_hold():
         encode_tree({"a": {1, 2}}, {})
     with pytest.raises(TypeError, match="all str or all int"):
         encode_tree({1: 0, "a": 0}, {})
+    with pytest.raises(TypeError, match="reserved"):
+        encode_tree({"__tuple__": [1]}, {})
 
 
 def test_saving_again_replaces_files_and_leaves_no_temporaries(saved):

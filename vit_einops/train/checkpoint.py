@@ -81,6 +81,9 @@ def _fsync_dir(directory: Path) -> None:
 # tuples and int-keyed dicts tagged so that decoding gives back exactly the tree torch produced.
 
 
+_TAGS = {"__tensor__", "__int_keys__", "__tuple__"}
+
+
 def encode_tree(obj: Any, tensors: dict[str, torch.Tensor], path: str = "") -> Any:
     """JSON-ready copy of ``obj`` with each tensor replaced by ``{"__tensor__": key}`` and stored in ``tensors``."""
     if isinstance(obj, torch.Tensor):
@@ -93,6 +96,8 @@ def encode_tree(obj: Any, tensors: dict[str, torch.Tensor], path: str = "") -> A
             raise TypeError(
                 f"cannot store dict keys {list(obj)!r} at {path or 'top level'!r}: expected all str or all int"
             )
+        if reserved := sorted(set(obj) & _TAGS):
+            raise TypeError(f"cannot store dict keys {reserved} at {path or 'top level'!r}: reserved by the codec")
         return {k: encode_tree(v, tensors, f"{path}.{k}") for k, v in obj.items()}
     if isinstance(obj, tuple):
         return {"__tuple__": [encode_tree(v, tensors, f"{path}.{i}") for i, v in enumerate(obj)]}
