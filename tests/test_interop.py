@@ -225,11 +225,17 @@ def test_configs_the_target_cannot_express_are_refused():
         timm_kwargs(ViT(**TINY, layer_norm_eps=1e-5).config)
 
 
-def test_timm_fc_norm_and_no_class_token_are_refused_with_the_reason():
-    theirs = to_timm(ViT(**TINY))
-    theirs["fc_norm.weight"], theirs["fc_norm.bias"] = theirs.pop("norm.weight"), theirs.pop("norm.bias")
-    with pytest.raises(ValueError, match="fc_norm.*LayerNorm after pooling"):
-        timm_config(theirs, heads=4, global_pool="avg")
+def test_timm_fc_norm_is_read_from_the_keys_and_round_trips():
+    model = ViT(**TINY, pool="mean", fc_norm=True)
+    theirs = to_timm(model)
+    assert "fc_norm.weight" in theirs and "norm.weight" not in theirs
+    assert timm_kwargs(model.config)["fc_norm"] is True
+    config = timm_config(theirs, heads=4, global_pool="avg")
+    assert config == model.config
+    assert_same_state(from_timm(theirs, config), model.state_dict())
+
+
+def test_timm_without_class_token_is_refused_with_the_reason():
     theirs = to_timm(ViT(**TINY))
     del theirs["cls_token"]
     with pytest.raises(ValueError, match="no cls_token"):

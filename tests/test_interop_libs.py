@@ -30,7 +30,6 @@ from vit_einops.interop import (
     pre_logits,
     resample_pos_embed,
     resample_vit,
-    timm_config,
     timm_kwargs,
     to_timm,
     to_torchvision,
@@ -201,10 +200,15 @@ def test_timm_model_from_our_export():
     compare("timm from our export, vit_tiny_patch16_224 @224", model, tm, torch.randn(1, 3, 224, 224))
 
 
-def test_timm_fc_norm_is_refused():
-    tm = timm.create_model("vit_tiny_patch16_224", global_pool="avg")  # timm's default: fc_norm=True
-    with pytest.raises(ValueError, match="fc_norm"):
-        timm_config(tm.state_dict(), global_pool="avg")
+def test_timm_fc_norm_average_pooling():
+    """timm's default for global_pool='avg': LayerNorm after pooling (fc_norm), read from the keys."""
+    tm = perturbed(TimmViT(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5,
+                           global_pool="avg"))  # fmt: skip
+    assert "fc_norm.weight" in tm.state_dict()
+    model = load_timm(tm.state_dict(), heads=2, global_pool="avg")
+    assert model.config.fc_norm and model.config.pool == "mean"
+    compare("timm avg pooling with fc_norm (float32)", model, tm, torch.randn(2, 3, 32, 32))
+    assert_same_state(to_timm(model), tm.state_dict())
 
 
 def test_timm_features():

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from vit_einops import (
     ATTN_IMPLS,
+    ClassificationHead,
     FeedForwardBlock,
     PatchEmbedding,
     ResidualAdd,
@@ -65,7 +66,9 @@ def test_block_matches_torch_transformer_encoder_layer(impl, b, n, heads, head_d
 def test_whole_model_matches_torch_built_encoder_in_eval(impl, pool):
     """ViT-Ti width at 32 px in float32 eval mode, where torch takes its fused encoder-layer fast path."""
     torch.manual_seed(0)
-    model = ViT(image_size=32, patch_size=8, dim=192, depth=3, heads=3, mlp_dim=768, num_classes=10, pool=pool, attn_impl=impl)
+    model = ViT(
+        image_size=32, patch_size=8, dim=192, depth=3, heads=3, mlp_dim=768, num_classes=10, pool=pool, attn_impl=impl
+    )
     randomize_norms(model, 1)
     model.eval()
     ref = torch_reference_vit(model).eval()
@@ -122,6 +125,24 @@ def test_pooling_cls_takes_token_zero_and_mean_excludes_it():
     x = torch.randn(3, 7, 5)
     torch.testing.assert_close(TokenPool("cls")(x), x[:, 0])
     torch.testing.assert_close(TokenPool("mean")(x), x[:, 1:].sum(1) / 6)
+
+
+def test_fc_norm_moves_the_final_layer_norm_after_pooling():
+    """fc_norm: LN(mean of tokens) instead of mean of LN(tokens); for "cls" pooling the two orders agree."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, 16, dtype=torch.float64)
+    for pool in ("cls", "mean"):
+        before = ClassificationHead(16, 4, pool=pool).double()
+        randomize_norms(before, 0)
+        after = ClassificationHead(16, 4, pool=pool, fc_norm=True).double()
+        after.load_state_dict(before.state_dict())
+        assert list(after._modules) == ["pool", "norm", "fc"]
+        pooled = x[:, 0] if pool == "cls" else x[:, 1:].mean(1)
+        torch.testing.assert_close(after(x), before.fc(before.norm(pooled)), **F64_TOL)
+        if pool == "cls":
+            torch.testing.assert_close(after(x), before(x), **F64_TOL)
+        else:
+            assert not torch.allclose(after(x), before(x), atol=1e-3)
 
 
 def test_feed_forward_uses_exact_erf_gelu():

@@ -36,6 +36,7 @@ TINY = dict(image_size=16, patch_size=4, dim=32, depth=1, heads=4, mlp_dim=64, n
         (dict(pool="max"), ValueError, "unknown pool 'max'; expected one of 'cls', 'mean'"),
         (dict(attn_impl="flash"), ValueError, "unknown attn_impl 'flash'; expected one of 'einsum', "),
         (dict(patchify="unfold"), ValueError, "unknown patchify 'unfold'"),
+        (dict(fc_norm=1), TypeError, "fc_norm must be a bool, got 1"),
         (dict(layer_norm_eps=0), ValueError, "layer_norm_eps must be a positive float, got 0"),
     ],
 )
@@ -62,7 +63,11 @@ def test_unknown_preset():
         (torch.randn(2, 3, 32, 16), ValueError, r"expected height, width \(16, 16\), got \(32, 16\)"),
         (torch.randn(3, 16, 16), ValueError, r"expected a 4-D tensor \(b, 3, 16, 16\), got 3-D"),
         (torch.randn(1, 2, 3, 16, 16), ValueError, "got 5-D"),
-        (torch.zeros(2, 3, 16, 16, dtype=torch.uint8), TypeError, "expected a floating-point image tensor, got dtype torch.uint8"),
+        (
+            torch.zeros(2, 3, 16, 16, dtype=torch.uint8),
+            TypeError,
+            "expected a floating-point image tensor, got dtype torch.uint8",
+        ),
         ([[0.0]], TypeError, "expected a torch.Tensor of shape \\(b, 3, 16, 16\\), got list"),
     ],
 )
@@ -96,7 +101,11 @@ def test_bad_attention_arguments():
         (torch.ones(5, 5), TypeError, "mask must be a bool tensor .*, got torch.float32"),
         (torch.ones(5, 5, dtype=torch.int64), TypeError, "got torch.int64"),
         ([[True]], TypeError, "got list"),
-        (torch.ones(4, 4, dtype=torch.bool), ValueError, r"mask of shape \(4, 4\) does not broadcast to \(b, h, n, n\) = \(2, 2, 5, 5\)"),
+        (
+            torch.ones(4, 4, dtype=torch.bool),
+            ValueError,
+            r"mask of shape \(4, 4\) does not broadcast to \(b, h, n, n\) = \(2, 2, 5, 5\)",
+        ),
         (torch.ones(3, 1, 5, 5, dtype=torch.bool), ValueError, r"mask of shape \(3, 1, 5, 5\) does not broadcast"),
         (torch.ones(1, 2, 1, 5, 5, dtype=torch.bool), ValueError, "does not broadcast"),
         (torch.ones(5, 5, dtype=torch.bool).triu(1), ValueError, "leaves at least one query row with no key"),

@@ -26,15 +26,18 @@ class ViTConfig:
     dropout: float = 0.0  # Appendix B.1: 0.1 for ImageNet runs, 0 for JFT pre-training
     attn_dropout: float = 0.0  # dropout on the attention matrix A (not in the paper; timm's attn_drop)
     pool: str = "cls"  # "cls": Eq. 4 reads z_L^0; "mean": average of the patch tokens
-    attn_impl: str = "einsum"  # "einsum": Eq. 6 written out; "chunked": the same per block of queries; "sdpa": torch's fused kernel
+    attn_impl: str = (
+        "einsum"  # "einsum": Eq. 6 written out; "chunked": the same per block of queries; "sdpa": torch's fused kernel
+    )
     patchify: str = "conv"  # "conv": Conv2d(k=s=P); "linear": einops patches times E (Eq. 1 literally)
     representation_size: int | None = None  # the pre-training head's hidden layer (tanh), None at fine-tuning
+    fc_norm: bool = False  # final LayerNorm after pooling (timm's fc_norm) rather than on every token before it
     layer_norm_eps: float = 1e-6  # torchvision and timm; torch's default 1e-5 would not load their weights exactly
 
     def __post_init__(self) -> None:
         self.image_size = to_pair("image_size", self.image_size)
         self.patch_size = to_pair("patch_size", self.patch_size)
-        for (size, patch, axis) in zip(self.image_size, self.patch_size, ("height", "width")):
+        for size, patch, axis in zip(self.image_size, self.patch_size, ("height", "width")):
             if size % patch:
                 raise ValueError(
                     f"image {axis} {size} is not divisible by patch {axis} {patch} "
@@ -53,9 +56,15 @@ class ViTConfig:
         check_choice("pool", self.pool, POOLS)
         check_choice("attn_impl", self.attn_impl, ATTN_IMPLS)
         check_choice("patchify", self.patchify, PATCHIFY)
+        if not isinstance(self.fc_norm, bool):
+            raise TypeError(f"fc_norm must be a bool, got {self.fc_norm!r}")
         if self.representation_size is not None:
             check_positive_int("representation_size", self.representation_size)
-        if isinstance(self.layer_norm_eps, bool) or not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
+        if (
+            isinstance(self.layer_norm_eps, bool)
+            or not isinstance(self.layer_norm_eps, (int, float))
+            or self.layer_norm_eps <= 0
+        ):
             raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
 
     @property

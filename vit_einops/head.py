@@ -31,6 +31,9 @@ class ClassificationHead(Sequential):
     """``norm`` (the final LayerNorm of Eq. 4), ``pool``, optional ``pre_logits`` (Linear + tanh, the paper's
     pre-training head), then ``fc`` to ``num_classes`` (nn.Identity when num_classes is 0).
 
+    With ``fc_norm`` the LayerNorm comes after the pooling (timm's ``fc_norm``, its default for average pooling).
+    For "cls" pooling the order makes no difference (LayerNorm acts on each token alone); for "mean" it does.
+
     Shapes: (b, n, D) -> (b, num_classes), or (b, D or representation_size) when num_classes is 0.
     """
 
@@ -41,11 +44,14 @@ class ClassificationHead(Sequential):
         pool: str = "cls",
         representation_size: int | None = None,
         layer_norm_eps: float = 1e-6,
+        fc_norm: bool = False,
     ) -> None:
         check_positive_int("dim", dim)
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
             raise ValueError(f"num_classes must be an int >= 0 (0 = no classifier), got {num_classes!r}")
         stages = [("norm", nn.LayerNorm(dim, eps=layer_norm_eps)), ("pool", TokenPool(pool))]
+        if fc_norm:
+            stages.reverse()
         features = dim
         if representation_size is not None:
             features = check_positive_int("representation_size", representation_size)

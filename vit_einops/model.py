@@ -35,7 +35,12 @@ class ViT(Sequential):
         super().__init__(
             OrderedDict(
                 patch_embed=PatchEmbedding(
-                    config.image_size, config.patch_size, config.in_channels, config.dim, config.dropout, config.patchify
+                    config.image_size,
+                    config.patch_size,
+                    config.in_channels,
+                    config.dim,
+                    config.dropout,
+                    config.patchify,
                 ),
                 blocks=TransformerEncoder(
                     config.depth,
@@ -48,7 +53,12 @@ class ViT(Sequential):
                     layer_norm_eps=config.layer_norm_eps,
                 ),
                 head=ClassificationHead(
-                    config.dim, config.num_classes, config.pool, config.representation_size, config.layer_norm_eps
+                    config.dim,
+                    config.num_classes,
+                    config.pool,
+                    config.representation_size,
+                    config.layer_norm_eps,
+                    config.fc_norm,
                 ),
             )
         )
@@ -79,7 +89,9 @@ class ViT(Sequential):
         if x.shape[1] != c:
             raise ValueError(f"expected {c} channels, got {x.shape[1]} (input shape {tuple(x.shape)})")
         if tuple(x.shape[2:]) != (h, w):
-            raise ValueError(f"expected height, width ({h}, {w}), got {tuple(x.shape[2:])} (input shape {tuple(x.shape)})")
+            raise ValueError(
+                f"expected height, width ({h}, {w}), got {tuple(x.shape[2:])} (input shape {tuple(x.shape)})"
+            )
 
     def set_attn_impl(self, impl: str) -> "ViT":
         """Switch every attention layer to ``impl`` ("einsum" or "sdpa"); returns the model."""

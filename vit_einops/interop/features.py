@@ -45,11 +45,14 @@ def intermediate_layers(
         model: a ViT.
         x: (b, C, H, W) images.
         layers: block indices; negative ones count from the end, as in Python.
-        norm: apply the final LayerNorm (``head.norm``) to each, as timm's ``get_intermediate_layers`` can.
+        norm: apply the final LayerNorm (``head.norm``) to each, as timm's ``get_intermediate_layers`` can; not for
+            a model with ``fc_norm``, whose final LayerNorm acts on the pooled vector, not on tokens.
 
     Returns: one (b, N, D) tensor per entry of ``layers``, the class token first in each.
     """
     _check_vit(model)
+    if norm and model.config.fc_norm:
+        raise ValueError("norm=True needs a LayerNorm on every token; this model's (fc_norm=True) follows the pooling")
     depth = len(model.blocks)
     if isinstance(layers, (int, str)) or not isinstance(layers, Sequence) or not layers:
         raise TypeError(f"layers must be a non-empty sequence of block indices, got {layers!r}")

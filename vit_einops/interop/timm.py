@@ -6,11 +6,11 @@ layout, ``norm1``/``norm2`` the two pre-norms, ``mlp.fc1``/``mlp.fc2`` the MLP, 
 
 Supported: a class token with its own position row (``class_token=True, no_embed_class=False``), biases on
 qkv, no layer scale, no register tokens, no pre-norm, and pooling ``global_pool="token"`` (our ``pool="cls"``) or
-``global_pool="avg", fc_norm=False`` (our ``pool="mean"``: LayerNorm on every token, then the mean of the patch
-tokens). timm's default for ``avg`` is ``fc_norm=True``, which normalises *after* pooling; our head normalises
-before, so such checkpoints (keys ``fc_norm.*``) are refused with that reason.
+``global_pool="avg"`` (our ``pool="mean"``), with the final LayerNorm before pooling (timm's ``norm``) or after it
+(timm's ``fc_norm``, its default for ``avg``; our ``fc_norm=True``).
 
-Read off the state dict: P, C, D, L, MLP size, image size (square unless ``image_size`` is given), classes.
+Read off the state dict: P, C, D, L, MLP size, image size (square unless ``image_size`` is given), classes,
+fc_norm (from the key ``fc_norm.weight``).
 Not readable: the heads h (Table 1's by D unless given) and the pooling (``global_pool``, default "token").
 """
 
@@ -39,23 +39,26 @@ from .keys import (
 )
 
 SOURCE = "timm"
-# timm's global_pool -> our pool; 'avg' only with fc_norm=False (see the module docstring).
+# timm's global_pool -> our pool.
 GLOBAL_POOLS = {"token": "cls", "avg": "mean"}
-LAYOUT = KeyLayout(
-    SOURCE,
-    (
-        (r"patch_embed\.proj\.(weight|bias)", r"patch_embed.proj.\1"),
-        (r"patch_embed\.cls_token\.weight", "cls_token"),
-        (r"patch_embed\.pos_embed\.weight", "pos_embed"),
-        (r"blocks\.(\d+)\.attn\.fn\.norm\.(weight|bias)", r"blocks.\1.norm1.\2"),
-        (r"blocks\.(\d+)\.attn\.fn\.mha\.qkv\.(weight|bias)", r"blocks.\1.attn.qkv.\2"),
-        (r"blocks\.(\d+)\.attn\.fn\.mha\.proj\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
-        (r"blocks\.(\d+)\.mlp\.fn\.norm\.(weight|bias)", r"blocks.\1.norm2.\2"),
-        (r"blocks\.(\d+)\.mlp\.fn\.ff\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
-        (r"head\.norm\.(weight|bias)", r"norm.\1"),
-        (r"head\.fc\.(weight|bias)", r"head.\1"),
-    ),
+_RULES = (
+    (r"patch_embed\.proj\.(weight|bias)", r"patch_embed.proj.\1"),
+    (r"patch_embed\.cls_token\.weight", "cls_token"),
+    (r"patch_embed\.pos_embed\.weight", "pos_embed"),
+    (r"blocks\.(\d+)\.attn\.fn\.norm\.(weight|bias)", r"blocks.\1.norm1.\2"),
+    (r"blocks\.(\d+)\.attn\.fn\.mha\.qkv\.(weight|bias)", r"blocks.\1.attn.qkv.\2"),
+    (r"blocks\.(\d+)\.attn\.fn\.mha\.proj\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
+    (r"blocks\.(\d+)\.mlp\.fn\.norm\.(weight|bias)", r"blocks.\1.norm2.\2"),
+    (r"blocks\.(\d+)\.mlp\.fn\.ff\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+    (r"head\.fc\.(weight|bias)", r"head.\1"),
 )
+# Our head.norm is timm's norm (before pooling) or fc_norm (after it, our fc_norm=True; timm's norm is then Identity).
+LAYOUT = KeyLayout(SOURCE, (*_RULES, (r"head\.norm\.(weight|bias)", r"norm.\1")))
+FC_NORM_LAYOUT = KeyLayout(SOURCE, (*_RULES, (r"head\.norm\.(weight|bias)", r"fc_norm.\1")))
+
+
+def _layout(config: ViTConfig) -> KeyLayout:
+    return FC_NORM_LAYOUT if config.fc_norm else LAYOUT
 
 
 def timm_config(
@@ -72,18 +75,13 @@ def timm_config(
         state_dict: timm ``VisionTransformer.state_dict()`` (keys ``cls_token``, ``pos_embed``, ``blocks.i...``).
         heads: h; not stored in any shape, so by default Table 1's value for the width D.
         image_size: the checkpoint's (H, W); by default a square grid is assumed.
-        global_pool: the timm model's ``global_pool``, "token" or "avg" (with ``fc_norm=False``); the state dict
-            of either has the same keys, so it cannot be inferred.
+        global_pool: the timm model's ``global_pool``, "token" or "avg"; the state dicts of both have the same
+            keys, so it cannot be inferred.
         **overrides: fields no tensor holds: dropout, attn_dropout, attn_impl, patchify, layer_norm_eps.
     """
     check_free_fields(overrides)
     check_choice("global_pool", global_pool, GLOBAL_POOLS)
     state_dict = check_state_dict(state_dict, SOURCE)
-    if "fc_norm.weight" in state_dict:
-        raise ValueError(
-            "timm state dict has fc_norm (global_pool='avg' with fc_norm=True: LayerNorm after pooling); "
-            "vit-einops normalises every token before pooling, which equals timm's fc_norm=False only"
-        )
     if "cls_token" not in state_dict:
         raise ValueError("timm state dict has no cls_token; vit-einops needs a class token (class_token=True)")
     dim, in_channels, *patch = require(state_dict, "patch_embed.proj.weight", 4, SOURCE).shape
@@ -100,6 +98,7 @@ def timm_config(
         heads=infer_heads(dim, heads),
         mlp_dim=fc1.shape[0],
         pool=GLOBAL_POOLS[global_pool],
+        fc_norm="fc_norm.weight" in state_dict,
         **overrides,
     )
 
@@ -107,7 +106,7 @@ def timm_config(
 def from_timm(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
     """A timm state dict renamed to ours for ``config``; every key and shape is checked
     (:class:`~vit_einops.interop.keys.StateDictMismatchError` lists what is missing, unexpected or mis-shaped)."""
-    return LAYOUT.to_ours(state_dict, config)
+    return _layout(config).to_ours(state_dict, config)
 
 
 def to_timm(
@@ -117,7 +116,7 @@ def to_timm(
     build the timm model with :func:`timm_kwargs`."""
     state_dict, config = model_and_config(model_or_state, config)
     timm_kwargs(config)  # raises if timm's VisionTransformer cannot express this config
-    return LAYOUT.from_ours(state_dict, config)
+    return _layout(config).from_ours(state_dict, config)
 
 
 def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
@@ -137,7 +136,7 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         in_chans=config.in_channels,
         num_classes=config.num_classes,
         global_pool={v: k for k, v in GLOBAL_POOLS.items()}[config.pool],
-        fc_norm=False,
+        fc_norm=config.fc_norm,
         embed_dim=config.dim,
         depth=config.depth,
         num_heads=config.heads,
