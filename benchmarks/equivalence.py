@@ -14,7 +14,14 @@ import tempfile
 
 import torch
 
-from vit_einops import ATTN_IMPLS, MultiHeadAttention, PatchEmbedding, TransformerEncoderBlock, ViT, conv_to_linear_weight
+from vit_einops import (
+    ATTN_IMPLS,
+    MultiHeadAttention,
+    PatchEmbedding,
+    TransformerEncoderBlock,
+    ViT,
+    conv_to_linear_weight,
+)
 from vit_einops.reference import forward_backward, torch_encoder_layer_from, torch_mha_from, torch_reference_vit
 
 
@@ -52,9 +59,13 @@ def block_rows(dtype: torch.dtype, b=2, n=197, dim=768, heads=12):
     for impl in ATTN_IMPLS:
         block.attn.fn.mha.impl = impl
         out, grads = forward_backward(block, x, [block.mlp.fn.ff.fc1.weight], up)
-        yield f"TransformerEncoderBlock[{impl}] vs nn.TransformerEncoderLayer", dtype, errors(out, r_out), errors(
-            grads[0], r_grads[0]
-        ), errors(grads[1], r_grads[1])
+        yield (
+            f"TransformerEncoderBlock[{impl}] vs nn.TransformerEncoderLayer",
+            dtype,
+            errors(out, r_out),
+            errors(grads[0], r_grads[0]),
+            errors(grads[1], r_grads[1]),
+        )
 
 
 def model_rows(dtype: torch.dtype):
@@ -91,7 +102,9 @@ def main() -> None:
     for dtype in (torch.float64, torch.float32):
         for gen in (attention_rows, block_rows, model_rows, patchify_rows):
             rows.extend(gen(dtype))
-    header = f"{'equivalence':<66} {'dtype':<8} {'output abs (rel)':<20} {'grad x abs (rel)':<20} {'grad W abs (rel)':<20}"
+    header = (
+        f"{'equivalence':<66} {'dtype':<8} {'output abs (rel)':<20} {'grad x abs (rel)':<20} {'grad W abs (rel)':<20}"
+    )
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(header)
     print("-" * len(header))
@@ -99,7 +112,8 @@ def main() -> None:
         print(f"{name:<66} {str(dtype).replace('torch.', ''):<8} {fmt(out):<20} {fmt(gx):<20} {fmt(gw):<20}")
     if args.json:
         records = [
-            dict(name=name, dtype=str(dtype), output=out, grad_x=gx, grad_weight=gw) for name, dtype, out, gx, gw in rows
+            dict(name=name, dtype=str(dtype), output=out, grad_x=gx, grad_weight=gw)
+            for name, dtype, out, gx, gw in rows
         ]
         directory = os.path.dirname(os.path.abspath(args.json))
         with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:

@@ -27,7 +27,16 @@ def spec_formula(p: int, d: int, layers: int, image: int = 224, classes: int = 1
 
 
 def test_presets_are_the_documented_set():
-    assert list_presets() == ["vit_ti_16", "vit_s_16", "vit_s_32", "vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14"]
+    assert list_presets() == [
+        "vit_ti_16",
+        "vit_s_16",
+        "vit_s_32",
+        "vit_b_16",
+        "vit_b_32",
+        "vit_l_16",
+        "vit_l_32",
+        "vit_h_14",
+    ]
 
 
 def on_meta(name: str, **overrides) -> ViT:
@@ -58,7 +67,7 @@ def test_table_1_sizes():
 def torchsummary_total(model: ViT) -> int:
     cfg = model.config
     text = summarize(model.eval(), (cfg.in_channels, *cfg.image_size))
-    line = next(l for l in text.splitlines() if l.startswith("Total params:"))
+    line = next(row for row in text.splitlines() if row.startswith("Total params:"))
     return int(line.split(":")[1].replace(",", ""))
 
 
@@ -92,7 +101,9 @@ def tiny(**kw) -> ViT:
     return ViT(image_size=16, patch_size=4, dim=32, depth=2, heads=4, mlp_dim=64, num_classes=5, **kw)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(pool="mean", patchify="linear"), dict(representation_size=16, attn_impl="sdpa")])
+@pytest.mark.parametrize(
+    "kw", [dict(), dict(pool="mean", patchify="linear"), dict(representation_size=16, attn_impl="sdpa")]
+)
 def test_every_parameter_gets_a_gradient(kw):
     torch.manual_seed(0)
     model = tiny(dropout=0.1, **kw).train()
@@ -133,8 +144,18 @@ def test_initialisation():
 
 def test_state_dict_keys_are_readable():
     keys = list(tiny(representation_size=8).state_dict())
-    assert keys[:4] == ["patch_embed.proj.weight", "patch_embed.proj.bias", "patch_embed.cls_token.weight", "patch_embed.pos_embed.weight"]
-    for key in ["blocks.1.attn.fn.mha.qkv.weight", "blocks.1.mlp.fn.ff.fc2.bias", "head.pre_logits.fc.weight", "head.fc.weight"]:
+    assert keys[:4] == [
+        "patch_embed.proj.weight",
+        "patch_embed.proj.bias",
+        "patch_embed.cls_token.weight",
+        "patch_embed.pos_embed.weight",
+    ]
+    for key in [
+        "blocks.1.attn.fn.mha.qkv.weight",
+        "blocks.1.mlp.fn.ff.fc2.bias",
+        "head.pre_logits.fc.weight",
+        "head.fc.weight",
+    ]:
         assert key in keys
 
 

@@ -69,7 +69,9 @@ class TransformerEncoderBlock(Sequential):
                     nn.Sequential(
                         OrderedDict(
                             norm=nn.LayerNorm(dim, eps=layer_norm_eps),
-                            mha=MultiHeadAttention(dim, heads, dropout=dropout, attn_dropout=attn_dropout, impl=attn_impl),
+                            mha=MultiHeadAttention(
+                                dim, heads, dropout=dropout, attn_dropout=attn_dropout, impl=attn_impl
+                            ),
                         )
                     )
                 ),

@@ -12,10 +12,22 @@ import sys
 # name -> (module, one-line help). Modules import lazily so `vit-einops summary` never loads matplotlib.
 COMMANDS: dict[str, tuple[str, str]] = {
     "summary": ("vit_einops.commands.summary", "print a preset's layer table (torchsummary) and parameter count"),
-    "bench": ("vit_einops.commands.bench", "benchmark einsum, chunked and SDPA attention and whole models (table, JSON/CSV, plots)"),
-    "train": ("vit_einops.commands.train", "train a ViT on the bundled digits or an image folder (also under torchrun)"),
-    "inspect": ("vit_einops.commands.inspect", "draw a trained model's attention maps, rollout, distances and embeddings"),
-    "convert": ("vit_einops.commands.convert", "convert torchvision / timm / vit-einops weight files, optionally to a new resolution"),
+    "bench": (
+        "vit_einops.commands.bench",
+        "benchmark einsum, chunked and SDPA attention and whole models (table, JSON/CSV, plots)",
+    ),
+    "train": (
+        "vit_einops.commands.train",
+        "train a ViT on the bundled digits or an image folder (also under torchrun)",
+    ),
+    "inspect": (
+        "vit_einops.commands.inspect",
+        "draw a trained model's attention maps, rollout, distances and embeddings",
+    ),
+    "convert": (
+        "vit_einops.commands.convert",
+        "convert torchvision / timm / vit-einops weight files, optionally to a new resolution",
+    ),
 }
 
 

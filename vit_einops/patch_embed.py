@@ -39,7 +39,9 @@ class PositionEmbedding(nn.Module):
 
     def __init__(self, num_tokens: int, dim: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(1, check_positive_int("num_tokens", num_tokens), check_positive_int("dim", dim)))
+        self.weight = nn.Parameter(
+            torch.empty(1, check_positive_int("num_tokens", num_tokens), check_positive_int("dim", dim))
+        )
         trunc_normal_(self.weight, EMBED_INIT_STD)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
