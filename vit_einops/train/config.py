@@ -22,7 +22,7 @@ DIGITS_MODEL: dict[str, Any] = dict(
 @dataclass
 class TrainConfig:
     # Defaults are tuned for the digits model (vit_einops.train.DIGITS_MODEL) on 2 CPU cores; Table 3 values noted.
-    epochs: int = 60
+    epochs: int = 80  # 60 reaches 96.4-98.9% over seeds 0-2; 80 gives 97.5-98.3%
     batch_size: int = 64  # per process; under torchrun the global batch is batch_size * world size
     lr: float = 2e-3  # peak learning rate, reached at the end of warm-up
     weight_decay: float = 0.05  # Table 3 uses 0.03-0.3; not applied to biases, norms, class token, positions
