@@ -42,13 +42,13 @@ def attention_blocks(b: int, h: int, n: int, m: int, max_elements: int = CHUNK_E
             yield slice(b0, b0 + g), slice(None), slice(i0, i0 + c)
 
 
-def _block_probabilities(q, k, mask, scale, blk, dropout_p, generator):
+def _block_probabilities(q_scaled, k, mask, blk, dropout_p, generator):
     """One block of A = softmax(q k^T / sqrt(D_h)) (Eq. 6) for queries ``blk``, then dropout on it.
 
-    Returns (A block, dropout multipliers or None); the multipliers are 0 or 1/(1-p), drawn from ``generator``
-    so the backward pass can redraw exactly the same ones.
+    ``q_scaled`` is q / sqrt(D_h). Returns (A block, dropout multipliers or None); the multipliers are 0 or
+    1/(1-p), drawn from ``generator`` so the backward pass can redraw exactly the same ones.
     """
-    energy = einsum(q[blk] * scale, k[blk[0]], "b h i d, b h j d -> b h i j")
+    energy = einsum(q_scaled[blk], k[blk[0]], "b h i d, b h j d -> b h i j")
     if mask is not None:
         energy.masked_fill_(~mask[blk], float("-inf"))  # in place: the block is a fresh tensor no graph holds
     attn = energy.softmax(dim=-1)
@@ -61,9 +61,11 @@ def _block_probabilities(q, k, mask, scale, blk, dropout_p, generator):
 def _chunked_forward(q, k, v, mask, scale, dropout_p, seed, max_elements):
     b, h, n, _ = q.shape
     generator = torch.Generator(q.device).manual_seed(seed) if dropout_p else None
+    # Scaled once, not per block: one (b, h, n, d) temporary instead of an elementwise op per block.
+    q_scaled = q * scale
     out = q.new_empty(*q.shape[:3], v.shape[-1])
     for blk in attention_blocks(b, h, n, k.shape[2], max_elements):
-        attn, keep = _block_probabilities(q, k, mask, scale, blk, dropout_p, generator)
+        attn, keep = _block_probabilities(q_scaled, k, mask, blk, dropout_p, generator)
         if keep is not None:
             attn = attn * keep
         out[blk] = einsum(attn, v[blk[0]], "b h i j, b h j d -> b h i d")
@@ -93,20 +95,21 @@ class _ChunkedAttention(torch.autograd.Function):
         b, h, n, _ = q.shape
         generator = torch.Generator(q.device).manual_seed(seed) if dropout_p else None
         delta = (grad_out * out).sum(dim=-1, keepdim=True)
+        q_scaled = q * scale
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for blk in attention_blocks(b, h, n, k.shape[2], max_elements):
             images = blk[0]
-            attn, keep = _block_probabilities(q, k, mask, scale, blk, dropout_p, generator)
+            attn, keep = _block_probabilities(q_scaled, k, mask, blk, dropout_p, generator)
             kept = attn if keep is None else attn * keep
             grad_v[images] += einsum(kept, grad_out[blk], "b h i j, b h i d -> b h j d")
             grad_attn = einsum(grad_out[blk], v[images], "b h i d, b h j d -> b h i j")
             if keep is not None:
                 grad_attn.mul_(keep)
-            # dS without its 1/sqrt(D_h), in place on the fresh block; the scale goes on dq and dk once at the end.
+            # dS for S = (q / sqrt(D_h)) k^T, in place on the fresh block; dq takes its 1/sqrt(D_h) once at the end.
             grad_energy = grad_attn.sub_(delta[blk]).mul_(attn)
             grad_q[blk] = einsum(grad_energy, k[images], "b h i j, b h j d -> b h i d")
-            grad_k[images] += einsum(grad_energy, q[blk], "b h i j, b h i d -> b h j d")
-        return grad_q.mul_(scale), grad_k.mul_(scale), grad_v, None, None, None, None, None
+            grad_k[images] += einsum(grad_energy, q_scaled[blk], "b h i j, b h i d -> b h j d")
+        return grad_q.mul_(scale), grad_k, grad_v, None, None, None, None, None
 
 
 def chunked_attention(
