@@ -9,6 +9,18 @@ from ..config import ATTN_IMPLS
 from ..presets import list_presets, preset_config
 
 DIGITS = "digits"
+# TrainConfig fields offered as --flags, with their help; defaults and types come from TrainConfig itself.
+OPTIMISATION = {
+    "epochs": "passes over the training set",
+    "batch_size": "images per step and process",
+    "lr": "peak learning rate, reached after warm-up",
+    "weight_decay": "AdamW weight decay on the weight matrices",
+    "warmup_epochs": "linear warm-up, then cosine decay to 0",
+    "clip_norm": "clip the global gradient norm at this",
+    "label_smoothing": "label smoothing of the cross-entropy",
+    "shift": "random translation augmentation in pixels",
+    "seed": "seeds the initial weights, shuffling and dropout",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,31 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--attn-impl", choices=ATTN_IMPLS, default="einsum", help="attention implementation (default %(default)s)"
     )
     opt = parser.add_argument_group("optimisation (SPEC.md, Table 3)")
-    opt.add_argument("--epochs", type=int, default=defaults.epochs, help="default %(default)s")
-    opt.add_argument("--batch-size", type=int, default=defaults.batch_size, help="per process (default %(default)s)")
-    opt.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate (default %(default)s)")
-    opt.add_argument(
-        "--weight-decay", type=float, default=defaults.weight_decay, help="AdamW weight decay (default %(default)s)"
-    )
-    opt.add_argument(
-        "--warmup-epochs",
-        type=int,
-        default=defaults.warmup_epochs,
-        help="linear warm-up, then cosine (default %(default)s)",
-    )
-    opt.add_argument(
-        "--clip-norm", type=float, default=defaults.clip_norm, help="global gradient norm clip (default %(default)s)"
-    )
-    opt.add_argument("--label-smoothing", type=float, default=defaults.label_smoothing, help="default %(default)s")
-    opt.add_argument(
-        "--shift",
-        type=int,
-        default=defaults.shift,
-        help="random translation augmentation in pixels (default %(default)s)",
-    )
-    opt.add_argument(
-        "--seed", type=int, default=defaults.seed, help="seeds init, shuffling and dropout (default %(default)s)"
-    )
+    for field, help_text in OPTIMISATION.items():
+        default = getattr(defaults, field)
+        opt.add_argument(
+            f"--{field.replace('_', '-')}",
+            type=type(default),
+            default=default,
+            help=f"{help_text} (default %(default)s)",
+        )
     run = parser.add_argument_group("run")
     run.add_argument(
         "--out", metavar="DIR", help="metrics.jsonl, curves.png, summary.json, checkpoint/ (default runs/<data name>)"
@@ -126,17 +121,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     ctx = init_distributed()
     try:
-        config = TrainConfig(
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            weight_decay=args.weight_decay,
-            warmup_epochs=args.warmup_epochs,
-            clip_norm=args.clip_norm,
-            label_smoothing=args.label_smoothing,
-            shift=args.shift,
-            seed=args.seed,
-        )
+        config = TrainConfig(**{field: getattr(args, field) for field in OPTIMISATION})
         info = describe_data(args.data, args.test_data, args.test_fraction)
         kwargs = _model_kwargs(args)
         train_set, test_set = load_split(info, kwargs["image_size"], kwargs.get("in_channels", 3))
