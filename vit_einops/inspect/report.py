@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._io import atomic_write_bytes
 from ..model import ViT
-from ..train.checkpoint import atomic_write_bytes
 from .distance import mean_attention_distance, patch_distances
 from .embeddings import embedding_filter_components, position_similarity
 from .figures import plot_attention_distance, plot_attention_overlays, plot_filters, plot_position_similarity

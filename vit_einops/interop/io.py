@@ -5,7 +5,7 @@ Two kinds of file:
   written by :func:`save_state_dict_file`;
 - a *vit-einops file*: one safetensors file whose metadata holds the model's ViTConfig as JSON, so the file alone
   rebuilds the model (:func:`save_vit`, :func:`load_vit`).
-Every write goes through ``atomic_write_bytes`` (the training checkpoints' writer): a temporary file in the target's
+Every write goes through ``vit_einops._io.atomic_write_bytes``: a temporary file in the target's
 directory, fsync, then ``os.replace``; a crash leaves the old file or the new one, never half of one.
 """
 
@@ -23,9 +23,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
+from .._io import atomic_write_bytes
 from ..config import ViTConfig
 from ..model import ViT
-from ..train.checkpoint import atomic_write_bytes
 from .keys import build_vit, check_free_fields, check_keys, check_state_dict, convert_patchify, expected_shapes
 
 SAFETENSORS_SUFFIXES = (".safetensors",)

@@ -32,8 +32,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import BatchSampler, DistributedSampler
 from tqdm import tqdm
 
+from .._io import atomic_write_bytes
 from ..model import ViT
-from .checkpoint import CheckpointError, atomic_write_bytes, load_checkpoint, restore_training, save_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint, restore_training, save_checkpoint
 from .config import TrainConfig
 from .data import ImageDataset
 

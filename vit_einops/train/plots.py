@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import atomic_write_bytes
+from .._io import atomic_write_bytes
 
 
 def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
