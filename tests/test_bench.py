@@ -104,7 +104,10 @@ def test_results_json_schema(smoke):
         assert r["max_abs_diff_vs_einsum"] < 1e-4
 
 
-@pytest.mark.parametrize("name, fields, key", [("attention.csv", report.ATTENTION_FIELDS, "attention"), ("model.csv", report.MODEL_FIELDS, "model")])
+@pytest.mark.parametrize(
+    "name, fields, key",
+    [("attention.csv", report.ATTENTION_FIELDS, "attention"), ("model.csv", report.MODEL_FIELDS, "model")],
+)
 def test_csv_matches_json(smoke, name, fields, key):
     with open(smoke["out"] / name, newline="") as f:
         reader = csv.DictReader(f)
@@ -112,7 +115,7 @@ def test_csv_matches_json(smoke, name, fields, key):
         rows = list(reader)
     expected = smoke["results"][key]
     assert len(rows) == len(expected)
-    for row, want in zip(rows, expected):
+    for row, want in zip(rows, expected, strict=True):
         for field in fields:
             if want[field] is None:
                 assert row[field] == ""
@@ -150,7 +153,9 @@ def test_peak_memory_sees_allocations_and_frees():
 
 
 def test_time_interleaved_merges_every_round():
-    timings = time_interleaved({"a": lambda: torch.ones(8).sum(), "b": lambda: torch.ones(8).mean()}, rounds=2, min_run_time=0.001)
+    timings = time_interleaved(
+        {"a": lambda: torch.ones(8).sum(), "b": lambda: torch.ones(8).mean()}, rounds=2, min_run_time=0.001
+    )
     for t in timings.values():
         assert t.blocks >= 2 and math.isfinite(t.median_s) and t.median_s > 0 and t.iqr_s >= 0
 
@@ -174,7 +179,9 @@ def test_bf16_is_refused_without_hardware(monkeypatch, capsys):
     assert "not running bfloat16" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--batches", "0"], ["--batches", "a,b"], ["--paths", "flash"], ["--threads", "-1"], ["--models", "vit_x"]])
+@pytest.mark.parametrize(
+    "argv", [["--batches", "0"], ["--batches", "a,b"], ["--paths", "flash"], ["--threads", "-1"], ["--models", "vit_x"]]
+)
 def test_bad_options_are_rejected_by_name(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["bench", "--smoke", *argv])

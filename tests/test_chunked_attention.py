@@ -19,6 +19,7 @@ from _equiv import F32_TOL, F64_TOL, assert_close
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vit_einops import attention as attention_module
 from vit_einops.attention import CHUNK_ELEMENTS, Attend, attention_blocks, chunked_attention
 
 
@@ -37,35 +38,47 @@ def value_and_grads(fn, q, k, v, upstream):
 def assert_matches(actual, expected, tol, what):
     (out, grads), (ref_out, ref_grads) = actual, expected
     assert_close(out, ref_out, tol, f"{what}: output")
-    for name, g, rg in zip("qkv", grads, ref_grads):
+    for name, g, rg in zip("qkv", grads, ref_grads, strict=True):
         assert_close(g, rg, tol, f"{what}: grad {name}")
 
 
-# (b, h, n, max_elements, what the plan must be): the block sizes the tiling produces for these budgets.
+# (b, h, n, d, max_elements, what the plan must be): the blocks the tiling produces for these budgets, which
+# chunked_attention further caps at q's own size, b*h*n*d.
 BOUNDARY_CASES = {
-    "n not a multiple of the block (17 rows in blocks of 5)": (2, 3, 17, 3 * 17 * 5, dict(images=1, rows=5)),
-    "block larger than n (one block for everything)": (2, 3, 17, CHUNK_ELEMENTS, dict(images=2, rows=17)),
-    "budget below one row: one query row per block": (2, 3, 17, 1, dict(images=1, rows=1)),
-    "uneven groups of images (3 images, 2 per block)": (3, 2, 9, 2 * 2 * 9 * 9, dict(images=2, rows=9)),
+    "n not a multiple of the block (17 rows in blocks of 5)": (2, 3, 17, 8, 3 * 17 * 5, dict(images=1, rows=5)),
+    "block larger than n (one block for everything)": (2, 3, 17, 40, CHUNK_ELEMENTS, dict(images=2, rows=17)),
+    "capped at q's size (2*3*17*8 = 816 scores: 16 rows)": (2, 3, 17, 8, CHUNK_ELEMENTS, dict(images=1, rows=16)),
+    "budget below one row: one query row per block": (2, 3, 17, 8, 1, dict(images=1, rows=1)),
+    "uneven groups of images (3 images, 2 per block)": (3, 2, 9, 8, 2 * 2 * 9 * 9, dict(images=2, rows=9)),
 }
 
 
 @pytest.mark.parametrize("case", list(BOUNDARY_CASES))
-def test_block_boundaries_match_sdpa_and_einsum_float64(case):
-    b, h, n, budget, plan = BOUNDARY_CASES[case]
-    first = next(attention_blocks(b, h, n, n, budget))
-    assert (first[0].stop - first[0].start, first[2].stop - first[2].start) == (plan["images"], plan["rows"])
-    q, k, v = qkv(b, h, n, 8)
+def test_block_boundaries_match_sdpa_and_einsum_float64(case, monkeypatch):
+    b, h, n, d, budget, plan = BOUNDARY_CASES[case]
+    plans = []  # the blocks of the forward pass, then of the backward pass
+
+    def recording(*args):
+        plans.append(list(attention_blocks(*args)))
+        return iter(plans[-1])
+
+    monkeypatch.setattr(attention_module, "attention_blocks", recording)
+    q, k, v = qkv(b, h, n, d)
     upstream = torch.randn_like(q)
-    scale = 8**-0.5
+    scale = d**-0.5
     chunked = value_and_grads(lambda *t: chunked_attention(*t, scale=scale, max_elements=budget), q, k, v, upstream)
+    assert len(plans) == 2 and plans[0] == plans[1]
+    first = plans[0][0]
+    assert (first[0].stop - first[0].start, first[2].stop - first[2].start) == (plan["images"], plan["rows"])
     assert_matches(chunked, value_and_grads(F.scaled_dot_product_attention, q, k, v, upstream), F64_TOL, "vs sdpa")
-    einsum_path = Attend(8, impl="einsum").double()
+    einsum_path = Attend(d, impl="einsum").double()
     assert_matches(chunked, value_and_grads(einsum_path, q, k, v, upstream), F64_TOL, "vs einsum")
 
 
 @settings(max_examples=40, deadline=None)
-@given(b=st.integers(1, 5), h=st.integers(1, 4), n=st.integers(1, 40), m=st.integers(1, 40), budget=st.integers(1, 3000))
+@given(
+    b=st.integers(1, 5), h=st.integers(1, 4), n=st.integers(1, 40), m=st.integers(1, 40), budget=st.integers(1, 3000)
+)
 def test_blocks_tile_every_image_and_query_exactly_once(b, h, n, m, budget):
     covered = torch.zeros(b, n, dtype=torch.int64)
     for images, heads, queries in attention_blocks(b, h, n, m, budget):
@@ -82,8 +95,12 @@ MASKS = {
     "causal (n, n)": lambda b, h, n, g: torch.ones(n, n, dtype=torch.bool).tril(),
     # A band that starts inside one block of rows and ends in the next.
     "band (b, 1, n, n)": lambda b, h, n, g: (torch.arange(n)[:, None] - torch.arange(n)).abs().le(3).expand(b, 1, n, n),
-    "random per head (1, h, n, n)": lambda b, h, n, g: (torch.rand(1, h, n, n, generator=g) < 0.3) | torch.eye(n, dtype=torch.bool),
-    "random (b, h, n, n)": lambda b, h, n, g: (torch.rand(b, h, n, n, generator=g) < 0.3) | torch.eye(n, dtype=torch.bool),
+    "random per head (1, h, n, n)": lambda b, h, n, g: (
+        (torch.rand(1, h, n, n, generator=g) < 0.3) | torch.eye(n, dtype=torch.bool)
+    ),
+    "random (b, h, n, n)": lambda b, h, n, g: (
+        (torch.rand(b, h, n, n, generator=g) < 0.3) | torch.eye(n, dtype=torch.bool)
+    ),
 }
 
 

@@ -6,7 +6,7 @@ Three implementations of the same Eq. 6-7 (``Attend.impl``):
 - "einsum": the paper literally; materialises the whole (b, h, n, n) matrix A.
 - "chunked": the same einsums over blocks of queries, each with its exact softmax (a query's row of A needs
   every key, never another query), so only one block of A exists at a time; the backward pass recomputes each
-  block instead of storing A, as FlashAttention and SDPA's CPU kernel do. Memory O(b h n d + block), not O(b h n^2).
+  block instead of storing A, as FlashAttention and SDPA's CPU kernel do. Memory O(b h n d), not O(b h n^2).
 - "sdpa": torch.nn.functional.scaled_dot_product_attention, torch's fused kernel.
 """
 
@@ -42,13 +42,13 @@ def attention_blocks(b: int, h: int, n: int, m: int, max_elements: int = CHUNK_E
             yield slice(b0, b0 + g), slice(None), slice(i0, i0 + c)
 
 
-def _block_probabilities(q_scaled, k, mask, blk, dropout_p, generator):
+def _block_probabilities(q_block, k, mask, blk, dropout_p, generator):
     """One block of A = softmax(q k^T / sqrt(D_h)) (Eq. 6) for queries ``blk``, then dropout on it.
 
-    ``q_scaled`` is q / sqrt(D_h). Returns (A block, dropout multipliers or None); the multipliers are 0 or
+    ``q_block`` is q[blk] / sqrt(D_h). Returns (A block, dropout multipliers or None); the multipliers are 0 or
     1/(1-p), drawn from ``generator`` so the backward pass can redraw exactly the same ones.
     """
-    energy = einsum(q_scaled[blk], k[blk[0]], "b h i d, b h j d -> b h i j")
+    energy = einsum(q_block, k[blk[0]], "b h i d, b h j d -> b h i j")
     if mask is not None:
         energy.masked_fill_(~mask[blk], float("-inf"))  # in place: the block is a fresh tensor no graph holds
     attn = energy.softmax(dim=-1)
@@ -61,11 +61,10 @@ def _block_probabilities(q_scaled, k, mask, blk, dropout_p, generator):
 def _chunked_forward(q, k, v, mask, scale, dropout_p, seed, max_elements):
     b, h, n, _ = q.shape
     generator = torch.Generator(q.device).manual_seed(seed) if dropout_p else None
-    # Scaled once, not per block: one (b, h, n, d) temporary instead of an elementwise op per block.
-    q_scaled = q * scale
     out = q.new_empty(*q.shape[:3], v.shape[-1])
     for blk in attention_blocks(b, h, n, k.shape[2], max_elements):
-        attn, keep = _block_probabilities(q_scaled, k, mask, blk, dropout_p, generator)
+        # Scaled per block, not all of q at once: a whole scaled copy of q would be one more (b, h, n, d).
+        attn, keep = _block_probabilities(q[blk] * scale, k, mask, blk, dropout_p, generator)
         if keep is not None:
             attn = attn * keep
         out[blk] = einsum(attn, v[blk[0]], "b h i j, b h j d -> b h i d")
@@ -95,11 +94,11 @@ class _ChunkedAttention(torch.autograd.Function):
         b, h, n, _ = q.shape
         generator = torch.Generator(q.device).manual_seed(seed) if dropout_p else None
         delta = (grad_out * out).sum(dim=-1, keepdim=True)
-        q_scaled = q * scale
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for blk in attention_blocks(b, h, n, k.shape[2], max_elements):
             images = blk[0]
-            attn, keep = _block_probabilities(q_scaled, k, mask, blk, dropout_p, generator)
+            q_block = q[blk] * scale
+            attn, keep = _block_probabilities(q_block, k, mask, blk, dropout_p, generator)
             kept = attn if keep is None else attn * keep
             grad_v[images] += einsum(kept, grad_out[blk], "b h i j, b h i d -> b h j d")
             grad_attn = einsum(grad_out[blk], v[images], "b h i d, b h j d -> b h i j")
@@ -108,7 +107,7 @@ class _ChunkedAttention(torch.autograd.Function):
             # dS for S = (q / sqrt(D_h)) k^T, in place on the fresh block; dq takes its 1/sqrt(D_h) once at the end.
             grad_energy = grad_attn.sub_(delta[blk]).mul_(attn)
             grad_q[blk] = einsum(grad_energy, k[images], "b h i j, b h j d -> b h i d")
-            grad_k[images] += einsum(grad_energy, q_scaled[blk], "b h i j, b h i d -> b h j d")
+            grad_k[images] += einsum(grad_energy, q_block, "b h i j, b h i d -> b h j d")
         return grad_q.mul_(scale), grad_k, grad_v, None, None, None, None, None
 
 
@@ -124,7 +123,8 @@ def chunked_attention(
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v (Eqs. 6-7) computed over blocks of at most ``max_elements`` scores.
 
-    Equal to the full-matrix einsum up to float rounding, in values and gradients; dropout on A, when
+    A block never holds more scores than q holds numbers either, so the scores alive at once (a block and its
+    softmax) stay within twice the size of the output: peak memory O(b h n d) whatever n is. Equal to the full-matrix einsum up to float rounding, in values and gradients; dropout on A, when
     ``dropout_p`` > 0, is drawn per block from a generator seeded off torch's global one (so
     ``torch.manual_seed`` makes it reproducible) and redrawn identically in the backward pass.
 
@@ -135,6 +135,7 @@ def chunked_attention(
     m = k.shape[2]
     if mask is not None:
         mask = mask.expand(b, h, n, m)  # a view: blocks of it are sliced like the queries
+    max_elements = min(max_elements, q.numel())
     seed = int(torch.randint(2**62, ())) if dropout_p else 0
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _ChunkedAttention.apply(q, k, v, mask, scale, dropout_p, seed, max_elements)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
 from ..attention import Attend, MultiHeadAttention
 from ..reference import torch_mha_from
 from .measure import peak_memory_bytes, time_interleaved
@@ -69,9 +70,10 @@ class CompiledEinsum:
     separately, because it includes any compile.
     """
 
-    def __init__(self, head_dim: int, dtype: torch.dtype, enabled: bool, skip_reason: str | None) -> None:
-        self.fn = torch.compile(Attend(head_dim, impl="einsum").to(dtype), dynamic=True) if enabled else None
+    def __init__(self, head_dim: int, dtype: torch.dtype, skip_reason: str | None = None) -> None:
+        """``skip_reason``: do not compile, and report this instead."""
         self.skip_reason = skip_reason
+        self.fn = None if skip_reason else torch.compile(Attend(head_dim, impl="einsum").to(dtype), dynamic=True)
 
     def first_call(self, call: Callable[[], object]) -> float | None:
         """Run ``call`` once, return its seconds; on a compile failure keep the reason and return None."""

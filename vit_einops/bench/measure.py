@@ -29,7 +29,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, min_r
     The calls run under the caller's grad mode and torch's current thread count.
     """
     threads = torch.get_num_threads()
-    timers = {name: Timer("fn()", globals={"fn": fn}, num_threads=threads, description=name) for name, fn in fns.items()}
+    timers = {
+        name: Timer("fn()", globals={"fn": fn}, num_threads=threads, description=name) for name, fn in fns.items()
+    }
     runs: dict[str, list[Measurement]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, timer in timers.items():
@@ -77,4 +79,6 @@ def matmul_ceiling(dtype: torch.dtype, size: int = 2048, min_run_time: float = 1
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(size, size, generator=g).to(dtype) for _ in range(2))
     timing = time_interleaved({"mm": lambda: torch.mm(a, b)}, rounds=1, min_run_time=min_run_time)["mm"]
-    return dict(size=size, median_s=timing.median_s, iqr_s=timing.iqr_s, gflop_per_s=2 * size**3 / timing.median_s / 1e9)
+    return dict(
+        size=size, median_s=timing.median_s, iqr_s=timing.iqr_s, gflop_per_s=2 * size**3 / timing.median_s / 1e9
+    )

@@ -94,7 +94,7 @@ def measure_model(
     rows = []
     for mode in modes:
         if mode == "inference":
-            calls = {path: (lambda m=m.eval(): m(x)) for path, m in models.items()}
+            calls = {path: (lambda m=m.eval(): m(x)) for path, m in models.items()}  # noqa: B008 -- eval once, here
             context = torch.inference_mode
         else:
             calls = {path: _train_step(m.train(), x, y) for path, m in models.items()}

@@ -68,7 +68,8 @@ def _num(x, fmt: str, scale: float = 1.0) -> str:
 def header_text(meta: dict, ceiling: dict) -> str:
     return "\n".join(
         [
-            f"vit-einops bench  {meta['time_utc']}  torch {meta['torch']}  einops {meta['einops']}  python {meta['python']}",
+            f"vit-einops bench  {meta['time_utc']}  torch {meta['torch']}  einops {meta['einops']}  "
+            f"python {meta['python']}",
             f"threads {meta['threads']} (of {meta['cpu_count']} CPUs)  CPU capability {meta['cpu_capability']}  "
             f"bf16 hardware {', '.join(meta['bf16_hardware']) or 'none'}  {meta['cpu_model']}",
             f"BLAS {meta['blas']}  load average at start {meta['load_average']}  dtype {meta['dtype']}",
@@ -93,7 +94,8 @@ def attention_table(rows: list[dict]) -> str:
             lines.append(
                 f"{r['batch']:>3} {r['heads']:>3} {r['tokens']:>5} {r['head_dim']:>3}  {r['path']:<16}"
                 f"{r['median_s'] * 1e3:>11.3f}{r['iqr_s'] * 1e3:>9.3f}{r['gflop_per_s']:>9.1f}"
-                f"{_num(r['ceiling_fraction'], '.0%'):>7}{r['peak_bytes'] / MIB:>10.1f}{r['attn_matrix_bytes'] / MIB:>9.1f}"
+                f"{_num(r['ceiling_fraction'], '.0%'):>7}{r['peak_bytes'] / MIB:>10.1f}"
+                f"{r['attn_matrix_bytes'] / MIB:>9.1f}"
                 f"{_num(r['time_ratio'], '.2f'):>8}{_num(r['mem_ratio'], '.2f'):>7}"
             )
     return "\n".join(lines)
@@ -144,7 +146,10 @@ def plot(out: Path, attention_rows: list[dict], model_rows: list[dict]) -> list[
             for (i, b), (j, mode) in ((ib, jm) for ib in enumerate(batches) for jm in enumerate(modes)):
                 ax = axes[i][j]
                 for path in paths:
-                    pts = sorted((r for r in core if (r["batch"], r["mode"], r["path"]) == (b, mode, path)), key=lambda r: r["tokens"])
+                    pts = sorted(
+                        (r for r in core if (r["batch"], r["mode"], r["path"]) == (b, mode, path)),
+                        key=lambda r: r["tokens"],
+                    )
                     if not pts:
                         continue
                     n = [r["tokens"] for r in pts]
@@ -154,8 +159,16 @@ def plot(out: Path, attention_rows: list[dict], model_rows: list[dict]) -> list[
                     else:
                         ax.plot(n, [value(r) for r in pts], marker="o", label=path)
                 if name == "attention_memory.png":
-                    pts = sorted({r["tokens"]: r for r in core if (r["batch"], r["mode"]) == (b, mode)}.values(), key=lambda r: r["tokens"])
-                    ax.plot([r["tokens"] for r in pts], [r["attn_matrix_bytes"] / MIB for r in pts], "k:", label="A = (b,h,n,n), analytic")
+                    pts = sorted(
+                        {r["tokens"]: r for r in core if (r["batch"], r["mode"]) == (b, mode)}.values(),
+                        key=lambda r: r["tokens"],
+                    )
+                    ax.plot(
+                        [r["tokens"] for r in pts],
+                        [r["attn_matrix_bytes"] / MIB for r in pts],
+                        "k:",
+                        label="A = (b,h,n,n), analytic",
+                    )
                 if value is None:
                     ax.axhline(1.0, color="grey", lw=0.8)
                 ax.set_xscale("log")
@@ -176,9 +189,14 @@ def plot(out: Path, attention_rows: list[dict], model_rows: list[dict]) -> list[
         fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
         width = 0.8 / len(paths)
         for k, path in enumerate(paths):
-            heights = [next((r["images_per_s"] for r in model_rows if (r["model"], r["mode"], r["path"]) == (*g, path)), 0) for g in groups]
+            heights = [
+                next((r["images_per_s"] for r in model_rows if (r["model"], r["mode"], r["path"]) == (*g, path)), 0)
+                for g in groups
+            ]
             ax.bar([i + k * width for i in range(len(groups))], heights, width, label=path)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], [f"{m}\n{mode}" for m, mode in groups], fontsize=8)
+        ax.set_xticks(
+            [i + 0.4 - width / 2 for i in range(len(groups))], [f"{m}\n{mode}" for m, mode in groups], fontsize=8
+        )
         ax.set_ylabel(f"images/s (batch {model_rows[0]['batch']})")
         ax.legend(fontsize=8)
         fig.tight_layout()

@@ -85,7 +85,9 @@ def run(options: BenchOptions, stdout=None) -> dict:
 
     points = grid(options.batches, options.heads, options.tokens, options.head_dims) if options.attention else []
     paths = {"core": options.core_paths, "layer": options.layer_paths}
-    jobs = [("attention", p, m) for p in points for m in options.modes] + [("model", name, None) for name in options.models]
+    jobs = [("attention", p, m) for p in points for m in options.modes] + [
+        ("model", name, None) for name in options.models
+    ]
     compiled: dict[int, CompiledEinsum] = {}
     first_calls = []
     attention_rows: list[dict] = []
@@ -93,14 +95,21 @@ def run(options: BenchOptions, stdout=None) -> dict:
     for kind, what, mode in tqdm(jobs, desc="vit-einops bench", unit="job", file=sys.stderr, dynamic_ncols=True):
         if kind == "attention":
             if what.head_dim not in compiled and "einsum_compiled" in options.core_paths:
-                compiled[what.head_dim] = CompiledEinsum(what.head_dim, dtype, options.compile_skip_reason is None, options.compile_skip_reason)
-            rows = measure_point(what, mode, dtype, paths, compiled.get(what.head_dim), options.rounds, options.min_run_time)
+                compiled[what.head_dim] = CompiledEinsum(what.head_dim, dtype, options.compile_skip_reason)
+            rows = measure_point(
+                what, mode, dtype, paths, compiled.get(what.head_dim), options.rounds, options.min_run_time
+            )
             attention_rows += rows
-            first_calls += [dict(mode=mode, batch=what.batch, tokens=what.tokens, seconds=r["first_call_s"]) for r in rows if r["first_call_s"] is not None]
+            first_calls += [
+                dict(mode=mode, batch=what.batch, tokens=what.tokens, seconds=r["first_call_s"])
+                for r in rows
+                if r["first_call_s"] is not None
+            ]
         else:
             model_rows += measure_model(
                 what, options.model_batch, dtype, options.model_paths, options.model_modes,
-                options.rounds, options.min_run_time, ceiling["gflop_per_s"], options.image_size, options.model_overrides,
+                options.rounds, options.min_run_time, ceiling["gflop_per_s"], options.image_size,
+                options.model_overrides,
             )  # fmt: skip
     for r in add_ratios(attention_rows):
         r["ceiling_fraction"] = r["gflop_per_s"] / ceiling["gflop_per_s"]

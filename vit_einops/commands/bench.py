@@ -56,21 +56,39 @@ def _positive(kind):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid = parser.add_mutually_exclusive_group()
-    grid.add_argument("--quick", action="store_const", dest="grid", const="quick", help="a small grid, well under a minute, no compile")
-    grid.add_argument("--smoke", action="store_const", dest="grid", const="smoke", help="tiny shapes, one round, seconds (CI); numbers mean nothing")
+    grid.add_argument(
+        "--quick",
+        action="store_const",
+        dest="grid",
+        const="quick",
+        help="a small grid, well under a minute, no compile",
+    )
+    grid.add_argument(
+        "--smoke",
+        action="store_const",
+        dest="grid",
+        const="smoke",
+        help="tiny shapes, one round, seconds (CI); numbers mean nothing",
+    )
     parser.set_defaults(grid="default")
     parser.add_argument("--out", type=Path, help="output directory (default ./bench-results)")
     parser.add_argument("--threads", type=_positive(int), help="torch threads (default: torch's, usually one per core)")
-    parser.add_argument("--dtype", choices=DTYPES, help="float32 (default); bfloat16 only where the CPU has bf16 hardware")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, help="float32 (default); bfloat16 only where the CPU has bf16 hardware"
+    )
     a = parser.add_argument_group("attention grid (comma-separated lists replace the grid's)")
     a.add_argument("--batches", type=_list_of(int), help="batch sizes (default 1)")
     a.add_argument("--tokens", type=_list_of(int), help="tokens N (default 50,197,577,1025)")
     a.add_argument("--heads", type=_list_of(int), help="heads h (default 12)")
     a.add_argument("--head-dims", type=_list_of(int), help="head sizes D_h (default 64)")
     a.add_argument("--modes", type=_list_of(str, MODES), help=f"of {', '.join(MODES)}")
-    a.add_argument("--paths", dest="core_paths", type=_list_of(str, CORE_PATHS), help=f"core paths, of {', '.join(CORE_PATHS)}")
+    a.add_argument(
+        "--paths", dest="core_paths", type=_list_of(str, CORE_PATHS), help=f"core paths, of {', '.join(CORE_PATHS)}"
+    )
     a.add_argument("--layer-paths", type=_list_of(str, LAYER_PATHS), help=f"layer paths, of {', '.join(LAYER_PATHS)}")
-    a.add_argument("--skip-layer", action="store_true", help="only the core section (no projections, no nn.MultiheadAttention)")
+    a.add_argument(
+        "--skip-layer", action="store_true", help="only the core section (no projections, no nn.MultiheadAttention)"
+    )
     a.add_argument("--no-compile", action="store_true", help="do not torch.compile the einsum path")
     a.add_argument("--skip-attention", action="store_true", help="no attention grid")
     m = parser.add_argument_group("whole models")
