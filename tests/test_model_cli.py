@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from vit_einops import cli
 from vit_einops.cli import main
 
 
@@ -29,3 +30,42 @@ def test_summary_rejects_unknown_preset(capsys):
 def test_python_dash_m_entry_point():
     result = subprocess.run([sys.executable, "-m", "vit_einops", "--help"], capture_output=True, text=True, check=True)
     assert "summary" in result.stdout and "usage: vit-einops" in result.stdout
+
+
+@pytest.fixture
+def fake_commands(tmp_path, monkeypatch):
+    """Two commands whose extra is missing: one fails on import, one only when it runs."""
+    (tmp_path / "fake_eager_cmd.py").write_text("import not_installed_pkg_xyz\n")
+    (tmp_path / "fake_lazy_cmd.py").write_text(
+        "def add_arguments(p):\n    p.add_argument('--n', type=int)\n"
+        "def run(args):\n    import not_installed_pkg_xyz.sub\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(
+        cli,
+        "COMMANDS",
+        {
+            **cli.COMMANDS,
+            "eager": ("fake_eager_cmd", "bench", "needs an extra at import"),
+            "lazy": ("fake_lazy_cmd", "train", "needs an extra when run"),
+        },
+    )
+
+
+@pytest.mark.parametrize("argv, extra", [(["eager", "--smoke", "x"], "bench"), (["lazy", "--n", "3"], "train")])
+def test_missing_extra_names_the_package_and_the_extra(fake_commands, capsys, argv, extra):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "'not_installed_pkg_xyz' is not installed" in err
+    assert f"pip install 'vit-einops[{extra}]'" in err
+
+
+def test_other_commands_work_while_one_extra_is_missing(fake_commands, capsys):
+    assert cli.main(["summary", "vit_ti_16", "--image-size", "32"]) == 0
+    assert "vit_ti_16:" in capsys.readouterr().out
+
+
+def test_a_missing_module_of_our_own_is_a_bug_not_an_extra(monkeypatch):
+    monkeypatch.setattr(cli, "COMMANDS", {"broken": ("vit_einops.commands.no_such_module", "bench", "")})
+    with pytest.raises(ModuleNotFoundError, match="vit_einops.commands.no_such_module"):
+        cli.main(["broken"])

@@ -1,6 +1,8 @@
 """The ``vit-einops`` command: one subcommand per job, each defined in its own module.
 
-A subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
+A subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``. Each may need an optional extra
+(matplotlib, tqdm, scikit-learn...); a command whose extra is missing says which one to install, and the other
+commands keep working.
 """
 
 from __future__ import annotations
@@ -9,41 +11,80 @@ import argparse
 import importlib
 import sys
 
-# name -> (module, one-line help). Modules import lazily so `vit-einops summary` never loads matplotlib.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "summary": ("vit_einops.commands.summary", "print a preset's layer table (torchsummary) and parameter count"),
+# name -> (module, the pip extra it needs or None, one-line help).
+COMMANDS: dict[str, tuple[str, str | None, str]] = {
+    "summary": (
+        "vit_einops.commands.summary",
+        None,
+        "print a preset's layer table (torchsummary) and parameter count",
+    ),
     "bench": (
         "vit_einops.commands.bench",
+        "bench",
         "benchmark einsum, chunked and SDPA attention and whole models (table, JSON/CSV, plots)",
     ),
     "train": (
         "vit_einops.commands.train",
+        "train",
         "train a ViT on the bundled digits or an image folder (also under torchrun)",
     ),
     "inspect": (
         "vit_einops.commands.inspect",
+        "train",
         "draw a trained model's attention maps, rollout, distances and embeddings",
     ),
     "convert": (
         "vit_einops.commands.convert",
+        "interop",
         "convert torchvision / timm / vit-einops weight files, optionally to a new resolution",
     ),
 }
 
 
+def _optional_missing(err: ModuleNotFoundError, extra: str | None) -> bool:
+    """True if ``err`` is a missing third-party module that ``extra`` would install (not a bug of ours)."""
+    return extra is not None and bool(err.name) and err.name.split(".")[0] != "vit_einops"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vit-einops", description="A paper-faithful Vision Transformer in einops.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module, help_text) in COMMANDS.items():
+    for name, (module, extra, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        try:
+            command = importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if not _optional_missing(err, extra):
+                raise
+            p.set_defaults(_missing=err.name)
+            continue
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        command.add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return importlib.import_module(args._module).run(args)
+    parser = build_parser()
+    # parse_known_args: a command whose extra is missing has no arguments defined, yet must still say why it
+    # cannot run rather than reject the user's flags.
+    args, unknown = parser.parse_known_args(argv)
+    extra = COMMANDS[args.command][1]
+    missing = getattr(args, "_missing", None)
+    if missing is None:
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        try:
+            return importlib.import_module(args._module).run(args)
+        except ModuleNotFoundError as err:  # commands that import their extra only when they run
+            if not _optional_missing(err, extra):
+                raise
+            missing = err.name
+    print(
+        f"vit-einops {args.command}: the optional dependency {missing!r} is not installed; "
+        f"install it with: pip install 'vit-einops[{extra}]'",
+        file=sys.stderr,
+    )
+    return 2
 
 
 if __name__ == "__main__":
