@@ -67,11 +67,10 @@ def measure_model(
     modes,
     rounds: int,
     min_run_time: float,
-    ceiling_gflop_per_s: float,
     image_size: int = 224,
     overrides: dict | None = None,
 ) -> list[dict]:
-    """One row per (mode, path): images/s, achieved GFLOP/s and its fraction of the matmul ceiling, peak memory,
+    """One row per (mode, path): images/s, achieved GFLOP/s, peak memory,
     and each path's largest output difference from the einsum path on one image (the same function, checked).
 
     ``overrides`` (ViT keywords, e.g. depth=2 for the smoke run) change the preset; the row's model name says so.
@@ -118,7 +117,6 @@ def measure_model(
                     images_per_s=batch / timing.median_s,
                     gflop=gflop,
                     gflop_per_s=gflop / timing.median_s,
-                    ceiling_fraction=gflop / timing.median_s / ceiling_gflop_per_s,
                     peak_bytes=peaks[path],
                     max_abs_diff_vs_einsum=max_diff[path],
                 )

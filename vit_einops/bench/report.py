@@ -72,9 +72,17 @@ def header_text(meta: dict, ceiling: dict) -> str:
             f"python {meta['python']}",
             f"threads {meta['threads']} (of {meta['cpu_count']} CPUs)  CPU capability {meta['cpu_capability']}  "
             f"bf16 hardware {', '.join(meta['bf16_hardware']) or 'none'}  {meta['cpu_model']}",
-            f"BLAS {meta['blas']}  load average at start {meta['load_average']}  dtype {meta['dtype']}",
+            f"BLAS {meta['blas']}  load average at start {meta['load_average']}"
+            + (f", at the end {meta['load_average_end']}" if "load_average_end" in meta else "")
+            + f"  dtype {meta['dtype']}",
             f"matmul ceiling: torch.mm {ceiling['size']}x{ceiling['size']} {ceiling['gflop_per_s']:.1f} GFLOP/s "
-            f"(median {ceiling['median_s'] * 1e3:.1f} ms, IQR {ceiling['iqr_s'] * 1e3:.2f} ms)",
+            f"(median {ceiling['median_s'] * 1e3:.1f} ms, IQR {ceiling['iqr_s'] * 1e3:.2f} ms"
+            + (
+                f"; the better of {ceiling['start_gflop_per_s']:.1f} at the start and "
+                f"{ceiling['end_gflop_per_s']:.1f} at the end)"
+                if "end_gflop_per_s" in ceiling
+                else "; measured again at the end)"
+            ),
         ]
     )
 
