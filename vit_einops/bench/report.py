@@ -1,7 +1,7 @@
 """Where results go: a table on stdout, results.json, attention.csv / model.csv, and PNG plots.
 
-The field lists below are the documented schema (benchmarks/README.md); every file is written to a temporary
-name in the output directory and then renamed, so a crashed run never leaves half a file.
+The field lists below are the documented schema (benchmarks/README.md); every file is written atomically
+(vit_einops._io), so a crashed run never leaves half a file.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from .._io import atomic_write_bytes
 
 SCHEMA_VERSION = 1
 
@@ -30,23 +30,8 @@ PLOTS = ("attention_time.png", "attention_memory.png", "attention_ratio.png", "m
 MIB = 2**20
 
 
-def _write_atomic(path: Path, write) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, then rename it to ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; results are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def write_text(path: Path, text: str) -> None:
-    _write_atomic(path, lambda f: f.write(text.encode()))
+    atomic_write_bytes(path, text.encode())
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -61,8 +46,8 @@ def write_csv(path: Path, rows: list[dict], fields: tuple[str, ...]) -> None:
     write_text(path, buffer.getvalue())
 
 
-def _num(x, fmt: str, scale: float = 1.0) -> str:
-    return "-" if x is None else format(x * scale, fmt)
+def _num(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
 
 
 def header_text(meta: dict, ceiling: dict) -> str:
@@ -125,7 +110,9 @@ def model_table(rows: list[dict]) -> str:
 
 
 def _save_figure(fig, path: Path) -> None:
-    _write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"))
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def plot(out: Path, attention_rows: list[dict], model_rows: list[dict]) -> list[Path]:
