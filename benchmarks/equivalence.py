@@ -41,11 +41,11 @@ def attention_rows(dtype: torch.dtype, b=2, n=197, heads=12, head_dim=64):
         m = mask if masked else None
         torch_mask = None if m is None else ~m.reshape(b * heads, n, n)
         r_out, r_grads = forward_backward(
-            lambda t: ref(t, t, t, attn_mask=torch_mask, need_weights=False)[0], x, [ref.in_proj_weight], up
+            lambda t, tm=torch_mask: ref(t, t, t, attn_mask=tm, need_weights=False)[0], x, [ref.in_proj_weight], up
         )
         for impl in ATTN_IMPLS:
             mha.impl = impl
-            out, grads = forward_backward(lambda t: mha(t, mask=m), x, [mha.qkv.weight], up)
+            out, grads = forward_backward(lambda t, m=m: mha(t, mask=m), x, [mha.qkv.weight], up)
             name = f"MultiHeadAttention[{impl}] vs nn.MultiheadAttention{' (masked)' if masked else ''}"
             yield name, dtype, errors(out, r_out), errors(grads[0], r_grads[0]), errors(grads[1], r_grads[1])
 

@@ -19,8 +19,9 @@ from _equiv import F32_TOL, F64_TOL, assert_close
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vit_einops import attention as attention_module
-from vit_einops.attention import CHUNK_ELEMENTS, Attend, attention_blocks, chunked_attention
+from vit_einops import chunked as chunked_module
+from vit_einops.attention import Attend
+from vit_einops.chunked import CHUNK_ELEMENTS, attention_blocks, chunked_attention
 
 
 def qkv(b, h, n, d, dtype=torch.float64, m=None, seed=0):
@@ -62,7 +63,7 @@ def test_block_boundaries_match_sdpa_and_einsum_float64(case, monkeypatch):
         plans.append(list(attention_blocks(*args)))
         return iter(plans[-1])
 
-    monkeypatch.setattr(attention_module, "attention_blocks", recording)
+    monkeypatch.setattr(chunked_module, "attention_blocks", recording)
     q, k, v = qkv(b, h, n, d)
     upstream = torch.randn_like(q)
     scale = d**-0.5

@@ -1,7 +1,8 @@
 """vit_einops: the Vision Transformer of Dosovitskiy et al. (2021) written with einops, read beside the paper."""
 
-from .attention import Attend, MultiHeadAttention
+from .attention import Attend, MultiHeadAttention, attention_scores
 from .blocks import FeedForwardBlock, ResidualAdd, TransformerEncoder, TransformerEncoderBlock
+from .chunked import chunked_attention
 from .config import ATTN_IMPLS, ViTConfig
 from .head import ClassificationHead, TokenPool
 from .model import ViT, set_attn_impl
@@ -26,6 +27,8 @@ __all__ = [
     "TransformerEncoderBlock",
     "ViT",
     "ViTConfig",
+    "attention_scores",
+    "chunked_attention",
     "conv_to_linear_weight",
     "create_vit",
     "linear_to_conv_weight",

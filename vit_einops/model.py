@@ -94,7 +94,7 @@ class ViT(Sequential):
             )
 
     def set_attn_impl(self, impl: str) -> "ViT":
-        """Switch every attention layer to ``impl`` ("einsum" or "sdpa"); returns the model."""
+        """Switch every attention layer to ``impl`` ("einsum", "chunked" or "sdpa"); returns the model."""
         set_attn_impl(self, impl)
         self.config.attn_impl = impl
         return self

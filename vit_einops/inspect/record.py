@@ -12,21 +12,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from einops import einsum
 from torch import nn
 
-from ..attention import Attend
+from ..attention import Attend, attention_scores
 
 
 def attention_matrix(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Eq. 6 from the layer's q, k: (b, h, n, d) each -> A (b, h, n, n), rows summing to 1.
 
-    Written as Attend's einsum path writes it (q scaled first), so the einsum path is reproduced exactly.
+    The same logits as Attend's einsum path (:func:`~vit_einops.attention.attention_scores`), so that path is
+    reproduced exactly.
     """
-    energy = einsum(q * scale, k, "b h i d, b h j d -> b h i j")
-    if mask is not None:
-        energy = energy.masked_fill(~mask, float("-inf"))
-    return energy.softmax(dim=-1)
+    return attention_scores(q, k, scale, mask).softmax(dim=-1)
 
 
 def _attend_layers(model: nn.Module) -> list[Attend]:
