@@ -15,6 +15,24 @@ def check_positive_int(name: str, value: Any) -> int:
     return value
 
 
+def check_nonnegative_int(name: str, value: Any) -> int:
+    """Return ``value`` if it is an int >= 0, else raise naming ``name`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def check_index(name: str, value: Any, length: int) -> int:
+    """A Python-style index into ``length`` items (negative counts from the end), returned as 0..length-1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+    if not -length <= value < length:
+        raise ValueError(f"{name} {value} is out of range for {length} items (valid: {-length}..{length - 1})")
+    return value % length
+
+
 def check_probability(name: str, value: Any) -> float:
     """Dropout rates live in [0, 1): a rate of 1 would zero every activation."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
