@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 from .._io import atomic_write_bytes
+from .._plot import pyplot, save_figure
+from .attention import REFERENCE
 
 SCHEMA_VERSION = 1
 
@@ -77,8 +79,7 @@ def attention_table(rows: list[dict]) -> str:
     lines = []
     for section, mode in dict.fromkeys((r["section"], r["mode"]) for r in rows):
         block = [r for r in rows if (r["section"], r["mode"]) == (section, mode)]
-        ref = "sdpa" if section == "core" else "torch_mha"
-        lines.append(f"\nattention {section}, {mode} (ratios over {ref})")
+        lines.append(f"\nattention {section}, {mode} (ratios over {REFERENCE[section]})")
         lines.append(
             f"{'b':>3} {'h':>3} {'n':>5} {'d':>3}  {'path':<16}{'median ms':>11}{'IQR ms':>9}{'GFLOP/s':>9}{'%ceil':>7}"
             f"{'peak MiB':>10}{'A MiB':>9}{'time x':>8}{'mem x':>7}"
@@ -109,20 +110,10 @@ def model_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _save_figure(fig, path: Path) -> None:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    atomic_write_bytes(path, buffer.getvalue())
-
-
 def plot(out: Path, attention_rows: list[dict], model_rows: list[dict]) -> list[Path]:
     """Time, peak memory and the ratios over SDPA against N for the core paths (one panel per batch and mode),
     and the models' images/s; returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     written = []
     core = [r for r in attention_rows if r["section"] == "core"]
     if core:
@@ -175,9 +166,7 @@ def plot(out: Path, attention_rows: list[dict], model_rows: list[dict]) -> list[
                 ax.grid(True, which="both", alpha=0.3)
                 ax.legend(fontsize=7)
             fig.tight_layout()
-            _save_figure(fig, out / name)
-            plt.close(fig)
-            written.append(out / name)
+            written.append(save_figure(fig, out / name, dpi=110))
     if model_rows:
         groups = list(dict.fromkeys((r["model"], r["mode"]) for r in model_rows))
         paths = list(dict.fromkeys(r["path"] for r in model_rows))
@@ -195,7 +184,5 @@ def plot(out: Path, attention_rows: list[dict], model_rows: list[dict]) -> list[
         ax.set_ylabel(f"images/s (batch {model_rows[0]['batch']})")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        _save_figure(fig, out / "model_images_per_s.png")
-        plt.close(fig)
-        written.append(out / "model_images_per_s.png")
+        written.append(save_figure(fig, out / "model_images_per_s.png", dpi=110))
     return written
