@@ -69,3 +69,23 @@ def test_a_missing_module_of_our_own_is_a_bug_not_an_extra(monkeypatch):
     monkeypatch.setattr(cli, "COMMANDS", {"broken": ("vit_einops.commands.no_such_module", "bench", "")})
     with pytest.raises(ModuleNotFoundError, match="vit_einops.commands.no_such_module"):
         cli.main(["broken"])
+
+
+def test_bad_input_is_one_error_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    (tmp_path / "fake_bad_input_cmd.py").write_text(
+        "def add_arguments(p):\n    pass\ndef run(args):\n    raise ValueError('epochs must be a positive int, got 0')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "COMMANDS", {"bad": ("fake_bad_input_cmd", None, "")})
+    monkeypatch.delenv("VIT_EINOPS_TRACEBACK", raising=False)
+    assert cli.main(["bad"]) == 2
+    assert capsys.readouterr().err == "vit-einops bad: error: epochs must be a positive int, got 0\n"
+    monkeypatch.setenv("VIT_EINOPS_TRACEBACK", "1")
+    with pytest.raises(ValueError, match="epochs must be a positive int"):
+        cli.main(["bad"])
+
+
+def test_missing_file_is_reported_by_the_dispatcher(capsys, tmp_path):
+    assert cli.main(["inspect", "--checkpoint", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vit-einops inspect: error: ") and "nope" in err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module, the pip extra it needs or None, one-line help).
@@ -79,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
             if not _optional_missing(err, extra):
                 raise
             missing = err.name
+        except (ValueError, TypeError, OSError) as err:
+            # Bad input (a value, a file): our errors name the value and what was expected, so the message is the
+            # answer; a traceback would bury it. VIT_EINOPS_TRACEBACK=1 shows it anyway.
+            if os.environ.get("VIT_EINOPS_TRACEBACK"):
+                raise
+            print(f"vit-einops {args.command}: error: {err}", file=sys.stderr)
+            return 2
     print(
         f"vit-einops {args.command}: the optional dependency {missing!r} is not installed; "
         f"install it with: pip install 'vit-einops[{extra}]'",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 FORMATS = ("torchvision", "timm", "vit-einops")
 
@@ -73,30 +72,26 @@ def run(args: argparse.Namespace) -> int:
         torchvision_kwargs,
     )
 
-    try:
-        inferred = dict(heads=args.heads, image_size=_size(args.image_size))
-        if args.source == "torchvision":
-            model = load_torchvision(args.src, **inferred)
-        elif args.source == "timm":
-            model = load_timm(args.src, global_pool=args.global_pool, **inferred)
-        else:
-            if any(v is not None for v in inferred.values()):
-                raise ValueError(
-                    "--heads and --image-size describe torchvision/timm sources; a vit-einops file stores its config"
-                )
-            model = load_vit(args.src)
-        if args.resample_to is not None:
-            model = resample_vit(model, _size(args.resample_to), mode=args.resample_mode)
-        if args.target == "vit-einops":
-            save_vit(model, args.dst)
-            print(f"wrote {args.dst}: vit-einops, config {json.dumps(model.config.to_dict())}")
-        else:
-            export, kwargs = (
-                (to_torchvision, torchvision_kwargs) if args.target == "torchvision" else (to_timm, timm_kwargs)
+    inferred = dict(heads=args.heads, image_size=_size(args.image_size))
+    if args.source == "torchvision":
+        model = load_torchvision(args.src, **inferred)
+    elif args.source == "timm":
+        model = load_timm(args.src, global_pool=args.global_pool, **inferred)
+    else:
+        if any(v is not None for v in inferred.values()):
+            raise ValueError(
+                "--heads and --image-size describe torchvision/timm sources; a vit-einops file stores its config"
             )
-            save_state_dict_file(export(model), args.dst)
-            print(f"wrote {args.dst}: {args.target} state dict; build its model with {kwargs(model.config)}")
-    except (ValueError, TypeError, FileNotFoundError) as e:
-        print(f"vit-einops convert: error: {e}", file=sys.stderr)
-        return 2
+        model = load_vit(args.src)
+    if args.resample_to is not None:
+        model = resample_vit(model, _size(args.resample_to), mode=args.resample_mode)
+    if args.target == "vit-einops":
+        save_vit(model, args.dst)
+        print(f"wrote {args.dst}: vit-einops, config {json.dumps(model.config.to_dict())}")
+    else:
+        export, kwargs = (
+            (to_torchvision, torchvision_kwargs) if args.target == "torchvision" else (to_timm, timm_kwargs)
+        )
+        save_state_dict_file(export(model), args.dst)
+        print(f"wrote {args.dst}: {args.target} state dict; build its model with {kwargs(model.config)}")
     return 0
