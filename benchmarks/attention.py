@@ -1,6 +1,6 @@
 """The attention microbenchmark alone: `vit-einops bench` without the whole models.
 
-    python benchmarks/attention.py                      # default grid (b 1,8; N 50,197,577,1025; h 12; d 64)
+    python benchmarks/attention.py                      # default grid (b 1; N 50,197,577,1025; h 12; d 64)
     python benchmarks/attention.py --batches 32 --tokens 197,1025 --modes forward --no-compile
     python benchmarks/attention.py --quick
 
