@@ -20,7 +20,7 @@ from vit_einops.train.data import (
     load_image_folder,
     stratified_split,
 )
-from vit_einops.train.loop import WarmupCosine, random_shift, train
+from vit_einops.train.loop import WarmupCosine, batch_totals, random_shift, train
 
 TINY = dict(
     image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=2, heads=2, mlp_dim=32, dropout=0.1
@@ -75,6 +75,16 @@ def test_random_shift_equals_per_image_slicing():
         y, x = int(dy[i]), int(dx[i])
         assert torch.equal(got[i], padded[i, :, y : y + 6, x : x + 7])
     assert random_shift(images, 0) is images
+
+
+def test_batch_totals_stay_on_the_batch_device():
+    # The meta device stands in for a GPU: a CPU tensor among the stacked ones would raise, as on cuda.
+    logits = torch.tensor([[0.0, 2.0], [3.0, 1.0], [0.0, 1.0]])
+    labels = torch.tensor([1, 1, 1])
+    totals = batch_totals(torch.tensor(0.5), logits, labels)
+    assert totals.tolist() == [1.5, 2.0, 3.0]
+    on_meta = batch_totals(torch.tensor(0.5, device="meta"), logits.to("meta"), labels.to("meta"))
+    assert on_meta.device.type == "meta" and on_meta.shape == (3,)
 
 
 def test_digits_split_is_fixed_stratified_and_in_range(digits):

@@ -252,6 +252,12 @@ def train(
     return TrainResult(records, hashes, checkpoint)
 
 
+def batch_totals(loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(loss * count, correct, count) of one batch, all on the batch's device: no host-device copy or sync."""
+    count = torch.tensor(len(labels), device=logits.device)
+    return torch.stack([loss.detach() * count, (logits.argmax(-1) == labels).sum(), count])
+
+
 def _train_epoch(
     net, train_set, sampler, optimizer, scheduler, criterion, config, ctx, progress, epoch, steps
 ) -> torch.Tensor:
@@ -276,10 +282,9 @@ def _train_epoch(
         nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
         optimizer.step()
         scheduler.step()
-        totals += torch.stack(
-            [loss.detach() * len(batch), (logits.argmax(-1) == y).sum(), torch.tensor(len(batch))]
-        ).to(totals)
-        bar.set_postfix(loss=f"{totals[0] / totals[2]:.4f}", acc=f"{totals[1] / totals[2]:.3f}", refresh=False)
+        totals += batch_totals(loss, logits, y).to(totals)
+        if not bar.disable:  # formatting reads the totals back to the host: a device sync per step
+            bar.set_postfix(loss=f"{totals[0] / totals[2]:.4f}", acc=f"{totals[1] / totals[2]:.3f}", refresh=False)
     if ctx.active:
         dist.all_reduce(totals)
     return totals
