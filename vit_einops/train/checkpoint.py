@@ -30,6 +30,7 @@ from torch import nn
 
 from .._io import atomic_write_bytes
 from ..config import ViTConfig
+from ..interop.keys import StateDictMismatchError, check_keys, expected_shapes
 from ..model import ViT
 
 FORMAT = "vit-einops.checkpoint"
@@ -92,8 +93,13 @@ def decode_tree(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
 # --- save ---------------------------------------------------------------------------------------------------
 
 
-def _write_tensor_file(directory: Path, kind: str, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
-    data = safetensors_save(tensors)
+def weights_bytes(model: nn.Module) -> bytes:
+    """The model's state dict as a safetensors file: what a checkpoint's model file holds, byte for byte, so its
+    SHA-256 is the one the checkpoint records (training summaries hash this too)."""
+    return safetensors_save({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
+
+
+def _write_tensor_file(directory: Path, kind: str, data: bytes) -> dict[str, str]:
     digest = hashlib.sha256(data).hexdigest()
     name = f"{kind}-{digest[:16]}.safetensors"
     atomic_write_bytes(directory / name, data)
@@ -117,18 +123,17 @@ def save_checkpoint(
         raise TypeError(f"expected a vit_einops ViT (with .config), got {type(model).__name__}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     meta: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
         "config": model.config.to_dict(),
         "train_state": train_state or {},
-        "files": {"model": _write_tensor_file(directory, "model", weights)},
+        "files": {"model": _write_tensor_file(directory, "model", weights_bytes(model))},
     }
     if optimizer is not None:
         tensors: dict[str, torch.Tensor] = {}
         meta["optimizer"] = encode_tree(optimizer.state_dict(), tensors, "optimizer")
-        meta["files"]["optimizer"] = _write_tensor_file(directory, "optimizer", tensors)
+        meta["files"]["optimizer"] = _write_tensor_file(directory, "optimizer", safetensors_save(tensors))
     if scheduler is not None:
         no_tensors: dict[str, torch.Tensor] = {}
         meta["scheduler"] = encode_tree(scheduler.state_dict(), no_tensors, "scheduler")
@@ -238,23 +243,20 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 def _check_weights_match_config(
     state_dict: dict[str, torch.Tensor], config: ViTConfig, weights_path: Path, meta_path: Path
 ) -> None:
-    # The meta device builds the parameter shapes without allocating or initialising them.
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in ViT.from_config(config).state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in state_dict.items()}
-    problems = []
-    if missing := sorted(expected.keys() - got.keys()):
-        problems.append(f"missing {missing}")
-    if unexpected := sorted(got.keys() - expected.keys()):
-        problems.append(f"unexpected {unexpected}")
-    if shapes := [
-        f"{k}: {got[k]} vs config {expected[k]}" for k in sorted(expected.keys() & got.keys()) if got[k] != expected[k]
-    ]:
-        problems.append("shape mismatches " + "; ".join(shapes))
-    if problems:
+    try:
+        check_keys(state_dict, expected_shapes(config), "checkpoint")
+    except StateDictMismatchError as err:
+        problems = []
+        if err.missing:
+            problems.append(f"missing {sorted(err.missing)}")
+        if err.unexpected:
+            problems.append(f"unexpected {sorted(err.unexpected)}")
+        if err.mis_shaped:
+            shapes = [f"{k}: {got} vs config {want}" for k, (got, want) in sorted(err.mis_shaped.items())]
+            problems.append("shape mismatches " + "; ".join(shapes))
         raise CheckpointError(
             f"weights in {weights_path} do not match the config in {meta_path}: " + ", ".join(problems)
-        )
+        ) from err
 
 
 def load_model(path: str | Path) -> ViT:

@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from einops import rearrange
-from safetensors.torch import save as safetensors_save
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import BatchSampler, DistributedSampler
@@ -34,7 +33,7 @@ from tqdm import tqdm
 
 from .._io import atomic_write_bytes
 from ..model import ViT
-from .checkpoint import CheckpointError, load_checkpoint, restore_training, save_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint, restore_training, save_checkpoint, weights_bytes
 from .config import TrainConfig
 from .data import ImageDataset
 
@@ -128,10 +127,8 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, An
 
 
 def weights_sha256(model: nn.Module) -> str:
-    """SHA-256 of the model's weights as a safetensors file: equal to the model hash a checkpoint records."""
-    return hashlib.sha256(
-        safetensors_save({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
-    ).hexdigest()
+    """SHA-256 of the model's weights file (:func:`weights_bytes`): equal to the model hash a checkpoint records."""
+    return hashlib.sha256(weights_bytes(model)).hexdigest()
 
 
 @torch.no_grad()
