@@ -8,16 +8,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..train.plots import save_figure
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from .._plot import pyplot, save_figure
 
 
 def _show_image(ax, image: torch.Tensor) -> None:
@@ -47,7 +38,7 @@ def plot_attention_overlays(
 
     Shapes: images (b, C, H, W) in [0, 1]; head_maps (b, h, gh, gw); rollout_maps (b, gh, gw).
     """
-    plt = _pyplot()
+    plt = pyplot()
     b, heads = head_maps.shape[:2]
     size = tuple(images.shape[-2:])
     fig, axes = plt.subplots(
@@ -70,7 +61,7 @@ def plot_attention_overlays(
 
 def plot_attention_distance(distance: torch.Tensor, path: str | Path, uniform_distance: float | None = None) -> Path:
     """Mean attention distance (l, h) as a scatter over layers, one dot per head (Figure 7 right / Figure 11)."""
-    plt = _pyplot()
+    plt = pyplot()
     layers, heads = distance.shape
     fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
     for h in range(heads):
@@ -87,7 +78,7 @@ def plot_attention_distance(distance: torch.Tensor, path: str | Path, uniform_di
 
 def plot_position_similarity(similarity: torch.Tensor, path: str | Path) -> Path:
     """The grid of grids of Figure 7 (centre): tile (r, c) shows cos(E_pos[r, c], E_pos[., .]) over the grid."""
-    plt = _pyplot()
+    plt = pyplot()
     gh, gw = similarity.shape[:2]
     fig, axes = plt.subplots(gh, gw, figsize=(0.75 * gw + 1.0, 0.75 * gh + 0.5), squeeze=False, layout="constrained")
     for r in range(gh):
@@ -105,7 +96,7 @@ def plot_position_similarity(similarity: torch.Tensor, path: str | Path) -> Path
 
 def plot_filters(components: torch.Tensor, explained: torch.Tensor, path: str | Path) -> Path:
     """Principal components of the patch-embedding filters (Figure 7 left), each scaled to its own range."""
-    plt = _pyplot()
+    plt = pyplot()
     k = components.shape[0]
     cols = min(k, 7)
     rows = math.ceil(k / cols)

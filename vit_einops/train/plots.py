@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_bytes
-
-
-def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
-    """Render ``fig`` to PNG in memory, write it atomically to ``path``, and close it."""
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return Path(path)
+from .._plot import pyplot, save_figure
 
 
 def plot_curves(records: list[dict[str, Any]], path: str | Path) -> Path:
     """Train loss (left) and train/test accuracy (right) per epoch, from metrics.jsonl records."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     epochs = [r["epoch"] for r in records]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.5))
     ax_loss.plot(epochs, [r["train_loss"] for r in records], label="train loss")
