@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 
 import torch
 
@@ -22,6 +20,7 @@ from vit_einops import (
     ViT,
     conv_to_linear_weight,
 )
+from vit_einops._io import atomic_write_bytes
 from vit_einops.reference import forward_backward, torch_encoder_layer_from, torch_mha_from, torch_reference_vit
 
 
@@ -115,10 +114,7 @@ def main() -> None:
             dict(name=name, dtype=str(dtype), output=out, grad_x=gx, grad_weight=gw)
             for name, dtype, out, gx, gw in rows
         ]
-        directory = os.path.dirname(os.path.abspath(args.json))
-        with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
-            json.dump(records, f, indent=2)
-        os.replace(f.name, args.json)
+        atomic_write_bytes(args.json, (json.dumps(records, indent=2) + "\n").encode())
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def test_blocks_after_the_deepest_layer_are_not_run():
     [
         ([3], ValueError, r"layer index 3 out of range for a ViT of depth 3 \(valid: -3..2\)"),
         ([-4], ValueError, "layer index -4 out of range"),
-        ([True], ValueError, "layer index True"),
+        ([True], TypeError, "layer index must be an int, got True"),
         ([], TypeError, "non-empty sequence"),
         (1, TypeError, "non-empty sequence"),
     ],

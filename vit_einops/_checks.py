@@ -24,12 +24,16 @@ def check_nonnegative_int(name: str, value: Any) -> int:
     return value
 
 
-def check_index(name: str, value: Any, length: int) -> int:
-    """A Python-style index into ``length`` items (negative counts from the end), returned as 0..length-1."""
+def check_index(name: str, value: Any, length: int, container: str | None = None) -> int:
+    """A Python-style index into ``length`` items (negative counts from the end), returned as 0..length-1.
+
+    ``container`` names what is indexed in the message ("a ViT of depth 12"); by default "<length> items".
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
     if not -length <= value < length:
-        raise ValueError(f"{name} {value} is out of range for {length} items (valid: {-length}..{length - 1})")
+        container = container or f"{length} items"
+        raise ValueError(f"{name} {value} out of range for {container} (valid: {-length}..{length - 1})")
     return value % length
 
 

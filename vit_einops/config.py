@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from ._checks import check_choice, check_positive_int, check_probability, to_pair
+from ._checks import check_choice, check_nonnegative_int, check_positive_int, check_probability, to_pair
 
 ATTN_IMPLS = ("einsum", "chunked", "sdpa")
 POOLS = ("cls", "mean")
@@ -45,10 +45,7 @@ class ViTConfig:
                 )
         for name in ("in_channels", "dim", "depth", "heads", "mlp_dim"):
             check_positive_int(name, getattr(self, name))
-        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int):
-            raise TypeError(f"num_classes must be an int, got {self.num_classes!r}")
-        if self.num_classes < 0:
-            raise ValueError(f"num_classes must be >= 0 (0 = no classifier), got {self.num_classes}")
+        check_nonnegative_int("num_classes", self.num_classes)  # 0: no classifier, the head returns features
         if self.dim % self.heads:
             raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}")
         check_probability("dropout", self.dropout)

@@ -7,7 +7,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from ._checks import check_choice, check_positive_int
+from ._checks import check_choice, check_nonnegative_int, check_positive_int
 from ._sequential import Sequential
 from .config import POOLS
 
@@ -47,8 +47,7 @@ class ClassificationHead(Sequential):
         fc_norm: bool = False,
     ) -> None:
         check_positive_int("dim", dim)
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
-            raise ValueError(f"num_classes must be an int >= 0 (0 = no classifier), got {num_classes!r}")
+        check_nonnegative_int("num_classes", num_classes)  # 0: no classifier
         stages = [("norm", nn.LayerNorm(dim, eps=layer_norm_eps)), ("pool", TokenPool(pool))]
         if fc_norm:
             stages.reverse()

@@ -13,6 +13,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from .._checks import check_index
 from ..model import ViT
 
 
@@ -56,13 +57,7 @@ def intermediate_layers(
     depth = len(model.blocks)
     if isinstance(layers, (int, str)) or not isinstance(layers, Sequence) or not layers:
         raise TypeError(f"layers must be a non-empty sequence of block indices, got {layers!r}")
-    wanted = []
-    for i in layers:
-        if isinstance(i, bool) or not isinstance(i, int) or not -depth <= i < depth:
-            raise ValueError(
-                f"layer index {i!r} out of range for a ViT of depth {depth} (valid: {-depth}..{depth - 1})"
-            )
-        wanted.append(i % depth)
+    wanted = [check_index("layer index", i, depth, f"a ViT of depth {depth}") for i in layers]
     model.check_input(x)
     x = model.patch_embed(x)
     outputs = {}

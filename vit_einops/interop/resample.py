@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import check_choice, to_pair
+from .._checks import check_choice, check_nonnegative_int, to_pair
 from ..config import ViTConfig
 from ..model import ViT
 from .keys import build_vit
@@ -56,8 +56,7 @@ def resample_pos_embed(
     if not isinstance(pos_embed, torch.Tensor) or pos_embed.ndim != 3 or pos_embed.shape[0] != 1:
         got = tuple(pos_embed.shape) if isinstance(pos_embed, torch.Tensor) else type(pos_embed).__name__
         raise ValueError(f"pos_embed must be a (1, N, D) tensor, got {got}")
-    if isinstance(num_prefix_tokens, bool) or not isinstance(num_prefix_tokens, int) or num_prefix_tokens < 0:
-        raise ValueError(f"num_prefix_tokens must be an int >= 0, got {num_prefix_tokens!r}")
+    check_nonnegative_int("num_prefix_tokens", num_prefix_tokens)
     new_grid = to_pair("new_grid", new_grid)
     num_patches = pos_embed.shape[1] - num_prefix_tokens
     if old_grid is None:
