@@ -62,6 +62,9 @@ def test_train_config_rejects_bad_values():
     ]:
         with pytest.raises(ValueError, match=match):
             TrainConfig(**bad)
+    for name in ("epochs", "batch_size", "warmup_epochs", "shift", "seed"):
+        with pytest.raises(TypeError, match=f"{name} must be an int"):
+            TrainConfig(**{name: 2.0})
 
 
 def test_random_shift_equals_per_image_slicing():

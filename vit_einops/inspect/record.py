@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._checks import check_index
 from ..attention import Attend, attention_scores
 
 
@@ -49,13 +50,7 @@ class AttentionRecorder:
         attends = _attend_layers(model)
         if layers is None:
             layers = range(len(attends))
-        chosen = []
-        for i in layers:
-            if isinstance(i, bool) or not isinstance(i, int) or not -len(attends) <= i < len(attends):
-                raise ValueError(
-                    f"layer {i!r} out of range: the model has {len(attends)} attention layers (0..{len(attends) - 1})"
-                )
-            chosen.append(i % len(attends))
+        chosen = [check_index("layer", i, len(attends)) for i in layers]
         if len(set(chosen)) != len(chosen):
             raise ValueError(f"layers {list(layers)} name a layer twice")
         self.layers = chosen

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from einops import rearrange, reduce
 
+from .._checks import check_choice
+
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
@@ -30,8 +32,7 @@ def attention_rollout(maps: torch.Tensor, residual: float = 0.5, head_fusion: st
     _check_maps(maps)
     if not 0.0 <= residual <= 1.0:
         raise ValueError(f"residual must be in [0, 1], got {residual}")
-    if head_fusion not in HEAD_FUSIONS:
-        raise ValueError(f"unknown head_fusion {head_fusion!r}; expected one of {', '.join(HEAD_FUSIONS)}")
+    check_choice("head_fusion", head_fusion, HEAD_FUSIONS)
     fused = reduce(maps, "l b h i j -> l b i j", head_fusion)
     eye = torch.eye(maps.shape[-1], dtype=maps.dtype, device=maps.device)
     mixed = residual * eye + (1.0 - residual) * fused

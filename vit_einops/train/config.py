@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._checks import check_positive_int, check_probability
+from .._checks import check_nonnegative_int, check_positive_int, check_probability
 
 DEFAULT_TEST_FRACTION = 0.2  # held out, stratified, when no test set is given
 
@@ -37,17 +37,14 @@ class TrainConfig:
         check_positive_int("epochs", self.epochs)
         check_positive_int("batch_size", self.batch_size)
         check_probability("label_smoothing", self.label_smoothing)
-        if isinstance(self.warmup_epochs, bool) or not isinstance(self.warmup_epochs, int) or self.warmup_epochs < 0:
-            raise ValueError(f"warmup_epochs must be an int >= 0, got {self.warmup_epochs!r}")
+        check_nonnegative_int("warmup_epochs", self.warmup_epochs)
         for name in ("lr", "clip_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if isinstance(self.shift, bool) or not isinstance(self.shift, int) or self.shift < 0:
-            raise ValueError(f"shift must be an int >= 0 (pixels), got {self.shift!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        check_nonnegative_int("shift", self.shift)
+        check_nonnegative_int("seed", self.seed)
         self.betas = tuple(self.betas)
 
     def to_dict(self) -> dict[str, Any]:
