@@ -25,6 +25,7 @@ from vit_einops.inspect import (
     position_similarity,
     record_attention,
 )
+from vit_einops.reference import torch_mha_from
 
 TINY = dict(image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=3, heads=2, mlp_dim=32)
 
@@ -78,13 +79,10 @@ def test_einsum_path_recording_equals_the_models_own_softmax():
 @pytest.mark.parametrize("impl", ATTN_IMPLS)
 @pytest.mark.parametrize("masked", [False, True])
 def test_recorded_maps_equal_torch_multihead_attention_weights(impl, masked):
-    # Independent implementation: nn.MultiheadAttention with our fused qkv (same (qkv h d) layout) copied in.
+    # Independent implementation: nn.MultiheadAttention carrying our weights (fused qkv is its in_proj).
     dim, heads, n = 12, 3, 5
     mha = MultiHeadAttention(dim, heads, impl=impl).eval()
-    ref = nn.MultiheadAttention(dim, heads, batch_first=True).eval()
-    with torch.no_grad():
-        ref.in_proj_weight.copy_(mha.qkv.weight)
-        ref.in_proj_bias.copy_(mha.qkv.bias)
+    ref = torch_mha_from(mha).eval()
     x = torch.randn(2, n, dim)
     mask = torch.rand(n, n) > 0.4 if masked else None
     if masked:
