@@ -19,8 +19,9 @@ from vit_einops import cli
 from vit_einops.bench import report
 from vit_einops.bench.attention import CORE_PATHS, LAYER_PATHS, MODES, Point, add_ratios
 from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
-from vit_einops.bench.model import MODEL_MODES, MODEL_PATHS
+from vit_einops.bench.model import MODEL_MODES, MODEL_PATHS, counted_flops
 from vit_einops.commands import bench as bench_command
+from vit_einops.presets import create_vit
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Fields that may legitimately be 0 or empty: an IQR of one block, the einsum path's difference from itself,
@@ -102,6 +103,17 @@ def test_results_json_schema(smoke):
         assert r["images_per_s"] == pytest.approx(r["batch"] / r["median_s"])
         # Every path computes the same function as the einsum path (float32 rounding apart).
         assert r["max_abs_diff_vs_einsum"] < 1e-4
+
+
+def test_model_flops_are_the_counts_on_a_real_model(smoke):
+    """The model rows count FLOPs on a meta-device model: the same numbers as on real weights and images."""
+    options = smoke["results"]["meta"]["options"]
+    (preset,) = options["models"]
+    size = options["image_size"]
+    model = create_vit(preset, image_size=size, attn_impl="einsum", **options["model_overrides"])
+    flops = counted_flops(model, torch.rand(1, 3, size, size))
+    for r in smoke["results"]["model"]:
+        assert r["gflop"] == flops[r["mode"]] * r["batch"] / 1e9
 
 
 @pytest.mark.parametrize(
