@@ -59,8 +59,17 @@ def test_smoke_run_exits_cleanly_and_prints_the_table(smoke):
         assert f"attention layer, {mode} (ratios over torch_mha)" in text
     assert "whole model" in text
     table = (smoke["out"] / "table.txt").read_text()
-    # table.txt is the printed table (the header is printed before the progress bar, the table after it).
-    assert table.splitlines()[4:] == text.split("\nwrote ")[0].splitlines()[4:]
+    # table.txt is the header as results.json has it at the end, then the body exactly as printed after the
+    # progress bar (the header printed before the bar carries the start ceiling and load instead).
+    header = report.header_text(smoke["results"]["meta"], smoke["results"]["matmul_ceiling"])
+    assert table.startswith(header + "\n")
+    body = table.removeprefix(header + "\n")
+    assert body.startswith("torch.compile of the einsum path") and "whole model" in body
+    printed = text.split("\nwrote ")[0]
+    assert printed.endswith("\n" + body)
+    start_header = printed.removesuffix("\n" + body)
+    assert start_header.startswith("vit-einops bench ") and start_header.count("vit-einops bench ") == 1
+    assert start_header.count("matmul ceiling") == 1 and "torch.compile of the einsum path" not in start_header
 
 
 def test_results_json_schema(smoke):

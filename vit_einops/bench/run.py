@@ -135,12 +135,14 @@ def run(options: BenchOptions, stdout=None) -> dict:
         schema=report.SCHEMA_VERSION, meta=meta, matmul_ceiling=ceiling, compile=compile_info,
         attention=attention_rows, model=model_rows,
     )  # fmt: skip
-    table = "\n".join(
-        [report.header_text(meta, ceiling), _compile_text(compile_info)]
+    body = "\n".join(
+        [_compile_text(compile_info)]
         + ([report.attention_table(attention_rows)] if attention_rows else [])
         + ([report.model_table(model_rows)] if model_rows else [])
     )
-    print("\n".join(table.splitlines()[4:]), file=stdout)  # the header was printed before the progress bar
+    print(body, file=stdout)  # the header was printed before the progress bar
+    # table.txt: the header as it stands at the end (the better ceiling, the load at the end), then the body.
+    table = report.header_text(meta, ceiling) + "\n" + body
 
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
