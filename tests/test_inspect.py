@@ -24,7 +24,9 @@ from vit_einops.inspect import (
     patch_distances,
     position_similarity,
     record_attention,
+    write_report,
 )
+from vit_einops.inspect.report import predicted_name
 from vit_einops.reference import torch_mha_from
 
 TINY = dict(image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=3, heads=2, mlp_dim=32)
@@ -260,3 +262,38 @@ def test_filter_components_match_scikit_learn_pca(patchify):
     signs = np.sign((ours * pca.components_).sum(-1, keepdims=True))
     np.testing.assert_allclose(ours * signs, pca.components_, atol=1e-5)
     np.testing.assert_allclose(explained.numpy(), pca.explained_variance_ratio_, rtol=1e-4)
+
+
+# --- report -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("same", [None, "same", "equal"])
+def test_report_runs_the_model_once_when_distance_images_are_the_drawn_ones(tmp_path, same):
+    model = tiny_vit()
+    images = torch.rand(3, 1, 8, 8)
+    distance_images = {None: None, "same": images, "equal": images.clone()}[same]
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(len(args[0])))
+    write_report(model, images, tmp_path, distance_images=distance_images, titles=["a", "b", "c"])
+    assert calls == [3]
+    arrays = np.load(tmp_path / "arrays.npz")
+    expected = mean_attention_distance(torch.from_numpy(arrays["attention"]), (4, 4), 2)
+    np.testing.assert_allclose(arrays["mean_attention_distance"], expected.numpy(), rtol=1e-6)
+
+
+def test_report_batches_other_distance_images_to_the_same_mean(tmp_path):
+    model = tiny_vit()
+    images, others = torch.rand(2, 1, 8, 8), torch.rand(5, 1, 8, 8)
+    write_report(model, images, tmp_path, distance_images=others, batch_size=2)
+    _, maps = record_attention(model, others)
+    np.testing.assert_allclose(
+        np.load(tmp_path / "arrays.npz")["mean_attention_distance"],
+        mean_attention_distance(maps, (4, 4), 2).numpy(),
+        rtol=1e-5,
+    )
+
+
+def test_predicted_names_fall_back_to_the_index_beyond_the_recorded_classes():
+    assert predicted_name(2, ["cat", "dog", "bird"]) == "bird"
+    assert predicted_name(7, ["cat", "dog", "bird"]) == "7 (no class name)"
+    assert predicted_name(7, None) == "7"

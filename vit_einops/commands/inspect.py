@@ -62,11 +62,8 @@ def run(args: argparse.Namespace) -> int:
         names = [f"label {test_set.classes[int(test_set.labels[i])]}" for i in chosen]
     else:
         raise ValueError(f"{ckpt.path} records no training data to draw test images from; pass --image FILE")
-    with torch.no_grad():
-        predicted = model(images).argmax(-1).tolist()
-    titles = [f"{n}\npredicted {classes[p] if classes else p}" for n, p in zip(names, predicted, strict=True)]
     distance_images = test_set.images[: args.distance_images] if test_set is not None and not args.image else images
-    paths = write_report(model, images, out, distance_images=distance_images, titles=titles)
+    paths = write_report(model, images, out, distance_images=distance_images, titles=names, classes=classes)
     for name, path in paths.items():
         print(f"{name:>20}: {path}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,19 @@ from .distance import mean_attention_distance, patch_distances
 from .embeddings import embedding_filter_components, position_similarity
 from .figures import plot_attention_distance, plot_attention_overlays, plot_filters, plot_position_similarity
 from .record import AttentionRecorder
-from .rollout import attention_rollout, last_layer_class_attention
+from .rollout import attention_rollout, class_attention_grid, last_layer_class_attention
+
+
+def predicted_name(index: int, classes: Sequence[str] | None) -> str:
+    """The class name of output ``index``, or the index where none is recorded: a model may have more outputs
+    than its training data had classes (a 1000-way preset trained on the ten digits)."""
+    if classes is None:
+        return str(index)
+    return classes[index] if index < len(classes) else f"{index} (no class name)"
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (a.shape == b.shape and a.device == b.device and torch.equal(a, b))
 
 
 @torch.no_grad()
@@ -25,6 +38,7 @@ def write_report(
     *,
     distance_images: torch.Tensor | None = None,
     titles: list[str] | None = None,
+    classes: Sequence[str] | None = None,
     batch_size: int = 256,
 ) -> dict[str, Path]:
     """Write the inspection figures and ``arrays.npz`` for ``model`` (put in eval mode) under ``out_dir``.
@@ -33,7 +47,8 @@ def write_report(
         images: (b, C, H, W) in [0, 1], the images drawn with their attention (a handful).
         distance_images: the images the mean attention distance averages over (default ``images``); the paper
             averages over many, e.g. a test set.
-        titles: one label per drawn image (e.g. "label 3, predicted 3").
+        titles: one label per drawn image (e.g. "label 3"); the model's prediction is added below each.
+        classes: the class names of the model's outputs, to name the predictions (default: their indices).
 
     Returns the written paths by name: attention, attention_distance, position_similarity, embedding_filters,
     arrays.
@@ -47,17 +62,23 @@ def write_report(
     maps = recorder.maps  # (l, b, h, n, n)
     heads = last_layer_class_attention(maps, cfg.grid_size)
     rollout = attention_rollout(maps)
-    rollout_grid = rollout[:, 0, 1:].reshape(-1, *cfg.grid_size)  # the class token's row over the patches
+    rollout_grid = class_attention_grid(rollout, cfg.grid_size)
+    titles = titles or [f"image {i}" for i in range(len(images))]
+    predicted = [predicted_name(p, classes) for p in logits.argmax(-1).tolist()]
+    titles = [f"{title}\npredicted {name}" for title, name in zip(titles, predicted, strict=True)]
 
-    distance_images = images if distance_images is None else distance_images
-    distance_sum = torch.zeros(cfg.depth, cfg.heads, dtype=torch.float64)
-    with AttentionRecorder(model) as recorder:
-        for start in range(0, len(distance_images), batch_size):
-            recorder.clear()
-            batch = distance_images[start : start + batch_size]
-            model(batch)
-            distance_sum += mean_attention_distance(recorder.maps, cfg.grid_size, cfg.patch_size).double() * len(batch)
-    distance = (distance_sum / len(distance_images)).float()
+    if distance_images is None or _same(distance_images, images):
+        distance = mean_attention_distance(maps, cfg.grid_size, cfg.patch_size)  # recorded above already
+    else:
+        distance_sum = torch.zeros(cfg.depth, cfg.heads, dtype=torch.float64)
+        with AttentionRecorder(model) as recorder:
+            for start in range(0, len(distance_images), batch_size):
+                recorder.clear()
+                batch = distance_images[start : start + batch_size]
+                model(batch)
+                batch_distance = mean_attention_distance(recorder.maps, cfg.grid_size, cfg.patch_size)
+                distance_sum += batch_distance.double() * len(batch)
+        distance = (distance_sum / len(distance_images)).float()
     uniform = patch_distances(cfg.grid_size, cfg.patch_size).mean().item()
 
     similarity = position_similarity(model.patch_embed.pos_embed.weight, cfg.grid_size)
