@@ -235,3 +235,18 @@ def test_cli_trains_on_a_folder_and_inspects_a_given_image(tmp_path):
         == 0
     )
     assert np.load(tmp_path / "figs" / "arrays.npz")["images"].shape == (1, 3, 8, 8)
+
+
+def test_cli_preset_on_the_digits_needs_a_fitting_patch_size(tmp_path, capsys):
+    assert main(["train", "--preset", "vit_ti_16", "--epochs", "1", "--out", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "vit-einops train: error: --preset vit_ti_16: patch size 16 does not divide image size 8" in err
+    assert "pass --patch-size 1, 2, 4 or 8" in err
+    assert not (tmp_path / "checkpoint").exists()
+
+
+def test_cli_preset_takes_its_number_of_classes_from_the_data(tmp_path):
+    small = ["--patch-size", "4", "--dim", "16", "--depth", "1", "--heads", "2", "--mlp-dim", "16", "--limit", "32"]
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "vit_ti_16", *small, "--epochs", "1", "--out", str(out), "--no-progress"]) == 0
+    assert load_checkpoint(out / "checkpoint").config.num_classes == 10  # not the preset's 1000

@@ -107,7 +107,24 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
         if getattr(args, field) is not None:
             kwargs[field] = getattr(args, field)
     kwargs["attn_impl"] = args.attn_impl
+    _check_patches_fit(args, kwargs["image_size"], kwargs["patch_size"])
     return kwargs
+
+
+def _check_patches_fit(args: argparse.Namespace, size: int, patch: int) -> None:
+    """A preset's patches (14 px and up) cannot tile the 8x8 digits: say what to pass instead of a model traceback.
+
+    Sizes below 1 are left to the model's own checks.
+    """
+    if size < 1 or patch < 1 or size % patch == 0:
+        return
+    fits = [str(p) for p in range(1, size + 1) if size % p == 0]
+    choices = f"{', '.join(fits[:-1])} or {fits[-1]}" if len(fits) > 1 else fits[0]
+    if args.data:
+        hint = f"pass --patch-size {choices}, or an --image-size that is a multiple of {patch}"
+    else:
+        hint = f"the digits are 8x8 images, so pass --patch-size {choices}"
+    raise ValueError(f"--preset {args.preset}: patch size {patch} does not divide image size {size}; {hint}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,8 +148,7 @@ def run(args: argparse.Namespace) -> int:
                 train_set.subset(range(min(args.limit, len(train_set)))),
                 test_set.subset(range(min(args.limit, len(test_set)))),
             )
-        if args.data is not None:
-            kwargs["num_classes"] = len(train_set.classes)
+        kwargs["num_classes"] = len(train_set.classes)  # a preset's 1000 ImageNet classes would not fit the data
         torch.manual_seed(config.seed)  # the same initial weights on every rank and every rerun
         model = ViT(**kwargs)
         out = Path(args.out) if args.out else Path("runs") / (Path(args.data).resolve().name if args.data else DIGITS)
