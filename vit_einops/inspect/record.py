@@ -50,7 +50,7 @@ class AttentionRecorder:
         attends = _attend_layers(model)
         if layers is None:
             layers = range(len(attends))
-        chosen = [check_index("layer", i, len(attends)) for i in layers]
+        chosen = [check_index("layer", i, len(attends), f"the model's {len(attends)} attention layers") for i in layers]
         if len(set(chosen)) != len(chosen):
             raise ValueError(f"layers {list(layers)} name a layer twice")
         self.layers = chosen
