@@ -86,7 +86,8 @@ def _unwrap(obj: Any, path: Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"{path}: does not hold a state dict: {e}") from e
 
 
-def _safetensors_bytes(state_dict: Mapping[str, torch.Tensor], metadata: dict[str, str] | None) -> bytes:
+def safetensors_bytes(state_dict: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """``state_dict`` as the bytes of a safetensors file (CPU, contiguous; tensors that share storage are copied)."""
     # safetensors stores each tensor once, densely: make every tensor contiguous and unshared.
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
     return save(tensors, metadata=metadata)
@@ -97,7 +98,7 @@ def save_state_dict_file(state_dict: Mapping[str, torch.Tensor], path: str | os.
     path = Path(path)
     state_dict = check_state_dict(state_dict, "state dict to save")
     if _suffix(path) in SAFETENSORS_SUFFIXES:
-        data = _safetensors_bytes(state_dict, None)
+        data = safetensors_bytes(state_dict)
     else:
         buffer = io.BytesIO()
         torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, buffer)
@@ -114,7 +115,7 @@ def save_vit(model: ViT, path: str | os.PathLike) -> Path:
     if path.suffix.lower() not in SAFETENSORS_SUFFIXES:
         raise ValueError(f"{path}: a vit-einops file is safetensors; use the suffix .safetensors")
     metadata = {FORMAT_KEY: FORMAT_NAME, CONFIG_KEY: json.dumps(model.config.to_dict())}
-    atomic_write_bytes(path, _safetensors_bytes(model.state_dict(), metadata))
+    atomic_write_bytes(path, safetensors_bytes(model.state_dict(), metadata))
     return path
 
 

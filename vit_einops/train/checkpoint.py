@@ -25,11 +25,11 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as safetensors_load
-from safetensors.torch import save as safetensors_save
 from torch import nn
 
 from .._io import atomic_write_bytes
 from ..config import ViTConfig
+from ..interop.io import safetensors_bytes
 from ..interop.keys import StateDictMismatchError, check_keys, expected_shapes
 from ..model import ViT
 
@@ -96,7 +96,7 @@ def decode_tree(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
 def weights_bytes(model: nn.Module) -> bytes:
     """The model's state dict as a safetensors file: what a checkpoint's model file holds, byte for byte, so its
     SHA-256 is the one the checkpoint records (training summaries hash this too)."""
-    return safetensors_save({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
+    return safetensors_bytes(model.state_dict())
 
 
 def _write_tensor_file(directory: Path, kind: str, data: bytes) -> dict[str, str]:
@@ -133,7 +133,7 @@ def save_checkpoint(
     if optimizer is not None:
         tensors: dict[str, torch.Tensor] = {}
         meta["optimizer"] = encode_tree(optimizer.state_dict(), tensors, "optimizer")
-        meta["files"]["optimizer"] = _write_tensor_file(directory, "optimizer", safetensors_save(tensors))
+        meta["files"]["optimizer"] = _write_tensor_file(directory, "optimizer", safetensors_bytes(tensors))
     if scheduler is not None:
         no_tensors: dict[str, torch.Tensor] = {}
         meta["scheduler"] = encode_tree(scheduler.state_dict(), no_tensors, "scheduler")
