@@ -231,7 +231,7 @@ def test_weights_only_checkpoint_cannot_resume(tmp_path):
     model, optimizer, scheduler = trained_state()
     save_checkpoint(tmp_path, model)
     with pytest.raises(CheckpointError, match="weights only"):
-        restore_training(load_checkpoint(tmp_path), model, optimizer, scheduler)
+        restore_training(load_checkpoint(tmp_path), model, optimizer, scheduler, step=2)
 
 
 def test_save_rejects_a_model_without_config(tmp_path):

@@ -20,7 +20,7 @@ from vit_einops.train.data import (
     load_image_folder,
     stratified_split,
 )
-from vit_einops.train.loop import WarmupCosine, batch_totals, random_shift, train
+from vit_einops.train.loop import TIMING_FIELDS, WarmupCosine, batch_totals, random_shift, train
 
 TINY = dict(
     image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=2, heads=2, mlp_dim=32, dropout=0.1
@@ -144,6 +144,10 @@ def test_image_folder_errors(tmp_path):
         describe_data(None, tmp_path / "test", 0.2)
 
 
+def untimed(records):
+    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in records]
+
+
 def run_tiny(digits, out=None, **kwargs):
     train_set, test_set = digits
     torch.manual_seed(0)
@@ -179,9 +183,8 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(digits, tmp_path):
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert whole_result.weights_sha256 == resumed_result.weights_sha256
-    strip = lambda records: [{k: v for k, v in r.items() if k != "seconds"} for r in records]  # noqa: E731
     lines = [json.loads(line) for line in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
-    assert strip(lines) == strip(whole_result.records) and len(lines) == 2
+    assert untimed(lines) == untimed(whole_result.records) and len(lines) == 2
     for name in ("curves.png", "summary.json"):
         assert (tmp_path / "split" / name).stat().st_size > 0
     summary = json.loads((tmp_path / "whole" / "summary.json").read_text())

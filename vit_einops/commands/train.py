@@ -43,7 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="held-out fraction, stratified (default %(default)s)",
     )
     data.add_argument(
-        "--limit", type=int, metavar="N", help="use only the first N training and N test images (smoke tests)"
+        "--limit",
+        type=int,
+        metavar="N",
+        help="use only N training and N test images, every class in its share (smoke tests)",
     )
     model = parser.add_argument_group("model")
     model.add_argument(
@@ -81,6 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume",
         action="store_true",
         help="continue from DIR/checkpoint; gives the uninterrupted run's result exactly",
+    )
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start a new run in a DIR that holds files (the old run's files are replaced; others are kept)",
     )
     run.add_argument(
         "--threads",
@@ -127,12 +135,36 @@ def _check_patches_fit(args: argparse.Namespace, size: int, patch: int) -> None:
     raise ValueError(f"--preset {args.preset}: patch size {patch} does not divide image size {size}; {hint}")
 
 
+def _check_run_arguments(args: argparse.Namespace) -> Path:
+    """Everything checkable before any work: numbers, data folders, the output directory. Returns the output path."""
+    from .._checks import check_positive_int
+    from ..config import ViTConfig
+    from ..train.config import TrainConfig
+    from ..train.rundir import check_out_dir
+
+    check_positive_int("--threads", args.threads)
+    if args.limit is not None:
+        check_positive_int("--limit", args.limit)
+    if not 0.0 < args.test_fraction < 1.0:  # false for nan too
+        raise ValueError(f"--test-fraction must be in (0, 1), got {args.test_fraction}")
+    TrainConfig(**{field: getattr(args, field) for field in OPTIMISATION})
+    ViTConfig(**{**_model_kwargs(args), "num_classes": 2})  # the data's classes are counted later
+    for flag, folder in (("--data", args.data), ("--test-data", args.test_data)):
+        if folder is not None and not Path(folder).is_dir():
+            raise ValueError(f"{flag} {folder!r} does not exist or is not a directory")
+    out = Path(args.out) if args.out else Path("runs") / (Path(args.data).resolve().name if args.data else DIGITS)
+    check_out_dir(out, resume=args.resume, overwrite=args.overwrite)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
+    out = _check_run_arguments(args)
+
     import torch
 
     from ..model import ViT
     from ..train.config import TrainConfig
-    from ..train.data import describe_data, load_split
+    from ..train.data import describe_data, load_split, stratified_subset
     from ..train.loop import init_distributed, train
 
     torch.set_num_threads(args.threads)
@@ -144,14 +176,11 @@ def run(args: argparse.Namespace) -> int:
         train_set, test_set = load_split(info, kwargs["image_size"], kwargs.get("in_channels", 3))
         if args.limit is not None:
             info["limit"] = args.limit
-            train_set, test_set = (
-                train_set.subset(range(min(args.limit, len(train_set)))),
-                test_set.subset(range(min(args.limit, len(test_set)))),
-            )
+            train_set = train_set.subset(stratified_subset(train_set.labels, args.limit))
+            test_set = test_set.subset(stratified_subset(test_set.labels, args.limit))
         kwargs["num_classes"] = len(train_set.classes)  # a preset's 1000 ImageNet classes would not fit the data
         torch.manual_seed(config.seed)  # the same initial weights on every rank and every rerun
         model = ViT(**kwargs)
-        out = Path(args.out) if args.out else Path("runs") / (Path(args.data).resolve().name if args.data else DIGITS)
         info["classes"] = train_set.classes
         result = train(
             model,
@@ -160,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
             config,
             out_dir=out,
             resume=args.resume,
+            overwrite=args.overwrite,
             data_info=info,
             progress=not args.no_progress,
             ctx=ctx,

@@ -27,15 +27,18 @@ from safetensors import SafetensorError
 from safetensors.torch import load as safetensors_load
 from torch import nn
 
-from .._io import atomic_write_bytes
+from .._io import atomic_write_bytes, read_regular_file
 from ..config import ViTConfig
 from ..interop.io import safetensors_bytes
 from ..interop.keys import StateDictMismatchError, check_keys, expected_shapes
 from ..model import ViT
+from .rundir import CHECKPOINT_FILES
+from .rundir import CHECKPOINT_FORMAT as FORMAT
+from .rundir import CHECKPOINT_META as META_NAME
 
-FORMAT = "vit-einops.checkpoint"
 VERSION = 1
-META_NAME = "checkpoint.json"
+MAX_META_BYTES = 64 * 2**20  # checkpoint.json is kilobytes; anything this large is not one of ours
+DTYPE = torch.float32  # what training keeps its weights and optimizer moments in, and what a checkpoint holds
 
 
 class CheckpointError(ValueError):
@@ -142,12 +145,36 @@ def save_checkpoint(
                 f"scheduler state holds tensors {sorted(no_tensors)}; only scalar scheduler states are supported"
             )
     meta_path = directory / META_NAME
+    previous = _named_files(meta_path)
     atomic_write_bytes(meta_path, (json.dumps(meta, indent=1) + "\n").encode())
     keep = {f["name"] for f in meta["files"].values()}
-    for stale in [*directory.glob("model-*.safetensors"), *directory.glob("optimizer-*.safetensors")]:
-        if stale.name not in keep:
+    for stale in directory.iterdir():
+        if stale.name not in keep and _is_our_tensor_file(stale, previous):
             stale.unlink(missing_ok=True)
     return meta_path
+
+
+def _named_files(meta_path: Path) -> set[str]:
+    """The tensor file names an existing checkpoint.json records (none if it is missing or unreadable)."""
+    try:
+        files = json.loads(meta_path.read_text()).get("files", {})
+        return {entry["name"] for entry in files.values()}
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return set()
+
+
+def _is_our_tensor_file(path: Path, previous: set[str]) -> bool:
+    """A tensor file this module wrote: one the previous checkpoint named, or an orphan of a killed save whose
+    name is the SHA-256 prefix of its content (a file of the user's with such a name is kept)."""
+    if not CHECKPOINT_FILES.fullmatch(path.name) or path.name == META_NAME or not path.is_file():
+        return False
+    if path.name in previous:
+        return True
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return False
+    return path.name.endswith(f"-{digest[:16]}.safetensors")
 
 
 # --- load ---------------------------------------------------------------------------------------------------
@@ -176,42 +203,68 @@ def _meta_path(path: str | Path) -> Path:
     return path / META_NAME if path.is_dir() else path
 
 
-def _read_tensor_file(directory: Path, entry: Any, meta_path: Path) -> dict[str, torch.Tensor]:
+def _read_tensor_file(directory: Path, entry: Any, meta_path: Path, field: str) -> dict[str, torch.Tensor]:
     if (
         not isinstance(entry, dict)
         or not isinstance(entry.get("name"), str)
         or not isinstance(entry.get("sha256"), str)
     ):
-        raise CheckpointError(f"{meta_path}: malformed file entry {entry!r}, expected {{'name': ..., 'sha256': ...}}")
+        raise CheckpointError(
+            f"{meta_path}: field {field!r} is {entry!r}, expected {{'name': <file name>, 'sha256': <hex digest>}}"
+        )
     file = directory / entry["name"]
     if Path(entry["name"]).name != entry["name"]:
         raise CheckpointError(f"{meta_path}: file name {entry['name']!r} must not contain a directory")
     try:
-        data = file.read_bytes()
-    except OSError as err:
+        data = read_regular_file(file)
+    except (OSError, ValueError) as err:
         raise CheckpointError(f"cannot read {file} named by {meta_path}: {err}") from err
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise CheckpointError(
             f"{file} is corrupt or truncated: its SHA-256 differs from the one recorded in {meta_path}"
         )
     try:
-        return safetensors_load(data)
+        tensors = safetensors_load(data)
     except (SafetensorError, ValueError) as err:
         raise CheckpointError(f"{file} is not a valid safetensors file: {err}") from err
+    wrong = {k: v.dtype for k, v in tensors.items() if v.dtype != DTYPE}
+    if wrong:
+        key = sorted(wrong)[0]
+        raise CheckpointError(
+            f"{file} holds {key!r} as {wrong[key]} ({len(wrong)} of {len(tensors)} tensors are not {DTYPE}); "
+            f"a training checkpoint holds {DTYPE} only (integer, bool, half and mixed dtypes are refused)"
+        )
+    return tensors
+
+
+def _field(meta: dict[str, Any], name: str, kind: type, meta_path: Path, *, required: bool = True) -> Any:
+    """meta[name] if it is a ``kind``; CheckpointError naming the file and the field otherwise."""
+    if name not in meta:
+        if required:
+            raise CheckpointError(f"{meta_path} has no field {name!r}")
+        return None
+    value = meta[name]
+    if not isinstance(value, kind):
+        raise CheckpointError(
+            f"{meta_path}: field {name!r} is {type(value).__name__} {value!r:.80}, expected {kind.__name__}"
+        )
+    return value
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a checkpoint directory (or its checkpoint.json) and verify it: hashes, config, weight names and shapes.
+    """Read a checkpoint directory (or its checkpoint.json) and verify it: hashes, config, weight names and shapes,
+    field types and tensor dtypes.
 
-    Raises :class:`CheckpointError` naming the offending file when anything is missing, corrupt, truncated or
-    inconsistent. Only JSON and safetensors are parsed; nothing is unpickled.
+    Raises :class:`CheckpointError` naming the offending file (and field) when anything is missing, corrupt,
+    truncated or inconsistent. Only JSON and safetensors are parsed; nothing is unpickled, and only regular files
+    are read (a FIFO or a directory in a file's place is refused, not waited on).
     """
     meta_path = _meta_path(path)
+    if not meta_path.exists():
+        raise CheckpointError(f"no checkpoint at {meta_path} (expected a directory with {META_NAME})")
     try:
-        meta = json.loads(meta_path.read_text())
-    except FileNotFoundError as err:
-        raise CheckpointError(f"no checkpoint at {meta_path} (expected a directory with {META_NAME})") from err
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        meta = json.loads(read_regular_file(meta_path, max_bytes=MAX_META_BYTES))
+    except (OSError, ValueError) as err:  # ValueError: not a regular file, too large, not UTF-8, not JSON
         raise CheckpointError(f"{meta_path} is corrupt or truncated (not valid JSON): {err}") from err
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(
@@ -223,21 +276,33 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             f"{meta_path} has checkpoint version {meta.get('version')!r}; this vit-einops reads version {VERSION}"
         )
     try:
-        config = ViTConfig.from_dict(meta["config"])
-        files = meta["files"]
-        files["model"]
+        config = ViTConfig.from_dict(_field(meta, "config", dict, meta_path))
     except (KeyError, TypeError, ValueError) as err:
-        raise CheckpointError(f"{meta_path} has a missing or invalid entry: {err}") from err
+        if isinstance(err, CheckpointError):
+            raise
+        raise CheckpointError(f"{meta_path}: field 'config' is invalid: {err}") from err
+    files = _field(meta, "files", dict, meta_path)
+    if "model" not in files:
+        raise CheckpointError(f"{meta_path} has no field 'files.model' (the weights file)")
+    train_state = _field(meta, "train_state", dict, meta_path, required=False) or {}
     directory = meta_path.parent
-    state_dict = _read_tensor_file(directory, files["model"], meta_path)
+    state_dict = _read_tensor_file(directory, files["model"], meta_path, "files.model")
     _check_weights_match_config(state_dict, config, directory / files["model"]["name"], meta_path)
     optimizer_state = None
     if "optimizer" in files:
-        optimizer_state = decode_tree(
-            meta.get("optimizer"), _read_tensor_file(directory, files["optimizer"], meta_path)
-        )
-    scheduler_state = decode_tree(meta["scheduler"], {}) if "scheduler" in meta else None
-    return Checkpoint(meta_path, config, state_dict, meta.get("train_state", {}), optimizer_state, scheduler_state)
+        tensors = _read_tensor_file(directory, files["optimizer"], meta_path, "files.optimizer")
+        optimizer_state = _decode(_field(meta, "optimizer", dict, meta_path), tensors, meta_path, "optimizer")
+    scheduler_state = None
+    if "scheduler" in meta:
+        scheduler_state = _decode(_field(meta, "scheduler", dict, meta_path), {}, meta_path, "scheduler")
+    return Checkpoint(meta_path, config, state_dict, train_state, optimizer_state, scheduler_state)
+
+
+def _decode(tree: dict[str, Any], tensors: dict[str, torch.Tensor], meta_path: Path, field: str) -> Any:
+    try:
+        return decode_tree(tree, tensors)
+    except (KeyError, ValueError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{meta_path}: field {field!r} is malformed: {type(err).__name__}: {err}") from err
 
 
 def _check_weights_match_config(
@@ -265,16 +330,75 @@ def load_model(path: str | Path) -> ViT:
 
 
 def restore_training(
-    checkpoint: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    checkpoint: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, *, step: int
 ) -> None:
-    """Load the saved weights, optimizer and scheduler states into freshly built objects for a resumed run."""
+    """Load the saved weights, optimizer and scheduler states into freshly built objects for a resumed run.
+
+    ``optimizer`` and ``scheduler`` must be as the run built them (before any step), and ``step`` the number of
+    optimizer steps the saved epoch implies. The learning-rate schedule is a function of the recipe and the step,
+    so the saved scheduler state and the optimizer's hyperparameters must equal what the fresh objects give at
+    ``step``; anything else (an edited rate, a moved step count) is refused instead of silently trained with.
+    """
     if checkpoint.optimizer_state is None or checkpoint.scheduler_state is None:
         raise CheckpointError(
             f"{checkpoint.path} holds weights only (no optimizer or scheduler state); cannot resume from it"
         )
+    _check_schedule(checkpoint, optimizer, scheduler, step)
     model.load_state_dict(checkpoint.state_dict)
     try:
         optimizer.load_state_dict(checkpoint.optimizer_state)
-    except (ValueError, KeyError) as err:
-        raise CheckpointError(f"optimizer state in {checkpoint.path} does not fit this optimizer: {err}") from err
-    scheduler.load_state_dict(checkpoint.scheduler_state)
+        scheduler.load_state_dict(checkpoint.scheduler_state)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RuntimeError) as err:
+        raise CheckpointError(
+            f"optimizer state in {checkpoint.path} does not fit this optimizer: {type(err).__name__}: {err}"
+        ) from err
+
+
+def _check_schedule(checkpoint: Checkpoint, optimizer: torch.optim.Optimizer, scheduler: Any, step: int) -> None:
+    fresh = scheduler.state_dict()
+    lrs = [base * fn(step) for base, fn in zip(fresh["base_lrs"], scheduler.lr_lambdas)]  # as LambdaLR computes
+    expected_scheduler = {**fresh, "last_epoch": step, "_step_count": step + 1, "_last_lr": lrs}
+    expected_groups = [{**group, "lr": lr} for group, lr in zip(optimizer.state_dict()["param_groups"], lrs)]
+    saved = checkpoint.optimizer_state
+    if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict):
+        raise CheckpointError(f"{checkpoint.path}: field 'optimizer' has no 'state' and 'param_groups'")
+    for field, got, want in (
+        ("scheduler", checkpoint.scheduler_state, expected_scheduler),
+        ("optimizer.param_groups", saved.get("param_groups"), expected_groups),
+    ):
+        where = _first_difference(got, want, field)
+        if where is not None:
+            path, value, expected = where
+            raise CheckpointError(
+                f"{checkpoint.path}: {path} is {value!r:.80}, but this recipe gives {expected!r:.80} at optimizer "
+                f"step {step} (the saved epoch); the learning-rate state was edited or belongs to another run"
+            )
+    for index, state in saved["state"].items():
+        count = state.get("step") if isinstance(state, dict) else None
+        if not isinstance(count, torch.Tensor) or count.numel() != 1 or not 0 <= count.item() <= step:
+            raise CheckpointError(
+                f"{checkpoint.path}: optimizer.state.{index}.step is {count!r:.80}, expected a count in 0..{step}"
+            )
+
+
+def _first_difference(got: Any, want: Any, path: str) -> tuple[str, Any, Any] | None:
+    """The first (path, got, want) where two JSON-like trees differ, or None if they are equal."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        for key in sorted(set(want) | set(got), key=str):
+            if key not in got or key not in want:
+                return f"{path}.{key}", got.get(key, "<missing>"), want.get(key, "<not expected>")
+            where = _first_difference(got[key], want[key], f"{path}.{key}")
+            if where is not None:
+                return where
+        return None
+    if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)) and len(want) == len(got):
+        if type(want) is not type(got):
+            return path, got, want
+        for i, (a, b) in enumerate(zip(got, want)):
+            where = _first_difference(a, b, f"{path}.{i}")
+            if where is not None:
+                return where
+        return None
+    if type(got) is not type(want) or got != want:
+        return path, got, want
+    return None

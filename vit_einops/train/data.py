@@ -1,19 +1,23 @@
-"""Datasets for training: scikit-learn's bundled handwritten digits (no download), or a folder of images.
+"""Datasets for training: scikit-learn's bundled handwritten digits (no download), or a folder of images; and the
+batches the loop draws from them or from any Dataset or DataLoader the caller brings.
 
-Both come back as in-memory float tensors scaled to [0, 1], images (n, C, H, W) and int64 labels (n,), wrapped
-in an :class:`ImageDataset` that also remembers the class names. Everything fits in memory at the sizes a
-CPU run trains on, so batches are plain tensor indexing and no DataLoader worker is needed.
+The bundled loaders return in-memory float tensors scaled to [0, 1], images (n, C, H, W) and int64 labels (n,),
+wrapped in an :class:`ImageDataset` that also remembers the class names. Everything fits in memory at the sizes a
+CPU run trains on, so their batches are plain tensor indexing and no DataLoader worker is needed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, Subset
 
-from .._checks import to_pair
+from .._checks import check_positive_int, to_pair
 from .config import DEFAULT_TEST_FRACTION
 
 # The split of the digits into train and test is part of the benchmark: fixed, whatever --seed trains with.
@@ -39,6 +43,10 @@ class ImageDataset:
     def __len__(self) -> int:
         return self.labels.shape[0]
 
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One (image (C, H, W), label ()) pair: a map-style Dataset, so a DataLoader can batch it too."""
+        return self.images[index], self.labels[index]
+
     def subset(self, indices: torch.Tensor | np.ndarray | list[int]) -> "ImageDataset":
         index = torch.as_tensor(indices, dtype=torch.long)
         return ImageDataset(self.images[index], self.labels[index], self.classes)
@@ -53,6 +61,24 @@ def stratified_split(labels: torch.Tensor, test_fraction: float, seed: int) -> t
     index = np.arange(len(labels))
     train, test = train_test_split(index, test_size=test_fraction, random_state=seed, stratify=labels.numpy())
     return np.sort(train), np.sort(test)
+
+
+def stratified_subset(labels: torch.Tensor, n: int) -> np.ndarray:
+    """Indices of ``n`` items, every class in (as nearly as ``n`` allows) its share of ``labels``; sorted.
+
+    Class c's i-th item (in index order) gets the key (i + 0.5) / count_c and the ``n`` smallest keys win: each
+    class is taken in proportion, and the first items of every class come before the second items of any.
+    Deterministic, so ``--limit`` picks the same images on every run and every rank.
+    """
+    check_positive_int("limit", n)
+    labels = np.asarray(labels)
+    if n >= len(labels):
+        return np.arange(len(labels))
+    keys = np.empty(len(labels))
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        keys[members] = (np.arange(len(members)) + 0.5) / len(members)
+    return np.sort(np.argsort(keys, kind="stable")[:n])
 
 
 def load_digits(test_fraction: float = DEFAULT_TEST_FRACTION) -> tuple[ImageDataset, ImageDataset]:
@@ -86,18 +112,24 @@ def load_image(path: str | Path, image_size: int | tuple[int, int], in_channels:
     return torch.from_numpy(array).reshape(h, w, in_channels).permute(2, 0, 1).contiguous()  # (H, W, C) -> (C, H, W)
 
 
+def _visible(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if not p.name.startswith(".")]
+
+
 def load_image_folder(
     root: str | Path, image_size: int | tuple[int, int], in_channels: int = 3, classes: list[str] | None = None
 ) -> ImageDataset:
     """A class-per-subfolder tree (``root/<class>/<image>``, torchvision's ImageFolder layout) read with Pillow.
 
     Classes are the subfolder names in sorted order, unless ``classes`` fixes them (a test folder must use the
-    train folder's classes so that label i means the same class in both).
+    train folder's classes so that label i means the same class in both). Hidden entries (a name starting with
+    ".": ``.ipynb_checkpoints/``, ``.DS_Store``, macOS ``._`` files) are neither classes nor images, as in
+    torchvision's ImageFolder.
     """
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"data folder {str(root)!r} does not exist or is not a directory")
-    found = sorted(p.name for p in root.iterdir() if p.is_dir())
+    found = sorted(p.name for p in _visible(root) if p.is_dir())
     if classes is None:
         classes = found
     elif sorted(found) != sorted(classes):
@@ -106,7 +138,7 @@ def load_image_folder(
         raise ValueError(f"data folder {str(root)!r} needs at least 2 class subfolders, found {found}")
     images, labels = [], []
     for label, name in enumerate(classes):
-        files = sorted(p for p in (root / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        files = sorted(p for p in _visible(root / name) if p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
             raise ValueError(f"class folder {str(root / name)!r} has no images ({', '.join(IMAGE_SUFFIXES)})")
         images += [load_image(f, image_size, in_channels) for f in files]
@@ -157,3 +189,135 @@ def load_split(info: dict, image_size: int | tuple[int, int], in_channels: int) 
             info["data"], info["test_data"], image_size, in_channels, info["test_fraction"] or DEFAULT_TEST_FRACTION
         )
     raise ValueError(f"unknown data description {info!r}; expected name 'digits' or 'folder'")
+
+
+# --- batches from whatever the caller trains on -------------------------------------------------------------
+
+
+def class_names_of(data: Any) -> list[str] | None:
+    """The class names a dataset carries (``.classes``, as torchvision's ImageFolder and :class:`ImageDataset`),
+    looking through a DataLoader's ``.dataset`` and ``Subset``/``random_split`` wrappers; None if it has none."""
+    for _ in range(8):  # a DataLoader over a Subset of a Subset...; bounded, a cyclic .dataset cannot loop forever
+        classes = getattr(data, "classes", None)
+        if isinstance(classes, (list, tuple)) and classes and all(isinstance(c, str) for c in classes):
+            return list(classes)
+        data = getattr(data, "dataset", None)
+        if data is None:
+            return None
+    return None
+
+
+def _pair(batch: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images (b, C, H, W), labels (b,) integer) from one batch, or a TypeError saying what was expected."""
+    if isinstance(batch, dict) or not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        got = f"a dict with keys {sorted(batch)}" if isinstance(batch, dict) else f"{type(batch).__name__}"
+        if isinstance(batch, (tuple, list)):
+            got += f" of {len(batch)} items"
+        raise TypeError(
+            f"{where} must yield (images, labels) pairs, got {got}; wrap the dataset so that item i is "
+            "(image tensor (C, H, W), int label)"
+        )
+    images, labels = batch
+    if not isinstance(images, torch.Tensor) or not isinstance(labels, torch.Tensor):
+        raise TypeError(
+            f"{where} must yield (images, labels) tensors, got ({type(images).__name__}, {type(labels).__name__}); "
+            "convert images to tensors (e.g. torchvision.transforms.ToTensor) in the dataset"
+        )
+    if labels.ndim != 1 or labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise TypeError(
+            f"{where} must yield integer class labels of shape (b,), got {labels.dtype} of shape {tuple(labels.shape)}"
+        )
+    return images, labels
+
+
+def _check_map_style(data: Any, where: str) -> None:
+    if isinstance(data, IterableDataset) or not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        raise TypeError(
+            f"{where} must be a map-style Dataset (with __getitem__ and __len__) or a DataLoader, "
+            f"got {type(data).__name__}"
+        )
+    if len(data) == 0:
+        raise ValueError(f"{where} is empty")
+
+
+class Batches:
+    """This rank's training batches, epoch by epoch, from any of what :func:`~vit_einops.train.train` accepts.
+
+    - :class:`ImageDataset` (in memory): each batch is one tensor index, no DataLoader.
+    - Any other map-style Dataset yielding (image, label): a DataLoader batches it, in the same order.
+    - A DataLoader: used as given (its batch size, workers, transforms, collate).
+
+    For the first two the order is ``DistributedSampler(shuffle=True, seed=seed)`` at ``set_epoch(epoch)``: a
+    function of (seed, epoch) alone, the rank's shard under torchrun, so a resumed run sees the same batches.
+    A DataLoader's sampler gets ``set_epoch(epoch)`` when it has one; a shuffling DataLoader without its own
+    ``generator`` draws its order from the global RNG, which the loop reseeds from (seed, epoch, rank) just before
+    each epoch, so that too repeats on resume. ``exact_resume`` is False for a DataLoader (or sampler) with its own
+    ``generator``, or persistent workers: their random state carries over from epoch to epoch and no checkpoint
+    records it.
+    """
+
+    def __init__(self, data: Any, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
+        self.memory: ImageDataset | None = None
+        self.exact_resume = True
+        if isinstance(data, DataLoader):
+            self.loader = data
+            self.sampler = next(
+                (s for s in (data.sampler, getattr(data.batch_sampler, "sampler", None)) if hasattr(s, "set_epoch")),
+                None,
+            )
+            if world_size > 1 and not isinstance(self.sampler, DistributedSampler):
+                raise ValueError(
+                    f"under torchrun ({world_size} processes) a DataLoader needs a DistributedSampler, or every rank "
+                    "trains on all the data and the ranks may take different numbers of steps; pass the Dataset "
+                    "instead and train() shards it"
+                )
+            try:
+                self.steps = len(data)
+            except TypeError as err:
+                raise TypeError(
+                    "the training DataLoader has no length (an IterableDataset?); the learning-rate schedule needs "
+                    "the number of steps per epoch: use a map-style Dataset"
+                ) from err
+            if self.steps == 0:
+                raise ValueError("the training DataLoader yields no batches")
+            own_generator = data.generator is not None or getattr(data.sampler, "generator", None) is not None
+            self.exact_resume = not (own_generator or (data.persistent_workers and data.num_workers > 0))
+            return
+        _check_map_style(data, "the training data")
+        self.sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        self.batch_sampler = BatchSampler(self.sampler, batch_size, drop_last=False)
+        self.steps = len(self.batch_sampler)
+        if isinstance(data, ImageDataset):
+            self.memory, self.loader = data, None
+        else:
+            self.loader = DataLoader(data, batch_sampler=self.batch_sampler)
+
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of ``epoch``: call it after reseeding the global RNG for the epoch."""
+        if self.sampler is not None:
+            self.sampler.set_epoch(epoch)
+        if self.memory is not None:
+            for index in self.batch_sampler:
+                yield self.memory.images[index], self.memory.labels[index]
+        else:
+            for batch in self.loader:
+                yield _pair(batch, "the training data")
+
+
+def eval_batches(
+    data: Any, batch_size: int = 512, rank: int = 0, world_size: int = 1
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Test batches in order: this rank's every ``world_size``-th item of a Dataset, or a DataLoader as given."""
+    if isinstance(data, DataLoader):
+        for batch in data:
+            yield _pair(batch, "the test data")
+        return
+    _check_map_style(data, "the test data")
+    index = torch.arange(rank, len(data), world_size)
+    if isinstance(data, ImageDataset):
+        for start in range(0, len(index), batch_size):
+            batch = index[start : start + batch_size]
+            yield data.images[batch], data.labels[batch]
+        return
+    for batch in DataLoader(Subset(data, index.tolist()), batch_size=batch_size):
+        yield _pair(batch, "the test data")

@@ -18,6 +18,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,18 +29,15 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import BatchSampler, DistributedSampler
 from tqdm import tqdm
 
+from .._checks import check_positive_int
 from .._io import atomic_write_bytes
 from ..model import ViT
-from .checkpoint import CheckpointError, load_checkpoint, restore_training, save_checkpoint, weights_bytes
+from .checkpoint import DTYPE, CheckpointError, load_checkpoint, restore_training, save_checkpoint, weights_bytes
 from .config import TrainConfig
-from .data import ImageDataset
-
-METRICS_NAME = "metrics.jsonl"
-SUMMARY_NAME = "summary.json"
-CHECKPOINT_DIR = "checkpoint"
+from .data import Batches, class_names_of, eval_batches
+from .rundir import CHECKPOINT_DIR, CURVES_NAME, METRICS_NAME, SUMMARY_NAME, RunDir
 
 
 class WarmupCosine:
@@ -131,19 +129,47 @@ def weights_sha256(model: nn.Module) -> str:
     return hashlib.sha256(weights_bytes(model)).hexdigest()
 
 
+TARGET_ACC = 0.97  # records carry the time this test accuracy was first reached (the digits run's benchmark)
+TIMING_FIELDS = ("seconds", "elapsed", "time_to_97")  # the record fields that vary from run to run
+
+
+class TrainingDivergedError(ValueError):
+    """The training loss or the weights became NaN or infinite; nothing of the failing epoch was saved."""
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """"auto" -> CUDA when available, else CPU; "cpu", "cuda", "cuda:1" or a torch.device as given."""
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(f"device must be 'auto', a device string or a torch.device, got {type(device).__name__}")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'") from err
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for CUDA, which this torch build or machine does not have")
+    return resolved
+
+
 @torch.no_grad()
-def evaluate(model: ViT, data: ImageDataset, ctx: Distributed, batch_size: int = 512) -> float:
-    """Top-1 accuracy on ``data``; under torchrun each rank scores every world_size-th image, counts are summed."""
+def evaluate(model: ViT, data: Any, ctx: Distributed, batch_size: int = 512) -> float:
+    """Top-1 accuracy on ``data`` (a Dataset or DataLoader of (image, label)); under torchrun each rank scores its
+    share of a Dataset (every world_size-th item) and the counts are summed."""
     model.eval()
-    index = torch.arange(ctx.rank, len(data), ctx.world_size)
-    correct = torch.zeros((), dtype=torch.long, device=ctx.device)
-    for start in range(0, len(index), batch_size):
-        batch = index[start : start + batch_size]
-        logits = model(data.images[batch].to(ctx.device))
-        correct += (logits.argmax(-1) == data.labels[batch].to(ctx.device)).sum()
+    counts = torch.zeros(2, dtype=torch.long, device=ctx.device)  # correct, seen
+    for images, labels in eval_batches(data, batch_size, ctx.rank, ctx.world_size):
+        logits = model(images.to(ctx.device, non_blocking=True))
+        counts[0] += (logits.argmax(-1) == labels.to(ctx.device, non_blocking=True)).sum()
+        counts[1] += len(labels)
     if ctx.active:
-        dist.all_reduce(correct)
-    return correct.item() / len(data)
+        dist.all_reduce(counts)
+    correct, seen = counts.tolist()
+    if seen == 0:
+        raise ValueError("the test data yielded no images")
+    return correct / seen
 
 
 @dataclass
@@ -155,12 +181,14 @@ class TrainResult:
 
 def train(
     model: ViT,
-    train_set: ImageDataset,
-    test_set: ImageDataset,
-    config: TrainConfig,
+    train_data: Any,
+    test_data: Any = None,
+    config: TrainConfig | None = None,
     *,
+    device: str | torch.device = "auto",
     out_dir: str | Path | None = None,
     resume: bool = False,
+    overwrite: bool = False,
     data_info: dict[str, Any] | None = None,
     stop_after: int | None = None,
     progress: bool = True,
@@ -169,67 +197,122 @@ def train(
     """Train ``model`` in place for ``config.epochs`` epochs, testing after each.
 
     Args:
-        model: a ViT, initialised (seeded) by the caller; on ctx.device already or moved there here.
-        train_set, test_set: in-memory images and labels (see vit_einops.train.data).
-        config: the optimisation recipe.
-        out_dir: where rank 0 writes metrics.jsonl, summary.json, curves.png and checkpoint/ (after every
-            epoch); None writes nothing and cannot resume.
+        model: a ViT, initialised (seeded) by the caller; moved to the device here.
+        train_data: an :class:`ImageDataset`, any map-style Dataset whose items are (image (C, H, W), int label)
+            (torchvision's ImageFolder with a ToTensor transform, a TensorDataset...), or a DataLoader yielding
+            (images, labels) batches. Class names come from its ``.classes`` when it has them and are set as
+            ``model.class_names``. See :class:`~vit_einops.train.data.Batches` for what keeps resume exact.
+        test_data: the same kinds, scored after every epoch; None skips testing.
+        config: the optimisation recipe (default ``TrainConfig()``, tuned for the digits).
+        device: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N" or a torch.device; under torchrun
+            ``ctx`` decides.
+        out_dir: where rank 0 writes metrics.jsonl, summary.json, curves.png and checkpoint/ (after every epoch);
+            None writes nothing and cannot resume. It must be empty or new unless ``resume`` or ``overwrite``,
+            and is locked against a second run for as long as this one writes.
         resume: continue from out_dir/checkpoint; the result equals an uninterrupted run's bit for bit.
+        overwrite: start a new run in an out_dir that holds files; the previous run's files are replaced, other
+            files are kept.
         data_info: a JSON-ready description of the data, stored in the checkpoint and checked on resume.
         stop_after: end this call after that many epochs in total (as if interrupted), e.g. to time-box a run.
         progress: a tqdm bar per epoch on stderr (rank 0 only).
-        ctx: the process's place in a torchrun job; default single process on CPU.
+        ctx: the process's place in a torchrun job (:func:`init_distributed`); default a single process.
+
+    Raises:
+        TrainingDivergedError: the loss or the weights became non-finite; the last good checkpoint is kept.
     """
-    ctx = ctx or Distributed()
+    config = TrainConfig() if config is None else config
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if stop_after is not None:
+        check_positive_int("stop_after", stop_after)
+    ctx = _context(ctx, device)
+    _check_model(model)
+    classes = class_names_of(train_data)
+    if classes is not None and len(classes) != model.config.num_classes:
+        raise ValueError(
+            f"the training data has {len(classes)} classes ({', '.join(classes[:5])}{', ...' if len(classes) > 5 else ''})"
+            f" but the model's head has {model.config.num_classes} outputs; build the model with "
+            f"num_classes={len(classes)} or replace its head"
+        )
+    batches = Batches(train_data, config.batch_size, config.seed, ctx.rank, ctx.world_size)
+    if resume and not batches.exact_resume and ctx.is_main:
+        warnings.warn(
+            "the training DataLoader has its own generator= or persistent workers: their random state is not in a "
+            "checkpoint, so the resumed run will not repeat an uninterrupted one exactly (leave generator=None: "
+            "train() reseeds the global RNG it falls back on at every epoch)",
+            stacklevel=2,
+        )
     out = Path(out_dir) if out_dir is not None else None
+    if out is None and (resume or overwrite):
+        raise ValueError("resume and overwrite need out_dir, the directory of the run")
     model.to(ctx.device)
-    steps_per_epoch = math.ceil(math.ceil(len(train_set) / ctx.world_size) / config.batch_size)
+    if classes is not None:
+        model.class_names = classes
     optimizer = torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr, betas=config.betas)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        WarmupCosine(min(config.warmup_epochs, config.epochs) * steps_per_epoch, config.epochs * steps_per_epoch),
+        WarmupCosine(min(config.warmup_epochs, config.epochs) * batches.steps, config.epochs * batches.steps),
     )
-    train_state = {"train_config": config.to_dict(), "data": data_info or {}, "world_size": ctx.world_size}
-    records: list[dict[str, Any]] = []
-    start_epoch = 0
-    if resume:
-        if out is None:
-            raise ValueError("resume needs out_dir, the directory holding checkpoint/")
-        start_epoch, records = _resume(out, model, optimizer, scheduler, train_state, ctx)
+    train_state: dict[str, Any] = {
+        "train_config": config.to_dict(),
+        "data": data_info or {},
+        "class_names": classes,
+        "world_size": ctx.world_size,
+    }
+    run_dir = _open_run_dir(out, resume, overwrite, ctx)
+    try:
+        records: list[dict[str, Any]] = []
+        if resume:
+            records = _resume(out, model, optimizer, scheduler, train_state, batches.steps, ctx)
+        return _run(model, batches, test_data, config, optimizer, scheduler, train_state, records, out, stop_after,
+                    progress, ctx)
+    finally:
+        if run_dir is not None:
+            run_dir.close()
 
+
+def _run(model, batches, test_data, config, optimizer, scheduler, train_state, records, out, stop_after, progress, ctx):
     net = (
         DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         if ctx.active
         else model
     )
-    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=config.seed)
     criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
     last_epoch = config.epochs if stop_after is None else min(config.epochs, stop_after)
-    checkpoint = None
-    for epoch in range(start_epoch, last_epoch):
-        started = time.perf_counter()
-        sampler.set_epoch(epoch)
+    checkpoint = out / CHECKPOINT_DIR / "checkpoint.json" if out is not None and records else None
+    elapsed_before = records[-1].get("elapsed", 0.0) if records else 0.0
+    started = time.perf_counter()
+    for epoch in range(len(records), last_epoch):
+        epoch_started = time.perf_counter()
         torch.manual_seed(epoch_seed(config.seed, epoch, ctx.rank))
-        totals = _train_epoch(
-            net, train_set, sampler, optimizer, scheduler, criterion, config, ctx, progress, epoch, steps_per_epoch
-        )
+        totals = _train_epoch(net, batches, optimizer, scheduler, criterion, config, ctx, progress, epoch)
+        _check_finite(totals, model, epoch, scheduler, out)
         record = {
             "epoch": epoch + 1,
             "train_loss": (totals[0] / totals[2]).item(),
             "train_acc": (totals[1] / totals[2]).item(),
-            "test_acc": evaluate(model, test_set, ctx),
-            "lr": scheduler.get_last_lr()[0],
-            "seconds": round(time.perf_counter() - started, 3),
         }
+        if test_data is not None:
+            record["test_acc"] = evaluate(model, test_data, ctx)
+        record["lr"] = scheduler.get_last_lr()[0]
+        record["seconds"] = round(time.perf_counter() - epoch_started, 3)
+        record["elapsed"] = round(elapsed_before + time.perf_counter() - started, 3)
+        if test_data is not None:
+            reached = record["test_acc"] >= TARGET_ACC
+            before = records[-1].get("time_to_97") if records else None
+            record["time_to_97"] = before if before is not None else (record["elapsed"] if reached else None)
         records.append(record)
         if ctx.is_main:
+            test = f"  test acc {record['test_acc']:.4f}" if "test_acc" in record else ""
             print(
                 f"epoch {record['epoch']}/{config.epochs}  train loss {record['train_loss']:.4f}  "
-                f"train acc {record['train_acc']:.4f}  test acc {record['test_acc']:.4f}  ({record['seconds']:.1f} s)",
+                f"train acc {record['train_acc']:.4f}{test}  ({record['seconds']:.1f} s)",
                 file=sys.stderr,
             )
             if out is not None:
-                train_state["epoch"] = epoch + 1
+                # The checkpoint holds the records: it is the one commit point, and metrics.jsonl is rewritten from
+                # it, so a kill between the two loses no epoch (resume rewrites the file from the checkpoint).
+                train_state.update(epoch=epoch + 1, records=records)
                 checkpoint = save_checkpoint(
                     out / CHECKPOINT_DIR, model, optimizer=optimizer, scheduler=scheduler, train_state=train_state
                 )
@@ -241,12 +324,69 @@ def train(
     if len(set(hashes)) != 1:
         raise RuntimeError(f"ranks ended with different weights (SHA-256 per rank: {hashes}); DDP lost synchronisation")
     if ctx.is_main and out is not None and records:
-        from .plots import plot_curves
-
         summary = {**records[-1], "epochs_run": len(records), "world_size": ctx.world_size, "weights_sha256": hashes}
         atomic_write_bytes(out / SUMMARY_NAME, (json.dumps(summary, indent=1) + "\n").encode())
-        plot_curves(records, out / "curves.png")
+        if "test_acc" in records[-1]:
+            from .plots import plot_curves
+
+            plot_curves(records, out / CURVES_NAME)
     return TrainResult(records, hashes, checkpoint)
+
+
+def _context(ctx: Distributed | None, device: str | torch.device) -> Distributed:
+    if ctx is None:
+        return Distributed(device=resolve_device(device))
+    if not isinstance(ctx, Distributed):
+        raise TypeError(f"ctx must be a Distributed (from init_distributed()), got {type(ctx).__name__}")
+    if not (isinstance(device, str) and device == "auto") and resolve_device(device) != ctx.device:
+        raise ValueError(f"device {device!r} disagrees with the torchrun context's device {ctx.device}")
+    return ctx
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, ViT):
+        raise TypeError(f"model must be a vit_einops ViT, got {type(model).__name__}")
+    wrong = {name: p.dtype for name, p in model.named_parameters() if p.dtype != DTYPE}
+    if wrong:
+        name = sorted(wrong)[0]
+        raise TypeError(
+            f"training keeps the weights in {DTYPE}, but parameter {name!r} is {wrong[name]}; call model.float() "
+            "(for mixed precision, autocast the forward instead of converting the weights)"
+        )
+
+
+def _open_run_dir(out: Path | None, resume: bool, overwrite: bool, ctx: Distributed) -> RunDir | None:
+    """Rank 0 checks and locks the output directory; under torchrun every rank learns whether it could."""
+    run_dir, failure = None, None
+    if out is not None and ctx.is_main:
+        try:
+            run_dir = RunDir.open(out, resume=resume, overwrite=overwrite)
+        except Exception as err:  # re-raised below, once the other ranks know not to wait for this one
+            failure = err
+    if ctx.active:
+        flag = torch.tensor([failure is not None], dtype=torch.long, device=ctx.device)
+        dist.all_reduce(flag)
+        if flag.item() and failure is None:
+            raise RuntimeError(f"rank 0 could not open the output directory {str(out)!r} (its error says why)")
+    if failure is not None:
+        raise failure
+    return run_dir
+
+
+def _check_finite(totals: torch.Tensor, model: nn.Module, epoch: int, scheduler, out: Path | None) -> None:
+    """Stop before a non-finite loss or weight reaches a checkpoint (the last good one stays as it is)."""
+    if torch.isfinite(totals).all() and all(torch.isfinite(p).all() for p in model.parameters()):
+        return
+    loss = (totals[0] / totals[2]).item()
+    kept = f"the checkpoint in {out / CHECKPOINT_DIR} still holds epoch {epoch}" if out is not None and epoch else (
+        "nothing was saved"
+    )
+    raise TrainingDivergedError(
+        f"training diverged in epoch {epoch + 1}: the mean loss is {loss} and the weights are "
+        f"{'finite' if all(torch.isfinite(p).all() for p in model.parameters()) else 'not finite'} "
+        f"(learning rate {scheduler.get_last_lr()[0]:.3g} at the end of the epoch); {kept}. Lower the learning rate "
+        "(--lr), or check the data for NaN or infinite values"
+    )
 
 
 def batch_totals(loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -255,23 +395,21 @@ def batch_totals(loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor)
     return torch.stack([loss.detach() * count, (logits.argmax(-1) == labels).sum(), count])
 
 
-def _train_epoch(
-    net, train_set, sampler, optimizer, scheduler, criterion, config, ctx, progress, epoch, steps
-) -> torch.Tensor:
-    """One pass over this rank's shard; returns (loss * count, correct, count) summed over every rank."""
+def _train_epoch(net, batches: Batches, optimizer, scheduler, criterion, config, ctx, progress, epoch) -> torch.Tensor:
+    """One pass over this rank's batches; returns (loss * count, correct, count) summed over every rank."""
     net.train()
     model = net.module if isinstance(net, DistributedDataParallel) else net
     totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)
     bar = tqdm(
-        BatchSampler(sampler, config.batch_size, drop_last=False),
-        total=steps,
+        batches.epoch(epoch),
+        total=batches.steps,
         desc=f"epoch {epoch + 1}/{config.epochs}",
         file=sys.stderr,
         disable=not (progress and ctx.is_main),
         leave=False,
     )
-    for batch in bar:
-        x, y = train_set.images[batch].to(ctx.device), train_set.labels[batch].to(ctx.device)
+    for x, y in bar:
+        x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
         logits = net(random_shift(x, config.shift))
         loss = criterion(logits, y)
         optimizer.zero_grad(set_to_none=True)
@@ -288,35 +426,45 @@ def _train_epoch(
 
 
 def _resume(
-    out: Path, model: ViT, optimizer, scheduler, train_state: dict[str, Any], ctx: Distributed
-) -> tuple[int, list[dict[str, Any]]]:
+    out: Path, model: ViT, optimizer, scheduler, train_state: dict[str, Any], steps_per_epoch: int, ctx: Distributed
+) -> list[dict[str, Any]]:
+    """Load the checkpoint in ``out`` into the fresh model, optimizer and scheduler; returns its epoch records."""
     ckpt = load_checkpoint(out / CHECKPOINT_DIR)
     if ckpt.config != model.config:
         raise CheckpointError(
             f"{ckpt.path} was saved for model config {ckpt.config.to_dict()}, not {model.config.to_dict()}"
         )
     saved = ckpt.train_state
-    for key in ("train_config", "data"):
+    for key in ("train_config", "data", "class_names"):
         if saved.get(key) != train_state[key]:
             raise CheckpointError(
                 f"{ckpt.path} was trained with {key} {saved.get(key)!r}; resuming with {train_state[key]!r} would not "
                 "continue the same run (start a new --out, or pass the same options)"
             )
+    epoch = saved.get("epoch")
+    epochs = train_state["train_config"]["epochs"]
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= epochs:
+        raise CheckpointError(f"{ckpt.path}: field 'train_state.epoch' is {epoch!r}, expected an int in 0..{epochs}")
+    records = saved.get("records")
+    if (
+        not isinstance(records, list)
+        or len(records) != epoch
+        or not all(isinstance(r, dict) and r.get("epoch") == i + 1 for i, r in enumerate(records))
+    ):
+        raise CheckpointError(
+            f"{ckpt.path}: field 'train_state.records' must be the list of the {epoch} epoch records, "
+            f"numbered 1..{epoch}; got {str(records)[:80]}"
+        )
     if saved.get("world_size") != ctx.world_size and ctx.is_main:
         print(
             f"warning: {ckpt.path} was written by {saved.get('world_size')} processes, resuming on {ctx.world_size}: "
             "the data shards differ, so the run will not repeat the original",
             file=sys.stderr,
         )
-    restore_training(ckpt, model, optimizer, scheduler)
-    epoch = saved.get("epoch")
-    if not isinstance(epoch, int) or epoch < 0:
-        raise CheckpointError(f"{ckpt.path} has no valid train_state.epoch (got {epoch!r})")
-    records = []
-    if (out / METRICS_NAME).exists():
-        records = [json.loads(line) for line in (out / METRICS_NAME).read_text().splitlines() if line.strip()]
-        records = [r for r in records if r.get("epoch", 0) <= epoch]
-    return epoch, records
+    restore_training(ckpt, model, optimizer, scheduler, step=epoch * steps_per_epoch)
+    if ctx.is_main:
+        _write_jsonl(out / METRICS_NAME, records)  # repairs a metrics file a kill left one epoch behind
+    return records
 
 
 def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
