@@ -39,8 +39,7 @@ def read_regular_file(path: str | Path, max_bytes: int | None = None) -> bytes:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a device or socket"
-            raise ValueError(f"{str(path)!r} is {kind}, not a regular file")
+            raise ValueError(f"{str(path)!r} is {_kind(info.st_mode)}, not a regular file")
         if max_bytes is not None and info.st_size > max_bytes:
             raise ValueError(f"{str(path)!r} is {info.st_size:,} bytes, over the {max_bytes:,} this file type may hold")
     except BaseException:
@@ -89,3 +88,28 @@ def _fsync_dir(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def check_regular_file(path: str | os.PathLike, what: str = "file") -> Path:
+    """``path`` as a Path, after checking it names a regular file: FileNotFoundError if missing, ValueError for a
+    directory, FIFO, socket or device (reading a FIFO would block until some other process writes to it)."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such {what}") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{path}: {_kind(mode)}; expected a {what}")
+    return path
+
+
+def _kind(mode: int) -> str:
+    """What a path that is not a regular file is, for error messages."""
+    return "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+
+
+def refuse_existing(path: str | os.PathLike, hint: str) -> None:
+    """FileExistsError if ``path`` exists (a dangling symlink counts): outputs never replace a user's file unasked."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        raise FileExistsError(f"{path} already exists; {hint}")

@@ -29,9 +29,8 @@ from torch import nn
 
 from .._io import atomic_write_bytes, read_regular_file
 from ..config import ViTConfig
-from ..interop.io import safetensors_bytes
-from ..interop.keys import StateDictMismatchError, check_keys, expected_shapes
 from ..model import ViT
+from ..modelfile import StateDictMismatchError, check_keys, check_weights, expected_shapes, safetensors_bytes
 from .rundir import CHECKPOINT_FILES
 from .rundir import CHECKPOINT_FORMAT as FORMAT
 from .rundir import CHECKPOINT_META as META_NAME
@@ -227,13 +226,16 @@ def _read_tensor_file(directory: Path, entry: Any, meta_path: Path, field: str) 
         tensors = safetensors_load(data)
     except (SafetensorError, ValueError) as err:
         raise CheckpointError(f"{file} is not a valid safetensors file: {err}") from err
-    wrong = {k: v.dtype for k, v in tensors.items() if v.dtype != DTYPE}
-    if wrong:
-        key = sorted(wrong)[0]
+    other_floats = sorted(k for k, v in tensors.items() if v.is_floating_point() and v.dtype != DTYPE)
+    if other_floats:
         raise CheckpointError(
-            f"{file} holds {key!r} as {wrong[key]} ({len(wrong)} of {len(tensors)} tensors are not {DTYPE}); "
-            f"a training checkpoint holds {DTYPE} only (integer, bool, half and mixed dtypes are refused)"
+            f"{file} holds {tensors[other_floats[0]].dtype} tensors (e.g. {other_floats[0]!r}); a training "
+            f"checkpoint holds {DTYPE} only, what the training loop keeps its weights and optimizer moments in"
         )
+    try:
+        check_weights(tensors, str(file), dtype=None)  # no integer or bool tensors, nothing non-finite
+    except ValueError as err:
+        raise CheckpointError(str(err)) from err
     return tensors
 
 

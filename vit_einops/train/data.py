@@ -97,19 +97,16 @@ def load_digits(test_fraction: float = DEFAULT_TEST_FRACTION) -> tuple[ImageData
 
 
 def load_image(path: str | Path, image_size: int | tuple[int, int], in_channels: int = 3) -> torch.Tensor:
-    """One image file -> (C, H, W) float32 in [0, 1], converted to grey (C=1) or RGB (C=3) and resized."""
-    from PIL import Image, UnidentifiedImageError
+    """One image file -> (C, H, W) float32 in [0, 1]: grey (C=1) or RGB (C=3), resized bilinearly to image_size.
 
-    if in_channels not in (1, 3):
-        raise ValueError(f"in_channels must be 1 (grey) or 3 (RGB) to read image files, got {in_channels}")
-    h, w = to_pair("image_size", image_size)
-    try:
-        with Image.open(path) as img:
-            img = img.convert("L" if in_channels == 1 else "RGB").resize((w, h), Image.Resampling.BILINEAR)
-            array = np.asarray(img, dtype=np.float32) / 255.0
-    except (FileNotFoundError, UnidentifiedImageError, OSError) as err:
-        raise ValueError(f"cannot read image {str(path)!r}: {err}") from err
-    return torch.from_numpy(array).reshape(h, w, in_channels).permute(2, 0, 1).contiguous()  # (H, W, C) -> (C, H, W)
+    Exactly ``Preprocessing.plain(image_size, in_channels)`` (what a trained model records, so predicting on a file
+    later feeds it the same numbers) on :func:`~vit_einops.preprocess.open_image`, which refuses what is not a sane
+    image file (a directory or FIFO named like an image, a decompression bomb, an unreadable format) with a
+    ValueError naming it, and scales 16-bit images instead of clipping them.
+    """
+    from ..preprocess import Preprocessing, open_image
+
+    return Preprocessing.plain(image_size, in_channels)(open_image(path))
 
 
 def _visible(folder: Path) -> list[Path]:
