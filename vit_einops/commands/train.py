@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--patch-size", type=int, help="patch size P (default from the preset)")
     for name in ("dim", "depth", "heads", "mlp-dim"):
         model.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
-    model.add_argument("--dropout", type=float, help="dropout (default 0.1 for digits, else 0)")
+    model.add_argument("--dropout", type=float, help="dropout (default 0)")
     model.add_argument(
         "--attn-impl", choices=ATTN_IMPLS, default="einsum", help="attention implementation (default %(default)s)"
     )
@@ -78,7 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
     run = parser.add_argument_group("run")
     run.add_argument(
-        "--out", metavar="DIR", help="metrics.jsonl, curves.png, summary.json, checkpoint/ (default runs/<data name>)"
+        "--out",
+        metavar="DIR",
+        help="checkpoint/, model.safetensors, metrics.jsonl, curves.png, summary.json (default runs/<data name>)",
     )
     run.add_argument(
         "--resume",
@@ -163,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..model import ViT
+    from ..preprocess import Preprocessing
     from ..train.config import TrainConfig
     from ..train.data import describe_data, load_split, stratified_subset
     from ..train.loop import init_distributed, train
@@ -181,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
         kwargs["num_classes"] = len(train_set.classes)  # a preset's 1000 ImageNet classes would not fit the data
         torch.manual_seed(config.seed)  # the same initial weights on every rank and every rerun
         model = ViT(**kwargs)
+        # What the images went through (the digits: 8x8 grey already in [0, 1]), saved with the model.
+        model.preprocessing = Preprocessing.plain(kwargs["image_size"], kwargs.get("in_channels", 3))
         info["classes"] = train_set.classes
         result = train(
             model,
@@ -198,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             last = result.records[-1]
             print(
                 f"test accuracy {last['test_acc']:.4f} after {last['epoch']} epochs; wrote {out}/ "
-                f"(metrics.jsonl, curves.png, summary.json, checkpoint/)"
+                f"(model.safetensors, metrics.jsonl, curves.png, summary.json, checkpoint/)"
             )
     finally:
         if ctx.active:

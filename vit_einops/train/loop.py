@@ -34,10 +34,11 @@ from tqdm import tqdm
 from .._checks import check_positive_int
 from .._io import atomic_write_bytes
 from ..model import ViT
+from ..modelfile import save_vit
 from .checkpoint import DTYPE, CheckpointError, load_checkpoint, restore_training, save_checkpoint, weights_bytes
 from .config import TrainConfig
 from .data import Batches, class_names_of, eval_batches
-from .rundir import CHECKPOINT_DIR, CURVES_NAME, METRICS_NAME, SUMMARY_NAME, RunDir
+from .rundir import CHECKPOINT_DIR, CURVES_NAME, METRICS_NAME, MODEL_NAME, SUMMARY_NAME, RunDir
 
 
 class WarmupCosine:
@@ -206,8 +207,8 @@ def train(
         config: the optimisation recipe (default ``TrainConfig()``, tuned for the digits).
         device: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N" or a torch.device; under torchrun
             ``ctx`` decides.
-        out_dir: where rank 0 writes metrics.jsonl, summary.json, curves.png and checkpoint/ (after every epoch);
-            None writes nothing and cannot resume. It must be empty or new unless ``resume`` or ``overwrite``,
+        out_dir: where rank 0 writes checkpoint/, metrics.jsonl and model.safetensors (after every epoch), then
+            summary.json and curves.png; None writes nothing and cannot resume. It must be empty or new unless ``resume`` or ``overwrite``,
             and is locked against a second run for as long as this one writes.
         resume: continue from out_dir/checkpoint; the result equals an uninterrupted run's bit for bit.
         overwrite: start a new run in an out_dir that holds files; the previous run's files are replaced, other
@@ -316,7 +317,7 @@ def _run(model, batches, test_data, config, optimizer, scheduler, train_state, r
                 checkpoint = save_checkpoint(
                     out / CHECKPOINT_DIR, model, optimizer=optimizer, scheduler=scheduler, train_state=train_state
                 )
-                _write_jsonl(out / METRICS_NAME, records)
+                _write_derived(out, model, records)
         if ctx.active:
             dist.barrier()  # no rank runs ahead of rank 0's checkpoint
 
@@ -462,13 +463,16 @@ def _resume(
             file=sys.stderr,
         )
     restore_training(ckpt, model, optimizer, scheduler, step=epoch * steps_per_epoch)
-    if ctx.is_main:
-        _write_jsonl(out / METRICS_NAME, records)  # repairs a metrics file a kill left one epoch behind
+    if ctx.is_main and records:
+        _write_derived(out, model, records)  # repairs what a kill after the checkpoint's commit left behind
     return records
 
 
-def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
-    atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in records).encode())
+def _write_derived(out: Path, model: ViT, records: list[dict[str, Any]]) -> None:
+    """What follows from the checkpoint: metrics.jsonl (its records) and model.safetensors (its weights, with the
+    model's preprocessing and class names, for ``load_model``/``predict``). Both atomic, both rewritten in full."""
+    atomic_write_bytes(out / METRICS_NAME, "".join(json.dumps(r) + "\n" for r in records).encode())
+    save_vit(model, out / MODEL_NAME, overwrite=True)
 
 
 def _gather_hashes(model: nn.Module, ctx: Distributed) -> list[str]:
