@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from vit_einops import ViT
 from vit_einops.cli import main
@@ -19,8 +20,9 @@ from vit_einops.train.data import (
     load_image,
     load_image_folder,
     stratified_split,
+    stratified_subset,
 )
-from vit_einops.train.loop import TIMING_FIELDS, WarmupCosine, batch_totals, random_shift, train
+from vit_einops.train.loop import TIMING_FIELDS, WarmupCosine, batch_totals, random_shift, resolve_device, train
 
 TINY = dict(
     image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=2, heads=2, mlp_dim=32, dropout=0.1
@@ -253,3 +255,138 @@ def test_cli_preset_takes_its_number_of_classes_from_the_data(tmp_path):
     out = tmp_path / "run"
     assert main(["train", "--preset", "vit_ti_16", *small, "--epochs", "1", "--out", str(out), "--no-progress"]) == 0
     assert load_checkpoint(out / "checkpoint").config.num_classes == 10  # not the preset's 1000
+
+
+# --- any Dataset or DataLoader (issue 9) -------------------------------------------------------------------------
+
+
+def train_tiny(train_data, test_data, out=None, model_kwargs=None, **kwargs):
+    """A tiny ViT trained for 2 epochs; the recipe's seed also fixes the sampler order."""
+    torch.manual_seed(0)
+    model = ViT(**{**TINY, **(model_kwargs or {})})
+    config = TrainConfig(epochs=2, batch_size=32, warmup_epochs=1, seed=5)
+    return model, train(model, train_data, test_data, config, out_dir=out, progress=False, **kwargs)
+
+
+def same_weights(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
+@pytest.fixture(scope="module")
+def small(digits):
+    return digits[0].subset(range(160)), digits[1].subset(range(64))
+
+
+def test_a_tensor_dataset_and_a_dataloader_over_it_train_exactly_as_the_in_memory_dataset(small):
+    train_set, test_set = small
+    reference, ref = train_tiny(train_set, test_set)
+    tensors, tensor_test = TensorDataset(train_set.images, train_set.labels), TensorDataset(*test_set[:])
+    as_dataset, got = train_tiny(tensors, tensor_test)
+    assert same_weights(as_dataset, reference) and untimed(got.records) == untimed(ref.records)
+    assert reference.class_names == [str(d) for d in range(10)]  # from ImageDataset.classes
+    assert as_dataset.class_names is None  # a TensorDataset has no names
+    # A DataLoader with the sampler train() would use (it calls set_epoch on it): the same batches again. Without
+    # dropout, since iter(DataLoader) draws a worker seed from the global RNG, which dropout would then feel.
+    no_dropout = {"dropout": 0.0}
+    reference, ref = train_tiny(train_set, test_set, model_kwargs=no_dropout)
+    sampler = DistributedSampler(tensors, num_replicas=1, rank=0, shuffle=True, seed=5)
+    loader = DataLoader(tensors, batch_size=32, sampler=sampler)
+    as_loader, got = train_tiny(loader, DataLoader(tensor_test, 17), model_kwargs=no_dropout)
+    assert same_weights(as_loader, reference) and untimed(got.records) == untimed(ref.records)
+
+
+def test_a_shuffling_dataloader_resumes_exactly(small, tmp_path):
+    # train() reseeds the global RNG before each epoch's iter(loader); RandomSampler draws its order from it.
+    tensors, test = TensorDataset(*small[0][:]), small[1]
+    whole, _ = train_tiny(DataLoader(tensors, batch_size=32, shuffle=True), test, tmp_path / "whole")
+    train_tiny(DataLoader(tensors, batch_size=32, shuffle=True), test, tmp_path / "split", stop_after=1)
+    resumed, _ = train_tiny(DataLoader(tensors, batch_size=32, shuffle=True), test, tmp_path / "split", resume=True)
+    assert same_weights(resumed, whole)
+    in_order, _ = train_tiny(DataLoader(tensors, batch_size=32), test)  # the shuffle did change the batches
+    assert not same_weights(in_order, whole)
+
+
+def test_a_dataloader_with_its_own_generator_warns_on_resume_and_does_not_repeat(small, tmp_path):
+    # Its generator's state after epoch 1 is in no checkpoint: a fresh one replays epoch 1's order in epoch 2.
+    tensors, test = TensorDataset(*small[0][:]), small[1]
+
+    def loader():
+        return DataLoader(tensors, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(7))
+
+    whole, _ = train_tiny(loader(), test, tmp_path / "whole")
+    train_tiny(loader(), test, tmp_path / "split", stop_after=1)
+    with pytest.warns(UserWarning, match="own generator=.*will not repeat"):
+        resumed, _ = train_tiny(loader(), test, tmp_path / "split", resume=True)
+    assert not same_weights(resumed, whole)
+
+
+class FolderDataset(Dataset):
+    """torchvision.datasets.ImageFolder's interface, written out: ``.classes``, items (image tensor, label)."""
+
+    def __init__(self, root, size):
+        self.classes = sorted(d.name for d in root.iterdir() if d.is_dir())
+        self.samples = [(p, i) for i, c in enumerate(self.classes) for p in sorted((root / c).glob("*.png"))]
+        self.size = size
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, index):
+        path, label = self.samples[index]
+        return load_image(path, self.size, in_channels=3), label
+
+
+def test_train_on_a_folder_dataset_and_a_dataloader_over_it(tmp_path):
+    make_folder(tmp_path / "data", per_class=6)
+    folder = FolderDataset(tmp_path / "data", 8)
+    rgb = {"in_channels": 3, "num_classes": 2}
+    reference, ref = train_tiny(load_image_folder(tmp_path / "data", 8), folder, model_kwargs=rgb)
+    as_dataset, got = train_tiny(folder, folder, model_kwargs=rgb)
+    assert same_weights(as_dataset, reference) and untimed(got.records) == untimed(ref.records)
+    as_loader, got = train_tiny(DataLoader(folder, batch_size=4, shuffle=True), folder, model_kwargs=rgb)
+    assert as_loader.class_names == ["cat", "dog"] and [r["epoch"] for r in got.records] == [1, 2]
+    with pytest.raises(ValueError, match=r"has 2 classes \(cat, dog\) but the model's head has 3 outputs"):
+        train_tiny(folder, folder, model_kwargs={**rgb, "num_classes": 3})
+
+
+def test_data_of_the_wrong_kind_is_refused_saying_what_is_expected(small):
+    train_set, test_set = small
+    dicts = [{"pixel_values": x, "labels": y} for x, y in zip(train_set.images[:8], train_set.labels[:8])]
+    cases = [
+        (iter([]), TypeError, "must be a map-style Dataset .* or a DataLoader, got list_iterator"),
+        (TensorDataset(train_set.images[:0], train_set.labels[:0]), ValueError, "the training data is empty"),
+        (DataLoader(dicts, batch_size=4), TypeError, r"must yield \(images, labels\) pairs, got a dict with keys"),
+        (TensorDataset(train_set.images, train_set.labels.float()), TypeError, "integer class labels"),
+    ]
+    for data, error, match in cases:
+        with pytest.raises(error, match=match):
+            train_tiny(data, test_set)
+
+
+def test_device_auto_is_cuda_when_available_else_cpu():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto") == torch.device(expected)
+    assert resolve_device("cpu") == torch.device("cpu") and resolve_device(torch.device("cpu")).type == "cpu"
+    with pytest.raises(ValueError, match="unknown device 'gpu0'"):
+        resolve_device("gpu0")
+    with pytest.raises(TypeError, match="device must be"):
+        resolve_device(0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="asked for CUDA"):
+            resolve_device("cuda")
+
+
+def test_train_on_device_auto_puts_the_model_there(small):
+    model, _ = train_tiny(*small, device="auto")
+    assert next(model.parameters()).device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_stratified_subset_takes_every_class_in_its_share(digits):
+    index = stratified_subset(digits[0].labels, 20)
+    assert torch.bincount(digits[0].labels[index], minlength=10).tolist() == [2] * 10
+    assert list(index) == sorted(set(index.tolist()))
+    labels = torch.tensor([0] * 90 + [1] * 10)
+    assert np.bincount(labels[stratified_subset(labels, 10)].numpy()).tolist() == [9, 1]
+    assert list(stratified_subset(labels, 500)) == list(range(100))
+    with pytest.raises(ValueError, match="limit must be a positive int, got 0"):
+        stratified_subset(labels, 0)

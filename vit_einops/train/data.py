@@ -249,8 +249,8 @@ class Batches:
     A DataLoader's sampler gets ``set_epoch(epoch)`` when it has one; a shuffling DataLoader without its own
     ``generator`` draws its order from the global RNG, which the loop reseeds from (seed, epoch, rank) just before
     each epoch, so that too repeats on resume. ``exact_resume`` is False for a DataLoader (or sampler) with its own
-    ``generator``, or persistent workers: their random state carries over from epoch to epoch and no checkpoint
-    records it.
+    ``generator`` (shuffling with it, or seeding workers from it), or with persistent workers: that random state
+    carries over from epoch to epoch and no checkpoint records it.
     """
 
     def __init__(self, data: Any, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
@@ -277,8 +277,9 @@ class Batches:
                 ) from err
             if self.steps == 0:
                 raise ValueError("the training DataLoader yields no batches")
-            own_generator = data.generator is not None or getattr(data.sampler, "generator", None) is not None
-            self.exact_resume = not (own_generator or (data.persistent_workers and data.num_workers > 0))
+            shuffles_with_own = getattr(self.sampler or data.sampler, "generator", None) is not None
+            seeds_workers_with_own = data.num_workers > 0 and data.generator is not None
+            self.exact_resume = not (shuffles_with_own or seeds_workers_with_own or data.persistent_workers)
             return
         _check_map_style(data, "the training data")
         self.sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
@@ -286,8 +287,8 @@ class Batches:
         self.steps = len(self.batch_sampler)
         if isinstance(data, ImageDataset):
             self.memory, self.loader = data, None
-        else:
-            self.loader = DataLoader(data, batch_sampler=self.batch_sampler)
+        else:  # its own generator: iter() would otherwise draw a worker seed from the global RNG that drives dropout
+            self.loader = DataLoader(data, batch_sampler=self.batch_sampler, generator=torch.Generator())
 
     def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches of ``epoch``: call it after reseeding the global RNG for the epoch."""
