@@ -9,8 +9,8 @@ from typing import Any
 
 
 def _is_int(value: Any) -> bool:
-    """An integer, numpy's and torch's scalar ints included, but not a bool (True is not a size)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+    """An integer, numpy's scalar ints included, but not a bool (True is not a size; numpy's bool is no Integral)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_int(name: str, value: Any) -> int:
@@ -51,7 +51,7 @@ def check_index(name: str, value: Any, length: int, container: str | None = None
 def check_real(name: str, value: Any, expected: str) -> float:
     """Return ``value`` as a finite Python float; TypeError for a non-number (bools included), ValueError for
     nan or +-inf. ``expected`` describes the valid range in both messages ("a float in [0, 1)")."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, numbers.Real):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {expected}, got {value!r} of type {type(value).__name__}")
     value = float(value)
     if not math.isfinite(value):

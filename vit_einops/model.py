@@ -151,7 +151,8 @@ class ViT(Sequential):
         Expected: a float (b, C, H, W) tensor of this model's C, H, W, on the model's device. Another float dtype
         is cast to the model's when that is exact (torch.promote_types gives the model's dtype: float16 and
         bfloat16 into float32, float32 into float64); a rounding cast (float64 into float32, float32 into
-        float16) is a TypeError naming both dtypes. Under torch.autocast the dtype is left to autocast.
+        float16) is a TypeError naming both dtypes. The rule holds under torch.autocast too, which then casts the
+        layers' inputs as it does (it never casts float64, so a float64 batch would fail there anyway).
         """
         pe = self.patch_embed
         c, (h, w) = pe.in_channels, pe.image_size
@@ -176,7 +177,7 @@ class ViT(Sequential):
                 f"the input is on {x.device} but the model is on {weight.device}; move one of them "
                 f"(x.to({str(weight.device)!r}) or model.to({str(x.device)!r}))"
             )
-        if x.dtype != weight.dtype and not _autocast_enabled(x.device.type):
+        if x.dtype != weight.dtype:
             if torch.promote_types(x.dtype, weight.dtype) != weight.dtype:
                 raise TypeError(
                     f"the input is {x.dtype} but the model is {weight.dtype}, and casting would round the input; "
@@ -407,13 +408,6 @@ def check_class_names(class_names: Any, num_classes: int) -> list[str] | None:
     if len(names) != num_classes:
         raise ValueError(f"class_names has {len(names)} names for num_classes {num_classes}; expected one per class")
     return names
-
-
-def _autocast_enabled(device_type: str) -> bool:
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4 takes no device type
-        return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
 
 
 def _one(name: str, values: dict[str, Any]) -> Any:
