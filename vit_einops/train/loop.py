@@ -328,9 +328,10 @@ def _run(model, batches, test_data, config, optimizer, scheduler, train_state, r
         summary = {**records[-1], "epochs_run": len(records), "world_size": ctx.world_size, "weights_sha256": hashes}
         atomic_write_bytes(out / SUMMARY_NAME, (json.dumps(summary, indent=1) + "\n").encode())
         if "test_acc" in records[-1]:
+            from .._plot import save_figure
             from .plots import plot_curves
 
-            plot_curves(records, out / CURVES_NAME)
+            save_figure(plot_curves(records), out / CURVES_NAME)
     return TrainResult(records, hashes, checkpoint)
 
 
