@@ -265,8 +265,12 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if not meta_path.exists():
         raise CheckpointError(f"no checkpoint at {meta_path} (expected a directory with {META_NAME})")
     try:
-        meta = json.loads(read_regular_file(meta_path, max_bytes=MAX_META_BYTES))
-    except (OSError, ValueError) as err:  # ValueError: not a regular file, too large, not UTF-8, not JSON
+        raw = read_regular_file(meta_path, max_bytes=MAX_META_BYTES)
+    except (OSError, ValueError) as err:  # ValueError: a directory, FIFO or device, or too large
+        raise CheckpointError(f"cannot read {meta_path}: {err}") from err
+    try:
+        meta = json.loads(raw)
+    except ValueError as err:  # not UTF-8, not JSON
         raise CheckpointError(f"{meta_path} is corrupt or truncated (not valid JSON): {err}") from err
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(

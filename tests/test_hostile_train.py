@@ -1,0 +1,604 @@
+"""Hostile input and faults against training: every case asserts its exact outcome.
+
+CLI cases run `python -m vit_einops train` in a subprocess with a timeout (the bound on hangs) and check: exit status 2,
+stderr exactly one line `vit-einops train: error: ...` naming the bad value (no traceback), and the files that were
+there before unchanged (SHA-256 of every file under the directory, before and after).
+"""
+
+import hashlib
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vit_einops import ViT
+from vit_einops.modelfile import load_vit
+from vit_einops.train.checkpoint import CheckpointError, load_checkpoint
+from vit_einops.train.config import TrainConfig
+from vit_einops.train.data import ImageDataset, load_image, load_image_folder
+from vit_einops.train.loop import TIMING_FIELDS, TrainingDivergedError, train
+from vit_einops.train.rundir import LOCK_NAME, RunDir
+
+TINY = dict(
+    image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=1, heads=2, mlp_dim=16, dropout=0.1
+)
+TINY_FLAGS = ["--dim", "16", "--depth", "1", "--heads", "2", "--mlp-dim", "16", "--no-progress"]
+TIMEOUT = 120  # seconds: a bound on every subprocess; a hang fails the test instead of blocking the suite
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def cli(*args, timeout=TIMEOUT):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("VIT_EINOPS_TRACEBACK", None)
+    return subprocess.run(
+        [sys.executable, "-m", "vit_einops", "train", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def assert_cli_error(done, message):
+    """Exit 2 and stderr exactly one line, `vit-einops train: error: ` then a message matching ``message``."""
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert re.fullmatch(r"vit-einops train: error: " + message, lines[0]), lines[0]
+
+
+def tree_hashes(root):
+    """{relative path: SHA-256} of every file under ``root`` (directories as entries too)."""
+    root = Path(root)
+    if not root.exists():
+        return None
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def untimed(records):
+    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in records]
+
+
+@contextmanager
+def bounded(seconds):
+    """Fail (TimeoutError) instead of hanging: SIGALRM interrupts a blocking open() of a FIFO."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# --- numbers and paths checked at entry, before any work ----------------------------------------------------------
+
+NUMERIC = [
+    (["--threads", "0"], r"--threads must be a positive int, got 0"),
+    (["--threads=-2"], r"--threads must be a positive int, got -2"),
+    (["--limit", "0"], r"--limit must be a positive int, got 0"),
+    (["--test-fraction", "0"], r"--test-fraction must be in \(0, 1\), got 0.0"),
+    (["--test-fraction", "nan"], r"--test-fraction must be in \(0, 1\), got nan"),
+    (["--test-fraction", "1"], r"--test-fraction must be in \(0, 1\), got 1.0"),
+    (["--lr", "nan"], r"lr must be a finite number > 0, got nan"),
+    (["--lr", "inf"], r"lr must be a finite number > 0, got inf"),
+    (["--lr=-1e-3"], r"lr must be a finite number > 0, got -0.001"),
+    (["--lr", "0"], r"lr must be a finite number > 0, got 0.0"),
+    (["--weight-decay", "inf"], r"weight_decay must be a finite number >= 0, got inf"),
+    (["--weight-decay", "nan"], r"weight_decay must be a finite number >= 0, got nan"),
+    (["--weight-decay=-0.1"], r"weight_decay must be a finite number >= 0, got -0.1"),
+    (["--clip-norm", "0"], r"clip_norm must be a finite number > 0, got 0.0"),
+    (["--clip-norm", "inf"], r"clip_norm must be a finite number > 0, got inf"),
+    (["--label-smoothing", "nan"], r"label_smoothing must be a float in \[0, 1\), got nan"),
+    (["--label-smoothing", "1"], r"label_smoothing must be in \[0, 1\), got 1.0"),
+    (["--epochs", "0"], r"epochs must be a positive int, got 0"),
+    (["--batch-size", "0"], r"batch_size must be a positive int, got 0"),
+    (["--warmup-epochs=-1"], r"warmup_epochs must be >= 0, got -1"),
+    (["--shift=-1"], r"shift must be >= 0, got -1"),
+    (["--seed=-1"], r"seed must be >= 0, got -1"),
+    (["--seed", str(2**63)], r"seed must be < 2\*\*63 .*, got 9223372036854775808"),
+    (["--dropout", "nan"], r"dropout must be a float in \[0, 1\), got nan"),
+    (["--dropout", "1"], r"dropout must be in \[0, 1\), got 1.0"),
+    (["--dim", "0"], r"dim must be a positive int, got 0"),
+    (["--image-size", "0"], r"image_size must be a positive int, got 0"),
+    (["--resume", "--overwrite"], r"resume continues the run .* and overwrite starts a new one: pick one"),
+    (["--data", "/nonexistent/photos"], r"--data '/nonexistent/photos' does not exist or is not a directory"),
+]
+
+
+@pytest.mark.parametrize("args, message", NUMERIC, ids=[" ".join(a) for a, _ in NUMERIC])
+def test_bad_numbers_and_flags_are_refused_before_any_work(tmp_path, args, message):
+    out = tmp_path / "run"
+    assert_cli_error(cli(*args, "--out", out), message)
+    assert not out.exists()  # nothing created
+
+
+def test_an_output_that_is_a_file_or_under_a_file_is_refused_before_the_first_epoch(tmp_path):
+    target = tmp_path / "results.txt"
+    target.write_text("my notes")
+    before = tree_hashes(tmp_path)
+    assert_cli_error(cli("--out", target), re.escape(f"output directory '{target}' is a file, expected a directory") + ".*")
+    assert_cli_error(cli("--out", target / "run"), re.escape(f"cannot create output directory '{target / 'run'}': '{target}' is a file"))
+    assert tree_hashes(tmp_path) == before
+
+
+# --- outputs that exist, and two runs at once --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A 1-epoch CLI run on 32 digits, to be copied by the tests that need an existing run."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", out)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
+
+
+def copy_tree(src, dst):
+    for p in sorted(Path(src).rglob("*")):
+        q = Path(dst) / p.relative_to(src)
+        if p.is_dir():
+            q.mkdir(parents=True)
+        else:
+            q.parent.mkdir(parents=True, exist_ok=True)
+            q.write_bytes(p.read_bytes())
+    return Path(dst)
+
+
+def test_an_output_that_holds_a_run_or_any_file_is_refused_without_resume(tmp_path, finished_run):
+    run = copy_tree(finished_run, tmp_path / "run")
+    before = tree_hashes(run)
+    message = r"output directory '.*' already holds files \(checkpoint, curves.png, metrics.jsonl, model.safetensors, summary.json\); continue that run with --resume .*"
+    assert_cli_error(cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run), message)
+    assert tree_hashes(run) == before
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine")
+    assert_cli_error(cli("--epochs", "1", "--out", notes), r"output directory '.*' already holds files \(todo.txt\).*")
+    assert (notes / "todo.txt").read_text() == "mine" and sorted(p.name for p in notes.iterdir()) == ["todo.txt"]
+
+
+def test_overwrite_replaces_only_what_training_wrote(tmp_path, finished_run):
+    run = copy_tree(finished_run, tmp_path / "run")
+    (run / "notes.txt").write_text("mine")
+    # A user's file named like our tensor files, whose name is not the hash of its content: not ours, kept.
+    lookalike = run / "checkpoint" / "model-0123456789abcdef.safetensors"
+    lookalike.write_bytes(b"user data")
+    old_model = json.loads((run / "checkpoint" / "checkpoint.json").read_text())["files"]["model"]["name"]
+    done = cli("--limit", "32", "--epochs", "1", "--seed", "3", *TINY_FLAGS, "--out", run, "--overwrite")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (run / "notes.txt").read_text() == "mine" and lookalike.read_bytes() == b"user data"
+    ckpt = load_checkpoint(run / "checkpoint")
+    assert ckpt.train_state["train_config"]["seed"] == 3  # the new run's
+    assert not (run / "checkpoint" / old_model).exists()  # the old run's weights, named by the old checkpoint.json
+    assert sorted(p.name for p in (run / "checkpoint").iterdir()) == sorted(
+        ["checkpoint.json", lookalike.name, *(f["name"] for f in json.loads(ckpt.path.read_text())["files"].values())]
+    )
+
+
+HOLD_LOCK = textwrap.dedent(
+    """
+    import sys, time
+    from vit_einops.train.rundir import RunDir
+    run = RunDir.open(sys.argv[1], resume=True)
+    print("locked", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_second_run_is_locked_out_and_a_killed_holder_does_not_block(tmp_path, finished_run):
+    run = copy_tree(finished_run, tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = tree_hashes(run)
+        done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, "--resume")
+        assert_cli_error(done, rf"output directory '{re.escape(str(run))}' is in use by another training run \(pid {holder.pid}\); wait for it to end or choose another directory")
+        assert tree_hashes(run) == before
+    finally:
+        holder.kill()  # SIGKILL: the lock file stays, the kernel drops the lock
+        holder.wait(timeout=TIMEOUT)
+    assert (run / LOCK_NAME).exists()
+    done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, "--resume")  # the run is complete
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [r["epoch"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [1]
+    assert not (run / LOCK_NAME).exists()  # released and removed at the end
+
+
+def test_the_lock_is_exclusive_within_one_process_too(tmp_path):
+    with RunDir.open(tmp_path / "run"):
+        with pytest.raises(OSError, match=rf"is in use by another training run \(pid {os.getpid()}\)"):
+            RunDir.open(tmp_path / "run", resume=True)
+    with RunDir.open(tmp_path / "run", resume=True):  # released on exit
+        pass
+
+
+def test_orphan_temporaries_of_ours_are_removed_and_nothing_else(tmp_path, finished_run):
+    run = copy_tree(finished_run, tmp_path / "run")
+    ours = [
+        run / ".metrics.jsonl.abcd1234.tmp",
+        run / ".model.safetensors.x_y_z_12.tmp",
+        run / "checkpoint" / ".checkpoint.json.qwerty12.tmp",
+        run / "checkpoint" / ".model-0123456789abcdef.safetensors.a1b2c3d4.tmp",
+    ]
+    theirs = [run / ".notes.txt.abcd1234.tmp", run / "keep.tmp", run / "checkpoint" / ".metrics.jsonl.abcd1234.tmp"]
+    for p in ours + theirs:
+        p.write_bytes(b"partial")
+    done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, "--resume")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [p.exists() for p in ours] == [False] * len(ours)
+    assert all(p.read_bytes() == b"partial" for p in theirs)
+
+
+# --- a diverging run ------------------------------------------------------------------------------------------
+
+
+def test_a_non_finite_loss_stops_the_cli_run_and_keeps_the_last_finite_checkpoint(tmp_path):
+    # One step per epoch: epoch 1's loss is computed before its one (huge but finite) update; epoch 2's is nan.
+    out = tmp_path / "run"
+    done = cli("--limit", "32", "--epochs", "3", *TINY_FLAGS, "--lr", "1e30", "--out", out)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"vit-einops train: error: training diverged in epoch 2: the mean loss is nan and the weights are not finite "
+        rf"\(learning rate 1e\+30 at the end of the epoch\); the checkpoint in {re.escape(str(out / 'checkpoint'))} "
+        r"still holds epoch 1\. Lower the learning rate \(--lr\), or check the data for NaN or infinite values",
+        last,
+    ), last
+    assert load_checkpoint(out / "checkpoint").train_state["epoch"] == 1
+    assert [r["epoch"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [1]
+    assert not (out / "summary.json").exists()  # the run did not end as if it had succeeded
+
+
+class PoisonedAfter(torch.utils.data.Dataset):
+    """Digits-like items that turn to NaN after ``clean`` reads: epoch 2 of a run over ``clean`` items diverges."""
+
+    def __init__(self, data, clean):
+        self.data, self.clean, self.reads = data, clean, 0
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, index):
+        self.reads += 1
+        image, label = self.data[index]
+        return (image if self.reads <= self.clean else torch.full_like(image, float("nan"))), label
+
+
+def test_a_non_finite_loss_keeps_the_last_good_checkpoint_untouched(tmp_path):
+    torch.manual_seed(1)
+    data = ImageDataset(torch.rand(64, 1, 8, 8), torch.randint(0, 10, (64,)), [str(i) for i in range(10)])
+    torch.manual_seed(0)
+    model = ViT(**TINY)
+    config = TrainConfig(epochs=3, batch_size=16, warmup_epochs=1)
+    with pytest.raises(TrainingDivergedError) as caught:
+        train(model, PoisonedAfter(data, clean=64), data, config, out_dir=tmp_path, progress=False)
+    # Epoch 1 was committed; epoch 2 stopped the run before its checkpoint and left every file as epoch 1 wrote it.
+    assert re.fullmatch(
+        rf"training diverged in epoch 2: the mean loss is nan and the weights are not finite \(learning rate .*\); the "
+        rf"checkpoint in {re.escape(str(tmp_path / 'checkpoint'))} still holds epoch 1\. Lower the learning rate .*",
+        str(caught.value),
+    )
+    assert load_checkpoint(tmp_path / "checkpoint").train_state["epoch"] == 1
+    assert [r["epoch"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())] == [1]
+    assert all(torch.isfinite(t).all() for t in load_vit(tmp_path / "model.safetensors").state_dict().values())
+
+
+# --- image folders ---------------------------------------------------------------------------------------------
+
+
+def png_header_only(path, width, height):
+    """A PNG whose header claims width x height (one IDAT row's worth of data): a decompression bomb's shape."""
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)  # 1-bit grey
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b""))
+
+
+def make_folder(root, classes=("cat", "dog"), per_class=3):
+    for c, name in enumerate(classes):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            Image.new("RGB", (6, 6), (200 * c, 30 * i, 0)).save(root / name / f"{i}.png")
+
+
+def test_hidden_folders_and_files_are_not_classes_or_images(tmp_path):
+    make_folder(tmp_path)
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    Image.new("RGB", (6, 6)).save(tmp_path / ".ipynb_checkpoints" / "0-checkpoint.png")
+    (tmp_path / "cat" / "._0.png").write_bytes(b"AppleDouble metadata, not an image")
+    data = load_image_folder(tmp_path, 4)
+    assert data.classes == ["cat", "dog"] and len(data) == 6
+
+
+def test_sixteen_bit_pngs_are_scaled_by_their_range_not_clipped(tmp_path):
+    levels = np.array([[0, 16384, 32768, 65535]], dtype=np.uint16)
+    Image.fromarray(levels).save(tmp_path / "deep.png")  # mode I;16
+    grey = load_image(tmp_path / "deep.png", (1, 4), in_channels=1)
+    np.testing.assert_allclose(grey.flatten().numpy(), np.round(levels[0] / 65535 * 255) / 255, atol=1e-7)
+    assert grey.max() == 1.0 and 0.49 < grey[0, 0, 2] < 0.51  # mid-grey stays mid-grey
+
+
+@pytest.mark.parametrize("kind", ["bomb", "fifo", "directory", "garbage"])
+def test_hostile_image_files_in_a_folder_are_refused_by_name_without_hanging(tmp_path, kind):
+    make_folder(tmp_path)
+    bad = tmp_path / "dog" / "bad.png"
+    if kind == "bomb":
+        png_header_only(bad, 20000, 20000)
+        # PIL's own guard (2 x MAX_IMAGE_PIXELS) or open_image's cap, whichever looks first; never a traceback
+        message = r"(20000x20000 = 400000000 pixels, over the limit|Image size \(400000000 pixels\) exceeds limit)"
+    elif kind == "fifo":
+        os.mkfifo(bad)
+        message = "not a regular file"
+    elif kind == "directory":
+        bad.mkdir()
+        message = "not a regular file"
+    else:
+        bad.write_bytes(b"\x89PNG but not really")
+        message = "not an image PIL can decode"
+    with bounded(30), pytest.raises(ValueError, match=rf"cannot read image '{re.escape(str(bad))}': .*{message}"):
+        load_image_folder(tmp_path, 4)
+
+
+def test_the_cli_refuses_a_fifo_image_in_its_data_without_hanging(tmp_path):
+    make_folder(tmp_path / "data", per_class=4)
+    os.mkfifo(tmp_path / "data" / "cat" / "stuck.png")
+    out = tmp_path / "run"
+    done = cli("--data", tmp_path / "data", "--image-size", "8", "--patch-size", "4", *TINY_FLAGS, "--out", out)
+    assert_cli_error(done, rf"cannot read image '.*stuck.png': not a regular file")
+    assert not (out / "checkpoint").exists()
+
+
+# --- checkpoint.json that lies ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A 1-epoch run of 3 (so that resume has work to do), trained through the Python API."""
+    torch.manual_seed(1)
+    data = ImageDataset(torch.rand(48, 1, 8, 8), torch.randint(0, 10, (48,)), [str(i) for i in range(10)])
+    run_tiny(data, tmp_path, stop_after=1)
+    return tmp_path, data
+
+
+def run_tiny(data, out, **kwargs):
+    torch.manual_seed(0)
+    model = ViT(**TINY)
+    config = TrainConfig(epochs=3, batch_size=16, warmup_epochs=1)
+    return model, train(model, data, data, config, out_dir=out, progress=False, **kwargs)
+
+
+def edit_meta(run, edit):
+    path = run / "checkpoint" / "checkpoint.json"
+    meta = json.loads(path.read_text())
+    edit(meta)
+    path.write_text(json.dumps(meta))
+
+
+def delete(keys):
+    def edit(meta):
+        *parents, last = keys.split(".")
+        node = meta
+        for k in parents:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        del node[last]
+
+    return edit
+
+
+def setter(keys, value):
+    def edit(meta):
+        *parents, last = keys.split(".")
+        node = meta
+        for k in parents:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        node[int(last) if isinstance(node, list) else last] = value(node[int(last) if isinstance(node, list) else last]) if callable(value) else value
+
+    return edit
+
+
+LYING_FIELDS = [
+    # (edit, the words the error must contain) -- read by load_checkpoint
+    (delete("config"), r"has no field 'config'"),
+    (setter("config", "vit_b_16"), r"field 'config' is str 'vit_b_16', expected dict"),
+    (setter("config.dim", "16"), r"field 'config' is invalid: dim must be an int"),
+    (delete("files"), r"has no field 'files'"),
+    (setter("files", []), r"field 'files' is list \[\], expected dict"),
+    (delete("files.model"), r"has no field 'files.model'"),
+    (setter("files.model", "model.safetensors"), r"field 'files.model' is 'model.safetensors', expected"),
+    (setter("files.model.name", 7), r"field 'files.model' is .*, expected"),
+    (setter("train_state", []), r"field 'train_state' is list \[\], expected dict"),
+    (setter("optimizer", [1, 2]), r"field 'optimizer' is list \[1, 2\], expected dict"),
+    (delete("optimizer"), r"has no field 'optimizer'"),
+    (setter("optimizer.state", {"__tensor__": "nowhere"}), r"field 'optimizer' is malformed: KeyError"),
+    (setter("scheduler", 5), r"field 'scheduler' is int 5, expected dict"),
+    (setter("version", "1"), r"has checkpoint version '1'"),
+    # read by resume
+    (setter("train_state.epoch", "1"), r"field 'train_state.epoch' is '1', expected an int in 0..3"),
+    (setter("train_state.epoch", 7), r"field 'train_state.epoch' is 7, expected an int in 0..3"),
+    (delete("train_state.records"), r"field 'train_state.records' must be the list of the 1 epoch records"),
+    (setter("train_state.records", [{"epoch": 2}]), r"field 'train_state.records' must be the list"),
+    # the learning-rate schedule: a function of (recipe, step), so any edit shows
+    (setter("scheduler.base_lrs", lambda v: [x * 10 for x in v]), r"scheduler.base_lrs.0 is 0.02, but this recipe gives 0.002 at optimizer step 3"),
+    (setter("scheduler.last_epoch", 1), r"scheduler.last_epoch is 1, but this recipe gives 3"),
+    (setter("scheduler._last_lr", [1.0, 1.0]), r"scheduler._last_lr.0 is 1.0, but this recipe gives"),
+    (setter("scheduler.lr_lambdas.0.total_steps", 3000), r"scheduler.lr_lambdas.0.total_steps is 3000, but this recipe gives 9"),
+    (setter("optimizer.param_groups.0.lr", 0.5), r"optimizer.param_groups.0.lr is 0.5, but this recipe gives"),
+    (setter("optimizer.param_groups.1.weight_decay", 0.3), r"optimizer.param_groups.1.weight_decay is 0.3, but this recipe gives 0.0"),
+    (setter("optimizer.param_groups.0.betas", {"__tuple__": [0.5, 0.999]}), r"optimizer.param_groups.0.betas.0 is 0.5, but"),
+]
+
+
+@pytest.mark.parametrize("edit, message", LYING_FIELDS, ids=[m[:40] for _, m in LYING_FIELDS])
+def test_a_checkpoint_json_with_wrong_types_missing_keys_or_an_edited_schedule_is_refused(run_dir, edit, message):
+    run, data = run_dir
+    edit_meta(run, edit)
+    before = tree_hashes(run)
+    with pytest.raises(CheckpointError, match=re.escape(str(run / "checkpoint" / "checkpoint.json")) + ".*" + message):
+        run_tiny(data, run, resume=True)
+    assert tree_hashes(run) == before
+
+
+def rewrite_tensor_file(run, kind, change):
+    """Replace the checkpoint's ``kind`` file with ``change(tensors)``, keeping checkpoint.json's hash consistent."""
+    from safetensors.torch import load, save
+
+    meta_path = run / "checkpoint" / "checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    path = run / "checkpoint" / meta["files"][kind]["name"]
+    data = save(change(load(path.read_bytes())))
+    path.write_bytes(data)
+    meta["files"][kind]["sha256"] = hashlib.sha256(data).hexdigest()
+    meta_path.write_text(json.dumps(meta))
+    return path
+
+
+def first_key(tensors):
+    return sorted(tensors)[0]
+
+
+TENSOR_EDITS = [
+    ("model", lambda t: {**t, first_key(t): t[first_key(t)].to(torch.int64)}, r"weights must be floating point; 1 tensors are not, e.g. .* \(torch.int64\)"),
+    ("model", lambda t: {**t, first_key(t): t[first_key(t)] > 0}, r"weights must be floating point.*\(torch.bool\)"),
+    ("model", lambda t: {k: v.half() for k, v in t.items()}, r"holds torch.float16 tensors .*; a training checkpoint holds torch.float32 only"),
+    ("model", lambda t: {**t, first_key(t): t[first_key(t)].to(torch.bfloat16)}, r"holds torch.bfloat16 tensors"),
+    ("model", lambda t: {**t, first_key(t): torch.full_like(t[first_key(t)], float("nan"))}, r"non-finite values \(nan or inf\) in 1 tensors"),
+    ("optimizer", lambda t: {k: v.double() for k, v in t.items()}, r"holds torch.float64 tensors"),
+]
+
+
+@pytest.mark.parametrize("kind, change, message", TENSOR_EDITS, ids=[m[:30] for _, _, m in TENSOR_EDITS])
+def test_integer_bool_half_mixed_or_non_finite_tensors_in_a_checkpoint_are_refused(run_dir, kind, change, message):
+    run, data = run_dir
+    path = rewrite_tensor_file(run, kind, change)
+    with pytest.raises(CheckpointError, match=re.escape(str(path)) + ".*" + message):
+        load_checkpoint(run / "checkpoint")
+
+
+def test_a_fifo_or_a_directory_in_a_checkpoint_files_place_is_refused_without_hanging(run_dir):
+    run, _ = run_dir
+    meta = run / "checkpoint" / "checkpoint.json"
+    model_file = run / "checkpoint" / json.loads(meta.read_text())["files"]["model"]["name"]
+    model_file.unlink()
+    os.mkfifo(model_file)
+    with bounded(30), pytest.raises(CheckpointError, match=r"cannot read .* is a FIFO, not a regular file"):
+        load_checkpoint(run / "checkpoint")
+    meta.unlink()
+    meta.mkdir()
+    with bounded(30), pytest.raises(CheckpointError, match=r"cannot read .*checkpoint.json: .* is a directory, not a"):
+        load_checkpoint(run / "checkpoint")
+
+
+# --- kill -9 at every write point, then resume ---------------------------------------------------------------------
+
+KILL_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    import torch
+    torch.set_num_threads(1)
+    target, when, nth, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    real_replace, seen = os.replace, [0]
+
+    def replace(src, dst):
+        hit = Path(dst).name.startswith(target)
+        if hit:
+            seen[0] += 1
+        if hit and seen[0] == nth and when == "temp written":
+            os.kill(os.getpid(), signal.SIGKILL)  # the temporary is complete and fsynced, the rename not done
+        real_replace(src, dst)
+        if hit and seen[0] == nth and when == "renamed":
+            os.kill(os.getpid(), signal.SIGKILL)  # renamed, the directory not yet fsynced, nothing after it done
+
+    os.replace = replace
+    sys.path.insert(0, sys.argv[5])
+    from test_hostile_train import fault_run
+    fault_run(out)
+    sys.exit(3)  # never reached: the kill comes first
+    """
+)
+
+
+def fault_data():
+    torch.manual_seed(1)
+    return ImageDataset(torch.rand(48, 1, 8, 8), torch.randint(0, 10, (48,)), [str(i) for i in range(10)])
+
+
+def fault_run(out, **kwargs):
+    return run_tiny(fault_data(), out, **kwargs)
+
+
+WRITE_POINTS = [
+    ("model-", "temp written"),  # the checkpoint's weights file
+    ("optimizer-", "renamed"),
+    ("checkpoint.json", "temp written"),  # the commit point, just before it
+    ("checkpoint.json", "renamed"),  # just after it: metrics and model file still the previous epoch's
+    ("metrics.jsonl", "temp written"),
+    ("metrics.jsonl", "renamed"),
+    ("model.safetensors", "temp written"),
+]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    model, result = fault_run(out)
+    return model, result, (out / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("target, when", WRITE_POINTS, ids=[f"{t} {w}" for t, w in WRITE_POINTS])
+def test_kill_at_each_write_point_then_resume_loses_and_repeats_nothing(tmp_path, uninterrupted, target, when):
+    child = subprocess.run(
+        [sys.executable, "-c", KILL_CHILD, target, when, "2", str(tmp_path), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]  # killed in epoch 2's writes
+    model, result = fault_run(tmp_path, resume=True)
+    whole_model, whole, whole_metrics = uninterrupted
+    for (name, a), b in zip(whole_model.state_dict().items(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert result.weights_sha256 == whole.weights_sha256
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in metrics] == [1, 2, 3]  # none lost, none repeated
+    assert untimed(metrics) == untimed(json.loads(line) for line in whole_metrics.splitlines())
+    leftovers = sorted(p.name for p in tmp_path.rglob("*.tmp"))
+    assert leftovers == []
+    names = json.loads((tmp_path / "checkpoint" / "checkpoint.json").read_text())["files"]
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == sorted(
+        ["checkpoint.json", names["model"]["name"], names["optimizer"]["name"]]
+    )
+    saved = load_vit(tmp_path / "model.safetensors")
+    assert all(torch.equal(saved.state_dict()[k], v) for k, v in model.state_dict().items())
