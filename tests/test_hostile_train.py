@@ -14,7 +14,6 @@ import struct
 import subprocess
 import sys
 import textwrap
-import time
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
@@ -145,8 +144,13 @@ def test_an_output_that_is_a_file_or_under_a_file_is_refused_before_the_first_ep
     target = tmp_path / "results.txt"
     target.write_text("my notes")
     before = tree_hashes(tmp_path)
-    assert_cli_error(cli("--out", target), re.escape(f"output directory '{target}' is a file, expected a directory") + ".*")
-    assert_cli_error(cli("--out", target / "run"), re.escape(f"cannot create output directory '{target / 'run'}': '{target}' is a file"))
+    assert_cli_error(
+        cli("--out", target), re.escape(f"output directory '{target}' is a file, expected a directory") + ".*"
+    )
+    assert_cli_error(
+        cli("--out", target / "run"),
+        re.escape(f"cannot create output directory '{target / 'run'}': '{target}' is a file"),
+    )
     assert tree_hashes(tmp_path) == before
 
 
@@ -222,7 +226,10 @@ def test_a_second_run_is_locked_out_and_a_killed_holder_does_not_block(tmp_path,
         assert holder.stdout.readline().strip() == "locked"
         before = tree_hashes(run)
         done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, "--resume")
-        assert_cli_error(done, rf"output directory '{re.escape(str(run))}' is in use by another training run \(pid {holder.pid}\); wait for it to end or choose another directory")
+        assert_cli_error(
+            done,
+            rf"output directory '{re.escape(str(run))}' is in use by another training run \(pid {holder.pid}\); wait for it to end or choose another directory",
+        )
         assert tree_hashes(run) == before
     finally:
         holder.kill()  # SIGKILL: the lock file stays, the kernel drops the lock
@@ -323,7 +330,9 @@ def png_header_only(path, width, height):
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)  # 1-bit grey
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b"")
+    )
 
 
 def make_folder(root, classes=("cat", "dog"), per_class=3):
@@ -376,7 +385,7 @@ def test_the_cli_refuses_a_fifo_image_in_its_data_without_hanging(tmp_path):
     os.mkfifo(tmp_path / "data" / "cat" / "stuck.png")
     out = tmp_path / "run"
     done = cli("--data", tmp_path / "data", "--image-size", "8", "--patch-size", "4", *TINY_FLAGS, "--out", out)
-    assert_cli_error(done, rf"cannot read image '.*stuck.png': not a regular file")
+    assert_cli_error(done, r"cannot read image '.*stuck.png': not a regular file")
     assert not (out / "checkpoint").exists()
 
 
@@ -423,7 +432,9 @@ def setter(keys, value):
         node = meta
         for k in parents:
             node = node[int(k)] if isinstance(node, list) else node[k]
-        node[int(last) if isinstance(node, list) else last] = value(node[int(last) if isinstance(node, list) else last]) if callable(value) else value
+        node[int(last) if isinstance(node, list) else last] = (
+            value(node[int(last) if isinstance(node, list) else last]) if callable(value) else value
+        )
 
     return edit
 
@@ -450,13 +461,25 @@ LYING_FIELDS = [
     (delete("train_state.records"), r"field 'train_state.records' must be the list of the 1 epoch records"),
     (setter("train_state.records", [{"epoch": 2}]), r"field 'train_state.records' must be the list"),
     # the learning-rate schedule: a function of (recipe, step), so any edit shows
-    (setter("scheduler.base_lrs", lambda v: [x * 10 for x in v]), r"scheduler.base_lrs.0 is 0.02, but this recipe gives 0.002 at optimizer step 3"),
+    (
+        setter("scheduler.base_lrs", lambda v: [x * 10 for x in v]),
+        r"scheduler.base_lrs.0 is 0.02, but this recipe gives 0.002 at optimizer step 3",
+    ),
     (setter("scheduler.last_epoch", 1), r"scheduler.last_epoch is 1, but this recipe gives 3"),
     (setter("scheduler._last_lr", [1.0, 1.0]), r"scheduler._last_lr.0 is 1.0, but this recipe gives"),
-    (setter("scheduler.lr_lambdas.0.total_steps", 3000), r"scheduler.lr_lambdas.0.total_steps is 3000, but this recipe gives 9"),
+    (
+        setter("scheduler.lr_lambdas.0.total_steps", 3000),
+        r"scheduler.lr_lambdas.0.total_steps is 3000, but this recipe gives 9",
+    ),
     (setter("optimizer.param_groups.0.lr", 0.5), r"optimizer.param_groups.0.lr is 0.5, but this recipe gives"),
-    (setter("optimizer.param_groups.1.weight_decay", 0.3), r"optimizer.param_groups.1.weight_decay is 0.3, but this recipe gives 0.0"),
-    (setter("optimizer.param_groups.0.betas", {"__tuple__": [0.5, 0.999]}), r"optimizer.param_groups.0.betas.0 is 0.5, but"),
+    (
+        setter("optimizer.param_groups.1.weight_decay", 0.3),
+        r"optimizer.param_groups.1.weight_decay is 0.3, but this recipe gives 0.0",
+    ),
+    (
+        setter("optimizer.param_groups.0.betas", {"__tuple__": [0.5, 0.999]}),
+        r"optimizer.param_groups.0.betas.0 is 0.5, but",
+    ),
 ]
 
 
@@ -489,18 +512,30 @@ def first_key(tensors):
 
 
 TENSOR_EDITS = [
-    ("model", lambda t: {**t, first_key(t): t[first_key(t)].to(torch.int64)}, r"weights must be floating point; 1 tensors are not, e.g. .* \(torch.int64\)"),
+    (
+        "model",
+        lambda t: {**t, first_key(t): t[first_key(t)].to(torch.int64)},
+        r"weights must be floating point; 1 tensors are not, e.g. .* \(torch.int64\)",
+    ),
     ("model", lambda t: {**t, first_key(t): t[first_key(t)] > 0}, r"weights must be floating point.*\(torch.bool\)"),
-    ("model", lambda t: {k: v.half() for k, v in t.items()}, r"holds torch.float16 tensors .*; a training checkpoint holds torch.float32 only"),
+    (
+        "model",
+        lambda t: {k: v.half() for k, v in t.items()},
+        r"holds torch.float16 tensors .*; a training checkpoint holds torch.float32 only",
+    ),
     ("model", lambda t: {**t, first_key(t): t[first_key(t)].to(torch.bfloat16)}, r"holds torch.bfloat16 tensors"),
-    ("model", lambda t: {**t, first_key(t): torch.full_like(t[first_key(t)], float("nan"))}, r"non-finite values \(nan or inf\) in 1 tensors"),
+    (
+        "model",
+        lambda t: {**t, first_key(t): torch.full_like(t[first_key(t)], float("nan"))},
+        r"non-finite values \(nan or inf\) in 1 tensors",
+    ),
     ("optimizer", lambda t: {k: v.double() for k, v in t.items()}, r"holds torch.float64 tensors"),
 ]
 
 
 @pytest.mark.parametrize("kind, change, message", TENSOR_EDITS, ids=[m[:30] for _, _, m in TENSOR_EDITS])
 def test_integer_bool_half_mixed_or_non_finite_tensors_in_a_checkpoint_are_refused(run_dir, kind, change, message):
-    run, data = run_dir
+    run, _ = run_dir
     path = rewrite_tensor_file(run, kind, change)
     with pytest.raises(CheckpointError, match=re.escape(str(path)) + ".*" + message):
         load_checkpoint(run / "checkpoint")
@@ -607,3 +642,46 @@ def test_kill_at_each_write_point_then_resume_loses_and_repeats_nothing(tmp_path
     )
     saved = load_vit(tmp_path / "model.safetensors")
     assert all(torch.equal(saved.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+# --- the Python API's own entry checks -----------------------------------------------------------------------------
+
+
+def api_cases(tmp_path):
+    torch.manual_seed(1)
+    data = ImageDataset(torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,)), [str(i) for i in range(10)])
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "thesis.tex").write_text("mine")
+    model = ViT(**TINY)
+    return (
+        busy,
+        [
+            (
+                dict(model=model.double()),
+                TypeError,
+                r"training keeps the weights in torch.float32, but parameter .* is torch.float64; call model.float\(\)",
+            ),
+            (dict(model=torch.nn.Linear(2, 2)), TypeError, "model must be a vit_einops ViT, got Linear"),
+            (dict(config={"epochs": 1}), TypeError, "config must be a TrainConfig, got dict"),
+            (dict(stop_after=0), ValueError, "stop_after must be a positive int, got 0"),
+            (dict(resume=True), ValueError, "resume and overwrite need out_dir"),
+            (dict(device="tpu"), ValueError, "unknown device 'tpu'"),
+            (dict(out_dir=busy), ValueError, r"output directory '.*busy' already holds files \(thesis.tex\)"),
+            (
+                dict(out_dir=busy / "thesis.tex"),
+                ValueError,
+                r"output directory '.*thesis.tex' is a file, expected a directory",
+            ),
+        ],
+        data,
+    )
+
+
+def test_the_python_api_refuses_bad_arguments_before_any_work(tmp_path):
+    busy, cases, data = api_cases(tmp_path)
+    for kwargs, error, message in cases:
+        args = {"model": ViT(**TINY), "train_data": data, "test_data": data, "config": TrainConfig(epochs=1), **kwargs}
+        with pytest.raises(error, match=message):
+            train(progress=False, **args)
+        assert sorted(p.name for p in busy.iterdir()) == ["thesis.tex"] and (busy / "thesis.tex").read_text() == "mine"

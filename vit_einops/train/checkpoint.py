@@ -368,11 +368,11 @@ def _check_schedule(checkpoint: Checkpoint, optimizer: torch.optim.Optimizer, sc
     saved = checkpoint.optimizer_state
     if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict):
         raise CheckpointError(f"{checkpoint.path}: field 'optimizer' has no 'state' and 'param_groups'")
-    for field, got, want in (
+    for name, got, want in (
         ("scheduler", checkpoint.scheduler_state, expected_scheduler),
         ("optimizer.param_groups", saved.get("param_groups"), expected_groups),
     ):
-        where = _first_difference(got, want, field)
+        where = _first_difference(got, want, name)
         if where is not None:
             path, value, expected = where
             raise CheckpointError(

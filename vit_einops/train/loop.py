@@ -139,7 +139,7 @@ class TrainingDivergedError(ValueError):
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """"auto" -> CUDA when available, else CPU; "cpu", "cuda", "cuda:1" or a torch.device as given."""
+    """ "auto" -> CUDA when available, else CPU; "cpu", "cuda", "cuda:1" or a torch.device as given."""
     if isinstance(device, torch.device):
         return device
     if not isinstance(device, str):
@@ -265,8 +265,20 @@ def train(
         records: list[dict[str, Any]] = []
         if resume:
             records = _resume(out, model, optimizer, scheduler, train_state, batches.steps, ctx)
-        return _run(model, batches, test_data, config, optimizer, scheduler, train_state, records, out, stop_after,
-                    progress, ctx)
+        return _run(
+            model,
+            batches,
+            test_data,
+            config,
+            optimizer,
+            scheduler,
+            train_state,
+            records,
+            out,
+            stop_after,
+            progress,
+            ctx,
+        )
     finally:
         if run_dir is not None:
             run_dir.close()
@@ -350,7 +362,7 @@ def _check_model(model: Any) -> None:
         raise TypeError(f"model must be a vit_einops ViT, got {type(model).__name__}")
     wrong = {name: p.dtype for name, p in model.named_parameters() if p.dtype != DTYPE}
     if wrong:
-        name = sorted(wrong)[0]
+        name = min(wrong)
         raise TypeError(
             f"training keeps the weights in {DTYPE}, but parameter {name!r} is {wrong[name]}; call model.float() "
             "(for mixed precision, autocast the forward instead of converting the weights)"
@@ -380,8 +392,10 @@ def _check_finite(totals: torch.Tensor, model: nn.Module, epoch: int, scheduler,
     if torch.isfinite(totals).all() and all(torch.isfinite(p).all() for p in model.parameters()):
         return
     loss = (totals[0] / totals[2]).item()
-    kept = f"the checkpoint in {out / CHECKPOINT_DIR} still holds epoch {epoch}" if out is not None and epoch else (
-        "nothing was saved"
+    kept = (
+        f"the checkpoint in {out / CHECKPOINT_DIR} still holds epoch {epoch}"
+        if out is not None and epoch
+        else ("nothing was saved")
     )
     raise TrainingDivergedError(
         f"training diverged in epoch {epoch + 1}: the mean loss is {loss} and the weights are "
