@@ -104,6 +104,8 @@ NUMERIC = [
     (["--threads", "0"], r"--threads must be a positive int, got 0"),
     (["--threads=-2"], r"--threads must be a positive int, got -2"),
     (["--limit", "0"], r"--limit must be a positive int, got 0"),
+    (["--save-interval", "nan"], r"--save-interval must be a finite number >= 0, got nan"),
+    (["--save-interval=-1"], r"--save-interval must be a finite number >= 0, got -1.0"),
     (["--test-fraction", "0"], r"--test-fraction must be in \(0, 1\), got 0.0"),
     (["--test-fraction", "nan"], r"--test-fraction must be in \(0, 1\), got nan"),
     (["--test-fraction", "1"], r"--test-fraction must be in \(0, 1\), got 1.0"),
@@ -272,7 +274,7 @@ def test_orphan_temporaries_of_ours_are_removed_and_nothing_else(tmp_path, finis
 def test_a_non_finite_loss_stops_the_cli_run_and_keeps_the_last_finite_checkpoint(tmp_path):
     # One step per epoch: epoch 1's loss is computed before its one (huge but finite) update; epoch 2's is nan.
     out = tmp_path / "run"
-    done = cli("--limit", "32", "--epochs", "3", *TINY_FLAGS, "--lr", "1e30", "--out", out)
+    done = cli("--limit", "32", "--epochs", "3", *TINY_FLAGS, "--lr", "1e30", "--save-interval", "0", "--out", out)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert re.fullmatch(
@@ -308,7 +310,7 @@ def test_a_non_finite_loss_keeps_the_last_good_checkpoint_untouched(tmp_path):
     model = ViT(**TINY)
     config = TrainConfig(epochs=3, batch_size=16, warmup_epochs=1)
     with pytest.raises(TrainingDivergedError) as caught:
-        train(model, PoisonedAfter(data, clean=64), data, config, out_dir=tmp_path, progress=False)
+        train(model, PoisonedAfter(data, clean=64), data, config, out_dir=tmp_path, save_interval=0, progress=False)
     # Epoch 1 was committed; epoch 2 stopped the run before its checkpoint and left every file as epoch 1 wrote it.
     assert re.fullmatch(
         rf"training diverged in epoch 2: the mean loss is nan and the weights are not finite \(learning rate .*\); the "
@@ -591,7 +593,7 @@ def fault_data():
 
 
 def fault_run(out, **kwargs):
-    return run_tiny(fault_data(), out, **kwargs)
+    return run_tiny(fault_data(), out, save_interval=0, **kwargs)  # a checkpoint after every epoch
 
 
 WRITE_POINTS = [

@@ -24,7 +24,7 @@ OPTIMISATION = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..train.config import DEFAULT_TEST_FRACTION, TrainConfig
+    from ..train.config import DEFAULT_TEST_FRACTION, SAVE_INTERVAL, TrainConfig
 
     defaults = TrainConfig()
     data = parser.add_argument_group("data")
@@ -88,6 +88,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="continue from DIR/checkpoint; gives the uninterrupted run's result exactly",
     )
     run.add_argument(
+        "--save-interval",
+        type=float,
+        default=SAVE_INTERVAL,
+        metavar="SECONDS",
+        help="checkpoint after an epoch once this long has passed since the last checkpoint (0: every epoch; the "
+        "last epoch is always saved; default %(default)s)",
+    )
+    run.add_argument(
         "--overwrite",
         action="store_true",
         help="start a new run in a DIR that holds files (the old run's files are replaced; others are kept)",
@@ -141,10 +149,11 @@ def _check_run_arguments(args: argparse.Namespace) -> Path:
     """Everything checkable before any work: numbers, data folders, the output directory. Returns the output path."""
     from .._checks import check_positive_int
     from ..config import ViTConfig
-    from ..train.config import TrainConfig
+    from ..train.config import TrainConfig, finite_number
     from ..train.rundir import check_out_dir
 
     check_positive_int("--threads", args.threads)
+    finite_number("--save-interval", args.save_interval, minimum=0.0)
     if args.limit is not None:
         check_positive_int("--limit", args.limit)
     if not 0.0 < args.test_fraction < 1.0:  # false for nan too
@@ -196,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
             resume=args.resume,
             overwrite=args.overwrite,
             data_info=info,
+            save_interval=args.save_interval,
             progress=not args.no_progress,
             ctx=ctx,
         )

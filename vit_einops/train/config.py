@@ -12,6 +12,7 @@ from typing import Any
 from .._checks import check_nonnegative_int, check_positive_int, check_probability
 
 DEFAULT_TEST_FRACTION = 0.2  # held out, stratified, when no test set is given
+SAVE_INTERVAL = 5.0  # seconds at least between checkpoints (the last epoch is always saved): a kill loses at most this
 MAX_SEED = 2**63  # the sampler seeds its generator with seed + epoch, which must fit torch's 64-bit seed
 
 # A ViT sized for 8x8 digits: 2x2 patches give a 4x4 grid (16 tokens + the class token); width and depth are
@@ -43,12 +44,12 @@ class TrainConfig:
         check_positive_int("batch_size", self.batch_size)
         check_probability("label_smoothing", self.label_smoothing)
         check_nonnegative_int("warmup_epochs", self.warmup_epochs)
-        self.lr = _finite("lr", self.lr, minimum=0.0, inclusive=False)
-        self.clip_norm = _finite("clip_norm", self.clip_norm, minimum=0.0, inclusive=False)
-        self.weight_decay = _finite("weight_decay", self.weight_decay, minimum=0.0)
+        self.lr = finite_number("lr", self.lr, minimum=0.0, inclusive=False)
+        self.clip_norm = finite_number("clip_norm", self.clip_norm, minimum=0.0, inclusive=False)
+        self.weight_decay = finite_number("weight_decay", self.weight_decay, minimum=0.0)
         if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
             raise TypeError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
-        self.betas = tuple(_finite(f"betas[{i}]", b, minimum=0.0) for i, b in enumerate(self.betas))
+        self.betas = tuple(finite_number(f"betas[{i}]", b, minimum=0.0) for i, b in enumerate(self.betas))
         if not all(b < 1.0 for b in self.betas):
             raise ValueError(f"betas must be in [0, 1), got {self.betas}")
         check_nonnegative_int("shift", self.shift)
@@ -62,7 +63,7 @@ class TrainConfig:
         return d
 
 
-def _finite(name: str, value: Any, *, minimum: float, inclusive: bool = True) -> float:
+def finite_number(name: str, value: Any, *, minimum: float, inclusive: bool = True) -> float:
     """``value`` as a float if it is a finite real >= ``minimum`` (> if not ``inclusive``), else raise naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {value!r} of type {type(value).__name__}")
