@@ -182,7 +182,10 @@ def copy_tree(src, dst):
 def test_an_output_that_holds_a_run_or_any_file_is_refused_without_resume(tmp_path, finished_run):
     run = copy_tree(finished_run, tmp_path / "run")
     before = tree_hashes(run)
-    message = r"output directory '.*' already holds files \(checkpoint, curves.png, metrics.jsonl, model.safetensors, summary.json\); continue that run with --resume .*"
+    message = (
+        r"output directory '.*' already holds files \(checkpoint, curves.png, metrics.jsonl, model.safetensors, "
+        r"summary.json\); continue that run with --resume .*"
+    )
     assert_cli_error(cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run), message)
     assert tree_hashes(run) == before
     notes = tmp_path / "notes"
@@ -230,7 +233,8 @@ def test_a_second_run_is_locked_out_and_a_killed_holder_does_not_block(tmp_path,
         done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, "--resume")
         assert_cli_error(
             done,
-            rf"output directory '{re.escape(str(run))}' is in use by another training run \(pid {holder.pid}\); wait for it to end or choose another directory",
+            rf"output directory '{re.escape(str(run))}' is in use by another training run \(pid {holder.pid}\); "
+            r"wait for it to end or choose another directory",
         )
         assert tree_hashes(run) == before
     finally:

@@ -351,7 +351,7 @@ def test_train_on_a_folder_dataset_and_a_dataloader_over_it(tmp_path):
 
 def test_data_of_the_wrong_kind_is_refused_saying_what_is_expected(small):
     train_set, test_set = small
-    dicts = [{"pixel_values": x, "labels": y} for x, y in zip(train_set.images[:8], train_set.labels[:8])]
+    dicts = [{"pixel_values": x, "labels": y} for x, y in zip(train_set.images[:8], train_set.labels[:8], strict=True)]
     cases = [
         (iter([]), TypeError, "must be a map-style Dataset .* or a DataLoader, got list_iterator"),
         (TensorDataset(train_set.images[:0], train_set.labels[:0]), ValueError, "the training data is empty"),

@@ -362,9 +362,11 @@ def restore_training(
 
 def _check_schedule(checkpoint: Checkpoint, optimizer: torch.optim.Optimizer, scheduler: Any, step: int) -> None:
     fresh = scheduler.state_dict()
-    lrs = [base * fn(step) for base, fn in zip(fresh["base_lrs"], scheduler.lr_lambdas)]  # as LambdaLR computes
+    # base_lr * lambda(step), as LambdaLR computes it: the same float operations, so equality is exact.
+    lrs = [base * fn(step) for base, fn in zip(fresh["base_lrs"], scheduler.lr_lambdas, strict=True)]
     expected_scheduler = {**fresh, "last_epoch": step, "_step_count": step + 1, "_last_lr": lrs}
-    expected_groups = [{**group, "lr": lr} for group, lr in zip(optimizer.state_dict()["param_groups"], lrs)]
+    groups = optimizer.state_dict()["param_groups"]
+    expected_groups = [{**group, "lr": lr} for group, lr in zip(groups, lrs, strict=True)]
     saved = checkpoint.optimizer_state
     if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict):
         raise CheckpointError(f"{checkpoint.path}: field 'optimizer' has no 'state' and 'param_groups'")
@@ -400,7 +402,7 @@ def _first_difference(got: Any, want: Any, path: str) -> tuple[str, Any, Any] | 
     if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)) and len(want) == len(got):
         if type(want) is not type(got):
             return path, got, want
-        for i, (a, b) in enumerate(zip(got, want)):
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):  # lengths checked above
             where = _first_difference(a, b, f"{path}.{i}")
             if where is not None:
                 return where
