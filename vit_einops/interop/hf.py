@@ -268,7 +268,7 @@ def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | None = torch.float3
     if config.num_classes and not all(_PLACEHOLDER.fullmatch(n) for n in names):
         model.class_names = names
     processor = directory / PROCESSOR_NAME
-    if processor.is_file():
+    if processor.exists() or processor.is_symlink():  # a FIFO or broken link is an error, not "absent"
         model.preprocessing = Preprocessing.from_hf(_read_json(processor), channels=config.in_channels)
     else:  # ViTImageProcessor's defaults, at the model's own size
         model.preprocessing = Preprocessing.from_hf({"size": dict(zip(("height", "width"), config.image_size))})
