@@ -417,7 +417,8 @@ function describe() {
     "Layers, heads and tokens are numbered from 0; token 0 is the class token, patch (row r, col c) is token " +
     `1 + r·${GW} + c. Click a patch (or the class token) to make it the query; hover to read a key's weight.`;
   $("precision").textContent =
-    `Stated precision. Attention weights are stored as 8-bit integers scaled by each row's maximum: each weight ` +
+    `Stated precision. Attention weights are stored as ${DATA.attention_bits}-bit integers scaled by each row's ` +
+    `maximum: each weight ` +
     `is within ± (row maximum)/${2 * DATA.attention_levels} of the recorded A, the bound printed beside it ` +
     `(for the mean of heads, the mean of the heads' bounds). Rollout and relevance are stored as float16 ` +
     `(relative error ≤ 2^-11, plus 2^-25 of the matrix scale for tiny values); token norms to 4 decimals. ` +

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .._io import atomic_write_bytes
-from .payload import build_payload, picture_from_input
+from .payload import DEFAULT_BITS, build_payload, check_bits, picture_from_input
 
 
 def _asset(name: str) -> str:
@@ -50,6 +50,7 @@ def write_explorer(
     class_names: Sequence[str] | None = None,
     pictures: Sequence[Any] | None = None,
     top_k: int = 5,
+    bits: int = DEFAULT_BITS,
     overwrite: bool = False,
 ) -> Path:
     """Write the attention explorer for ``model`` on ``images`` to ``path`` (one HTML file); returns the path.
@@ -62,6 +63,8 @@ def write_explorer(
         pictures: what to show for each image, PIL images or uint8 arrays (e.g. the photo before normalising);
             default: each input with every channel stretched to 0..255.
         top_k: how many top classes get a prediction line and a relevance map.
+        bits: bits per stored attention weight, 2..8; each weight is within 1 / (2 (2^bits - 1)) of its row's
+            maximum of the recorded A (the page states it).
         overwrite: replace an existing file at ``path``; otherwise an existing file is a FileExistsError.
 
     The page holds A of every layer and head for every image (quantised: see
@@ -74,6 +77,7 @@ def write_explorer(
         raise TypeError(f"write_explorer needs a vit-einops ViT, got {type(model).__name__}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+    check_bits(bits)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory; give the explorer a file name such as explore.html")
     if path.exists() and not overwrite:
@@ -95,7 +99,9 @@ def write_explorer(
     was_training = model.training
     model.eval()
     try:
-        payload = build_payload(model, images, titles=titles, class_names=class_names, pictures=shown, top_k=top_k)
+        payload = build_payload(
+            model, images, titles=titles, class_names=class_names, pictures=shown, top_k=top_k, bits=bits
+        )
     finally:
         model.train(was_training)
     atomic_write_bytes(path, render_page(payload, "Attention explorer").encode("utf-8"))

@@ -1,12 +1,14 @@
 """The numbers an explorer page carries: computed with vit_einops.inspect, quantised, and packed for JSON.
 
 Sizes: ViT-B/16 at 224 px records 12 layers x 12 heads x 197 x 197 = 5.6 million attention weights per image.
-Each row of A (one query, all keys) is stored as 8-bit integers scaled by the row's own maximum,
+Each row of A (one query, all keys) is stored as integers of ``bits`` bits (8 by default, L = 2^bits - 1
+levels) scaled by the row's own maximum,
 
-    q_ij = round(255 * A_ij / max_j A_ij),    A_ij ~ q_ij * max_j A_ij / 255,
+    q_ij = round(L * A_ij / max_j A_ij),    A_ij ~ q_ij * max_j A_ij / L,
 
-so every weight is within half a step, ``max_j A_ij / 510``, of the recorded value (the page shows that bound
-beside each weight). The row maxima are kept exactly (float32). Rollout and relevance (one n x n matrix per
+so every weight is within half a step, ``max_j A_ij / (2 L)`` (1/510 of the row maximum at 8 bits), of the
+recorded value; the page shows that bound beside each weight. Fewer bits make a smaller page: the compressed
+size follows the codes' entropy, and near-uniform rows (an untrained model) are the costly case. The row maxima are kept exactly (float32). Rollout and relevance (one n x n matrix per
 image and class) are stored as float16 after division by a power of two that brings their largest magnitude
 into (1/2, 1]: a relative error of at most 2^-11, or 2^-25 of that power of two for values too small for a
 normal float16. Every binary array is compressed with zlib (the page inflates it with the browser's own
@@ -34,7 +36,7 @@ from ..inspect import (
     token_norms,
 )
 
-ATTENTION_LEVELS = 255  # uint8 steps per row maximum
+DEFAULT_BITS = 8
 HALF_RELATIVE = 2.0**-11  # float16: 10 stored mantissa bits, rounding to nearest
 HALF_SUBNORMAL = 2.0**-25  # half the spacing of float16's subnormals (2^-24), relative to the stored scale
 
@@ -52,17 +54,25 @@ def unpack(text: str, dtype: Any, shape: Sequence[int]) -> np.ndarray:
     )
 
 
-def quantise_rows(maps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of A (..., n) -> (uint8 codes (..., n), row maxima (...) float32); see the module docstring."""
+def check_bits(bits: Any) -> int:
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
+        raise ValueError(f"attention bits must be an int from 2 to 8, got {bits!r}")
+    return bits
+
+
+def quantise_rows(maps: np.ndarray, bits: int = DEFAULT_BITS) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of A (..., n) -> (uint8 codes (..., n) in 0..2^bits-1, row maxima (...) float32); see the module
+    docstring."""
+    levels = 2 ** check_bits(bits) - 1
     rowmax = maps.max(axis=-1).astype(np.float32)
     if (rowmax <= 0).any():
         raise ValueError("an attention row has no positive weight; rows of A must be softmax distributions")
-    codes = np.rint(maps / rowmax.astype(np.float64)[..., None] * ATTENTION_LEVELS)
-    return codes.clip(0, ATTENTION_LEVELS).astype(np.uint8), rowmax
+    codes = np.rint(maps / rowmax.astype(np.float64)[..., None] * levels)
+    return codes.clip(0, levels).astype(np.uint8), rowmax
 
 
-def dequantise_rows(codes: np.ndarray, rowmax: np.ndarray) -> np.ndarray:
-    return codes.astype(np.float64) * (rowmax.astype(np.float64)[..., None] / ATTENTION_LEVELS)
+def dequantise_rows(codes: np.ndarray, rowmax: np.ndarray, bits: int = DEFAULT_BITS) -> np.ndarray:
+    return codes.astype(np.float64) * (rowmax.astype(np.float64)[..., None] / (2 ** check_bits(bits) - 1))
 
 
 def to_half(matrix: np.ndarray) -> tuple[np.ndarray, float]:
@@ -112,6 +122,7 @@ def build_payload(
     class_names: Sequence[str] | None,
     pictures: Sequence[np.ndarray],
     top_k: int,
+    bits: int = DEFAULT_BITS,
 ) -> dict[str, Any]:
     """Everything the page draws, for ``model`` (in eval mode) on ``images`` (b, C, H, W); see the module docstring.
 
@@ -132,7 +143,7 @@ def build_payload(
 
     pages = []
     for i in range(b):
-        codes, rowmax = quantise_rows(maps64[:, i])  # (l, h, n, n), (l, h, n)
+        codes, rowmax = quantise_rows(maps64[:, i], bits)  # (l, h, n, n), (l, h, n)
         rollout16, rollout_scale = to_half(rollout[i].detach().cpu().numpy())
         classes = []
         for c in range(k):
@@ -173,7 +184,8 @@ def build_payload(
         "grid": list(cfg.grid_size),
         "patch": list(cfg.patch_size),
         "image_size": list(cfg.image_size),
-        "attention_levels": ATTENTION_LEVELS,
+        "attention_bits": bits,
+        "attention_levels": 2**bits - 1,
         "half_relative": HALF_RELATIVE,
         "half_subnormal": HALF_SUBNORMAL,
         "uniform_entropy": math.log(n),
