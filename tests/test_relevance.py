@@ -187,22 +187,20 @@ def test_attention_gradients_match_central_finite_differences():
     torch.manual_seed(5)
     model = tiny_vit(depth=2).double().set_attn_impl("sdpa")
     x = torch.rand(1, 1, 8, 8, dtype=torch.float64)
-    logits, maps, grads, targets = attention_gradients(model, x, 3)
+    logits, _, grads, targets = attention_gradients(model, x, 3)
     assert targets.tolist() == [[3]]
     torch.testing.assert_close(logits, model(x), rtol=0, atol=1e-12)
     model.set_attn_impl("einsum")
     eps = 1e-6
     for layer, head, i, j in [(0, 0, 0, 5), (0, 1, 7, 0), (1, 0, 0, 16), (1, 1, 3, 3)]:
 
-        def nudge(_m, _a, attn, delta=0.0):
-            attn = attn.clone()
-            attn[0, head, i, j] += delta
-            return attn
+        def logit(delta, layer=layer, head=head, i=i, j=j):
+            def nudge(_module, _args, attn):
+                attn = attn.clone()
+                attn[0, head, i, j] += delta
+                return attn
 
-        def logit(delta):
-            h = model.blocks[layer].attn.fn.mha.attend.softmax.register_forward_hook(
-                lambda m, a, o: nudge(m, a, o, delta)
-            )
+            h = model.blocks[layer].attn.fn.mha.attend.softmax.register_forward_hook(nudge)
             try:
                 with torch.no_grad():
                     return model(x)[0, 3].item()

@@ -39,6 +39,11 @@ COMMANDS: dict[str, tuple[str, str | None, str]] = {
         "interop",
         "convert torchvision / timm / vit-einops weight files, optionally to a new resolution",
     ),
+    "explore": (
+        "vit_einops.commands.explore",
+        "explore",
+        "write an interactive attention explorer: one self-contained HTML page (layers, heads, rollout, relevance)",
+    ),
 }
 
 

@@ -73,6 +73,8 @@ def write_explorer(
     path = Path(path)
     if not isinstance(images, torch.Tensor) or images.ndim != 4 or len(images) == 0:
         raise ValueError(f"images must be a (b, C, H, W) tensor with b >= 1, got {getattr(images, 'shape', images)!r}")
+    if not torch.isfinite(images).all():
+        raise ValueError("images contain non-finite values (nan or inf); the explorer needs real inputs")
     if not hasattr(model, "config") or not hasattr(model, "blocks"):
         raise TypeError(f"write_explorer needs a vit-einops ViT, got {type(model).__name__}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -81,7 +83,7 @@ def write_explorer(
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory; give the explorer a file name such as explore.html")
     if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists; pass overwrite=True (--force) to replace it")
+        raise FileExistsError(f"{path} exists; pass overwrite=True (vit-einops explore --force) to replace it")
     if not path.parent.is_dir():
         raise FileNotFoundError(f"the directory {path.parent} does not exist")
     b = len(images)
