@@ -31,7 +31,7 @@ FLAGS = [
     "--disable-sync",
     "--window-size=1400,1100",
 ]
-READOUT = re.compile(r"^(?:query (\d+) · )?key (\d+) · (?:weight|norm) (\S+) ± (\S+) · ")
+READOUT = re.compile(r"^(?:query (\d+) · )?key (\d+) · (?:weight|relevance|norm) (\S+) ± (\S+) · ")
 
 
 def _missing() -> str | None:

@@ -17,6 +17,7 @@ const state = {
   head: "mean", // "mean" or a head index
   classRank: 0, // which of the image's top classes the relevance is for
   query: 0, // the token whose row is drawn (0 = class token)
+  opacity: 0.6, // of the heat map over the picture
   hoverKey: null, // the token under the pointer
 };
 
@@ -126,7 +127,7 @@ function formatValue(value, bound, digits) {
 }
 
 function className(c) {
-  return c.name ? `${c.name} (class ${c.index})` : `class ${c.index}`;
+  return c.name && c.name !== String(c.index) ? `${c.name} (class ${c.index})` : `class ${c.index}`;
 }
 
 function tokenName(token) {
@@ -164,7 +165,7 @@ function drawImage() {
   for (let j = 1; j < N; j++) peak = Math.max(peak, row.values[j]);
   for (let j = 1; j < N; j++) {
     const p = j - 1;
-    ctx.fillStyle = colour(peak > 0 ? row.values[j] / peak : 0, 0.62);
+    ctx.fillStyle = colour(peak > 0 ? row.values[j] / peak : 0, state.opacity);
     ctx.fillRect((p % GW) * cellW, Math.floor(p / GW) * cellH, cellW, cellH);
   }
   // The patch grid.
@@ -207,7 +208,7 @@ function drawReadout() {
     return;
   }
   const key = state.hoverKey;
-  const what = state.view === "norms" ? "norm" : "weight";
+  const what = { attention: "weight", rollout: "weight", relevance: "relevance", norms: "norm" }[state.view];
   const query = state.view === "norms" ? "" : `query ${state.query} · `;
   $("readout").textContent =
     `${query}key ${key} · ${what} ${formatValue(row.values[key], row.bounds[key], row.digits)} · ${tokenName(key)}`;
@@ -397,6 +398,7 @@ function wireControls() {
   $("head-select").addEventListener("change", (e) =>
     update({ head: e.target.value === "mean" ? "mean" : Number(e.target.value) }));
   $("class-select").addEventListener("change", (e) => update({ classRank: Number(e.target.value) }));
+  $("opacity").addEventListener("input", (e) => update({ opacity: Number(e.target.value) / 100 }));
   const canvas = $("image-canvas");
   canvas.addEventListener("mousemove", (e) => update({ hoverKey: keyAt(e) }));
   canvas.addEventListener("mouseleave", () => update({ hoverKey: null }));

@@ -47,13 +47,6 @@ def pack(array: np.ndarray) -> str:
     return base64.b64encode(zlib.compress(data, 9)).decode("ascii")
 
 
-def unpack(text: str, dtype: Any, shape: Sequence[int]) -> np.ndarray:
-    """The inverse of :func:`pack`."""
-    return np.frombuffer(zlib.decompress(base64.b64decode(text)), dtype=np.dtype(dtype).newbyteorder("<")).reshape(
-        shape
-    )
-
-
 def check_bits(bits: Any) -> int:
     if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
         raise ValueError(f"attention bits must be an int from 2 to 8, got {bits!r}")
@@ -69,10 +62,6 @@ def quantise_rows(maps: np.ndarray, bits: int = DEFAULT_BITS) -> tuple[np.ndarra
         raise ValueError("an attention row has no positive weight; rows of A must be softmax distributions")
     codes = np.rint(maps / rowmax.astype(np.float64)[..., None] * levels)
     return codes.clip(0, levels).astype(np.uint8), rowmax
-
-
-def dequantise_rows(codes: np.ndarray, rowmax: np.ndarray, bits: int = DEFAULT_BITS) -> np.ndarray:
-    return codes.astype(np.float64) * (rowmax.astype(np.float64)[..., None] / (2 ** check_bits(bits) - 1))
 
 
 def to_half(matrix: np.ndarray) -> tuple[np.ndarray, float]:
