@@ -8,13 +8,14 @@ developer machine it is skipped with the reason and the install command.
 import os
 import re
 import shutil
+import sys
 
 import pytest
 import torch
 
 from vit_einops import ViT
 from vit_einops.explore import write_explorer
-from vit_einops.inspect import attention_relevance, attention_rollout, record_attention
+from vit_einops.inspect import attention_relevance, attention_rollout, record_attention, token_norms
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 INSTALL = "apt-get install -y chromium chromium-driver && pip install 'vit-einops[test]'"
@@ -45,14 +46,29 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture
-def browser(tmp_path):
+def require_browser() -> None:
+    """Fail (in CI) or skip (elsewhere) with the reason, unless chromium, chromedriver and selenium are here."""
     missing = _missing()
     if missing:
         message = f"the browser test needs chromium, chromedriver and selenium: {missing}; install with {INSTALL}"
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(message)
         pytest.skip(message)
+
+
+def test_a_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", "/nonexistent/chromium")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="/nonexistent/chromium is missing"):
+        require_browser()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y chromium chromium-driver"):
+        require_browser()
+
+
+@pytest.fixture
+def browser(tmp_path):
+    require_browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -152,6 +168,20 @@ def test_page_shows_the_recorded_attention_rollout_and_relevance(browser, tmp_pa
         query, shown_key, value, bound = _read(browser)
         assert (query, shown_key) == (0, key)
         assert abs(value - relevance[1, 1, 0, key].item()) <= bound, (key, value, relevance[1, 1, 0, key])
+
+    # Token norms of layer 2, read for a patch; a click on a chart picks that chart's layer.
+    _select(browser, "view-select", "norms")
+    _select(browser, "layer-select", 2)
+    _, norms = token_norms(model, images)
+    _hover_patch(browser, 14)
+    query, key, value, bound = _read(browser)
+    assert (query, key) == (None, 14)
+    assert abs(value - norms[2, 1, 14].item()) <= bound
+    chart = browser.find_element("id", "chart-entropy")
+    left = chart.size["width"] / 2 - 52  # the plot starts 52 px from the chart's left edge (PAD.left)
+    column = (chart.size["width"] - 52 - 8) / 3
+    ActionChains(browser).move_to_element_with_offset(chart, int(-left + 0.5 * column), 0).click().perform()
+    assert browser.find_element("id", "layer-select").get_attribute("value") == "0"
 
     shot = tmp_path / "explorer.png"
     assert browser.save_screenshot(str(shot))
