@@ -5,6 +5,7 @@ exact outcome asked for; and `vit-einops explore` writes it from a model file.""
 import base64
 import io
 import json
+import os
 import re
 import zlib
 
@@ -125,6 +126,16 @@ def test_existing_output_is_refused_unless_overwrite_and_a_failed_run_keeps_it(t
     with pytest.raises(FileExistsError, match="--force"):
         write_explorer(model, images, out)
     assert out.read_text() == "mine"
+    dangling = tmp_path / "link.html"
+    dangling.symlink_to(tmp_path / "nowhere.html")  # a link the user made counts as their file too
+    with pytest.raises(FileExistsError):
+        write_explorer(model, images, dangling)
+    dangling.unlink()
+    fifo = tmp_path / "fifo.html"
+    os.mkfifo(fifo)  # never opened: writing would block until a reader came
+    with pytest.raises(FileExistsError):
+        write_explorer(model, images, fifo)
+    fifo.unlink()
     bad = images.clone()
     bad[0, 0, 0, 0] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._io import atomic_write_bytes
+from .._io import atomic_write_bytes, refuse_existing
 from .payload import DEFAULT_BITS, build_payload, check_bits, picture_from_input
 
 
@@ -82,8 +82,8 @@ def write_explorer(
     check_bits(bits)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory; give the explorer a file name such as explore.html")
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists; pass overwrite=True (vit-einops explore --force) to replace it")
+    if not overwrite:
+        refuse_existing(path, "pass overwrite=True (vit-einops explore --force) to replace it")
     if not path.parent.is_dir():
         raise FileNotFoundError(f"the directory {path.parent} does not exist")
     b = len(images)
