@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -190,3 +191,51 @@ def test_sdpa_path_calls_torch_sdpa(monkeypatch):
     mha = MultiHeadAttention(16, 2, impl="sdpa")
     mha(torch.randn(3, 5, 16))
     assert calls == [torch.Size([3, 2, 5, 8])]
+
+
+# --- a forward hook on attend.softmax -----------------------------------------------------------------------
+
+
+def hooked_model(impl: str):
+    """A 2-layer ViT with a forward hook on each layer's attend.softmax that records what it sees."""
+    model = ViT(image_size=8, patch_size=4, dim=16, depth=2, heads=2, mlp_dim=32, num_classes=3, attn_impl=impl)
+    seen = []
+    for block in model.blocks:
+        block.attn.fn.mha.attend.softmax.register_forward_hook(lambda m, args, out: seen.append(out))
+    return model, seen
+
+
+def test_softmax_hook_sees_a_on_the_einsum_path_without_warning(recwarn):
+    from vit_einops.inspect import record_attention
+
+    model, seen = hooked_model("einsum")
+    x = torch.randn(3, 3, 8, 8)
+    _, maps = record_attention(model, x)
+    assert len(seen) == 2 and all(a.shape == (3, 2, 5, 5) for a in seen)
+    torch.testing.assert_close(torch.stack(seen), maps, rtol=0, atol=0)
+    assert not [w for w in recwarn if "attend.softmax" in str(w.message)]
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "chunked"])
+def test_softmax_hook_on_a_path_that_skips_it_warns_once_per_layer(impl):
+    model, seen = hooked_model(impl)
+    x = torch.randn(3, 3, 8, 8)
+    with pytest.warns(UserWarning) as record:
+        model(x)
+    messages = [str(w.message) for w in record if "attend.softmax" in str(w.message)]
+    assert len(messages) == 2  # one per hooked layer
+    assert f"attention impl {impl!r} never calls that module, so the hook does not fire" in messages[0]
+    assert "vit_einops.inspect.AttentionRecorder" in messages[0] and "model.set_attn_impl('einsum')" in messages[0]
+    assert seen == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(x)  # already said: no second warning
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "chunked"])
+def test_no_warning_without_a_softmax_hook(impl):
+    model = ViT(image_size=8, patch_size=4, dim=16, depth=2, heads=2, mlp_dim=32, num_classes=3, attn_impl=impl)
+    model.blocks[0].attn.fn.mha.attend.register_forward_hook(lambda *a: None)  # AttentionRecorder's kind of hook
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.randn(1, 3, 8, 8))

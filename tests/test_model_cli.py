@@ -14,10 +14,34 @@ from vit_einops.cli import main
 def test_summary_prints_torchsummary_table_and_true_total(capsys):
     assert main(["summary", "vit_ti_16", "--image-size", "32", "--num-classes", "10"]) == 0
     out = capsys.readouterr().out
-    # 3*16*16*192+192 + 192 + 5*192 + 12*(12*192^2+13*192) + 2*192 + 192*10+10 (SPEC.md formula, 32 px, 10 classes)
+    # 3 P^2 D + D + D + N D + L (12 D^2 + 13 D) + 2 D + D K + K at P 16, D 192, L 12, N 5 (32 px), K 10:
+    # 3*16*16*192+192 + 192 + 5*192 + 12*(12*192^2+13*192) + 2*192 + 192*10+10
     assert "Total params: 5,489,482" in out
     assert out.rstrip().endswith("vit_ti_16: 5,489,482 parameters")
     assert "ClassToken" in out and "PositionEmbedding" in out and "MultiHeadAttention" in out
+
+
+def test_summary_table_flags(capsys):
+    assert main(["summary", "vit_ti_16", "--image-size", "32", "--no-table"]) == 0
+    out = capsys.readouterr().out
+    assert "Total params" not in out and "layer table" not in out
+    assert out.rstrip().endswith("vit_ti_16: 5,680,552 parameters")  # 1000 classes: + 990 * 193
+    assert main(["summary", "vit_tiny_patch16_224", "--image-size", "32", "--table"]) == 0
+    assert "Total params: 5,680,552" in capsys.readouterr().out
+
+
+def test_summary_vit_h_14_counts_without_allocating_the_weights():
+    """ViT-H's 632,045,800 float32 parameters take 2.5 GB: a process that peaks far below that never built them
+    (the peak resident size includes torch itself, about 0.3 GB). The timeout bounds a hang, it times nothing."""
+    code = (
+        "import resource, sys; from vit_einops.cli import main; rc = main(['summary', 'vit_h_14']); "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    *lines, peak_kb = result.stdout.strip().splitlines()
+    assert lines[-1] == "vit_h_14: 632,045,800 parameters"
+    assert "Total params" not in result.stdout  # the table (a real forward) is opt-in at this size
+    assert int(peak_kb) < 1_000_000, f"peak RSS {int(peak_kb) / 1e6:.2f} GB: the weights were allocated"
 
 
 def test_summary_rejects_unknown_preset(capsys):
@@ -27,9 +51,66 @@ def test_summary_rejects_unknown_preset(capsys):
     assert "invalid choice: 'vit_q_16'" in capsys.readouterr().err
 
 
+def test_summary_bad_size_is_one_error_line(capsys):
+    assert main(["summary", "vit_b_16", "--image-size", "225"]) == 2
+    assert capsys.readouterr().err == (
+        "vit-einops summary: error: image height 225 is not divisible by patch height 16 "
+        "(image_size (225, 225), patch_size (16, 16))\n"
+    )
+
+
 def test_python_dash_m_entry_point():
     result = subprocess.run([sys.executable, "-m", "vit_einops", "--help"], capture_output=True, text=True, check=True)
     assert "summary" in result.stdout and "usage: vit-einops" in result.stdout
+
+
+@pytest.mark.parametrize("argv", [[sys.executable, "-m", "vit_einops"], [sys.executable, "-m", "vit_einops.cli"]])
+def test_no_command_prints_the_help_and_exits_0(argv):
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: vit-einops") and "convert" in result.stdout and result.stderr == ""
+
+
+def test_main_without_arguments_prints_the_help(capsys):
+    assert main([]) == 0
+    assert capsys.readouterr().out.startswith("usage: vit-einops")
+
+
+def test_an_option_without_a_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--verbose"])
+    assert exc.value.code == 2
+    assert "a command is required" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    from vit_einops import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"vit-einops {__version__}\n"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["summary", "--help"], ["--version"], []])
+def test_help_and_version_do_not_import_torch(argv):
+    """--help must not wait for torch: no command module but the one asked for is imported, and those import
+    torch only when they run."""
+    code = (
+        f"import sys\nfrom vit_einops.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_importing_the_package_does_not_import_torch_until_a_name_is_used():
+    code = (
+        "import sys, vit_einops\nprint('torch' in sys.modules)\nvit_einops.ViT\nprint('torch' in sys.modules)\n"
+        "print(sorted(set(vit_einops.__all__) - set(dir(vit_einops))))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.split() == ["False", "True", "[]"]
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ TINY = dict(image_size=16, patch_size=4, dim=32, depth=1, heads=4, mlp_dim=64, n
         (dict(attn_impl="flash"), ValueError, "unknown attn_impl 'flash'; expected one of 'einsum', "),
         (dict(patchify="unfold"), ValueError, "unknown patchify 'unfold'"),
         (dict(fc_norm=1), TypeError, "fc_norm must be a bool, got 1"),
-        (dict(layer_norm_eps=0), ValueError, "layer_norm_eps must be a positive float, got 0"),
+        (dict(layer_norm_eps=0), ValueError, "layer_norm_eps must be a positive finite float, got 0.0"),
     ],
 )
 def test_bad_configuration(overrides, error, message):

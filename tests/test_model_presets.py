@@ -1,14 +1,15 @@
-"""Presets against Table 1 / SPEC.md parameter counts, torchsummary's total, and training-readiness of a tiny model."""
+"""Presets against Table 1 and the published parameter counts, torchsummary's total, timm's names, and the
+training-readiness of a tiny model."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from vit_einops import PRESETS, ViT, create_vit, list_presets
-from vit_einops.summary import count_parameters, summarize
+from vit_einops import PRESETS, TIMM_NAMES, ViT, ViTConfig, create_vit, list_presets
+from vit_einops.summary import count_parameters, meta_vit, summarize, zeroed_vit
 
-# Published totals (SPEC.md; torchvision's num_params and timm) for 1000 classes at 224 px.
+# Published totals (torchvision's num_params for its vit_* models, and timm's) for 1000 classes at 224 px.
 PUBLISHED = {
     "vit_ti_16": 5_717_416,
     "vit_s_16": 22_050_664,
@@ -20,8 +21,9 @@ PUBLISHED = {
 }
 
 
-def spec_formula(p: int, d: int, layers: int, image: int = 224, classes: int = 1000) -> int:
-    """SPEC.md: 3P^2 D + D + D + N D + L (12 D^2 + 13 D) + 2 D + D K + K."""
+def count_formula(p: int, d: int, layers: int, image: int = 224, classes: int = 1000) -> int:
+    """3P^2 D + D (patch projection) + D (class token) + N D (positions) + L (12 D^2 + 13 D) (blocks: qkv 3D^2+3D,
+    proj D^2+D, MLP 8D^2+5D, two LayerNorms 4D) + 2 D (final LayerNorm) + D K + K (classifier)."""
     n = (image // p) ** 2 + 1
     return 3 * p * p * d + d + d + n * d + layers * (12 * d * d + 13 * d) + 2 * d + d * classes + classes
 
@@ -39,18 +41,12 @@ def test_presets_are_the_documented_set():
     ]
 
 
-def on_meta(name: str, **overrides) -> ViT:
-    """Build a preset without allocating or initialising its weights: counting needs only shapes."""
-    with torch.device("meta"):
-        return create_vit(name, **overrides)
-
-
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_parameter_count(name):
-    model = on_meta(name)
+    model = meta_vit(name)
     cfg = model.config
     assert cfg.mlp_dim == 4 * cfg.dim
-    expected = spec_formula(cfg.patch_size[0], cfg.dim, cfg.depth)
+    expected = count_formula(cfg.patch_size[0], cfg.dim, cfg.depth)
     assert count_parameters(model) == expected
     if name in PUBLISHED:
         assert expected == PUBLISHED[name]
@@ -74,21 +70,13 @@ def torchsummary_total(model: ViT) -> int:
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_torchsummary_total_equals_true_total_small_input(name):
     # A 4x4 patch grid keeps even ViT-H's forward (torchsummary runs one, batch 2) to a fraction of a second.
-    model = zeroed(name, image_size=4 * PRESETS[name]["patch_size"])
+    model = zeroed_vit(name, image_size=4 * PRESETS[name]["patch_size"])
     assert torchsummary_total(model) == count_parameters(model)
 
 
 def test_torchsummary_total_vit_b_16_at_224():
     """The one full-size forward of the suite: batch 2 at 224 px through ViT-B/16."""
-    assert torchsummary_total(zeroed("vit_b_16")) == 86_567_656
-
-
-def zeroed(name: str, **overrides) -> ViT:
-    """A preset with real (zero) weights but no slow random initialisation: the count needs only shapes."""
-    model = on_meta(name, **overrides).to_empty(device="cpu")
-    for p in model.parameters():
-        p.data.zero_()
-    return model
+    assert torchsummary_total(zeroed_vit("vit_b_16")) == 86_567_656
 
 
 def test_preset_overrides():
@@ -166,3 +154,39 @@ def test_slices_keep_working():
     assert tokens.shape == (2, 17, 32)
     torch.testing.assert_close(model.head(tokens), model(x))
     assert list(model[:2]._modules) == ["patch_embed", "blocks"]
+
+
+# timm's vision_transformer.py registers these names with these (patch_size, embed_dim, depth, num_heads) and its
+# defaults mlp_ratio 4, class-token pooling, 1000 classes; the _384 ones take 384 px images.
+TIMM_ARGS = {
+    "vit_tiny_patch16": (16, 192, 12, 3),
+    "vit_small_patch16": (16, 384, 12, 6),
+    "vit_small_patch32": (32, 384, 12, 6),
+    "vit_base_patch16": (16, 768, 12, 12),
+    "vit_base_patch32": (32, 768, 12, 12),
+    "vit_large_patch16": (16, 1024, 24, 16),
+    "vit_large_patch32": (32, 1024, 24, 16),
+    "vit_huge_patch14": (14, 1280, 32, 16),
+}
+
+
+@pytest.mark.parametrize("name", list(TIMM_NAMES))
+def test_timm_names_build_timms_architecture(name):
+    stem, size = name.rsplit("_", 1)
+    p, d, depth, h = TIMM_ARGS[stem]
+    cfg = meta_vit(name).config
+    assert cfg == ViTConfig(image_size=int(size), patch_size=p, dim=d, depth=depth, heads=h, mlp_dim=4 * d)
+    assert name in list_presets(timm_names=True) and name not in list_presets()
+
+
+def test_unknown_name_lists_both_name_sets():
+    with pytest.raises(ValueError) as err:
+        create_vit("vit_base_patch8_224")
+    message = str(err.value)
+    assert message.startswith("unknown preset 'vit_base_patch8_224'; expected one of vit_ti_16, ")
+    assert "or one of timm's names vit_tiny_patch16_224, " in message and "vit_huge_patch14_224" in message
+
+
+def test_preset_name_must_be_a_str():
+    with pytest.raises(TypeError, match=r"a preset name is a str, got \['vit_b_16'\] of type list"):
+        create_vit(["vit_b_16"])

@@ -1,37 +1,59 @@
-"""vit_einops: the Vision Transformer of Dosovitskiy et al. (2021) written with einops, read beside the paper."""
+"""vit_einops: the Vision Transformer of Dosovitskiy et al. (2021) written with einops, read beside the paper.
 
-from .attention import Attend, MultiHeadAttention, attention_scores
-from .blocks import FeedForwardBlock, ResidualAdd, TransformerEncoder, TransformerEncoderBlock
-from .chunked import chunked_attention
-from .config import ATTN_IMPLS, ViTConfig
-from .head import ClassificationHead, TokenPool
-from .model import ViT, set_attn_impl
-from .patch_embed import ClassToken, PatchEmbedding, PositionEmbedding, conv_to_linear_weight, linear_to_conv_weight
-from .presets import PRESETS, create_vit, list_presets
+Names load on first use (PEP 562): ``import vit_einops`` and the command line's ``--help`` do not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ATTN_IMPLS",
-    "Attend",
-    "ClassToken",
-    "ClassificationHead",
-    "FeedForwardBlock",
-    "MultiHeadAttention",
-    "PRESETS",
-    "PatchEmbedding",
-    "PositionEmbedding",
-    "ResidualAdd",
-    "TokenPool",
-    "TransformerEncoder",
-    "TransformerEncoderBlock",
-    "ViT",
-    "ViTConfig",
-    "attention_scores",
-    "chunked_attention",
-    "conv_to_linear_weight",
-    "create_vit",
-    "linear_to_conv_weight",
-    "list_presets",
-    "set_attn_impl",
-]
+_EXPORTS = {
+    "ATTN_IMPLS": "config",
+    "ViTConfig": "config",
+    "Attend": "attention",
+    "MultiHeadAttention": "attention",
+    "attention_scores": "attention",
+    "FeedForwardBlock": "blocks",
+    "ResidualAdd": "blocks",
+    "TransformerEncoder": "blocks",
+    "TransformerEncoderBlock": "blocks",
+    "chunked_attention": "chunked",
+    "ClassificationHead": "head",
+    "TokenPool": "head",
+    "ViT": "model",
+    "read_config": "model",
+    "set_attn_impl": "model",
+    "ClassToken": "patch_embed",
+    "PatchEmbedding": "patch_embed",
+    "PositionEmbedding": "patch_embed",
+    "conv_to_linear_weight": "patch_embed",
+    "linear_to_conv_weight": "patch_embed",
+    "Preprocessing": "preprocess",
+    "open_image": "preprocess",
+    "load_model": "modelfile",
+    "load_vit": "modelfile",
+    "save_vit": "modelfile",
+    "Prediction": "predict",
+    "predict": "predict",
+    "PRESETS": "presets",
+    "TIMM_NAMES": "presets",
+    "create_vit": "presets",
+    "list_presets": "presets",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -2,23 +2,35 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable
 from typing import Any
 
 
-def check_positive_int(name: str, value: Any) -> int:
-    """Return `value` if it is an int > 0, else raise naming `name` and the value."""
-    if isinstance(value, bool) or not isinstance(value, int):
+def _is_int(value: Any) -> bool:
+    """An integer, numpy's scalar ints included, but not a bool (True is not a size; numpy's bool is no Integral)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: Any) -> int:
+    """Return ``value`` as a Python int, or raise TypeError naming ``name`` and the value."""
+    if not _is_int(value):
         raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+    return int(value)
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    """Return `value` (as a Python int) if it is an int > 0, else raise naming `name` and the value."""
+    value = check_int(name, value)
     if value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value}")
     return value
 
 
 def check_nonnegative_int(name: str, value: Any) -> int:
-    """Return ``value`` if it is an int >= 0, else raise naming ``name`` and the value."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+    """Return ``value`` (as a Python int) if it is an int >= 0, else raise naming ``name`` and the value."""
+    value = check_int(name, value)
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
     return value
@@ -29,26 +41,43 @@ def check_index(name: str, value: Any, length: int, container: str | None = None
 
     ``container`` names what is indexed in the message ("a ViT of depth 12"); by default "<length> items".
     """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+    value = check_int(name, value)
     if not -length <= value < length:
         container = container or f"{length} items"
         raise ValueError(f"{name} {value} out of range for {container} (valid: {-length}..{length - 1})")
     return value % length
 
 
+def check_real(name: str, value: Any, expected: str) -> float:
+    """Return ``value`` as a finite Python float; TypeError for a non-number (bools included), ValueError for
+    nan or +-inf. ``expected`` describes the valid range in both messages ("a float in [0, 1)")."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {expected}, got {value!r} of type {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be {expected}, got {value}")
+    return value
+
+
+def check_positive_float(name: str, value: Any) -> float:
+    """A finite float > 0 (an epsilon, a learning rate)."""
+    value = check_real(name, value, "a positive finite float")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive finite float, got {value}")
+    return value
+
+
 def check_probability(name: str, value: Any) -> float:
     """Dropout rates live in [0, 1): a rate of 1 would zero every activation."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float in [0, 1), got {value!r} of type {type(value).__name__}")
+    value = check_real(name, value, "a float in [0, 1)")
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value}")
-    return float(value)
+    return value
 
 
 def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
     choices = tuple(choices)
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise ValueError(f"unknown {name} {value!r}; expected one of {', '.join(map(repr, choices))}")
     return value
 
@@ -59,5 +88,4 @@ def to_pair(name: str, value: Any) -> tuple[int, int]:
         if len(value) != 2:
             raise ValueError(f"{name} must be an int or an (h, w) pair, got {value!r}")
         return (check_positive_int(f"{name}[0]", value[0]), check_positive_int(f"{name}[1]", value[1]))
-    check_positive_int(name, value)
-    return (value, value)
+    return (check_positive_int(name, value),) * 2

@@ -1,4 +1,9 @@
-"""matplotlib for files only (Agg backend, no display) and crash-safe PNG writes; shared by train, inspect and bench."""
+"""Figures without global state, and crash-safe PNG writes; shared by train, inspect and bench.
+
+Nothing here chooses a matplotlib backend: :func:`new_figure` builds a bare ``matplotlib.figure.Figure``, which
+needs none (it renders with Agg when saved), is not registered with pyplot (so a notebook shows the returned
+figure once, and a script leaks nothing), and draws inline in Jupyter when returned from a cell.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +14,31 @@ from typing import Any
 from ._io import atomic_write_bytes
 
 
-def pyplot():
-    """matplotlib.pyplot on the Agg backend, imported on first use (matplotlib is an optional extra)."""
-    import matplotlib
+def new_figure(**kwargs: Any):
+    """A ``matplotlib.figure.Figure(**kwargs)`` (constrained layout unless ``layout`` is given); matplotlib is
+    imported here, on first use, since it is an optional extra."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
+    kwargs.setdefault("layout", "constrained")
+    return Figure(**kwargs)
+
+
+def pyplot():
+    """matplotlib.pyplot, imported on first use, with whatever backend the user's environment chose."""
     import matplotlib.pyplot as plt
 
     return plt
 
 
 def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
-    """Render ``fig`` to PNG in memory, write it atomically to ``path``, and close it."""
+    """Render ``fig`` to PNG in memory and write it atomically to ``path``; returns the path.
+
+    A figure that pyplot manages (made with ``plt.subplots``) is closed after, so a script that saves many does
+    not pile them up; a bare Figure needs no closing and stays usable.
+    """
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    pyplot().close(fig)
+    if getattr(fig.canvas, "manager", None) is not None:  # made by pyplot, which keeps it until closed
+        pyplot().close(fig)
     atomic_write_bytes(path, buf.getvalue())
     return Path(path)

@@ -13,6 +13,8 @@ Three implementations of the same Eq. 6-7 (``Attend.impl``):
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from einops import einsum
@@ -36,11 +38,31 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch
     return energy
 
 
+def _has_hooks(module: nn.Module) -> bool:
+    """True if a forward (pre-)hook is registered on ``module`` itself."""
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def warn_skipped_softmax_hook(impl: str) -> None:
+    """The "chunked" and "sdpa" paths never call ``attend.softmax`` (SDPA never forms A; the chunked path forms it
+    a block at a time inside its own autograd function), so a hook on it would silently record nothing."""
+    warnings.warn(
+        f"a forward hook is registered on attend.softmax, but attention impl {impl!r} never calls that module, "
+        "so the hook does not fire. To record the attention matrices A on any impl use "
+        "vit_einops.inspect.AttentionRecorder (or record_attention); or switch to impl 'einsum' "
+        "(model.set_attn_impl('einsum')), the only path that runs attend.softmax.",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
 class Attend(nn.Module):
     """The attention math alone: Eq. 6 ``A = softmax(q k^T / sqrt(D_h))`` and Eq. 7 ``A v``.
 
     The scale sits *inside* the softmax and uses the head size D_h, not D. The softmax is its own
-    submodule, so a forward hook on ``attend.softmax`` sees A on the einsum path.
+    submodule, so a forward hook on ``attend.softmax`` sees A on the einsum path; the other paths never call
+    it and warn (once per layer) when it is hooked: :class:`vit_einops.inspect.AttentionRecorder` records A
+    on every path.
 
     Args:
         head_dim: D_h, the size of one head.
@@ -63,6 +85,7 @@ class Attend(nn.Module):
         self.dropout = nn.Dropout(check_probability("attn_dropout", dropout))
         self.impl = impl
         self.chunk_elements = check_positive_int("chunk_elements", chunk_elements)
+        self._warned_hook = False  # warn_skipped_softmax_hook once per layer, not on every forward
 
     @property
     def impl(self) -> str:
@@ -75,6 +98,9 @@ class Attend(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if self._impl != "einsum" and not self._warned_hook and _has_hooks(self.softmax):
+            warn_skipped_softmax_hook(self._impl)
+            self._warned_hook = True
         if self._impl == "sdpa":
             # SDPA's default scale is 1/sqrt(q.size(-1)) = 1/sqrt(D_h): the same Eq. 6.
             p = self.dropout.p if self.training else 0.0

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from ._checks import check_positive_int, check_probability
+from ._checks import check_positive_float, check_positive_int, check_probability
 from ._sequential import Sequential
 from .attention import MultiHeadAttention
+from .config import normalize_attn_impl
 
 
 class ResidualAdd(nn.Module):
@@ -63,6 +65,7 @@ class TransformerEncoderBlock(Sequential):
         attn_impl: str = "einsum",
         layer_norm_eps: float = 1e-6,
     ) -> None:
+        layer_norm_eps = check_positive_float("layer_norm_eps", layer_norm_eps)
         super().__init__(
             OrderedDict(
                 attn=ResidualAdd(
@@ -88,8 +91,17 @@ class TransformerEncoderBlock(Sequential):
 
 
 class TransformerEncoder(Sequential):
-    """``depth`` TransformerEncoderBlocks in a row (l = 1..L). Shapes: (b, n, D) -> (b, n, D)."""
+    """``depth`` TransformerEncoderBlocks in a row (l = 1..L). Shapes: (b, n, D) -> (b, n, D).
 
-    def __init__(self, depth: int, dim: int, heads: int, mlp_dim: int, **block_kwargs) -> None:
-        check_positive_int("depth", depth)
-        super().__init__(*(TransformerEncoderBlock(dim, heads, mlp_dim, **block_kwargs) for _ in range(depth)))
+    ``attn_impl`` is one impl for every block, or a sequence of ``depth`` impls, one per block.
+    """
+
+    def __init__(
+        self, depth: int, dim: int, heads: int, mlp_dim: int, attn_impl: str | Sequence[str] = "einsum", **block_kwargs
+    ) -> None:
+        depth = check_positive_int("depth", depth)
+        impls = normalize_attn_impl(attn_impl, depth)
+        impls = (impls,) * depth if isinstance(impls, str) else impls
+        super().__init__(
+            *(TransformerEncoderBlock(dim, heads, mlp_dim, attn_impl=impl, **block_kwargs) for impl in impls)
+        )

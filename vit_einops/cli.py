@@ -1,6 +1,7 @@
 """The ``vit-einops`` command: one subcommand per job, each defined in its own module.
 
-A subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``. Each may need an optional extra
+A subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``; only the module of the command
+being run is imported, and command modules import torch inside ``run``, so ``--help`` is fast. Each may need an optional extra
 (matplotlib, tqdm, scikit-learn...); a command whose extra is missing says which one to install, and the other
 commands keep working.
 """
@@ -12,12 +13,14 @@ import importlib
 import os
 import sys
 
+from . import __version__
+
 # name -> (module, the pip extra it needs or None, one-line help).
 COMMANDS: dict[str, tuple[str, str | None, str]] = {
     "summary": (
         "vit_einops.commands.summary",
         None,
-        "print a preset's layer table (torchsummary) and parameter count",
+        "count a preset's parameters (without allocating them) and print its torchsummary layer table",
     ),
     "bench": (
         "vit_einops.commands.bench",
@@ -57,28 +60,47 @@ def _optional_missing(err: ModuleNotFoundError, extra: str | None) -> bool:
     return extra is not None and bool(err.name) and err.name.split(".")[0] != "vit_einops"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with the arguments of ``command`` only: the other commands' modules are not imported, so
+    ``vit-einops --help`` (which needs only their names) never waits for torch."""
     parser = argparse.ArgumentParser(prog="vit-einops", description="A paper-faithful Vision Transformer in einops.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, extra, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        if name != command:
+            continue
         try:
-            command = importlib.import_module(module)
+            command_module = importlib.import_module(module)
         except ModuleNotFoundError as err:
             if not _optional_missing(err, extra):
                 raise
             p.set_defaults(_missing=err.name)
             continue
         p.set_defaults(_module=module)
-        command.add_arguments(p)
+        command_module.add_arguments(p)
     return parser
 
 
+def _command_name(argv: list[str]) -> str | None:
+    """The command in ``argv``: its first word that is not an option (the top level's options take no value)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    """Run the command line; with no command at all, print the help and return 0."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_name(argv))
+    if not argv:
+        parser.print_help()
+        return 0
     # parse_known_args: a command whose extra is missing has no arguments defined, yet must still say why it
     # cannot run rather than reject the user's flags.
     args, unknown = parser.parse_known_args(argv)
+    if args.command is None:  # options but no command, e.g. `vit-einops -x`
+        parser.error(
+            f"a command is required (one of {', '.join(COMMANDS)}); unrecognized arguments: {' '.join(unknown)}"
+        )
     extra = COMMANDS[args.command][1]
     missing = getattr(args, "_missing", None)
     if missing is None:

@@ -1,19 +1,53 @@
-"""The one configuration of a ViT, validated once at construction (SPEC.md, Table 1)."""
+"""The one configuration of a ViT, validated once at construction (the paper's Table 1 sizes by default)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from ._checks import check_choice, check_nonnegative_int, check_positive_int, check_probability, to_pair
+from ._checks import (
+    check_choice,
+    check_nonnegative_int,
+    check_positive_float,
+    check_positive_int,
+    check_probability,
+    to_pair,
+)
 
 ATTN_IMPLS = ("einsum", "chunked", "sdpa")
 POOLS = ("cls", "mean")
 PATCHIFY = ("conv", "linear")
 
 
-@dataclass
+def normalize_attn_impl(value: Any, depth: int) -> str | tuple[str, ...]:
+    """One impl for every layer (a str), or one per layer (a sequence of ``depth`` str).
+
+    A per-layer sequence whose entries are all equal becomes that one str, so that a model switched layer by
+    layer back to one impl reports the same config as a model built with it.
+    """
+    if isinstance(value, str):
+        return check_choice("attn_impl", value, ATTN_IMPLS)
+    if not isinstance(value, Sequence):
+        raise TypeError(
+            f"attn_impl must be one of {', '.join(map(repr, ATTN_IMPLS))} or a sequence of them (one per layer), "
+            f"got {value!r} of type {type(value).__name__}"
+        )
+    impls = tuple(check_choice(f"attn_impl[{i}]", v, ATTN_IMPLS) for i, v in enumerate(value))
+    if len(impls) != depth:
+        raise ValueError(f"attn_impl lists {len(impls)} impls for a model of depth {depth}; expected one per layer")
+    return impls[0] if len(set(impls)) == 1 else impls
+
+
+@dataclass(frozen=True)
 class ViTConfig:
+    """Every hyper-parameter of a :class:`~vit_einops.ViT`; frozen, so a config in hand cannot drift from the
+    model it describes (``model.config`` is read off the model's modules each time it is asked for).
+
+    Change a copy with ``dataclasses.replace(config, num_classes=10)``, or the model with its own methods
+    (``reset_classifier``, ``set_attn_impl``).
+    """
+
     # Defaults are ViT-B/16 at 224 px with the 1000 ImageNet classes (Table 1).
     image_size: int | tuple[int, int] = 224  # H, W; an int means square
     patch_size: int | tuple[int, int] = 16  # P; an int means square patches
@@ -26,43 +60,42 @@ class ViTConfig:
     dropout: float = 0.0  # Appendix B.1: 0.1 for ImageNet runs, 0 for JFT pre-training
     attn_dropout: float = 0.0  # dropout on the attention matrix A (not in the paper; timm's attn_drop)
     pool: str = "cls"  # "cls": Eq. 4 reads z_L^0; "mean": average of the patch tokens
-    attn_impl: str = (
-        "einsum"  # "einsum": Eq. 6 written out; "chunked": the same per block of queries; "sdpa": torch's fused kernel
-    )
+    # "einsum": Eq. 6 written out; "chunked": the same per block of queries; "sdpa": torch's fused kernel.
+    # A sequence of `depth` of them sets each layer's (what a model switched layer by layer reports).
+    attn_impl: str | tuple[str, ...] = "einsum"
     patchify: str = "conv"  # "conv": Conv2d(k=s=P); "linear": einops patches times E (Eq. 1 literally)
     representation_size: int | None = None  # the pre-training head's hidden layer (tanh), None at fine-tuning
     fc_norm: bool = False  # final LayerNorm after pooling (timm's fc_norm) rather than on every token before it
     layer_norm_eps: float = 1e-6  # torchvision and timm; torch's default 1e-5 would not load their weights exactly
 
     def __post_init__(self) -> None:
-        self.image_size = to_pair("image_size", self.image_size)
-        self.patch_size = to_pair("patch_size", self.patch_size)
+        # Frozen: normalised values are stored with object.__setattr__, once, here.
+        def store(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        store("image_size", to_pair("image_size", self.image_size))
+        store("patch_size", to_pair("patch_size", self.patch_size))
+        for name in ("in_channels", "dim", "depth", "heads", "mlp_dim"):
+            store(name, check_positive_int(name, getattr(self, name)))
+        store("num_classes", check_nonnegative_int("num_classes", self.num_classes))  # 0: the head returns features
         for size, patch, axis in zip(self.image_size, self.patch_size, ("height", "width")):
             if size % patch:
                 raise ValueError(
                     f"image {axis} {size} is not divisible by patch {axis} {patch} "
                     f"(image_size {self.image_size}, patch_size {self.patch_size})"
                 )
-        for name in ("in_channels", "dim", "depth", "heads", "mlp_dim"):
-            check_positive_int(name, getattr(self, name))
-        check_nonnegative_int("num_classes", self.num_classes)  # 0: no classifier, the head returns features
         if self.dim % self.heads:
             raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}")
-        check_probability("dropout", self.dropout)
-        check_probability("attn_dropout", self.attn_dropout)
+        store("dropout", check_probability("dropout", self.dropout))
+        store("attn_dropout", check_probability("attn_dropout", self.attn_dropout))
         check_choice("pool", self.pool, POOLS)
-        check_choice("attn_impl", self.attn_impl, ATTN_IMPLS)
+        store("attn_impl", normalize_attn_impl(self.attn_impl, self.depth))
         check_choice("patchify", self.patchify, PATCHIFY)
         if not isinstance(self.fc_norm, bool):
-            raise TypeError(f"fc_norm must be a bool, got {self.fc_norm!r}")
+            raise TypeError(f"fc_norm must be a bool, got {self.fc_norm!r} of type {type(self.fc_norm).__name__}")
         if self.representation_size is not None:
-            check_positive_int("representation_size", self.representation_size)
-        if (
-            isinstance(self.layer_norm_eps, bool)
-            or not isinstance(self.layer_norm_eps, (int, float))
-            or self.layer_norm_eps <= 0
-        ):
-            raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
+            store("representation_size", check_positive_int("representation_size", self.representation_size))
+        store("layer_norm_eps", check_positive_float("layer_norm_eps", self.layer_norm_eps))
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -84,16 +117,20 @@ class ViTConfig:
         """D_h = D / h."""
         return self.dim // self.heads
 
+    def layer_attn_impls(self) -> tuple[str, ...]:
+        """The attention impl of each of the ``depth`` layers."""
+        return (self.attn_impl,) * self.depth if isinstance(self.attn_impl, str) else self.attn_impl
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: pairs become lists."""
-        d = asdict(self)
-        d["image_size"], d["patch_size"] = list(self.image_size), list(self.patch_size)
-        return d
+        """JSON-ready: tuples become lists."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ViTConfig":
+    def from_dict(cls, d: Mapping[str, Any]) -> "ViTConfig":
+        if not isinstance(d, Mapping):
+            raise TypeError(f"a ViTConfig is read from a mapping of its fields, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(set(d) - known, key=str)
         if unknown:
             raise ValueError(f"unknown ViTConfig fields {unknown}; expected a subset of {sorted(known)}")
         return cls(**d)

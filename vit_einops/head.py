@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import torch
 from torch import nn
 
-from ._checks import check_choice, check_nonnegative_int, check_positive_int
+from ._checks import check_choice, check_nonnegative_int, check_positive_float, check_positive_int
 from ._sequential import Sequential
 from .config import POOLS
+
+
+def head_swap_help(dim: int, features: int) -> str:
+    """What to do instead of a head swap that cannot work: the one sentence every such error ends with."""
+    return (
+        f"To change the classifier call model.reset_classifier(num_classes) (a zero-initialised "
+        f"Linear({features}, num_classes)), or assign model.head.fc = nn.Linear({features}, num_classes); "
+        f"model.forward_features(x) gives the (b, n, {dim}) tokens and model.forward_head(x, pre_logits=True) "
+        f"the pooled features."
+    )
 
 
 class TokenPool(nn.Module):
@@ -34,6 +45,9 @@ class ClassificationHead(Sequential):
     With ``fc_norm`` the LayerNorm comes after the pooling (timm's ``fc_norm``, its default for average pooling).
     For "cls" pooling the order makes no difference (LayerNorm acts on each token alone); for "mean" it does.
 
+    ``fc`` may be replaced by an ``nn.Linear(in_features, K)`` or an ``nn.Identity()``; anything else (another
+    module, a Linear of the wrong width, a new stage) raises, since ViTConfig could not describe the result.
+
     Shapes: (b, n, D) -> (b, num_classes), or (b, D or representation_size) when num_classes is 0.
     """
 
@@ -46,8 +60,9 @@ class ClassificationHead(Sequential):
         layer_norm_eps: float = 1e-6,
         fc_norm: bool = False,
     ) -> None:
-        check_positive_int("dim", dim)
-        check_nonnegative_int("num_classes", num_classes)  # 0: no classifier
+        dim = check_positive_int("dim", dim)
+        num_classes = check_nonnegative_int("num_classes", num_classes)  # 0: no classifier
+        layer_norm_eps = check_positive_float("layer_norm_eps", layer_norm_eps)
         stages = [("norm", nn.LayerNorm(dim, eps=layer_norm_eps)), ("pool", TokenPool(pool))]
         if fc_norm:
             stages.reverse()
@@ -57,3 +72,72 @@ class ClassificationHead(Sequential):
             stages.append(("pre_logits", nn.Sequential(OrderedDict(fc=nn.Linear(dim, features), act=nn.Tanh()))))
         stages.append(("fc", nn.Linear(features, num_classes) if num_classes else nn.Identity()))
         super().__init__(OrderedDict(stages))
+
+    @property
+    def dim(self) -> int:
+        """D, the width of the tokens the head reads."""
+        return self.norm.normalized_shape[0]
+
+    @property
+    def in_features(self) -> int:
+        """The width of the classifier's input: D, or representation_size with a ``pre_logits`` layer
+        (what ``nn.Linear(model.head.in_features, K)`` needs, as with timm's ``model.head.in_features``)."""
+        return self.pre_logits.fc.out_features if "pre_logits" in self._modules else self.dim
+
+    @property
+    def out_features(self) -> int:
+        """The number of outputs: num_classes, or in_features when there is no classifier."""
+        return self.num_classes or self.in_features
+
+    @property
+    def num_classes(self) -> int:
+        """K, the classifier's outputs; 0 when ``fc`` is nn.Identity."""
+        return 0 if isinstance(self.fc, nn.Identity) else self.fc.out_features
+
+    @property
+    def token_norm(self) -> bool:
+        """True when ``norm`` acts on every token before the pooling (the paper), False with fc_norm."""
+        return next(iter(self._modules)) == "norm"
+
+    def pool_features(self, x: torch.Tensor, *, normed: bool = False) -> torch.Tensor:
+        """Every stage but ``fc``: (b, n, D) tokens -> (b, in_features), the classifier's input.
+
+        ``normed``: the tokens already went through ``norm`` (``ViT.forward_features`` applies it), so it is
+        skipped here when it acts on tokens.
+        """
+        for name, stage in self.named_children():
+            if name == "fc":
+                break
+            if not (name == "norm" and normed and self.token_norm):
+                x = stage(x)
+        return x
+
+    def check_classifier(self, module: Any) -> nn.Module:
+        """``module`` if it can serve as ``fc``: an nn.Identity, or an nn.Linear reading in_features."""
+        if isinstance(module, nn.Identity):
+            return module
+        if not isinstance(module, nn.Linear):
+            raise TypeError(
+                f"head.fc must be an nn.Linear({self.in_features}, num_classes) or nn.Identity(), got "
+                f"{type(module).__name__}: ViTConfig (and so saving and loading) describes no other classifier. "
+                f"For more layers, wrap the model: nn.Sequential(model, your_layers) with "
+                f"model.reset_classifier(0). " + head_swap_help(self.dim, self.in_features)
+            )
+        if module.in_features != self.in_features:
+            raise ValueError(
+                f"head.fc must read the {self.in_features} pooled features, got nn.Linear with in_features="
+                f"{module.in_features}. " + head_swap_help(self.dim, self.in_features)
+            )
+        return module
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, nn.Module) and "_modules" in self.__dict__:
+            if name == "fc":
+                value = self.check_classifier(value)
+            elif name not in self._modules:
+                raise TypeError(
+                    f"ClassificationHead has no stage {name!r} (its stages are {', '.join(self._modules)}); "
+                    f"assigning a module here would add a stage to its nn.Sequential forward. "
+                    + head_swap_help(self.dim, self.in_features)
+                )
+        super().__setattr__(name, value)

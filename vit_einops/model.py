@@ -3,36 +3,90 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 import torch
+from einops import rearrange
 from torch import nn
 
-from ._checks import check_choice
+from ._checks import check_choice, check_index, check_nonnegative_int, check_positive_int
 from ._init import trunc_normal_
 from ._sequential import Sequential
 from .attention import MultiHeadAttention
-from .blocks import TransformerEncoder
+from .blocks import FeedForwardBlock, TransformerEncoder, TransformerEncoderBlock
 from .config import ATTN_IMPLS, ViTConfig
-from .head import ClassificationHead
+from .head import ClassificationHead, head_swap_help
 from .patch_embed import PatchEmbedding
 from .preprocess import Preprocessing
 
 # timm's default for every Linear in the encoder and head; the embeddings have their own init.
 LINEAR_INIT_STD = 0.02
+# timm's global_pool names -> ours.
+GLOBAL_POOLS = {"token": "cls", "avg": "mean", "cls": "cls", "mean": "mean"}
+OUTPUT_FORMATS = ("NCHW", "NLC")
 
 
 class ViT(Sequential):
     """Vision Transformer (Dosovitskiy et al. 2021), children ``patch_embed``, ``blocks``, ``head``.
 
-    Every argument is keyword-only and is a field of :class:`ViTConfig` (see there for defaults and
-    their sources); the validated config is kept as ``model.config``.
+    Every argument is keyword-only and is a field of :class:`ViTConfig` (see there for the defaults' sources).
+    ``model.config`` is read off the modules each time it is asked for, so it describes the model as it is
+    after any change (``reset_classifier``, ``model.head.fc = nn.Linear(...)``, one layer's
+    ``attn.fn.mha.impl = "sdpa"``, which makes ``config.attn_impl`` a per-layer tuple) and always rebuilds it:
+    ``ViT.from_config(model.config)`` has the same structure and state-dict keys.
 
-    Shapes: (b, C, H, W) float -> (b, num_classes) logits.
+    timm's interface is here too: ``forward_features``, ``forward_head``, ``reset_classifier``,
+    ``get_classifier``, ``num_classes``, ``num_features``, ``no_weight_decay``, ``forward_intermediates``,
+    ``get_intermediate_layers``.
+
+    Shapes: (b, C, H, W) float -> (b, num_classes) logits (or (b, D) pooled features when num_classes is 0).
+    A batch of another float dtype is cast to the model's when the cast is exact (float16 or bfloat16 into a
+    float32 model) and refused with a TypeError otherwise (float64 into float32 would round). Non-finite pixels
+    are not checked: they make that image's logits non-finite and leave the other images of the batch unchanged.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
-        config = ViTConfig(**kwargs)
+    num_prefix_tokens = 1  # timm's name: tokens before the patch tokens (the class token)
+
+    def __init__(
+        self,
+        *,
+        image_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_channels: int = 3,
+        num_classes: int = 1000,
+        dim: int = 768,
+        depth: int = 12,
+        heads: int = 12,
+        mlp_dim: int = 3072,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        pool: str = "cls",
+        attn_impl: str | Sequence[str] = "einsum",
+        patchify: str = "conv",
+        representation_size: int | None = None,
+        fc_norm: bool = False,
+        layer_norm_eps: float = 1e-6,
+    ) -> None:
+        config = ViTConfig(
+            image_size=image_size,
+            patch_size=patch_size,
+            in_channels=in_channels,
+            num_classes=num_classes,
+            dim=dim,
+            depth=depth,
+            heads=heads,
+            mlp_dim=mlp_dim,
+            dropout=dropout,
+            attn_dropout=attn_dropout,
+            pool=pool,
+            attn_impl=attn_impl,
+            patchify=patchify,
+            representation_size=representation_size,
+            fc_norm=fc_norm,
+            layer_norm_eps=layer_norm_eps,
+        )
         super().__init__(
             OrderedDict(
                 patch_embed=PatchEmbedding(
@@ -63,7 +117,6 @@ class ViT(Sequential):
                 ),
             )
         )
-        self.config = config
         # What a model file carries beside the weights (vit_einops.modelfile): plain attributes, set by the loaders
         # and by training, None when unknown.
         self.preprocessing: Preprocessing | None = None  # how an image becomes this model's input
@@ -77,19 +130,45 @@ class ViT(Sequential):
 
     @classmethod
     def from_config(cls, config: ViTConfig) -> "ViT":
-        return cls(**config.to_dict())
+        if not isinstance(config, ViTConfig):
+            raise TypeError(f"from_config expects a ViTConfig, got {type(config).__name__}")
+        return cls(**{f.name: getattr(config, f.name) for f in fields(config)})
+
+    @property
+    def config(self) -> ViTConfig:
+        """The ViTConfig of the model as it is now, read off its modules (see :func:`read_config`)."""
+        return read_config(self)
+
+    @config.setter
+    def config(self, value: Any) -> None:
+        raise AttributeError(
+            "model.config is read off the model's modules and cannot be assigned; change the model instead "
+            "(model.reset_classifier(K), model.set_attn_impl(impl)), or build a new one: ViT.from_config(config)"
+        )
+
+    # -- input -------------------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_input(x)
-        return super().forward(x)
+        return super().forward(self.check_input(x))
 
-    def check_input(self, x: Any) -> None:
-        """Raise TypeError/ValueError unless x is a float (b, C, H, W) tensor of this model's C, H, W."""
-        c, (h, w) = self.config.in_channels, self.config.image_size
+    def check_input(self, x: Any) -> torch.Tensor:
+        """``x`` as this model runs it, or a TypeError/ValueError saying what was expected.
+
+        Expected: a float (b, C, H, W) tensor of this model's C, H, W, on the model's device. Another float dtype
+        is cast to the model's when that is exact (torch.promote_types gives the model's dtype: float16 and
+        bfloat16 into float32, float32 into float64); a rounding cast (float64 into float32, float32 into
+        float16) is a TypeError naming both dtypes. The rule holds under torch.autocast too, which then casts the
+        layers' inputs as it does (it never casts float64, so a float64 batch would fail there anyway).
+        """
+        pe = self.patch_embed
+        c, (h, w) = pe.in_channels, pe.image_size
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor of shape (b, {c}, {h}, {w}), got {type(x).__name__}")
         if not x.is_floating_point():
-            raise TypeError(f"expected a floating-point image tensor, got dtype {x.dtype}")
+            raise TypeError(
+                f"expected a floating-point image tensor, got dtype {x.dtype} "
+                f"(for 0..255 pixels pass x.float() / 255, then normalise as the weights expect)"
+            )
         if x.ndim != 4:
             raise ValueError(f"expected a 4-D tensor (b, {c}, {h}, {w}), got {x.ndim}-D of shape {tuple(x.shape)}")
         if x.shape[1] != c:
@@ -98,6 +177,195 @@ class ViT(Sequential):
             raise ValueError(
                 f"expected height, width ({h}, {w}), got {tuple(x.shape[2:])} (input shape {tuple(x.shape)})"
             )
+        weight = pe.proj.weight
+        if x.device != weight.device:
+            raise ValueError(
+                f"the input is on {x.device} but the model is on {weight.device}; move one of them "
+                f"(x.to({str(weight.device)!r}) or model.to({str(x.device)!r}))"
+            )
+        if x.dtype != weight.dtype:
+            if torch.promote_types(x.dtype, weight.dtype) != weight.dtype:
+                raise TypeError(
+                    f"the input is {x.dtype} but the model is {weight.dtype}, and casting would round the input; "
+                    f"pass x.to({weight.dtype}) or convert the model with model.to({x.dtype})"
+                )
+            x = x.to(weight.dtype)  # exact: every value of x.dtype is a value of the model's dtype
+        return x
+
+    # -- timm's interface ----------------------------------------------------------------------------------
+
+    @property
+    def num_classes(self) -> int:
+        """K, the classifier's outputs; 0 when there is no classifier."""
+        return self.head.num_classes
+
+    @property
+    def num_features(self) -> int:
+        """D, the width of the tokens :meth:`forward_features` returns (timm's ``num_features``)."""
+        return self.head.dim
+
+    @property
+    def head_hidden_size(self) -> int:
+        """The width of the classifier's input: D, or representation_size with a pre_logits layer (timm's name)."""
+        return self.head.in_features
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The tokens after the encoder and the final LayerNorm: (b, C, H, W) -> (b, N, D), the class token first.
+
+        As timm's ``forward_features``, the tokens are normed (Eq. 4's LN applied to every token; LN acts on each
+        token alone, so the class token's row is exactly y of Eq. 4). A model with ``fc_norm`` norms after the
+        pooling instead, so its tokens come out un-normed, as in timm.
+        """
+        x = self.blocks(self.patch_embed(self.check_input(x)))
+        return self.head.norm(x) if self.head.token_norm else x
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """The head on :meth:`forward_features`'s tokens: (b, N, D) -> (b, num_classes) logits, or with
+        ``pre_logits=True`` the classifier's input (b, head_hidden_size): pooled, normed, through the tanh
+        pre_logits layer when the model has one. ``forward_head(forward_features(x)) == model(x)``.
+        """
+        dim = self.head.dim
+        if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != dim:
+            got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"forward_head expects the (b, n, {dim}) tokens of forward_features, got {got}")
+        x = self.head.pool_features(x, normed=True)
+        return x if pre_logits else self.head.fc(x)
+
+    def get_classifier(self) -> nn.Module:
+        """The classifier ``head.fc``: an nn.Linear(head_hidden_size, K), or nn.Identity when K is 0."""
+        return self.head.fc
+
+    def reset_classifier(
+        self, num_classes: int, global_pool: str | None = None, *, class_names: Sequence[str] | None = None
+    ) -> None:
+        """Replace the classifier by a zero-initialised Linear(head_hidden_size, num_classes), as the paper
+        fine-tunes (Section 3.2: "a zero-initialized D x K feedforward layer"); 0 leaves none (nn.Identity), so
+        the model returns the pooled features.
+
+        Args:
+            num_classes: K.
+            global_pool: timm's pooling names "token" (the class token) or "avg" (mean of the patch tokens), or
+                ours "cls" / "mean"; None keeps the model's.
+            class_names: K names of the outputs, stored as ``model.class_names``; None forgets the old ones.
+        """
+        num_classes = check_nonnegative_int("num_classes", num_classes)
+        if global_pool is not None:
+            if not isinstance(global_pool, str):
+                raise TypeError(
+                    f"global_pool must be a str (one of {', '.join(GLOBAL_POOLS)}) or None, got "
+                    f"{type(global_pool).__name__}; class names go by keyword: class_names=[...]"
+                )
+            global_pool = GLOBAL_POOLS[check_choice("global_pool", global_pool, GLOBAL_POOLS)]
+        names = check_class_names(class_names, num_classes)
+        if num_classes:
+            ref = self.head.norm.weight
+            fc = nn.Linear(self.head.in_features, num_classes, device=ref.device, dtype=ref.dtype)
+            nn.init.zeros_(fc.weight)
+            nn.init.zeros_(fc.bias)
+        else:
+            fc = nn.Identity()
+        self.head.fc = fc
+        if global_pool is not None:
+            self.head.pool.mode = global_pool
+        self.class_names = names
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that weight decay should skip: the class token and the position embedding (timm's
+        ``cls_token``, ``pos_embed``), under this model's names, so timm's optimizer factory can match them."""
+        return {"patch_embed.cls_token.weight", "patch_embed.pos_embed.weight"}
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[Any] | tuple[torch.Tensor, list[Any]]:
+        """timm's ``forward_intermediates``: the outputs z_l of chosen encoder blocks.
+
+        Args:
+            x: (b, C, H, W) images.
+            indices: None for every block, an int n for the last n blocks, or a sequence of block indices
+                (0-based, negative from the end). Intermediates come in block order.
+            return_prefix_tokens: also return each block's class token: a list of (patch tokens, (b, 1, D)).
+            norm: apply the final LayerNorm to each (not for a model with fc_norm, whose norm follows pooling).
+            stop_early: run no block after the last one asked for (the final features then come from there).
+            output_fmt: "NCHW" for (b, D, gh, gw) patch-token maps, "NLC" for (b, N', D) patch tokens.
+            intermediates_only: return only the intermediates.
+
+        Returns: (final features as :meth:`forward_features`, intermediates), or the intermediates alone.
+        """
+        output_fmt = check_choice("output_fmt", output_fmt, OUTPUT_FORMATS)
+        take = self._take_indices(indices)
+        if norm and not self.head.token_norm:
+            raise ValueError("norm=True needs a LayerNorm on every token; this model's (fc_norm=True) follows pooling")
+        x = self.patch_embed(self.check_input(x))
+        blocks = list(self.blocks)[: max(take) + 1] if stop_early else self.blocks
+        intermediates = []
+        for i, block in enumerate(blocks):
+            x = block(x)
+            if i in take:
+                intermediates.append(self.head.norm(x) if norm else x)
+        prefix = [y[:, : self.num_prefix_tokens] for y in intermediates]
+        intermediates = [y[:, self.num_prefix_tokens :] for y in intermediates]
+        if output_fmt == "NCHW":
+            gh, gw = self.patch_embed.grid_size
+            intermediates = [rearrange(y, "b (h w) d -> b d h w", h=gh, w=gw) for y in intermediates]
+        if return_prefix_tokens:
+            intermediates = list(zip(intermediates, prefix, strict=True))
+        if intermediates_only:
+            return intermediates
+        return (self.head.norm(x) if self.head.token_norm else x), intermediates
+
+    def get_intermediate_layers(
+        self,
+        x: torch.Tensor,
+        n: int | Sequence[int] = 1,
+        reshape: bool = False,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+    ) -> list[Any]:
+        """timm's (and DINO's) ``get_intermediate_layers``: the last ``n`` blocks' patch tokens, or the blocks
+        listed in ``n``; (b, N', D) each, or (b, D, gh, gw) with ``reshape``. Blocks after the last asked for
+        are not run."""
+        return self.forward_intermediates(
+            x,
+            n,
+            return_prefix_tokens=return_prefix_tokens,
+            norm=norm,
+            stop_early=True,
+            output_fmt="NCHW" if reshape else "NLC",
+            intermediates_only=True,
+        )
+
+    def _take_indices(self, indices: Any) -> list[int]:
+        """timm's feature_take_indices: None -> all blocks, int n -> the last n, sequence -> those (0-based)."""
+        depth = len(self.blocks)
+        if indices is None:
+            return list(range(depth))
+        if isinstance(indices, Sequence) and not isinstance(indices, str):
+            if not indices:
+                raise ValueError("indices is empty; pass None for every block, n for the last n, or block indices")
+            return sorted({check_index("block index", i, depth, f"a ViT of depth {depth}") for i in indices})
+        n = check_positive_int("indices (the last n blocks)", indices)
+        if n > depth:
+            raise ValueError(f"indices {n} asks for the last {n} blocks of a ViT of depth {depth}")
+        return list(range(depth - n, depth))
+
+    # -- fine-tuning -------------------------------------------------------------------------------------
+
+    def freeze_backbone(self) -> list[str]:
+        """Stop gradients everywhere but the classifier ``head.fc``; returns the names of the parameters left
+        trainable. With :meth:`reset_classifier` this is a frozen feature extractor under a new head."""
+        trainable = []
+        for name, param in self.named_parameters():
+            param.requires_grad_(name.startswith("head.fc."))
+            if param.requires_grad:
+                trainable.append(name)
+        return trainable
 
     def transforms(self) -> Preprocessing:
         """The callable that maps a PIL image to the (C, H, W) tensor this model expects, like torchvision's
@@ -114,8 +382,108 @@ class ViT(Sequential):
     def set_attn_impl(self, impl: str) -> "ViT":
         """Switch every attention layer to ``impl`` ("einsum", "chunked" or "sdpa"); returns the model."""
         set_attn_impl(self, impl)
-        self.config.attn_impl = impl
         return self
+
+    # -- safe head swaps ---------------------------------------------------------------------------------
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, nn.Module) and "_modules" in self.__dict__ and "head" in self._modules:
+            if name == "head":
+                if not isinstance(value, ClassificationHead):
+                    # timm's habit `model.head = nn.Linear(D, K)` (or nn.Identity()): it becomes the classifier,
+                    # keeping the final LayerNorm and the pooling, so the model still returns (b, K).
+                    self.head.fc = self._as_classifier(value)
+                    return
+            elif name not in self._modules:
+                hint = " (torchvision's ViT calls its classifier `heads`)" if name == "heads" else ""
+                raise TypeError(
+                    f"ViT has no stage {name!r}{hint}; its stages are patch_embed, blocks, head, and assigning "
+                    f"a module would add one to its nn.Sequential forward. "
+                    + head_swap_help(self.head.dim, self.head.in_features)
+                )
+        super().__setattr__(name, value)
+
+    def _as_classifier(self, value: nn.Module) -> nn.Module:
+        if isinstance(value, (nn.Linear, nn.Identity)):
+            return value
+        raise TypeError(
+            f"model.head takes a ClassificationHead, or an nn.Linear({self.head.in_features}, K) / nn.Identity() "
+            f"that becomes its classifier; got {type(value).__name__}. "
+            + head_swap_help(self.head.dim, self.head.in_features)
+        )
+
+
+def check_class_names(class_names: Any, num_classes: int) -> list[str] | None:
+    """None, or ``num_classes`` names as a list of str."""
+    if class_names is None:
+        return None
+    if isinstance(class_names, str) or not isinstance(class_names, Sequence):
+        raise TypeError(f"class_names must be a list of str, got {type(class_names).__name__}")
+    names = list(class_names)
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"class_names must all be str, got {bad[0]!r} of type {type(bad[0]).__name__}")
+    if len(names) != num_classes:
+        raise ValueError(f"class_names has {len(names)} names for num_classes {num_classes}; expected one per class")
+    return names
+
+
+def _one(name: str, values: dict[str, Any]) -> Any:
+    """The one value every module in ``values`` (name -> value) holds, or a ValueError naming where they differ."""
+    distinct = dict.fromkeys(values.values())
+    if len(distinct) > 1:
+        first = {v: k for k, v in reversed(list(values.items()))}  # where each value first occurs
+        where = ", ".join(f"{v!r} at {first[v]}" for v in distinct)
+        raise ValueError(
+            f"the model's {name} differs between its modules ({where}); ViTConfig holds one {name}, "
+            f"so set them equal before reading model.config or saving"
+        )
+    return next(iter(distinct))
+
+
+def read_config(model: ViT) -> ViTConfig:
+    """The ViTConfig of ``model`` as its modules are now: what rebuilds the same structure and keys.
+
+    Per-layer attention impls that differ become a tuple (one per layer). A model changed into something no
+    ViTConfig describes (a stage added, blocks of different sizes, dropout rates that differ between modules)
+    is a ValueError saying what differs.
+    """
+    stages = list(model._modules)
+    if stages != ["patch_embed", "blocks", "head"]:
+        raise ValueError(f"the ViT's stages are {stages}; a ViTConfig describes exactly patch_embed, blocks, head")
+    pe, head = model.patch_embed, model.head
+    if not isinstance(pe, PatchEmbedding) or not isinstance(head, ClassificationHead):
+        raise ValueError(
+            f"patch_embed is a {type(pe).__name__} and head a {type(head).__name__}; a ViTConfig describes "
+            f"a PatchEmbedding and a ClassificationHead"
+        )
+    blocks = list(model.blocks)
+    strangers = [f"blocks.{i}" for i, b in enumerate(blocks) if not isinstance(b, TransformerEncoderBlock)]
+    if strangers:
+        raise ValueError(f"{', '.join(strangers)} not TransformerEncoderBlock; a ViTConfig describes no other block")
+    named = list(model.named_modules())
+    mhas = {n: m for n, m in named if isinstance(m, MultiHeadAttention)}
+    dropouts = {n: m.p for n, m in named if isinstance(m, nn.Dropout) and not n.endswith(".attend.dropout")}
+    attn_dropouts = {n: m.p for n, m in named if isinstance(m, nn.Dropout) and n.endswith(".attend.dropout")}
+    pre_logits = head.pre_logits.fc.out_features if "pre_logits" in head._modules else None
+    return ViTConfig(
+        image_size=pe.image_size,
+        patch_size=pe.patch_size,
+        in_channels=pe.in_channels,
+        num_classes=head.num_classes,
+        dim=_one("dim", {"patch_embed.cls_token": pe.cls_token.weight.shape[-1], "head.norm": head.dim}),
+        depth=len(blocks),
+        heads=_one("heads", {n: m.heads for n, m in mhas.items()}),
+        mlp_dim=_one("mlp_dim", {n: m.fc1.out_features for n, m in named if isinstance(m, FeedForwardBlock)}),
+        dropout=_one("dropout", dropouts),
+        attn_dropout=_one("attn_dropout", attn_dropouts) if attn_dropouts else 0.0,
+        pool=head.pool.mode,
+        attn_impl=tuple(m.impl for m in mhas.values()),
+        patchify=pe.patchify,
+        representation_size=pre_logits,
+        fc_norm=not head.token_norm,
+        layer_norm_eps=_one("layer_norm_eps", {n: m.eps for n, m in named if isinstance(m, nn.LayerNorm)}),
+    )
 
 
 def set_attn_impl(model: nn.Module, impl: str) -> nn.Module:

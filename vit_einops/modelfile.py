@@ -31,7 +31,7 @@ import torch
 
 from ._io import atomic_write_bytes, check_regular_file, refuse_existing
 from .config import ViTConfig
-from .model import ViT
+from .model import ViT, check_class_names
 from .patch_embed import conv_to_linear_weight, linear_to_conv_weight
 from .preprocess import Preprocessing
 
@@ -177,18 +177,12 @@ def safetensors_bytes(state_dict: Mapping[str, torch.Tensor], metadata: dict[str
     return save(tensors, metadata=metadata)
 
 
-def check_class_names(class_names: Any, num_classes: int, source: str) -> list[str] | None:
-    """None, or a list of ``num_classes`` strings."""
-    if class_names is None:
-        return None
-    if not isinstance(class_names, (list, tuple)) or not all(isinstance(c, str) for c in class_names):
-        raise TypeError(f"{source}: class_names must be a list of str, got {class_names!r:.200}")
-    if len(class_names) != num_classes:
-        raise ValueError(
-            f"{source}: {len(class_names)} class names for a model with num_classes {num_classes}; "
-            f"expected one name per logit"
-        )
-    return list(class_names)
+def _class_names(class_names: Any, num_classes: int, source: str) -> list[str] | None:
+    """The model's own check (None, or one str per logit), its message prefixed with where the names came from."""
+    try:
+        return check_class_names(class_names, num_classes)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{source}: {err}") from err
 
 
 def model_metadata(model: ViT) -> dict[str, str]:
@@ -209,7 +203,7 @@ def model_metadata(model: ViT) -> dict[str, str]:
                 f"in_channels {config.in_channels}"
             )
         meta[PREPROCESSING_KEY] = json.dumps(preprocessing.to_dict())
-    names = check_class_names(getattr(model, "class_names", None), config.num_classes, "model")
+    names = _class_names(getattr(model, "class_names", None), config.num_classes, "model")
     if names is not None:
         meta[CLASSES_KEY] = json.dumps(names)
     source = getattr(model, "source", None)
@@ -276,7 +270,7 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
             raise ValueError(f"{path}: the stored preprocessing is invalid: {err}") from err
     if CLASSES_KEY in metadata:
         try:
-            info["class_names"] = check_class_names(
+            info["class_names"] = _class_names(
                 _json_field(metadata, CLASSES_KEY, path), config.num_classes, "stored class_names"
             )
         except TypeError as err:
@@ -380,7 +374,7 @@ def _load_from_run(path: Path, **kwargs: Any) -> ViT:
         model = build_vit(ViTConfig.from_dict({**model.config.to_dict(), **kwargs}), model.state_dict())
     data = checkpoint.train_state.get("data") or {}
     classes = data.get("classes") if isinstance(data, dict) else None
-    model.class_names = check_class_names(classes, model.config.num_classes, f"{checkpoint.path} classes")
+    model.class_names = _class_names(classes, model.config.num_classes, f"{checkpoint.path} classes")
     model.preprocessing = Preprocessing.plain(model.config.image_size, model.config.in_channels)
     model.source = {"library": "vit-einops", "file": str(checkpoint.path)}
     return model

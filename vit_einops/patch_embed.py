@@ -81,8 +81,7 @@ class PatchEmbedding(Sequential):
         image_size, patch_size = to_pair("image_size", image_size), to_pair("patch_size", patch_size)
         if image_size[0] % patch_size[0] or image_size[1] % patch_size[1]:
             raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
-        check_positive_int("in_channels", in_channels)
-        check_positive_int("dim", dim)
+        in_channels, dim = check_positive_int("in_channels", in_channels), check_positive_int("dim", dim)
         (ph, pw), (gh, gw) = patch_size, (image_size[0] // patch_size[0], image_size[1] // patch_size[1])
         if check_choice("patchify", patchify, PATCHIFY) == "conv":
             proj = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
@@ -100,3 +99,4 @@ class PatchEmbedding(Sequential):
         ]
         super().__init__(OrderedDict(stages))
         self.image_size, self.patch_size, self.grid_size, self.patchify = image_size, patch_size, (gh, gw), patchify
+        self.in_channels = in_channels

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--attn-impl", choices=ATTN_IMPLS, default="einsum", help="attention implementation (default %(default)s)"
     )
-    opt = parser.add_argument_group("optimisation (SPEC.md, Table 3)")
+    opt = parser.add_argument_group("optimisation (the paper's Table 3 recipe, at small scale)")
     for field, help_text in OPTIMISATION.items():
         default = getattr(defaults, field)
         opt.add_argument(

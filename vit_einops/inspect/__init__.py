@@ -1,8 +1,18 @@
 """Look inside a ViT: record attention on any attention implementation, roll it out, weigh it by its gradient
-(relevance), measure how far heads look and how spread out they are, and draw the paper's Figure 6, 7 and 11 style plots (``vit-einops inspect``)."""
+(relevance), measure how far heads look and how spread out they are, and draw the paper's Figure 6, 7 and 11 style
+plots (``vit-einops inspect``): each plot function returns a matplotlib Figure, shown inline in a notebook, and
+``save_figure(fig, path)`` writes it atomically."""
 
 from .distance import mean_attention_distance, patch_distances
+from .._plot import save_figure
 from .embeddings import embedding_filter_components, patch_embedding_matrix, position_similarity
+from .figures import (
+    plot_attention_distance,
+    plot_attention_overlays,
+    plot_filters,
+    plot_position_similarity,
+    show_attention,
+)
 from .record import AttentionRecorder, attention_matrix, record_attention
 from .relevance import attention_gradients, attention_relevance, relevance_from_gradients
 from .report import write_report
@@ -24,9 +34,15 @@ __all__ = [
     "mean_attention_distance",
     "patch_distances",
     "patch_embedding_matrix",
+    "plot_attention_distance",
+    "plot_attention_overlays",
+    "plot_filters",
+    "plot_position_similarity",
     "position_similarity",
     "record_attention",
     "relevance_from_gradients",
+    "save_figure",
+    "show_attention",
     "token_norms",
     "write_report",
 ]

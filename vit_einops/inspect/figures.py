@@ -1,108 +1,229 @@
-"""The inspection figures as PNGs (matplotlib, Agg backend), in the style of the paper's Figures 6, 7 and 11."""
+"""The inspection figures, in the style of the paper's Figures 6, 7 and 11.
+
+Every function returns a ``matplotlib.figure.Figure`` (shown inline when a notebook cell returns it); saving is a
+separate step, ``vit_einops._plot.save_figure(fig, path)`` (atomic). Layers and heads are numbered from 0
+everywhere, as the code indexes them (``model.blocks[0]``, ``AttentionRecorder(model, layers=[0])``,
+``arrays.npz``): "layer 11" of a 12-layer model is its last.
+
+Head panels are laid out in a grid of ceil(sqrt(panels)) columns, so 3, 12 or 16 heads stay readable.
+"""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .._plot import pyplot, save_figure
+from .._checks import check_index
+from .._plot import new_figure
+from .record import record_attention
+from .rollout import attention_rollout, class_attention_grid
+
+PANEL_INCHES = 1.45  # one attention panel; the grid's figure size follows from it
+ATTENTION_CMAP = "inferno"
+
+
+def grid_shape(panels: int) -> tuple[int, int]:
+    """(rows, cols) of a near-square grid for ``panels`` panels: ceil(sqrt) columns."""
+    cols = max(1, math.ceil(math.sqrt(panels)))
+    return math.ceil(panels / cols), cols
+
+
+def _display(image: torch.Tensor) -> torch.Tensor:
+    """(C, H, W) -> what imshow draws: as is when in [0, 1], else min-max scaled (a normalised model input)."""
+    image = image.detach().float().cpu()
+    lo, hi = image.min(), image.max()
+    if lo < 0 or hi > 1:
+        image = (image - lo) / (hi - lo).clamp_min(1e-12)
+    return image
 
 
 def _show_image(ax, image: torch.Tensor) -> None:
-    """(C, H, W) in [0, 1] -> grey or RGB panel without axes."""
+    """(C, H, W) -> grey or RGB panel without ticks."""
+    image = _display(image)
     if image.shape[0] == 1:
-        ax.imshow(image[0].cpu().numpy(), cmap="gray", vmin=0, vmax=1)
+        ax.imshow(image[0].numpy(), cmap="gray", vmin=0, vmax=1)
     else:
-        ax.imshow(image.permute(1, 2, 0).clamp(0, 1).cpu().numpy())  # (C, H, W) -> (H, W, C) for imshow
+        ax.imshow(image.permute(1, 2, 0).clamp(0, 1).numpy())  # (C, H, W) -> (H, W, C) for imshow
     ax.set_xticks([])
     ax.set_yticks([])
 
 
 def _upsample(grid_map: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """(gh, gw) -> (H, W), scaled to [0, 1] so every panel uses the full colour range (as Figure 6 does)."""
-    up = F.interpolate(grid_map[None, None].float(), size=size, mode="bilinear", align_corners=False)[0, 0]
-    return (up - up.min()) / (up.max() - up.min()).clamp_min(1e-12)
+    """(gh, gw) -> (H, W), divided by its maximum so every panel uses the full colour range (as Figure 6 does)."""
+    up = F.interpolate(grid_map[None, None].float().cpu(), size=size, mode="bilinear", align_corners=False)[0, 0]
+    return up.clamp_min(0) / up.max().clamp_min(1e-12)
+
+
+def _attention_colorbar(fig, axes) -> None:
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    mappable = ScalarMappable(norm=Normalize(0, 1), cmap=ATTENTION_CMAP)
+    fig.colorbar(mappable, ax=axes, shrink=0.6, label="attention / panel maximum")
+
+
+def _draw_attention(
+    fig, image: torch.Tensor, head_maps: torch.Tensor, rollout_map: torch.Tensor, title: str, layer: int
+) -> None:
+    """One image on ``fig`` (a Figure or SubFigure): the input, the rollout and every head, in a grid.
+
+    head_maps (h, gh, gw) is the class token's attention over the patches in layer ``layer`` (0-based);
+    rollout_map (gh, gw) is the rollout through every layer. Each panel is scaled to its own maximum, printed in
+    its title, so the colour bar reads relative to it.
+    """
+    heads = head_maps.shape[0]
+    rows, cols = grid_shape(heads + 2)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    size = tuple(image.shape[-2:])
+    panels = [("input", None), ("rollout\n(all layers)", rollout_map)]
+    panels += [(f"layer {layer} head {h}", head_maps[h]) for h in range(heads)]
+    for ax in axes.flat:
+        ax.set_axis_off()
+    for ax, (name, grid_map) in zip(axes.flat, panels, strict=False):
+        ax.set_axis_on()
+        _show_image(ax, image)
+        if grid_map is None:
+            ax.set_title(name, fontsize=8)
+            continue
+        ax.imshow(_upsample(grid_map, size).numpy(), cmap=ATTENTION_CMAP, alpha=0.6, vmin=0, vmax=1)
+        ax.set_title(f"{name}\nmax {grid_map.max().item():.3g}", fontsize=8)
+    _attention_colorbar(fig, axes)
+    fig.suptitle(title, fontsize=10)
 
 
 def plot_attention_overlays(
     images: torch.Tensor,
     head_maps: torch.Tensor,
     rollout_maps: torch.Tensor,
-    path: str | Path,
     titles: list[str] | None = None,
-) -> Path:
-    """One row per image: the input, each head's last-layer class-token attention over it, and the rollout.
+    *,
+    layer: int,
+):
+    """Each image with its heads' class-token attention in layer ``layer`` (0-based) and the rollout, over it
+    (Figure 6 style): one block per image, the blocks in a near-square grid.
 
-    Shapes: images (b, C, H, W) in [0, 1]; head_maps (b, h, gh, gw); rollout_maps (b, gh, gw).
+    Shapes: images (b, C, H, W); head_maps (b, h, gh, gw); rollout_maps (b, gh, gw). Returns a Figure.
     """
-    plt = pyplot()
     b, heads = head_maps.shape[:2]
-    size = tuple(images.shape[-2:])
-    fig, axes = plt.subplots(
-        b, heads + 2, figsize=(1.6 * (heads + 2), 1.7 * b + 0.6), squeeze=False, layout="constrained"
+    rows, cols = grid_shape(heads + 2)
+    block_rows, block_cols = grid_shape(b)
+    fig = new_figure(
+        figsize=(block_cols * (cols * PANEL_INCHES + 0.9), block_rows * (rows * (PANEL_INCHES + 0.25) + 0.4))
     )
-    for row in range(b):
-        _show_image(axes[row, 0], images[row])
-        axes[row, 0].set_ylabel(titles[row] if titles else f"image {row}", fontsize=8)
-        panels = [*head_maps[row], rollout_maps[row]]
-        for col, grid_map in enumerate(panels, start=1):
-            _show_image(axes[row, col], images[row])
-            axes[row, col].imshow(_upsample(grid_map, size).cpu().numpy(), cmap="inferno", alpha=0.6, vmin=0, vmax=1)
-    axes[0, 0].set_title("input", fontsize=9)
-    for h in range(heads):
-        axes[0, h + 1].set_title(f"last layer\nhead {h}", fontsize=9)
-    axes[0, heads + 1].set_title("rollout\n(all layers)", fontsize=9)
-    fig.suptitle("Class-token attention (Figure 6 style)", fontsize=10)
-    return save_figure(fig, path)
+    subfigs = fig.subfigures(block_rows, block_cols, squeeze=False)
+    for sub in subfigs.flat[b:]:
+        sub.set_visible(False)
+    for i, sub in enumerate(subfigs.flat[:b]):
+        title = titles[i] if titles else f"image {i}"
+        _draw_attention(sub, images[i], head_maps[i], rollout_maps[i], title, layer)
+    return fig
 
 
-def plot_attention_distance(distance: torch.Tensor, path: str | Path, uniform_distance: float | None = None) -> Path:
-    """Mean attention distance (l, h) as a scatter over layers, one dot per head (Figure 7 right / Figure 11)."""
-    plt = pyplot()
+@torch.no_grad()
+def show_attention(model: Any, image: Any, layer: int = -1):
+    """One image's attention maps, for a notebook: the input, the attention rollout through all layers, and
+    each head's class-token attention in ``layer`` (a block index: 0 is the first, -1 the last).
+
+    Args:
+        model: a ViT (any attention impl: the maps are recorded with :class:`AttentionRecorder`). It runs in eval
+            mode here and is given back in the mode it had.
+        image: a (C, H, W) or (1, C, H, W) tensor as the model takes it, or a PIL image when the model has
+            ``transforms()``.
+
+    Returns a Figure (save it with ``vit_einops._plot.save_figure`` or ``fig.savefig``).
+    """
+    if not isinstance(image, torch.Tensor):
+        transforms = getattr(model, "transforms", None)
+        if transforms is None:
+            raise TypeError(f"image must be a (C, H, W) tensor, got {type(image).__name__}")
+        image = transforms()(image)
+    if image.ndim == 4 and image.shape[0] == 1:
+        image = image[0]
+    if image.ndim != 3:
+        raise ValueError(f"show_attention draws one image: (C, H, W) or (1, C, H, W), got shape {tuple(image.shape)}")
+    depth = len(model.blocks)
+    layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
+    was_training = model.training
+    model.eval()
+    try:
+        logits, maps = record_attention(model, image[None])  # maps (l, 1, h, n, n)
+    finally:
+        model.train(was_training)
+    grid = model.patch_embed.grid_size
+    head_maps = class_attention_grid(maps[layer, 0], grid)  # (h, gh, gw)
+    rollout = class_attention_grid(attention_rollout(maps)[0], grid)
+    title = f"layer {layer} of 0..{depth - 1}"
+    if logits.ndim == 2 and model.num_classes:
+        index = int(logits[0].argmax())
+        names = getattr(model, "class_names", None)
+        title += f"; predicted {names[index] if names else index} (p {logits[0].softmax(-1)[index].item():.2f})"
+    heads = head_maps.shape[0]
+    rows, cols = grid_shape(heads + 2)
+    fig = new_figure(figsize=(cols * PANEL_INCHES + 0.9, rows * (PANEL_INCHES + 0.25) + 0.4))
+    _draw_attention(fig, image, head_maps, rollout, title, layer)
+    return fig
+
+
+def plot_attention_distance(distance: torch.Tensor, uniform_distance: float | None = None):
+    """Mean attention distance (l, h) over layers, one dot per head coloured by its index (Figure 7 right /
+    Figure 11); layers and heads numbered from 0. Returns a Figure."""
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import BoundaryNorm
+
     layers, heads = distance.shape
-    fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
+    fig = new_figure(figsize=(5.6, 3.8))
+    ax = fig.subplots()
+    cmap = colormaps["viridis"].resampled(heads)
+    norm = BoundaryNorm([h - 0.5 for h in range(heads + 1)], heads)
+    values = distance.detach().float().cpu()
     for h in range(heads):
-        ax.scatter(range(1, layers + 1), distance[:, h].cpu().numpy(), s=18, label=f"head {h}")
+        ax.scatter(range(layers), values[:, h].numpy(), s=18, color=cmap(norm(h)), edgecolors="none")
     if uniform_distance is not None:
         ax.axhline(uniform_distance, color="grey", linestyle="--", linewidth=1, label="uniform attention")
-    ax.set(xlabel="network depth (layer)", ylabel="mean attention distance (pixels)", title="Mean attention distance")
-    ax.set_xticks(range(1, layers + 1))
+        ax.legend(fontsize=7, loc="lower right")
+    ax.set(xlabel="layer (0-based)", ylabel="mean attention distance (pixels)", title="Mean attention distance")
+    ax.set_xticks(range(layers))
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    return save_figure(fig, path)
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="head (0-based)")
+    bar.set_ticks(range(heads) if heads <= 16 else range(0, heads, math.ceil(heads / 16)))
+    return fig
 
 
-def plot_position_similarity(similarity: torch.Tensor, path: str | Path) -> Path:
-    """The grid of grids of Figure 7 (centre): tile (r, c) shows cos(E_pos[r, c], E_pos[., .]) over the grid."""
-    plt = pyplot()
+def plot_position_similarity(similarity: torch.Tensor):
+    """The grid of grids of Figure 7 (centre): tile (r, c) shows cos(E_pos[r, c], E_pos[., .]) over the patch
+    grid; patch rows and columns numbered from 0. Returns a Figure."""
     gh, gw = similarity.shape[:2]
-    fig, axes = plt.subplots(gh, gw, figsize=(0.75 * gw + 1.0, 0.75 * gh + 0.5), squeeze=False, layout="constrained")
+    fig = new_figure(figsize=(0.75 * gw + 1.4, 0.75 * gh + 0.8))
+    axes = fig.subplots(gh, gw, squeeze=False)
+    values = similarity.detach().float().cpu()
     for r in range(gh):
         for c in range(gw):
-            image = axes[r, c].imshow(similarity[r, c].cpu().numpy(), cmap="viridis", vmin=-1, vmax=1)
+            image = axes[r, c].imshow(values[r, c].numpy(), cmap="viridis", vmin=-1, vmax=1)
             axes[r, c].set_xticks([])
             axes[r, c].set_yticks([])
-        axes[r, 0].set_ylabel(str(r + 1), fontsize=7)
+        axes[r, 0].set_ylabel(str(r), fontsize=7)
     for c in range(gw):
-        axes[-1, c].set_xlabel(str(c + 1), fontsize=7)
+        axes[-1, c].set_xlabel(str(c), fontsize=7)
     fig.colorbar(image, ax=axes, shrink=0.8, label="cosine similarity")
+    fig.supxlabel("input patch column", fontsize=8)
+    fig.supylabel("input patch row", fontsize=8)
     fig.suptitle("Position embedding similarity", fontsize=10)
-    return save_figure(fig, path)
+    return fig
 
 
-def plot_filters(components: torch.Tensor, explained: torch.Tensor, path: str | Path) -> Path:
-    """Principal components of the patch-embedding filters (Figure 7 left), each scaled to its own range."""
-    plt = pyplot()
+def plot_filters(components: torch.Tensor, explained: torch.Tensor):
+    """Principal components of the patch-embedding filters (Figure 7 left), each scaled to its own range (a
+    colour bar for single-channel filters; RGB filters are their own colours). Returns a Figure."""
     k = components.shape[0]
     cols = min(k, 7)
     rows = math.ceil(k / cols)
-    fig, axes = plt.subplots(
-        rows, cols, figsize=(max(1.2 * cols, 3.5), 1.35 * rows + 0.5), squeeze=False, layout="constrained"
-    )
+    fig = new_figure(figsize=(max(1.2 * cols, 3.5) + 0.8, 1.35 * rows + 0.5))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat:
         ax.set_axis_off()
     for i, (component, ratio) in enumerate(zip(components, explained, strict=True)):
@@ -110,5 +231,10 @@ def plot_filters(components: torch.Tensor, explained: torch.Tensor, path: str | 
         _show_image(axes.flat[i], (component - lo) / (hi - lo).clamp_min(1e-12))
         axes.flat[i].set_axis_on()
         axes.flat[i].set_title(f"PC{i + 1} {100 * ratio:.0f}%", fontsize=7)
+    if components.shape[1] == 1:
+        from matplotlib.cm import ScalarMappable
+        from matplotlib.colors import Normalize
+
+        fig.colorbar(ScalarMappable(Normalize(0, 1), "gray"), ax=axes, shrink=0.8, label="component / its range")
     fig.suptitle("Patch-embedding filters:\nprincipal components", fontsize=10)
-    return save_figure(fig, path)
+    return fig

@@ -9,13 +9,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._checks import check_index
 from .._io import atomic_write_bytes
+from .._plot import save_figure
 from ..model import ViT
 from .distance import mean_attention_distance, patch_distances
 from .embeddings import embedding_filter_components, position_similarity
 from .figures import plot_attention_distance, plot_attention_overlays, plot_filters, plot_position_similarity
 from .record import AttentionRecorder
-from .rollout import attention_rollout, class_attention_grid, last_layer_class_attention
+from .rollout import attention_rollout, class_attention_grid
 
 
 def predicted_name(index: int, classes: Sequence[str] | None) -> str:
@@ -40,19 +42,28 @@ def write_report(
     titles: list[str] | None = None,
     classes: Sequence[str] | None = None,
     batch_size: int = 256,
+    layer: int = -1,
+    display_images: torch.Tensor | None = None,
 ) -> dict[str, Path]:
     """Write the inspection figures and ``arrays.npz`` for ``model`` (put in eval mode) under ``out_dir``.
 
     Args:
-        images: (b, C, H, W) in [0, 1], the images drawn with their attention (a handful).
+        images: (b, C, H, W), the model's inputs drawn with their attention (a handful).
+        display_images: the same images as they should be drawn, in [0, 1] (default ``images``): pass them when
+            ``images`` are normalised (mean/std), e.g. the preprocessing's resize and crop without normalisation.
         distance_images: the images the mean attention distance averages over (default ``images``); the paper
             averages over many, e.g. a test set.
         titles: one label per drawn image (e.g. "label 3"); the model's prediction is added below each.
         classes: the class names of the model's outputs, to name the predictions (default: their indices).
+        layer: the block whose heads' class-token attention is drawn (0 is the first, -1 the last); the figures
+            number layers and heads from 0, as this index does.
 
-    Returns the written paths by name: attention, attention_distance, position_similarity, embedding_filters,
-    arrays.
+    Returns the written paths by name: attention, attention_distance, position_similarity, embedding_filters
+    (each ``<name>.png``, written atomically), arrays (``arrays.npz``: the recorded maps, the drawn
+    ``class_attention`` of layer ``class_attention_layer``, rollout, distances, similarities, filters).
     """
+    depth = len(model.blocks)
+    layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
     model.eval()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -60,7 +71,7 @@ def write_report(
     with AttentionRecorder(model) as recorder:
         logits = model(images)
     maps = recorder.maps  # (l, b, h, n, n)
-    heads = last_layer_class_attention(maps, cfg.grid_size)
+    heads = class_attention_grid(maps[layer], cfg.grid_size)  # (b, h, gh, gw)
     rollout = attention_rollout(maps)
     rollout_grid = class_attention_grid(rollout, cfg.grid_size)
     titles = titles or [f"image {i}" for i in range(len(images))]
@@ -84,17 +95,21 @@ def write_report(
     similarity = position_similarity(model.patch_embed.pos_embed.weight, cfg.grid_size)
     components, explained = embedding_filter_components(model)
 
-    paths = {
-        "attention": plot_attention_overlays(images, heads, rollout_grid, out / "attention.png", titles),
-        "attention_distance": plot_attention_distance(distance, out / "attention_distance.png", uniform),
-        "position_similarity": plot_position_similarity(similarity, out / "position_similarity.png"),
-        "embedding_filters": plot_filters(components, explained, out / "embedding_filters.png"),
+    figures = {
+        "attention": plot_attention_overlays(
+            images if display_images is None else display_images, heads, rollout_grid, titles, layer=layer
+        ),
+        "attention_distance": plot_attention_distance(distance, uniform),
+        "position_similarity": plot_position_similarity(similarity),
+        "embedding_filters": plot_filters(components, explained),
     }
+    paths = {name: save_figure(fig, out / f"{name}.png") for name, fig in figures.items()}
     arrays = {
         "images": images,
         "logits": logits,
         "attention": maps,
-        "class_attention_last_layer": heads,
+        "class_attention": heads,
+        "class_attention_layer": torch.tensor(layer),
         "rollout": rollout,
         "mean_attention_distance": distance,
         "position_similarity": similarity,

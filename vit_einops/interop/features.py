@@ -1,19 +1,17 @@
 """A pretrained ViT as a feature extractor, as the ViT course uses torchvision's vit_b_16: the representation
 before the classifier, the tokens of chosen intermediate layers, and a frozen backbone under a new head.
 
-Because ViT is an ``nn.Sequential`` (patch_embed, blocks, head), each function runs a prefix of it: no hooks,
-and nothing after the requested layer is computed.
+Thin functional wrappers over the model's own methods (``forward_head(..., pre_logits=True)``,
+``forward_intermediates``, ``freeze_backbone``, ``reset_classifier``), which need no extra installed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
-from torch import nn
 
-from .._checks import check_index
+from .._checks import check_index, check_nonnegative_int
 from ..model import ViT
 
 
@@ -29,12 +27,7 @@ def pre_logits(model: ViT, x: torch.Tensor) -> torch.Tensor:
     Shapes: (b, C, H, W) -> (b, D), or (b, representation_size).
     """
     _check_vit(model)
-    model.check_input(x)
-    x = model.blocks(model.patch_embed(x))
-    for name, stage in model.head.named_children():
-        if name != "fc":
-            x = stage(x)
-    return x
+    return model.forward_head(model.forward_features(x), pre_logits=True)
 
 
 def intermediate_layers(
@@ -49,58 +42,37 @@ def intermediate_layers(
         norm: apply the final LayerNorm (``head.norm``) to each, as timm's ``get_intermediate_layers`` can; not for
             a model with ``fc_norm``, whose final LayerNorm acts on the pooled vector, not on tokens.
 
-    Returns: one (b, N, D) tensor per entry of ``layers``, the class token first in each.
+    Returns: one (b, N, D) tensor per entry of ``layers``, the class token first in each. Blocks after the deepest
+    one asked for are not run.
     """
     _check_vit(model)
-    if norm and model.config.fc_norm:
-        raise ValueError("norm=True needs a LayerNorm on every token; this model's (fc_norm=True) follows the pooling")
     depth = len(model.blocks)
     if isinstance(layers, (int, str)) or not isinstance(layers, Sequence) or not layers:
         raise TypeError(f"layers must be a non-empty sequence of block indices, got {layers!r}")
     wanted = [check_index("layer index", i, depth, f"a ViT of depth {depth}") for i in layers]
-    model.check_input(x)
-    x = model.patch_embed(x)
-    outputs = {}
-    for i, block in enumerate(model.blocks):
-        x = block(x)
-        if i in wanted:
-            outputs[i] = model.head.norm(x) if norm else x
-        if i == max(wanted):  # the blocks after the deepest one asked for are never run
-            break
-    return [outputs[i] for i in wanted]
+    taken = sorted(set(wanted))
+    pairs = model.forward_intermediates(
+        x, taken, return_prefix_tokens=True, norm=norm, stop_early=True, output_fmt="NLC", intermediates_only=True
+    )
+    tokens = {i: torch.cat([prefix, patches], dim=1) for i, (patches, prefix) in zip(taken, pairs, strict=True)}
+    return [tokens[i] for i in wanted]
 
 
 def freeze_backbone(model: ViT) -> list[str]:
-    """Stop gradients everywhere but the classifier ``head.fc``; returns the names of the parameters left trainable.
-
-    Combined with :func:`replace_head`, this is transfer learning with a frozen feature extractor (a linear probe).
-    """
+    """:meth:`ViT.freeze_backbone`: stop gradients everywhere but ``head.fc``; returns the trainable names."""
     _check_vit(model)
-    trainable = []
-    for name, param in model.named_parameters():
-        param.requires_grad_(name.startswith("head.fc."))
-        if param.requires_grad:
-            trainable.append(name)
-    return trainable
+    return model.freeze_backbone()
 
 
 def replace_head(model: ViT, num_classes: int) -> ViT:
-    """Swap the classifier for a zero-initialised D x K layer, as the paper fine-tunes (Section 3.2: "remove the
-    pre-trained prediction head and attach a zero-initialized D x K feedforward layer"). A ``pre_logits`` layer is
-    removed with the old head. ``model.config`` is updated (``num_classes``, ``representation_size=None``); a
-    ``num_classes`` of 0 leaves no classifier (the head returns the pooled D features). Returns the model.
+    """Swap the whole pre-trained head's layers for a zero-initialised D x K classifier, as the paper fine-tunes
+    (Section 3.2: "remove the pre-trained prediction head and attach a zero-initialized D x K feedforward layer"):
+    a tanh ``pre_logits`` layer goes too, then :meth:`ViT.reset_classifier`. A ``num_classes`` of 0 leaves no
+    classifier (the head returns the pooled D features). Returns the model.
     """
     _check_vit(model)
-    config = replace(model.config, num_classes=num_classes, representation_size=None)  # validates num_classes
-    if hasattr(model.head, "pre_logits"):
+    num_classes = check_nonnegative_int("num_classes", num_classes)  # before anything is removed
+    if "pre_logits" in model.head._modules:
         del model.head.pre_logits
-    device, dtype = model.head.norm.weight.device, model.head.norm.weight.dtype
-    if num_classes:
-        fc = nn.Linear(config.dim, num_classes, device=device, dtype=dtype)
-        nn.init.zeros_(fc.weight)
-        nn.init.zeros_(fc.bias)
-    else:
-        fc = nn.Identity()
-    model.head.fc = fc
-    model.config = config
+    model.reset_classifier(num_classes)
     return model

@@ -1,6 +1,6 @@
 """timm's ``VisionTransformer`` (vit_*_patch*_* with a class token) <-> vit-einops.
 
-timm's names are closest to ours (SPEC.md): ``blocks.i.attn.qkv`` is our fused ``qkv`` in the same (qkv h d)
+timm's names are closest to ours: ``blocks.i.attn.qkv`` is our fused ``qkv`` in the same (qkv h d)
 layout, ``norm1``/``norm2`` the two pre-norms, ``mlp.fc1``/``mlp.fc2`` the MLP, ``norm`` the final LayerNorm and
 ``head`` the classifier (absent when timm's ``num_classes=0``).
 

@@ -1,6 +1,6 @@
 """torchvision's ``VisionTransformer`` (vit_b_16, vit_b_32, vit_l_16, vit_l_32, vit_h_14) <-> vit-einops.
 
-torchvision keeps the same tensors under other names (SPEC.md): ``nn.MultiheadAttention.in_proj_weight`` is our
+torchvision keeps the same tensors under other names: ``nn.MultiheadAttention.in_proj_weight`` is our
 fused ``qkv`` in the same (qkv h d) layout, ``mlp.0``/``mlp.3`` are ``fc1``/``fc2``, ``encoder.ln`` is the final
 LayerNorm of Eq. 4 and ``heads`` the classifier (``heads.pre_logits`` + tanh when ``representation_size`` is set).
 Its LayerNorms use eps 1e-6, as ours do; its dropouts sit where ours do, so train-mode behaviour matches too.

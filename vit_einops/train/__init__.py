@@ -27,6 +27,7 @@ _EXPORTS = {
     "WarmupCosine": "loop",
     "init_distributed": "loop",
     "train": "loop",
+    "plot_curves": "plots",
 }
 
 __all__ = sorted(_EXPORTS)

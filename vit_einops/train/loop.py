@@ -241,11 +241,12 @@ def train(
     if len(set(hashes)) != 1:
         raise RuntimeError(f"ranks ended with different weights (SHA-256 per rank: {hashes}); DDP lost synchronisation")
     if ctx.is_main and out is not None and records:
+        from .._plot import save_figure
         from .plots import plot_curves
 
         summary = {**records[-1], "epochs_run": len(records), "world_size": ctx.world_size, "weights_sha256": hashes}
         atomic_write_bytes(out / SUMMARY_NAME, (json.dumps(summary, indent=1) + "\n").encode())
-        plot_curves(records, out / "curves.png")
+        save_figure(plot_curves(records), out / "curves.png")
     return TrainResult(records, hashes, checkpoint)
 
 

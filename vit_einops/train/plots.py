@@ -1,18 +1,17 @@
-"""The training curves as a PNG (matplotlib, Agg backend: no display needed)."""
+"""The training curves as a Figure (shown inline in a notebook; ``save_figure`` writes it as a PNG)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from .._plot import pyplot, save_figure
+from .._plot import new_figure
 
 
-def plot_curves(records: list[dict[str, Any]], path: str | Path) -> Path:
-    """Train loss (left) and train/test accuracy (right) per epoch, from metrics.jsonl records."""
-    plt = pyplot()
+def plot_curves(records: list[dict[str, Any]]):
+    """Train loss (left) and train/test accuracy (right) per epoch, from metrics.jsonl records; returns the Figure."""
     epochs = [r["epoch"] for r in records]
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig = new_figure(figsize=(9, 3.5))
+    ax_loss, ax_acc = fig.subplots(1, 2)
     ax_loss.plot(epochs, [r["train_loss"] for r in records], label="train loss")
     ax_loss.set(xlabel="epoch", ylabel="cross-entropy", yscale="log", title="loss")
     ax_acc.plot(epochs, [r["train_acc"] for r in records], label="train")
@@ -27,4 +26,4 @@ def plot_curves(records: list[dict[str, Any]], path: str | Path) -> Path:
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
         ax.legend()
-    return save_figure(fig, path)
+    return fig

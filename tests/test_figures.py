@@ -1,0 +1,155 @@
+"""Figures for notebooks: Figure objects, no backend change, readable head grids, one numbering of layers and heads."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+from vit_einops import ViT
+from vit_einops.inspect import (
+    plot_attention_distance,
+    plot_attention_overlays,
+    plot_filters,
+    plot_position_similarity,
+    save_figure,
+    show_attention,
+    write_report,
+)
+from vit_einops.train import plot_curves
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def vit(heads: int = 3, **kw) -> ViT:
+    return ViT(
+        **{
+            **dict(image_size=16, patch_size=4, dim=8 * heads, depth=2, heads=heads, mlp_dim=32, num_classes=4),
+            **kw,
+        }
+    ).eval()
+
+
+def image_axes(fig: Figure) -> list:
+    """The panels that show an image (colour bars excluded), in every subfigure."""
+    axes = [ax for ax in fig.get_axes() if ax.get_images() and ax.axison]
+    return axes
+
+
+def class_attention_by_softmax_hook(model: ViT, x: torch.Tensor, layer: int) -> torch.Tensor:
+    """The class token's row of A in block ``layer`` from a hook on the einsum path's softmax: (h, N')."""
+    seen = []
+    handle = model.blocks[layer].attn.fn.mha.attend.softmax.register_forward_hook(lambda m, a, out: seen.append(out))
+    try:
+        model.set_attn_impl("einsum")(x)
+    finally:
+        handle.remove()
+    return seen[0][0, :, 0, 1:]
+
+
+def test_every_plot_function_returns_a_figure_that_pyplot_does_not_hold():
+    records = [dict(epoch=e, train_loss=1.0 / e, train_acc=0.5, test_acc=0.4 + 0.1 * e) for e in (1, 2)]
+    figures = [
+        plot_curves(records),
+        plot_attention_overlays(torch.rand(2, 3, 16, 16), torch.rand(2, 3, 4, 4), torch.rand(2, 4, 4), layer=1),
+        plot_attention_distance(torch.rand(2, 3) * 10, uniform_distance=5.0),
+        plot_position_similarity(torch.rand(4, 4, 4, 4)),
+        plot_filters(torch.rand(3, 1, 4, 4), torch.tensor([0.5, 0.3, 0.2])),
+        show_attention(vit(), torch.rand(3, 16, 16)),
+    ]
+    assert all(type(fig) is Figure for fig in figures)
+    if "matplotlib.pyplot" in sys.modules:  # another test may have imported it; none of ours registered there
+        assert sys.modules["matplotlib.pyplot"].get_fignums() == []
+
+
+def test_importing_and_plotting_leave_the_backend_alone():
+    """Library code never picks a backend: a notebook's inline backend (here the user's choice, svg) stays."""
+    code = (
+        "import matplotlib, sys, torch\n"
+        "matplotlib.use('svg')\n"
+        "import vit_einops, vit_einops.inspect, vit_einops.train.plots, vit_einops._plot\n"
+        "from vit_einops import ViT\n"
+        "m = ViT(image_size=8, patch_size=4, dim=8, depth=1, heads=2, mlp_dim=16, num_classes=2)\n"
+        "vit_einops.inspect.show_attention(m, torch.rand(3, 8, 8))\n"
+        "print(matplotlib.get_backend(), 'matplotlib.pyplot' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.split() == ["svg", "False"]
+
+
+@pytest.mark.parametrize("heads", [3, 12, 16])
+def test_heads_are_a_near_square_grid_with_a_colour_bar(heads):
+    model = vit(heads)
+    fig = show_attention(model, torch.rand(3, 16, 16))
+    panels = image_axes(fig)
+    assert len(panels) == heads + 2  # input, rollout, every head
+    cols = math.ceil(math.sqrt(heads + 2))
+    assert len({round(ax.get_position().x0, 3) for ax in panels}) == cols
+    assert len({round(ax.get_position().y0, 3) for ax in panels}) == math.ceil((heads + 2) / cols)
+    colorbars = [ax for ax in fig.get_axes() if ax.get_label() == "<colorbar>"]
+    assert len(colorbars) == 1 and colorbars[0].get_ylabel() == "attention / panel maximum"
+    titles = [ax.get_title().split("\n")[0] for ax in panels]
+    assert titles == ["input", "rollout", *[f"layer 1 head {h}" for h in range(heads)]]
+
+
+@pytest.mark.parametrize("layer, shown", [(0, 0), (-1, 1), (-2, 0)])
+@torch.no_grad()
+def test_show_attention_draws_the_chosen_layer(layer, shown):
+    """Each head panel's title carries its map's maximum: compared with A read off the einsum path's softmax."""
+    model = vit(3).set_attn_impl("sdpa")
+    x = torch.rand(3, 16, 16)
+    fig = show_attention(model, x, layer=layer)
+    expected = class_attention_by_softmax_hook(model, x[None], shown)
+    heads = [ax for ax in image_axes(fig) if "head" in ax.get_title()]
+    for h, ax in enumerate(heads):
+        name, maximum = ax.get_title().split("\n")
+        assert name == f"layer {shown} head {h}"
+        assert float(maximum.removeprefix("max ")) == pytest.approx(expected[h].max().item(), rel=1e-3)
+
+
+def test_show_attention_restores_the_training_mode_and_checks_its_arguments():
+    model = vit().train()
+    show_attention(model, torch.rand(1, 3, 16, 16))
+    assert model.training
+    with pytest.raises(ValueError, match=r"layer 2 out of range for a ViT of depth 2 \(valid: -2..1\)"):
+        show_attention(model, torch.rand(3, 16, 16), layer=2)
+    with pytest.raises(ValueError, match=r"one image: \(C, H, W\) or \(1, C, H, W\), got shape \(2, 3, 16, 16\)"):
+        show_attention(model, torch.rand(2, 3, 16, 16))
+    with pytest.raises(TypeError, match="image must be a"):
+        show_attention(torch.nn.Module(), np.zeros((3, 16, 16)))
+
+
+def test_show_attention_names_the_prediction():
+    model = vit()
+    model.reset_classifier(4, class_names=["a", "b", "c", "d"])
+    fig = show_attention(model, torch.rand(3, 16, 16))
+    assert fig._suptitle.get_text().startswith("layer 1 of 0..1; predicted a (p 0.25)")  # zero head: uniform
+
+
+@torch.no_grad()
+def test_write_report_layer_chooses_the_drawn_layer(tmp_path):
+    model = vit(4)
+    images = torch.rand(2, 3, 16, 16)
+    paths = write_report(model, images, tmp_path, layer=0)
+    arrays = np.load(tmp_path / "arrays.npz")
+    assert int(arrays["class_attention_layer"]) == 0
+    expected = class_attention_by_softmax_hook(model, images, 0)  # image 0
+    np.testing.assert_allclose(arrays["class_attention"][0].reshape(4, -1), expected.numpy(), rtol=1e-5, atol=1e-7)
+    for name in ("attention", "attention_distance", "position_similarity", "embedding_filters"):
+        assert paths[name] == tmp_path / f"{name}.png" and paths[name].read_bytes()[:8] == PNG_MAGIC
+    with pytest.raises(ValueError, match="layer -3 out of range"):
+        write_report(model, images, tmp_path / "other", layer=-3)
+    assert not (tmp_path / "other").exists()  # refused before anything was written
+
+
+def test_save_figure_is_a_separate_atomic_step(tmp_path):
+    fig = plot_attention_distance(torch.rand(3, 2))
+    path = save_figure(fig, tmp_path / "d.png")
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    assert [p.name for p in tmp_path.iterdir()] == ["d.png"]  # no temporary file left behind
+    assert save_figure(fig, tmp_path / "again.png").read_bytes()[:8] == PNG_MAGIC  # the figure stays usable
