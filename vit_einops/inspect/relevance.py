@@ -11,7 +11,8 @@ replaces the latter's LRP relevance of A by A itself):
     R_0 = I,   R_l = R_{l-1} + Abar_l R_{l-1}    for l = 1..L
 
 where y_t is the logit of the target class t (not its softmax probability, as in their code). Row 0 of R over
-the patch keys is the class token's relevance map.
+the patch keys is the class token's relevance map. (A model with ``pool="mean"`` classifies the mean of the patch
+tokens, not the class token; the mean of R's patch rows is then the closer reading.)
 
 Fused implementations (sdpa, chunked) never form A, so it has no gradient there. Here a forward hook on every
 :class:`~vit_einops.attention.Attend` recomputes A from the layer's q and k inside the autograd graph and
