@@ -135,7 +135,7 @@ def test_relevance_is_the_same_on_every_attention_impl():
         model.set_attn_impl(impl)
         got[impl] = (attention_relevance(model, x), attention_relevance(model, x, targets))
     for impl in ATTN_IMPLS:
-        for a, b in zip(got[impl], got["einsum"]):
+        for a, b in zip(got[impl], got["einsum"], strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
     assert got["einsum"][0].shape == (3, 17, 17) and got["einsum"][1].shape == (3, 2, 17, 17)
     # Predicted class by default: the relevance for target=None is that for the argmax class.
@@ -164,7 +164,7 @@ def chefer_reference(model: ViT, x: torch.Tensor, target: torch.Tensor) -> torch
     grads.reverse()  # backward visits the layers last to first
     n = x.shape[0], maps[0].shape[-1]
     relevance = torch.eye(n[1], dtype=x.dtype).repeat(n[0], 1, 1)
-    for attn, grad in zip(maps, grads):
+    for attn, grad in zip(maps, grads, strict=True):
         relevance = relevance + (grad * attn).clamp(min=0).mean(dim=1) @ relevance
     return relevance.detach()
 

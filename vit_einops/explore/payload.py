@@ -8,10 +8,11 @@ levels) scaled by the row's own maximum,
 
 so every weight is within half a step, ``max_j A_ij / (2 L)`` (1/510 of the row maximum at 8 bits), of the
 recorded value; the page shows that bound beside each weight. Fewer bits make a smaller page: the compressed
-size follows the codes' entropy, and near-uniform rows (an untrained model) are the costly case. The row maxima are kept exactly (float32). Rollout and relevance (one n x n matrix per
-image and class) are stored as float16 after division by a power of two that brings their largest magnitude
-into (1/2, 1]: a relative error of at most 2^-11, or 2^-25 of that power of two for values too small for a
-normal float16. Every binary array is compressed with zlib (the page inflates it with the browser's own
+size follows the codes' entropy, and near-uniform rows (an untrained model) are the costly case (a random-weight
+ViT-B/16 on 2 photos: 13.0 MB at 8 bits, 8.6 MB at 6, 4.9 MB at 4). The row maxima are kept exactly (float32).
+Rollout and relevance (one n x n matrix per image and class) are stored as float16 after division by a power of
+two that brings their largest magnitude into (1/2, 1]: a relative error of at most 2^-11, or 2^-25 of that power
+of two for values too small for a normal float16. Every binary array is compressed with zlib (the page inflates it with the browser's own
 DecompressionStream) and written as base64.
 """
 

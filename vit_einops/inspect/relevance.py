@@ -98,7 +98,9 @@ def attention_gradients(
             for t in range(targets.shape[1]):
                 score = logits.gather(1, targets[:, t : t + 1]).sum()  # images do not interact: one sum serves all
                 g = torch.autograd.grad(score, maps, retain_graph=t + 1 < targets.shape[1], allow_unused=True)
-                grads.append(torch.stack([torch.zeros_like(a) if d is None else d for a, d in zip(maps, g)]))
+                grads.append(
+                    torch.stack([torch.zeros_like(a) if d is None else d for a, d in zip(maps, g, strict=True)])
+                )
     finally:
         for handle in handles:
             handle.remove()
