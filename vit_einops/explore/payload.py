@@ -12,8 +12,8 @@ size follows the codes' entropy, and near-uniform rows (an untrained model) are 
 ViT-B/16 on 2 photos: 13.0 MB at 8 bits, 8.6 MB at 6, 4.9 MB at 4). The row maxima are kept exactly (float32).
 Rollout and relevance (one n x n matrix per image and class) are stored as float16 after division by a power of
 two that brings their largest magnitude into (1/2, 1]: a relative error of at most 2^-11, or 2^-25 of that power
-of two for values too small for a normal float16. Every binary array is compressed with zlib (the page inflates it with the browser's own
-DecompressionStream) and written as base64.
+of two for values too small for a normal float16. Every binary array is compressed with zlib (the page inflates
+it with the browser's own DecompressionStream) and written as base64.
 """
 
 from __future__ import annotations
