@@ -10,9 +10,8 @@ two photos.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from ._model import add_model_arguments, load_model_from_args
+from ._model import add_model_arguments, default_images, is_digits_model, load_model_from_args
 
 DIGIT_IMAGES = 4  # test digits 0..3: a small model, a small page
 
@@ -34,41 +33,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
     import numpy as np
 
     from ..explore import write_explorer
-    from ..predict import load_images
-    from ..preprocess import open_image
-    from .inspect import is_digits_model
 
     model = load_model_from_args(args).eval()
+    images = default_images(model, args.image, DIGIT_IMAGES)
+    inputs, titles = images["inputs"], images["titles"]
     pictures = None
-    if args.image:
-        photos = [open_image(f) for f in args.image]
-        titles = [Path(f).name for f in args.image]
-    elif is_digits_model(model):
-        from ..train.data import load_digits
-
-        test = load_digits()[1]
-        chosen = [int((test.labels == c).nonzero()[0]) for c in range(DIGIT_IMAGES)]
-        photos = None
-        inputs = test.images[chosen]  # stored in [0, 1], as the model was trained on them
-        titles = [f"test digit, label {test.classes[int(test.labels[i])]}" for i in chosen]
-    else:
-        from PIL import Image
-        from sklearn.datasets import load_sample_images
-
-        sample = load_sample_images()
-        photos = [Image.fromarray(a) for a in sample.images]
-        titles = [Path(f).name for f in sample.filenames]
-    if photos is not None:
-        inputs = load_images(model, photos)
-        prep = model.transforms()
-        # The same resize and crop without the normalisation: what the model saw.
-        seen = dataclasses.replace(prep, mean=(0.0,) * prep.channels, std=(1.0,) * prep.channels)
-        pictures = [np.asarray(seen(p).mul(255).round().byte().permute(1, 2, 0).squeeze(-1)) for p in photos]
+    if args.image or not is_digits_model(model):  # photos: draw what the model saw, as 8-bit pictures
+        pictures = [np.asarray(d.mul(255).round().byte().permute(1, 2, 0).squeeze(-1)) for d in images["display"]]
     path = write_explorer(
         model,
         inputs,
