@@ -9,6 +9,7 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
+from _hooks import block_outputs, classifier_input
 from einops import rearrange
 from torch import nn
 
@@ -21,28 +22,6 @@ X = torch.randn(2, 3, 16, 16)
 
 def tiny(**kw) -> ViT:
     return ViT(**{**TINY, **kw}).eval()
-
-
-def block_outputs(model: ViT, x: torch.Tensor) -> list[torch.Tensor]:
-    """Every block's output, from forward hooks on a full forward (independent of running the model in parts)."""
-    seen = []
-    handles = [b.register_forward_hook(lambda m, i, out: seen.append(out)) for b in model.blocks]
-    try:
-        model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return seen
-
-
-def classifier_input(model: ViT, x: torch.Tensor) -> torch.Tensor:
-    seen = []
-    handle = model.head.fc.register_forward_hook(lambda m, i, out: seen.append(i[0]))
-    try:
-        model(x)
-    finally:
-        handle.remove()
-    return seen[0]
 
 
 # --- the signature ----------------------------------------------------------------------------------------
@@ -298,11 +277,11 @@ def test_a_model_no_config_describes_says_what_differs():
         ValueError,
         match=r"dropout differs between its modules \(0.0 at patch_embed.dropout, 0.3 at blocks.1.mlp.fn.ff.drop1\)",
     ):
-        model.config
+        _ = model.config
     model = tiny()
     model.append(nn.Softmax(dim=-1))  # nn.Sequential's own API: allowed, but no ViTConfig describes it
     with pytest.raises(ValueError, match=r"stages are \['patch_embed', 'blocks', 'head', '3'\]"):
-        model.config
+        _ = model.config
 
 
 def test_truncated_blocks_are_described():

@@ -126,7 +126,7 @@ class ViTConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ViTConfig":
+    def from_dict(cls, d: Mapping[str, Any]) -> ViTConfig:
         if not isinstance(d, Mapping):
             raise TypeError(f"a ViTConfig is read from a mapping of its fields, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}

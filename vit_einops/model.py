@@ -123,7 +123,7 @@ class ViT(Sequential):
                     nn.init.zeros_(m.bias)
 
     @classmethod
-    def from_config(cls, config: ViTConfig) -> "ViT":
+    def from_config(cls, config: ViTConfig) -> ViT:
         if not isinstance(config, ViTConfig):
             raise TypeError(f"from_config expects a ViTConfig, got {type(config).__name__}")
         return cls(**{f.name: getattr(config, f.name) for f in fields(config)})
@@ -361,7 +361,7 @@ class ViT(Sequential):
                 trainable.append(name)
         return trainable
 
-    def set_attn_impl(self, impl: str) -> "ViT":
+    def set_attn_impl(self, impl: str) -> ViT:
         """Switch every attention layer to ``impl`` ("einsum", "chunked" or "sdpa"); returns the model."""
         set_attn_impl(self, impl)
         return self
@@ -435,7 +435,7 @@ def read_config(model: ViT) -> ViTConfig:
         raise ValueError(f"the ViT's stages are {stages}; a ViTConfig describes exactly patch_embed, blocks, head")
     pe, head = model.patch_embed, model.head
     if not isinstance(pe, PatchEmbedding) or not isinstance(head, ClassificationHead):
-        raise ValueError(
+        raise TypeError(
             f"patch_embed is a {type(pe).__name__} and head a {type(head).__name__}; a ViTConfig describes "
             f"a PatchEmbedding and a ClassificationHead"
         )
