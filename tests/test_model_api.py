@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -319,3 +321,22 @@ def test_feature_extractor_workflow_trains_only_the_new_head():
     model.eval()
     predicted = [model.class_names[i] for i in model(images[:3]).argmax(-1)]
     assert model(images[:3]).shape == (3, 3) and set(predicted) <= {"pizza", "steak", "sushi"}
+
+
+def test_the_classifier_swaps_with_the_core_install_alone():
+    """No safetensors (the interop extra): the model's own methods still fine-tune it."""
+    code = (
+        "import sys\n"
+        "sys.modules['safetensors'] = None  # as if not installed: importing it raises ImportError\n"
+        "import torch\n"
+        "from vit_einops import create_vit\n"
+        "m = create_vit('vit_ti_16', image_size=32, depth=1)\n"
+        "m.reset_classifier(3, class_names=['a', 'b', 'c'])\n"
+        "print(m.freeze_backbone(), tuple(m(torch.rand(2, 3, 32, 32)).shape))\n"
+        "try:\n"
+        "    import vit_einops.interop\n"
+        "except ImportError:\n"
+        "    print('no interop')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.splitlines() == ["['head.fc.weight', 'head.fc.bias'] (2, 3)", "no interop"]
