@@ -453,7 +453,14 @@ def read_config(model: ViT) -> ViTConfig:
         patch_size=pe.patch_size,
         in_channels=pe.in_channels,
         num_classes=head.num_classes,
-        dim=_one("dim", {"patch_embed.cls_token": pe.cls_token.weight.shape[-1], "head.norm": head.dim}),
+        dim=_one(
+            "dim",
+            {
+                "patch_embed.cls_token": pe.cls_token.weight.shape[-1],
+                **{n: m.dim for n, m in mhas.items()},
+                "head": head.dim,
+            },
+        ),
         depth=len(blocks),
         heads=_one("heads", {n: m.heads for n, m in mhas.items()}),
         mlp_dim=_one("mlp_dim", {n: m.fc1.out_features for n, m in named if isinstance(m, FeedForwardBlock)}),
