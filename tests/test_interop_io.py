@@ -80,8 +80,10 @@ def test_vit_file_overrides_free_fields(tmp_path):
 
 def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
     path = save_state_dict_file({"a": torch.ones(2)}, tmp_path / "w.safetensors")
+    with pytest.raises(FileExistsError, match="w.safetensors already exists; pass overwrite=True"):
+        save_state_dict_file({"a": torch.zeros(2)}, path)  # never replaced unasked
     with pytest.raises(TypeError):
-        save_state_dict_file({"a": "not a tensor"}, path)
+        save_state_dict_file({"a": "not a tensor"}, path, overwrite=True)
 
     def crash(*args):
         raise KeyboardInterrupt  # a crash between writing the new file and moving it into place
@@ -89,7 +91,7 @@ def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", crash)
     for suffix in (".safetensors", ".pth"):
         with pytest.raises(KeyboardInterrupt):
-            save_state_dict_file({"a": torch.zeros(3)}, path.with_suffix(suffix))
+            save_state_dict_file({"a": torch.zeros(3)}, path.with_suffix(suffix), overwrite=True)
     monkeypatch.undo()
     assert torch.equal(load_state_dict_file(path)["a"], torch.ones(2))
     assert os.listdir(tmp_path) == ["w.safetensors"]
@@ -156,7 +158,7 @@ def test_unknown_suffix_and_missing_file(tmp_path):
 
 def test_foreign_safetensors_is_not_a_vit_file(tmp_path):
     path = save_state_dict_file(to_timm(ViT(**TINY)), tmp_path / "timm.safetensors")
-    with pytest.raises(ValueError, match="without a vit-einops config.*load_torchvision / load_timm"):
+    with pytest.raises(ValueError, match="without a vit-einops config.*source='torchvision'"):
         load_vit(path)
 
 

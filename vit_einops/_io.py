@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -38,3 +39,24 @@ def _fsync_dir(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def check_regular_file(path: str | os.PathLike, what: str = "file") -> Path:
+    """``path`` as a Path, after checking it names a regular file: FileNotFoundError if missing, ValueError for a
+    directory, FIFO, socket or device (reading a FIFO would block until some other process writes to it)."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such {what}") from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise ValueError(f"{path}: {kind}; expected a {what}")
+    return path
+
+
+def refuse_existing(path: str | os.PathLike, hint: str) -> None:
+    """FileExistsError if ``path`` exists (a dangling symlink counts): outputs never replace a user's file unasked."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        raise FileExistsError(f"{path} already exists; {hint}")

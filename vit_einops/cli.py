@@ -35,12 +35,17 @@ COMMANDS: dict[str, tuple[str, str | None, str]] = {
     "inspect": (
         "vit_einops.commands.inspect",
         "train",
-        "draw a trained model's attention maps, rollout, distances and embeddings",
+        "draw any ViT's attention maps, rollout, distances and embeddings for images",
     ),
     "convert": (
         "vit_einops.commands.convert",
-        "interop",
-        "convert torchvision / timm / vit-einops weight files, optionally to a new resolution",
+        None,
+        "convert torchvision / timm / Hugging Face / vit-einops weights, optionally to a new resolution",
+    ),
+    "predict": (
+        "vit_einops.commands.predict",
+        None,
+        "the top classes of images under any ViT, through the model's own preprocessing",
     ),
 }
 

@@ -19,6 +19,7 @@ from .blocks import FeedForwardBlock, TransformerEncoder, TransformerEncoderBloc
 from .config import ATTN_IMPLS, ViTConfig
 from .head import ClassificationHead, head_swap_help
 from .patch_embed import PatchEmbedding
+from .preprocess import Preprocessing
 
 # timm's default for every Linear in the encoder and head; the embeddings have their own init.
 LINEAR_INIT_STD = 0.02
@@ -116,6 +117,11 @@ class ViT(Sequential):
                 ),
             )
         )
+        # What a model file carries beside the weights (vit_einops.modelfile): plain attributes, set by the loaders
+        # and by training, None when unknown.
+        self.preprocessing: Preprocessing | None = None  # how an image becomes this model's input
+        self.class_names: list[str] | None = None  # one name per logit
+        self.source: dict[str, Any] | None = None  # where the weights came from (library, file)
         for module in (self.blocks, self.head):
             for m in module.modules():
                 if isinstance(m, nn.Linear):
@@ -360,6 +366,18 @@ class ViT(Sequential):
             if param.requires_grad:
                 trainable.append(name)
         return trainable
+
+    def transforms(self) -> Preprocessing:
+        """The callable that maps a PIL image to the (C, H, W) tensor this model expects, like torchvision's
+        ``weights.transforms()``. Raises ValueError when the model records no preprocessing (a fresh model)."""
+        if self.preprocessing is None:
+            raise ValueError(
+                "this model records no preprocessing; set one, e.g. model.preprocessing = "
+                "Preprocessing.torchvision() (torchvision weights), Preprocessing.timm() (timm's augreg ViTs) or "
+                f"Preprocessing.plain({self.config.image_size}, channels={self.config.in_channels}) (resize and scale to [0, 1], "
+                "as vit-einops train)"
+            )
+        return self.preprocessing
 
     def set_attn_impl(self, impl: str) -> ViT:
         """Switch every attention layer to ``impl`` ("einsum", "chunked" or "sdpa"); returns the model."""

@@ -1,53 +1,30 @@
-"""`vit-einops convert SRC DST --from torchvision --to vit-einops`: weights between key layouts, optionally resampled.
+"""`vit-einops convert SRC DST --from torchvision --to vit-einops`: weights between formats, optionally resampled.
 
-Formats: torchvision and timm state dicts (.safetensors, .pth, .bin), and vit-einops files (.safetensors with the
-ViTConfig in their metadata). The config is read off the source's tensors; what tensors cannot tell (heads, a
-non-square image, timm's pooling) comes from the flags.
+Formats: torchvision and timm state dicts (.safetensors, .pth, .bin), Hugging Face ``save_pretrained``
+directories, and vit-einops model files (.safetensors carrying config, preprocessing and class names). The config
+is read off the source; what its tensors cannot tell (heads, a non-square image, timm's pooling) comes from the
+flags, and so does any change to the preprocessing the model file records.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+from pathlib import Path
 
-FORMATS = ("torchvision", "timm", "vit-einops")
-
-
-def _size(values: list[int] | None) -> int | tuple[int, int] | None:
-    """argparse's "H [W]" as an int (square) or an (H, W) pair."""
-    if values is None:
-        return None
-    if len(values) > 2:
-        raise ValueError(f"a size is H or H W, got {len(values)} numbers: {values}")
-    return values[0] if len(values) == 1 else (values[0], values[1])
+from ._model import SOURCES, add_model_arguments, load_model_from_args, parse_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("src", help="weights file to read (.safetensors, .pth, .bin)")
-    parser.add_argument("dst", help="file to write; a vit-einops file must end in .safetensors")
-    parser.add_argument("--from", dest="source", choices=FORMATS, required=True, help="key layout of SRC")
+    parser.add_argument("src", help="the model to read (a file, or a directory with --from hf or a training run)")
+    parser.add_argument("dst", help="where to write; a vit-einops file ends in .safetensors, --to hf is a directory")
+    add_model_arguments(parser, positional=False)
     parser.add_argument(
-        "--to", dest="target", choices=FORMATS, default="vit-einops", help="key layout of DST (default vit-einops)"
+        "--to", dest="target", choices=SOURCES, default="vit-einops", help="format of DST (default vit-einops)"
     )
     parser.add_argument(
-        "--heads", type=int, help="attention heads (not stored in any tensor; default: Table 1's for the width)"
-    )
-    parser.add_argument(
-        "--image-size",
-        type=int,
-        nargs="+",
-        metavar="N",
-        help="SRC's image size, H or H W (default: square, from its positions)",
-    )
-    parser.add_argument(
-        "--global-pool", choices=("token", "avg"), default="token", help="timm SRC's global_pool (default token)"
-    )
-    parser.add_argument(
-        "--resample-to",
-        type=int,
-        nargs="+",
-        metavar="N",
-        help="resample the position embedding to this image size, H or H W",
+        "--resample-to", type=parse_size, metavar="N|HxW", help="resample the position embedding to this image size"
     )
     parser.add_argument(
         "--resample-mode",
@@ -55,43 +32,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="timm",
         help="interpolation convention (default timm)",
     )
+    parser.add_argument("--force", action="store_true", help="replace DST if it exists")
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
 
 
 def run(args: argparse.Namespace) -> int:
-    # Imported here: `vit-einops --help` and the other commands must not need safetensors.
-    from ..interop import (
-        load_timm,
-        load_torchvision,
-        load_vit,
-        resample_vit,
-        save_state_dict_file,
-        save_vit,
-        timm_kwargs,
-        to_timm,
-        to_torchvision,
-        torchvision_kwargs,
-    )
+    from ..interop import resample_vit, save_hf, save_state_dict_file, timm_kwargs, to_timm, to_torchvision
+    from ..interop import torchvision_kwargs
+    from ..modelfile import save_vit
 
-    inferred = dict(heads=args.heads, image_size=_size(args.image_size))
-    if args.source == "torchvision":
-        model = load_torchvision(args.src, **inferred)
-    elif args.source == "timm":
-        model = load_timm(args.src, global_pool=args.global_pool, **inferred)
-    else:
-        if any(v is not None for v in inferred.values()):
-            raise ValueError(
-                "--heads and --image-size describe torchvision/timm sources; a vit-einops file stores its config"
-            )
-        model = load_vit(args.src)
+    src, dst = Path(args.src), Path(args.dst)
+    if _same_path(src, dst):
+        raise ValueError(f"SRC and DST are the same file ({src}); write the conversion somewhere else")
+    if (dst.exists() or dst.is_symlink()) and not args.force:
+        raise FileExistsError(f"{dst} already exists; pass --force to replace it")
+    model = load_model_from_args(args, str(src))
     if args.resample_to is not None:
-        model = resample_vit(model, _size(args.resample_to), mode=args.resample_mode)
+        preprocessing, class_names, source = model.preprocessing, model.class_names, model.source
+        model = resample_vit(model, args.resample_to, mode=args.resample_mode)
+        model.class_names, model.source = class_names, source
+        if preprocessing is not None and preprocessing.output_size is not None:
+            print("note: the preprocessing was made for the old size; set --resize/--crop for the new one")
+        model.preprocessing = None if preprocessing is None or preprocessing.output_size else preprocessing
     if args.target == "vit-einops":
-        save_vit(model, args.dst)
-        print(f"wrote {args.dst}: vit-einops, config {json.dumps(model.config.to_dict())}")
+        save_vit(model, dst, overwrite=args.force)
+        print(f"wrote {dst}: vit-einops, config {json.dumps(model.config.to_dict())}")
+        if model.preprocessing is not None:
+            print(f"  preprocessing {json.dumps(model.preprocessing.to_dict())}")
+    elif args.target == "hf":
+        save_hf(model, dst, overwrite=args.force)
+        print(f"wrote {dst}/: Hugging Face ViT (config.json, model.safetensors)")
+        if not (dst / "preprocessor_config.json").exists():
+            print("  no preprocessor_config.json: ViTImageProcessor cannot express this model's resize + crop")
     else:
-        export, kwargs = (
-            (to_torchvision, torchvision_kwargs) if args.target == "torchvision" else (to_timm, timm_kwargs)
-        )
-        save_state_dict_file(export(model), args.dst)
-        print(f"wrote {args.dst}: {args.target} state dict; build its model with {kwargs(model.config)}")
+        export, kwargs = (to_torchvision, torchvision_kwargs) if args.target == "torchvision" else (to_timm, timm_kwargs)
+        save_state_dict_file(export(model), dst, overwrite=args.force)
+        print(f"wrote {dst}: {args.target} state dict; build its model with {kwargs(model.config)}")
     return 0

@@ -1,69 +1,123 @@
-"""`vit-einops inspect --checkpoint CKPT`: attention maps, rollout, attention distance, position similarity and
-embedding filters of a trained model, as PNG figures and raw arrays."""
+"""`vit-einops inspect MODEL [--image IMG...]`: attention maps, rollout, attention distance, position similarity and
+embedding filters of any ViT (a model file, a training run, or with --from a torchvision/timm/HF model), as PNG
+figures and raw arrays.
+
+Images go through the model's own preprocessing; no training data is read when images are given. Without
+--image, a model trained on the digits is shown test digits, and any other model scikit-learn's two photos.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from ._model import add_model_arguments, load_model_from_args
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="CKPT",
-        help="a checkpoint directory from `vit-einops train` (or its checkpoint.json)",
+        "model",
+        nargs="?",
+        metavar="MODEL",
+        help="a vit-einops model file (.safetensors), a training run or checkpoint directory, "
+        "or with --from a torchvision/timm weights file or a Hugging Face directory",
     )
+    parser.add_argument("--checkpoint", metavar="CKPT", help="same as MODEL (the older spelling)")
+    add_model_arguments(parser, positional=False)
     parser.add_argument(
-        "--image",
-        action="append",
-        metavar="FILE",
-        help="an image to draw attention for (repeatable; default: test images of the training data)",
+        "--image", action="append", metavar="FILE", help="an image to draw attention for (repeatable)"
     )
+    parser.add_argument("--layer", type=int, default=-1, help="the layer whose heads are drawn (default: the last)")
     parser.add_argument(
-        "--num-images", type=int, default=6, help="test images drawn when no --image is given (default %(default)s)"
+        "--num-images", type=int, default=6, help="test digits drawn when no --image is given (default %(default)s)"
     )
     parser.add_argument(
         "--distance-images",
         type=int,
         default=512,
-        help="test images the mean attention distance averages over (default %(default)s)",
+        help="test digits the mean attention distance averages over (default %(default)s)",
     )
-    parser.add_argument(
-        "--out", metavar="DIR", help="where to write the figures (default: inspect/ beside the checkpoint)"
-    )
+    parser.add_argument("--out", metavar="DIR", help="where to write the figures (default: beside MODEL)")
+    parser.add_argument("--force", action="store_true", help="write into an existing, non-empty --out")
+
+
+def default_out(model_path: Path) -> Path:
+    """runs/x/ -> runs/x/inspect; runs/x/checkpoint[/checkpoint.json] -> runs/x/inspect; m.safetensors -> m-inspect."""
+    if model_path.name == "checkpoint.json":
+        model_path = model_path.parent
+    if model_path.is_dir():
+        return (model_path.parent if model_path.name == "checkpoint" else model_path) / "inspect"
+    return model_path.with_name(f"{model_path.stem}-inspect")
+
+
+def is_digits_model(model) -> bool:
+    config = model.config
+    return tuple(config.image_size) == (8, 8) and config.in_channels == 1 and config.num_classes == 10
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
     import torch
 
     from .._checks import check_positive_int
     from ..inspect import write_report
-    from ..train.checkpoint import load_checkpoint
-    from ..train.data import load_image, load_split
+    from ..predict import load_images
+    from ..preprocess import open_image
 
+    if (args.model is None) == (args.checkpoint is None):
+        raise ValueError("give the model once: vit-einops inspect MODEL (or --checkpoint MODEL)")
+    path = Path(args.model or args.checkpoint)
     check_positive_int("--num-images", args.num_images)
     check_positive_int("--distance-images", args.distance_images)
-    ckpt = load_checkpoint(args.checkpoint)
-    model = ckpt.build_model()
-    cfg = model.config
-    out = Path(args.out) if args.out else ckpt.path.parent.parent / "inspect"
-    data = ckpt.train_state.get("data") or {}
-    test_set = load_split(data, cfg.image_size, cfg.in_channels)[1] if data else None
-    classes = data.get("classes")
+    model = load_model_from_args(args, str(path))
+    depth = model.config.depth
+    if not -depth <= args.layer < depth:
+        raise ValueError(f"--layer {args.layer} is out of range for a model of {depth} layers (0..{depth - 1}, or -1)")
+    out = Path(args.out) if args.out else default_out(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        raise FileExistsError(f"{out} already holds files; pass --force to write the figures into it")
+
+    distance_images = None
     if args.image:
-        images = torch.stack([load_image(f, cfg.image_size, cfg.in_channels) for f in args.image])
+        pictures = [open_image(f) for f in args.image]
         names = [Path(f).name for f in args.image]
-    elif test_set is not None:
+    elif is_digits_model(model):
+        from ..train.data import load_digits
+
+        test_set = load_digits()[1]
         # One image per class first, so the figure shows the model on different digits.
         firsts = [int((test_set.labels == c).nonzero()[0]) for c in range(len(test_set.classes))]
         chosen = firsts[: args.num_images]
-        images = test_set.images[chosen]
+        pictures = None
+        inputs = display = test_set.images[chosen]
         names = [f"label {test_set.classes[int(test_set.labels[i])]}" for i in chosen]
+        distance_images = test_set.images[: args.distance_images]
     else:
-        raise ValueError(f"{ckpt.path} records no training data to draw test images from; pass --image FILE")
-    distance_images = test_set.images[: args.distance_images] if test_set is not None and not args.image else images
-    paths = write_report(model, images, out, distance_images=distance_images, titles=names, classes=classes)
+        from PIL import Image
+        from sklearn.datasets import load_sample_images
+
+        sample = load_sample_images()
+        pictures = [Image.fromarray(a) for a in sample.images]
+        names = [Path(f).name for f in sample.filenames]
+    if pictures is not None:
+        inputs = load_images(model, pictures)
+        prep = model.transforms()
+        # The same resize and crop without the normalisation: what the model saw, drawn in [0, 1].
+        shown = dataclasses.replace(prep, mean=(0.0,) * prep.channels, std=(1.0,) * prep.channels)
+        display = torch.stack([shown(p) for p in pictures])
+    paths = write_report(
+        model,
+        inputs,
+        out,
+        distance_images=distance_images,
+        titles=names,
+        classes=model.class_names,
+        layer=args.layer,
+        display_images=display,
+    )
     for name, path in paths.items():
         print(f"{name:>20}: {path}")
     return 0

@@ -43,11 +43,14 @@ def write_report(
     classes: Sequence[str] | None = None,
     batch_size: int = 256,
     layer: int = -1,
+    display_images: torch.Tensor | None = None,
 ) -> dict[str, Path]:
     """Write the inspection figures and ``arrays.npz`` for ``model`` (put in eval mode) under ``out_dir``.
 
     Args:
-        images: (b, C, H, W) in [0, 1], the images drawn with their attention (a handful).
+        images: (b, C, H, W), the model's inputs drawn with their attention (a handful).
+        display_images: the same images as they should be drawn, in [0, 1] (default ``images``): pass them when
+            ``images`` are normalised (mean/std), e.g. the preprocessing's resize and crop without normalisation.
         distance_images: the images the mean attention distance averages over (default ``images``); the paper
             averages over many, e.g. a test set.
         titles: one label per drawn image (e.g. "label 3"); the model's prediction is added below each.
@@ -93,7 +96,9 @@ def write_report(
     components, explained = embedding_filter_components(model)
 
     figures = {
-        "attention": plot_attention_overlays(images, heads, rollout_grid, titles, layer=layer),
+        "attention": plot_attention_overlays(
+            images if display_images is None else display_images, heads, rollout_grid, titles, layer=layer
+        ),
         "attention_distance": plot_attention_distance(distance, uniform),
         "position_similarity": plot_position_similarity(similarity),
         "embedding_filters": plot_filters(components, explained),

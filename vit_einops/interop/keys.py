@@ -17,82 +17,18 @@ import torch
 from .._checks import check_positive_int, to_pair
 from ..config import ViTConfig
 from ..model import ViT
-from ..patch_embed import conv_to_linear_weight, linear_to_conv_weight
+from ..modelfile import (  # our own layout's checks; StateDictMismatchError re-exported for older imports
+    StateDictMismatchError,
+    check_keys,
+    check_state_dict,
+    convert_patchify,
+    expected_shapes,
+)
 
 # h is not in any tensor's shape (the fused qkv is D x 3D for every h), so it comes from Table 1 by width D
 # (192 and 384 are the DeiT Ti and S that torchvision and timm also ship).
 HEADS_BY_DIM: dict[int, int] = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
 
-# The ViTConfig fields a state dict cannot pin down and that change no tensor: callers may set them freely.
-FREE_FIELDS = ("dropout", "attn_dropout", "attn_impl", "patchify", "layer_norm_eps")
-
-PATCH_WEIGHT = "patch_embed.proj.weight"
-
-
-class StateDictMismatchError(ValueError):
-    """A state dict does not fit the expected layout; lists every missing, unexpected and mis-shaped key."""
-
-    def __init__(
-        self,
-        source: str,
-        missing: list[str],
-        unexpected: list[str],
-        mis_shaped: dict[str, tuple[tuple[int, ...], tuple[int, ...]]],
-    ) -> None:
-        self.missing, self.unexpected, self.mis_shaped = missing, unexpected, mis_shaped
-        lines = [f"{source} state dict does not match the expected layout:"]
-        if missing:
-            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
-        if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
-        for key, (got, want) in mis_shaped.items():
-            lines.append(f"  mis-shaped {key}: got {tuple(got)}, expected {tuple(want)}")
-        super().__init__("\n".join(lines))
-
-
-def check_state_dict(state_dict: Any, source: str) -> dict[str, torch.Tensor]:
-    """Return ``state_dict`` as a plain dict after checking it maps str keys to tensors."""
-    if not isinstance(state_dict, Mapping):
-        raise TypeError(
-            f"{source} state dict must be a mapping of str to torch.Tensor, got {type(state_dict).__name__}"
-        )
-    for key, value in state_dict.items():
-        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
-            raise TypeError(
-                f"{source} state dict must map str to torch.Tensor; key {key!r} holds {type(value).__name__}"
-            )
-    return dict(state_dict)
-
-
-def check_keys(state_dict: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Size], source: str) -> None:
-    """Raise :class:`StateDictMismatchError` unless ``state_dict`` has exactly the keys and shapes of ``expected``."""
-    missing = [k for k in expected if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in expected]
-    mis_shaped = {
-        k: (tuple(v.shape), tuple(expected[k]))
-        for k, v in state_dict.items()
-        if k in expected and tuple(v.shape) != tuple(expected[k])
-    }
-    if missing or unexpected or mis_shaped:
-        raise StateDictMismatchError(source, missing, unexpected, mis_shaped)
-
-
-def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
-    """Our state-dict keys and shapes for ``config``, from a model on the meta device (no memory, no init cost)."""
-    with torch.device("meta"):
-        model = ViT.from_config(config)
-    return {k: v.shape for k, v in model.state_dict().items()}
-
-
-def build_vit(config: ViTConfig, state_dict: Mapping[str, torch.Tensor]) -> ViT:
-    """A ViT for ``config`` holding copies of ``state_dict``'s tensors, in their dtype and on their device.
-
-    Built on the meta device: the random init that loading would overwrite is never computed (seconds for ViT-H).
-    """
-    with torch.device("meta"):
-        model = ViT.from_config(config)
-    model.load_state_dict({k: v.detach().clone() for k, v in state_dict.items()}, assign=True)
-    return model
 
 
 def require(state_dict: Mapping[str, torch.Tensor], key: str, ndim: int, source: str) -> torch.Tensor:
@@ -150,16 +86,6 @@ def infer_image_size(
     return (side * patch_size[0], side * patch_size[1])
 
 
-def check_free_fields(overrides: Mapping[str, Any]) -> None:
-    """Only fields that no tensor pins down may be overridden when a config is inferred."""
-    fixed = sorted(set(overrides) - set(FREE_FIELDS))
-    if fixed:
-        raise ValueError(
-            f"{fixed} are read from the state dict and cannot be overridden; "
-            f"the fields that can are {', '.join(FREE_FIELDS)}"
-        )
-
-
 @dataclass(frozen=True)
 class KeyLayout:
     """A foreign key layout: ``rules`` are (our key regex, their key template) pairs, applied with re.fullmatch.
@@ -199,20 +125,6 @@ class KeyLayout:
         check_keys(state_dict, expected_shapes(config), "vit-einops")
         state_dict = convert_patchify({k: v.detach() for k, v in state_dict.items()}, config, config.patchify, "conv")
         return {theirs: state_dict[ours] for ours, theirs in self.key_map(state_dict).items()}
-
-
-def convert_patchify(
-    state_dict: dict[str, torch.Tensor], config: ViTConfig, source: str, target: str
-) -> dict[str, torch.Tensor]:
-    """Move the patch projection between its Conv2d (D, C, p1, p2) and Linear (D, p1 p2 C) forms, in place."""
-    if source != target:
-        w = state_dict[PATCH_WEIGHT]
-        state_dict[PATCH_WEIGHT] = (
-            conv_to_linear_weight(w)
-            if target == "linear"
-            else linear_to_conv_weight(w, config.in_channels, config.patch_size)
-        )
-    return state_dict
 
 
 def _conv_form(config: ViTConfig) -> ViTConfig:

@@ -26,11 +26,10 @@ from .._checks import check_choice
 from ..config import ViTConfig
 from ..model import ViT
 from .io import load_state_dict_file
+from ..modelfile import build_vit, cast_weights, check_free_fields, check_state_dict
+from ..preprocess import Preprocessing
 from .keys import (
     KeyLayout,
-    build_vit,
-    check_free_fields,
-    check_state_dict,
     count_blocks,
     infer_heads,
     infer_image_size,
@@ -155,13 +154,19 @@ def load_timm(
     heads: int | None = None,
     image_size: int | tuple[int, int] | None = None,
     global_pool: str = "token",
+    dtype: torch.dtype | None = torch.float32,
     **overrides: Any,
 ) -> ViT:
     """A ViT holding timm weights: from a file (safetensors, .pth, .bin) or a state dict.
 
-    Args: as :func:`timm_config`. Resample to another resolution afterwards with
+    Args: as :func:`timm_config`; ``dtype`` casts the weights (None keeps theirs). The model records timm's eval
+    preprocessing for the augreg ViTs (``model.transforms()``: crop_pct 0.9, bicubic, mean = std = 0.5); set
+    ``model.preprocessing`` for checkpoints trained otherwise (DeiT: ImageNet mean/std, crop_pct 0.875). Resample to another resolution afterwards with
     :func:`vit_einops.interop.resample_vit` (``mode="timm"`` matches timm's own).
     """
     state_dict = source if isinstance(source, Mapping) else load_state_dict_file(source)
     config = timm_config(state_dict, heads=heads, image_size=image_size, global_pool=global_pool, **overrides)
-    return build_vit(config, from_timm(state_dict, config))
+    model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype), config))
+    model.preprocessing = Preprocessing.timm(crop=config.image_size)  # the augreg ViTs' crop_pct 0.9, bicubic, 0.5
+    model.source = {"library": SOURCE, "file": None if isinstance(source, Mapping) else str(source)}
+    return model

@@ -12,6 +12,7 @@ representation size (``heads``). Not readable: the number of heads h (defaults t
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -22,11 +23,10 @@ import torch
 from ..config import ViTConfig
 from ..model import ViT
 from .io import load_state_dict_file
+from ..modelfile import build_vit, cast_weights, check_free_fields, check_state_dict
+from ..preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
 from .keys import (
     KeyLayout,
-    build_vit,
-    check_free_fields,
-    check_state_dict,
     count_blocks,
     infer_heads,
     infer_image_size,
@@ -161,13 +161,23 @@ def load_torchvision(
     *,
     heads: int | None = None,
     image_size: int | tuple[int, int] | None = None,
+    dtype: torch.dtype | None = torch.float32,
     **overrides: Any,
 ) -> ViT:
     """A ViT holding torchvision weights: from a file (safetensors, .pth, .bin) or a state dict.
 
-    Args: as :func:`torchvision_config`. Resample to another resolution afterwards with
+    Args: as :func:`torchvision_config`; ``dtype`` casts the weights (None keeps theirs). The model records
+    torchvision's preprocessing (``model.transforms()``: shorter side to 256, centre crop 224 at 224 px, ImageNet
+    mean and std). Resample to another resolution afterwards with
     :func:`vit_einops.interop.resample_vit` (``mode="torchvision"`` matches torchvision's own).
     """
     state_dict = source if isinstance(source, Mapping) else load_state_dict_file(source)
     config = torchvision_config(state_dict, heads=heads, image_size=image_size, **overrides)
-    return build_vit(config, from_torchvision(state_dict, config))
+    model = build_vit(config, from_torchvision(cast_weights(state_dict, SOURCE, dtype), config))
+    # torchvision's ImageClassification preset: resize the shorter side to 256/224 of the crop, centre crop.
+    crop = config.image_size
+    model.preprocessing = Preprocessing(
+        resize=math.floor(min(crop) * 256 / 224), crop=crop, mean=IMAGENET_MEAN, std=IMAGENET_STD
+    )
+    model.source = {"library": SOURCE, "file": None if isinstance(source, Mapping) else str(source)}
+    return model

@@ -1,0 +1,123 @@
+"""predict(): any model, any image file, through the model's own preprocessing; and `vit-einops predict`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from _interop import TINY, perturbed
+from PIL import Image
+
+from vit_einops import ViT
+from vit_einops.cli import main
+from vit_einops.interop import save_state_dict_file, to_torchvision
+from vit_einops.modelfile import load_model, save_vit
+from vit_einops.predict import Prediction, predict
+from vit_einops.preprocess import Preprocessing, open_image
+
+
+@pytest.fixture
+def images(tmp_path):
+    """One file per mode a user might hold: RGB JPEG of odd size, RGBA PNG, grey, palette, 16-bit PNG."""
+    rng = np.random.default_rng(0)
+    paths = []
+    rgb = Image.fromarray(rng.integers(0, 256, (45, 61, 3), dtype=np.uint8))
+    rgb.save(tmp_path / "photo.jpg")
+    rgb.convert("RGBA").save(tmp_path / "rgba.png")
+    rgb.convert("L").save(tmp_path / "grey.png")
+    rgb.convert("P").save(tmp_path / "palette.png")
+    Image.fromarray(rng.integers(0, 65536, (40, 40), dtype=np.uint16)).save(tmp_path / "deep.png")
+    for name in ("photo.jpg", "rgba.png", "grey.png", "palette.png", "deep.png"):
+        paths.append(tmp_path / name)
+    return paths
+
+
+@pytest.fixture
+def model():
+    m = perturbed(ViT(**TINY), std=0.5)
+    m.preprocessing = Preprocessing.torchvision(crop=32, resize=36)
+    m.class_names = ["ant", "bee", "cat", "dog", "eel"]
+    return m
+
+
+def test_predict_equals_softmax_of_the_model_on_its_own_preprocessing(model, images):
+    results = predict(model, images, top_k=3)
+    x = torch.stack([model.transforms()(open_image(p)) for p in images])
+    with torch.no_grad():
+        probs = model.eval()(x).softmax(-1)
+    for top, row in zip(results, probs):
+        values, indices = row.topk(3)
+        assert [p.index for p in top] == indices.tolist()
+        assert [p.label for p in top] == [model.class_names[i] for i in indices.tolist()]
+        assert np.allclose([p.probability for p in top], values.tolist(), atol=1e-6)
+        assert all(isinstance(p, Prediction) for p in top)
+
+
+def test_predict_accepts_pil_images_tensors_and_single_paths(model, images):
+    one = predict(model, images[0], top_k=1)
+    assert predict(model, open_image(images[0]), top_k=1) == one
+    tensor = model.transforms()(open_image(images[0]))
+    assert predict(model, tensor, top_k=1)[0][0].index == one[0][0].index
+    assert len(predict(model, images, top_k=99)[0]) == 5  # capped at the number of classes
+
+
+def test_indices_when_the_model_has_no_names(model, images):
+    model.class_names = None
+    assert all(p.label == str(p.index) for p in predict(model, images[:1])[0])
+
+
+@pytest.mark.parametrize(
+    ("images_arg", "error", "words"),
+    [
+        ([], TypeError, "non-empty list"),
+        (42, TypeError, "images must be a path"),
+        (torch.zeros(1, 3, 16, 16), ValueError, "expected height, width"),
+    ],
+)
+def test_bad_images(model, images_arg, error, words):
+    with pytest.raises(error, match=words):
+        predict(model, images_arg)
+
+
+def test_features_only_models_and_missing_preprocessing_say_what_to_do(images):
+    with pytest.raises(ValueError, match="no classifier"):
+        predict(ViT(**{**TINY, "num_classes": 0}), images)
+    with pytest.raises(ValueError, match="records no preprocessing; set one"):
+        predict(ViT(**TINY), images)
+
+
+def test_cli_converted_torchvision_file_any_mode(model, images, tmp_path, capsys):
+    save_state_dict_file(to_torchvision(model), tmp_path / "tv.pth")
+    assert main(["convert", str(tmp_path / "tv.pth"), str(tmp_path / "m.safetensors"), "--from", "torchvision",
+                 "--heads", "4"]) == 0
+    capsys.readouterr()
+    assert main(["predict", str(tmp_path / "m.safetensors"), *map(str, images), "--top-k", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    loaded = load_model(tmp_path / "m.safetensors")
+    expected = predict(loaded, images, top_k=2)
+    assert [r["image"] for r in out] == [str(p) for p in images]
+    assert [[p["index"] for p in r["top"]] for r in out] == [[p.index for p in top] for top in expected]
+    assert main(["predict", str(tmp_path / "m.safetensors"), str(images[0])]) == 0
+    assert str(images[0]) in capsys.readouterr().out
+
+
+def test_cli_preprocessing_flags_override_the_record(model, images, tmp_path, capsys):
+    save_vit(model, tmp_path / "m.safetensors")
+    args = ["predict", str(tmp_path / "m.safetensors"), str(images[0]), "--json", "--top-k", "5"]
+    assert main([*args, "--preprocessing", "plain"]) == 0
+    plain = json.loads(capsys.readouterr().out)[0]["top"]
+    model.preprocessing = Preprocessing.plain(32)
+    assert [p["index"] for p in plain] == [p.index for p in predict(model, images[0])[0]]
+    assert main([*args, "--crop", "16"]) == 2
+    assert "preprocessing produces (16, 16) images; the model takes (32, 32)" in capsys.readouterr().err
+
+
+def test_cli_errors_are_one_line(tmp_path, model, capsys):
+    save_vit(model, tmp_path / "m.safetensors")
+    assert main(["predict", str(tmp_path / "m.safetensors"), str(tmp_path / "absent.jpg")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vit-einops predict: error: cannot read image") and err.count("\n") == 1
+    assert main(["predict", str(tmp_path / "m.safetensors"), str(tmp_path), "--top-k", "0"]) == 2
+    assert "--top-k must be a positive int" in capsys.readouterr().err

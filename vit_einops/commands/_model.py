@@ -1,0 +1,119 @@
+"""The MODEL argument every command that takes a model shares (predict, inspect, convert, summary, explore).
+
+MODEL is a vit-einops model file, a training run or checkpoint directory, or, with ``--from``, a torchvision or
+timm state-dict file or a Hugging Face ``save_pretrained`` directory. The preprocessing flags override what the
+model records (the library's convention for converted weights, the training recipe for models trained here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any
+
+SOURCES = ("vit-einops", "torchvision", "timm", "hf")
+PRESETS = ("torchvision", "timm", "hf", "plain")
+
+
+def parse_size(text: str) -> int | tuple[int, int]:
+    """"224" -> 224; "224x320" (or "224,320") -> (224, 320)."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:[x,]\s*(\d+)\s*)?", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected a size N or HxW (e.g. 224 or 224x320), got {text!r}")
+    return int(m[1]) if m[2] is None else (int(m[1]), int(m[2]))
+
+
+def parse_floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers (e.g. 0.5,0.5,0.5), got {text!r}") from None
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
+    if positional:
+        parser.add_argument(
+            "model",
+            metavar="MODEL",
+            help="a vit-einops model file (.safetensors), a training run or checkpoint directory, "
+            "or with --from a torchvision/timm weights file or a Hugging Face directory",
+        )
+    group = parser.add_argument_group("reading MODEL")
+    group.add_argument(
+        "--from", dest="source", choices=SOURCES, default="vit-einops", help="MODEL's format (default vit-einops)"
+    )
+    group.add_argument("--heads", type=int, help="attention heads of a torchvision/timm MODEL (default: Table 1's)")
+    group.add_argument(
+        "--image-size",
+        type=parse_size,
+        metavar="N|HxW",
+        help="image size of a torchvision/timm MODEL, N or HxW (default: square, from its positions)",
+    )
+    group.add_argument(
+        "--global-pool", choices=("token", "avg"), default="token", help="timm MODEL's global_pool (default token)"
+    )
+    prep = parser.add_argument_group("preprocessing (default: what MODEL records)")
+    prep.add_argument("--preprocessing", choices=PRESETS, help="a library's convention at the model's size")
+    prep.add_argument("--resize", type=parse_size, metavar="N|HxW", help="shorter side N, or exactly HxW")
+    prep.add_argument("--crop", type=parse_size, metavar="N|HxW", help="centre crop")
+    prep.add_argument("--crop-pct", type=float, help="timm's crop_pct: resize the shorter side to crop / crop_pct")
+    prep.add_argument("--interpolation", choices=("nearest", "bilinear", "bicubic"))
+    prep.add_argument("--mean", type=parse_floats, metavar="M[,M,M]", help="per-channel mean")
+    prep.add_argument("--std", type=parse_floats, metavar="S[,S,S]", help="per-channel std")
+
+
+def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> Any:
+    """The ViT that ``args`` describe, its preprocessing overridden by the flags."""
+    from ..modelfile import load_model
+
+    path = path if path is not None else args.model
+    kwargs: dict[str, Any] = {}
+    if args.source in ("torchvision", "timm"):
+        kwargs = {"heads": args.heads, "image_size": args.image_size}
+        if args.source == "timm":
+            kwargs["global_pool"] = args.global_pool
+    elif args.heads is not None or args.image_size is not None or args.global_pool != "token":
+        raise ValueError(
+            "--heads, --image-size and --global-pool describe torchvision/timm files; "
+            "a vit-einops or Hugging Face model states its own"
+        )
+    model = load_model(path, source=None if args.source == "vit-einops" else args.source, **kwargs)
+    model.preprocessing = preprocessing_from_args(args, model)
+    return model
+
+
+def preprocessing_from_args(args: argparse.Namespace, model: Any) -> Any:
+    """The model's preprocessing with the command line's overrides applied."""
+    import dataclasses
+
+    from ..preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
+
+    config = model.config
+    crop = config.image_size
+    base = model.preprocessing
+    if args.preprocessing == "torchvision":
+        base = Preprocessing(resize=int(min(crop) * 256 / 224), crop=crop, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    elif args.preprocessing == "timm":
+        base = Preprocessing.timm(crop=crop, crop_pct=args.crop_pct or 0.9)
+    elif args.preprocessing == "hf":
+        base = Preprocessing.from_hf({"size": {"height": crop[0], "width": crop[1]}})
+    elif args.preprocessing == "plain":
+        base = Preprocessing.plain(crop, config.in_channels)
+    changes: dict[str, Any] = {}
+    if args.crop_pct is not None and args.preprocessing != "timm":
+        if not 0 < args.crop_pct <= 1:
+            raise ValueError(f"--crop-pct must be in (0, 1], got {args.crop_pct}")
+        target = args.crop or crop
+        target = (target, target) if isinstance(target, int) else target
+        changes |= {"resize": Preprocessing.timm(crop=target, crop_pct=args.crop_pct).resize, "crop": target}
+    for name in ("resize", "crop", "interpolation", "mean", "std"):
+        value = getattr(args, name)
+        if value is not None:
+            changes[name] = (value, value) if name == "crop" and isinstance(value, int) else value
+    if changes:
+        if base is None:
+            base = Preprocessing.plain(crop, config.in_channels)
+        base = dataclasses.replace(base, **changes)
+    if base is not None and base.output_size not in (None, tuple(crop)):
+        raise ValueError(f"preprocessing produces {base.output_size} images; the model takes {tuple(crop)}")
+    return base

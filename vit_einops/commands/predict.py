@@ -1,0 +1,41 @@
+"""`vit-einops predict MODEL IMAGE... [--top-k K] [--json]`: the top classes of each image, through the model's
+own preprocessing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ._model import add_model_arguments, load_model_from_args
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (any size and mode)")
+    parser.add_argument("--top-k", type=int, default=5, help="classes shown per image (default %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print JSON (one object per image) instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .._checks import check_positive_int
+    from ..predict import predict
+
+    check_positive_int("--top-k", args.top_k)
+    model = load_model_from_args(args)
+    results = predict(model, args.images, top_k=args.top_k)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {"image": image, "top": [p._asdict() for p in top]}
+                    for image, top in zip(args.images, results)
+                ],
+                indent=1,
+            )
+        )
+        return 0
+    for image, top in zip(args.images, results):
+        print(image)
+        for p in top:
+            print(f"  {p.probability:7.2%}  {p.label}" + ("" if p.label == str(p.index) else f"  ({p.index})"))
+    return 0

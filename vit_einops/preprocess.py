@@ -1,0 +1,397 @@
+"""Preprocessing that travels with the weights: image file -> the (C, H, W) float tensor a model expects.
+
+Pretrained weights only give their numbers on the inputs they were trained with, and the three libraries users
+bring weights from disagree on those inputs:
+
+- torchvision (``ViT_B_16_Weights.IMAGENET1K_V1.transforms()``): resize the shorter side to 256 (bilinear, PIL),
+  centre-crop 224, scale to [0, 1], normalise with the ImageNet mean (0.485, 0.456, 0.406) and std
+  (0.229, 0.224, 0.225).
+- timm (``create_transform(**resolve_data_config({}, model=m))``, e.g. the augreg ViTs): resize the shorter side to
+  ``floor(224 / crop_pct)`` = 248 for crop_pct 0.9 (bicubic, PIL), centre-crop 224, normalise with mean = std = 0.5.
+- Hugging Face (``ViTImageProcessor`` from ``preprocessor_config.json``): resize to exactly 224 x 224 (bilinear, on a
+  uint8 tensor with antialiasing: transformers 5 resizes with torch, not PIL), no crop, scale by 1/255, normalise
+  (mean = std = 0.5 for google/vit-*).
+
+:class:`Preprocessing` records one such recipe; ``model.transforms()`` returns it, and it is a callable from a PIL
+image to a tensor. Only PIL and torch are used: each step reproduces the library's own to float32 rounding.
+:func:`open_image` reads a file into an 8-bit PIL image of any mode, safely (regular files only, a pixel cap,
+16-bit images scaled rather than clipped).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._checks import check_choice, check_positive_int, to_pair
+
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
+BACKENDS = ("pil", "torch")  # who resizes: PIL (torchvision and timm on PIL images) or torch (HF's processors)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # torchvision's and timm's IMAGENET_DEFAULT_MEAN
+IMAGENET_STD = (0.229, 0.224, 0.225)
+INCEPTION_MEAN = INCEPTION_STD = (0.5, 0.5, 0.5)  # timm's augreg ViTs and google/vit-* on the hub
+
+# An image larger than this many pixels is refused before it is decoded. PIL's own guard (MAX_IMAGE_PIXELS,
+# ~89M, an error at twice that) is global state we must not change; ours is a per-call limit with a clear error.
+MAX_PIXELS = 128 * 1024 * 1024
+MAX_FILE_BYTES = 1 << 30  # 1 GiB: no image a ViT is shown needs more
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """Resize, optional centre crop, scale to [0, 1], normalise: ``(x / 255 - mean) / std`` per channel.
+
+    Args:
+        resize: an int resizes the shorter side to it, keeping the aspect ratio (torchvision, timm); an (H, W) pair
+            resizes to exactly that size (Hugging Face, and models trained here).
+        crop: (H, W) of the centre crop, or None for none. The crop is the model's input size.
+        interpolation: "bilinear", "bicubic" or "nearest".
+        mean, std: per-channel normalisation, one value per input channel (1 for grey, 3 for RGB).
+        backend: "pil" resizes with PIL (as torchvision and timm do on PIL images); "torch" resizes a uint8 tensor
+            with ``torch.nn.functional.interpolate(antialias=True)`` (as transformers 5's image processors do).
+    """
+
+    resize: int | tuple[int, int]
+    crop: tuple[int, int] | None = None
+    interpolation: str = "bilinear"
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    backend: str = "pil"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.resize, (list, tuple)):
+            object.__setattr__(self, "resize", to_pair("resize", tuple(self.resize)))
+        else:
+            check_positive_int("resize", self.resize)
+        if self.crop is not None:
+            object.__setattr__(self, "crop", to_pair("crop", self.crop))
+        check_choice("interpolation", self.interpolation, INTERPOLATIONS)
+        check_choice("backend", self.backend, BACKENDS)
+        mean, std = _floats("mean", self.mean), _floats("std", self.std)
+        if len(mean) != len(std):
+            raise ValueError(f"mean has {len(mean)} values and std {len(std)}; expected one of each per channel")
+        if any(s <= 0 for s in std):
+            raise ValueError(f"std must be positive, got {std}")
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
+
+    # --- the conventions ------------------------------------------------------------------------------------
+
+    @classmethod
+    def torchvision(cls, crop: int = 224, resize: int = 256, interpolation: str = "bilinear") -> "Preprocessing":
+        """torchvision's ``ImageClassification`` preset, as ``ViT_B_16_Weights.IMAGENET1K_V1.transforms()``."""
+        return cls(resize=resize, crop=(crop, crop), interpolation=interpolation, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+    @classmethod
+    def timm(
+        cls,
+        crop: int | tuple[int, int] = 224,
+        crop_pct: float = 0.9,
+        interpolation: str = "bicubic",
+        mean: tuple[float, ...] = INCEPTION_MEAN,
+        std: tuple[float, ...] = INCEPTION_STD,
+    ) -> "Preprocessing":
+        """timm's eval transform: shorter side to ``floor(crop / crop_pct)``, centre crop (augreg ViT defaults)."""
+        if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
+            raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct!r}")
+        h, w = to_pair("crop", crop)
+        # timm: a square size scales its one number; a non-square size scales both (and then resizes exactly).
+        resize: int | tuple[int, int] = (
+            math.floor(h / crop_pct) if h == w else (math.floor(h / crop_pct), math.floor(w / crop_pct))
+        )
+        return cls(resize=resize, crop=(h, w), interpolation=interpolation, mean=mean, std=std)
+
+    @classmethod
+    def plain(cls, image_size: int | tuple[int, int], channels: int = 3) -> "Preprocessing":
+        """Resize to the model's size and scale to [0, 1], no normalisation: what ``vit-einops train`` feeds."""
+        return cls(resize=to_pair("image_size", image_size), mean=(0.0,) * channels, std=(1.0,) * channels)
+
+    # --- use --------------------------------------------------------------------------------------------------
+
+    @property
+    def channels(self) -> int:
+        return len(self.mean)
+
+    @property
+    def output_size(self) -> tuple[int, int] | None:
+        """(H, W) of the tensors produced, or None when that depends on the image (shorter-side resize, no crop)."""
+        if self.crop is not None:
+            return self.crop
+        return self.resize if isinstance(self.resize, tuple) else None
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        """A PIL image (any mode) -> (C, H, W) float32."""
+        from PIL import Image
+
+        if not isinstance(image, Image.Image):
+            raise TypeError(
+                f"preprocessing takes a PIL image, got {type(image).__name__}; "
+                f"read files with vit_einops.preprocess.open_image(path)"
+            )
+        image = to_model_mode(image, self.channels)
+        if self.backend == "pil":
+            image = self._resize_pil(image)
+            x = _to_uint8_tensor(image if self.crop is None else _center_crop(image, self.crop))
+        else:
+            x = self._resize_torch(_to_uint8_tensor(image))
+            x = x if self.crop is None else _center_crop_tensor(x, self.crop)
+        x = x.to(torch.float32).div(255)
+        mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
+        return x.sub_(mean).div_(std)
+
+    def _target_size(self, height: int, width: int) -> tuple[int, int]:
+        if isinstance(self.resize, tuple):
+            return self.resize
+        # torchvision's rule for one number: the shorter side becomes it, the longer int(size * long / short).
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = self.resize, int(self.resize * long / short)
+        return (new_long, new_short) if width <= height else (new_short, new_long)
+
+    def _resize_pil(self, image: Any) -> Any:
+        from PIL import Image
+
+        h, w = self._target_size(image.height, image.width)
+        if (h, w) == (image.height, image.width):
+            return image
+        resample = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR}.get(
+            self.interpolation, Image.Resampling.BICUBIC
+        )
+        return image.resize((w, h), resample)
+
+    def _resize_torch(self, x: torch.Tensor) -> torch.Tensor:
+        h, w = self._target_size(x.shape[-2], x.shape[-1])
+        if (h, w) == tuple(x.shape[-2:]):
+            return x
+        batch = x.unsqueeze(0)
+        if self.interpolation == "nearest":
+            return torch.nn.functional.interpolate(batch, size=(h, w), mode="nearest")[0]
+        # torch resizes uint8 natively (with PIL's fixed-point arithmetic) for bicubic, and for bilinear on AVX2,
+        # AVX-512 and ARM; elsewhere torchvision goes through float32 and rounds. Both branches copy that choice.
+        native = self.interpolation == "bicubic" or (
+            torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or os.uname().machine in ("aarch64", "arm64")
+        )
+        kwargs = dict(size=(h, w), mode=self.interpolation, align_corners=False, antialias=True)
+        if native:
+            return torch.nn.functional.interpolate(batch, **kwargs)[0]
+        out = torch.nn.functional.interpolate(batch.to(torch.float32), **kwargs)[0]
+        return out.round_().to(torch.uint8)
+
+    # --- storage ----------------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["resize"] = list(self.resize) if isinstance(self.resize, tuple) else self.resize
+        d["crop"] = None if self.crop is None else list(self.crop)
+        d["mean"], d["std"] = list(self.mean), list(self.std)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Preprocessing":
+        if not isinstance(d, dict):
+            raise TypeError(f"a preprocessing record is a JSON object, got {type(d).__name__}")
+        known = {"resize", "crop", "interpolation", "mean", "std", "backend"}
+        if unknown := sorted(set(d) - known):
+            raise ValueError(f"unknown preprocessing fields {unknown}; expected a subset of {sorted(known)}")
+        if "resize" not in d:
+            raise ValueError("a preprocessing record needs 'resize'")
+        return cls(**d)
+
+    @classmethod
+    def from_hf(cls, processor_config: dict[str, Any], channels: int = 3) -> "Preprocessing":
+        """From a Hugging Face ``preprocessor_config.json`` (ViTImageProcessor and the ones shaped like it)."""
+        if not isinstance(processor_config, dict):
+            raise TypeError(f"preprocessor_config must be a JSON object, got {type(processor_config).__name__}")
+        cfg = processor_config
+        size = cfg.get("size", {"height": 224, "width": 224})
+        if isinstance(size, int):
+            size = {"height": size, "width": size}
+        if not isinstance(size, dict):
+            raise ValueError(f"preprocessor_config 'size' must be an object or an int, got {size!r}")
+        if "shortest_edge" in size:
+            resize: int | tuple[int, int] = size["shortest_edge"]
+        elif {"height", "width"} <= set(size):
+            resize = (size["height"], size["width"])
+        else:
+            raise ValueError(f"preprocessor_config 'size' {size!r}: expected height and width, or shortest_edge")
+        if cfg.get("do_resize", True) is False:
+            raise ValueError("preprocessor_config has do_resize false: images of any size would reach the model")
+        crop = None
+        if cfg.get("do_center_crop"):
+            c = cfg.get("crop_size", {})
+            c = {"height": c, "width": c} if isinstance(c, int) else c
+            if not isinstance(c, dict) or not {"height", "width"} <= set(c):
+                raise ValueError(f"preprocessor_config 'crop_size' {c!r}: expected height and width")
+            crop = (c["height"], c["width"])
+        # PIL's resample codes: 0 nearest, 2 bilinear, 3 bicubic (others have no torch counterpart).
+        resample = cfg.get("resample", 2)
+        names = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+        if resample not in names:
+            raise ValueError(f"preprocessor_config resample {resample!r} is not supported; expected 0, 2 or 3")
+        scale = cfg.get("rescale_factor", 1 / 255) if cfg.get("do_rescale", True) else 1.0
+        if not math.isclose(scale, 1 / 255, rel_tol=1e-6):
+            raise ValueError(f"preprocessor_config rescale_factor {scale!r}: only 1/255 (uint8 to [0, 1]) is supported")
+        if cfg.get("do_normalize", True):
+            mean, std = cfg.get("image_mean", INCEPTION_MEAN), cfg.get("image_std", INCEPTION_STD)
+        else:
+            mean, std = (0.0,) * channels, (1.0,) * channels
+        mean = tuple(mean) if isinstance(mean, (list, tuple)) else (mean,) * channels
+        std = tuple(std) if isinstance(std, (list, tuple)) else (std,) * channels
+        return cls(resize=resize, crop=crop, interpolation=names[resample], mean=mean, std=std, backend="torch")
+
+    def to_hf(self) -> dict[str, Any]:
+        """A ``preprocessor_config.json`` for transformers' ViTImageProcessor (exact resize, no crop, torch backend)."""
+        if not isinstance(self.resize, tuple) or self.crop is not None or self.backend != "torch":
+            raise ValueError(
+                f"{self} resizes the shorter side and/or crops with PIL, which ViTImageProcessor cannot express "
+                f"(it resizes to an exact size with torch, and has no crop)"
+            )
+        codes = {"nearest": 0, "bilinear": 2, "bicubic": 3}
+        return {
+            "image_processor_type": "ViTImageProcessor",
+            "do_resize": True,
+            "size": {"height": self.resize[0], "width": self.resize[1]},
+            "resample": codes[self.interpolation],
+            "do_rescale": True,
+            "rescale_factor": 1 / 255,
+            "do_normalize": True,
+            "image_mean": list(self.mean),
+            "image_std": list(self.std),
+        }
+
+
+def _floats(name: str, values: Any) -> tuple[float, ...]:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of numbers, one per channel, got {values!r}")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{name} must hold finite numbers, got {list(values)!r}")
+        out.append(float(v))
+    if len(out) not in (1, 3):
+        raise ValueError(f"{name} needs 1 (grey) or 3 (RGB) values, got {len(out)}: {out}")
+    return tuple(out)
+
+
+def _to_uint8_tensor(image: Any) -> torch.Tensor:
+    """An 8-bit PIL image (L or RGB) -> (C, H, W) uint8."""
+    import numpy as np
+
+    array = np.array(image, dtype=np.uint8, copy=True)
+    x = torch.from_numpy(array)
+    return x.unsqueeze(0) if x.ndim == 2 else x.permute(2, 0, 1).contiguous()
+
+
+def _crop_box(height: int, width: int, crop: tuple[int, int]) -> tuple[int, int]:
+    # torchvision's centre crop: offsets rounded half to even (Python's round), as F.center_crop computes them.
+    return int(round((height - crop[0]) / 2.0)), int(round((width - crop[1]) / 2.0))
+
+
+def _center_crop(image: Any, crop: tuple[int, int]) -> Any:
+    """torchvision's centre crop of a PIL image; an image smaller than the crop is padded with zeros first."""
+    from PIL import Image
+
+    ch, cw = crop
+    if image.width < cw or image.height < ch:
+        # torchvision pads (left, top, right, bottom) = ((cw - w) // 2, (ch - h) // 2, (cw - w + 1) // 2, ...).
+        pad_w, pad_h = max(cw - image.width, 0), max(ch - image.height, 0)
+        canvas = Image.new(image.mode, (image.width + pad_w, image.height + pad_h))
+        canvas.paste(image, (pad_w // 2, pad_h // 2))
+        image = canvas
+    top, left = _crop_box(image.height, image.width, crop)
+    return image.crop((left, top, left + cw, top + ch))
+
+
+def _center_crop_tensor(x: torch.Tensor, crop: tuple[int, int]) -> torch.Tensor:
+    ch, cw = crop
+    h, w = x.shape[-2:]
+    if h < ch or w < cw:
+        pad_w, pad_h = max(cw - w, 0), max(ch - h, 0)
+        x = torch.nn.functional.pad(x, (pad_w // 2, (pad_w + 1) // 2, pad_h // 2, (pad_h + 1) // 2))
+        h, w = x.shape[-2:]
+    top, left = _crop_box(h, w, crop)
+    return x[..., top : top + ch, left : left + cw]
+
+
+# --- reading images -------------------------------------------------------------------------------------------
+
+
+def to_model_mode(image: Any, channels: int) -> Any:
+    """An 8-bit "L" (channels 1) or "RGB" (channels 3) copy of a PIL image of any mode.
+
+    Transparency is dropped, not composited (``convert("RGB")``, as torchvision's and timm's loaders do); palette
+    images are expanded; 16-bit and 32-bit integer images ("I;16", "I") are scaled from 0..65535 to 0..255 rather than
+    clipped at 255 (which would turn every pixel above 255 white).
+    """
+    if channels not in (1, 3):
+        raise ValueError(f"images are read as grey (1 channel) or RGB (3 channels), not {channels} channels")
+    target = "L" if channels == 1 else "RGB"
+    if image.mode.startswith("I") or image.mode == "F":
+        image = _eight_bit(image)
+    if image.mode == target:
+        return image
+    if image.mode in ("P", "PA") and target == "L":
+        image = image.convert("RGBA")
+    try:
+        return image.convert(target)
+    except ValueError as err:
+        raise ValueError(f"cannot convert a {image.mode} image to {target}: {err}") from err
+
+
+def _eight_bit(image: Any) -> Any:
+    import numpy as np
+    from PIL import Image
+
+    array = np.asarray(image, dtype=np.float64)
+    if image.mode == "F":
+        if not np.isfinite(array).all():
+            raise ValueError("a floating-point image holds non-finite pixels (nan or inf)")
+        full = 1.0 if array.size and array.max() <= 1.0 and array.min() >= 0.0 else 65535.0
+    else:
+        full = 65535.0  # 16-bit PNG/TIFF, whichever integer mode Pillow reads it as
+    return Image.fromarray(np.clip(np.rint(array * (255.0 / full)), 0, 255).astype(np.uint8), mode="L")
+
+
+def open_image(path: str | os.PathLike) -> Any:
+    """Read an image file into a PIL image (decoded, file closed), refusing what is not a sane image file.
+
+    Raises ValueError naming the file: a missing path, a directory, a FIFO or device (opening one would block or
+    never end), a file over 1 GiB, a format PIL cannot read, or more than :data:`MAX_PIXELS` pixels (checked from
+    the header, before decoding). The image keeps its mode; :class:`Preprocessing` converts it.
+    """
+    import warnings
+
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        raise ValueError(f"cannot read image {str(path)!r}: {err.strerror or err}") from err
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"cannot read image {str(path)!r}: not a regular file")
+    if st.st_size > MAX_FILE_BYTES:
+        raise ValueError(f"cannot read image {str(path)!r}: {st.st_size} bytes, over the limit of {MAX_FILE_BYTES}")
+    try:
+        with warnings.catch_warnings():
+            # PIL warns above its own pixel guard; ours below is the check that counts, with a clear message.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                pixels = img.width * img.height
+                if pixels > MAX_PIXELS:
+                    raise ValueError(
+                        f"cannot read image {str(path)!r}: {img.width}x{img.height} = {pixels} pixels, "
+                        f"over the limit of {MAX_PIXELS}"
+                    )
+                img.load()
+                return img.copy()
+    except Image.DecompressionBombError as err:
+        raise ValueError(f"cannot read image {str(path)!r}: {err}") from err
+    except (UnidentifiedImageError, OSError, SyntaxError) as err:
+        raise ValueError(f"cannot read image {str(path)!r}: not an image PIL can decode ({err})") from err
