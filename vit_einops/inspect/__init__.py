@@ -3,8 +3,8 @@
 plots (``vit-einops inspect``): each plot function returns a matplotlib Figure, shown inline in a notebook, and
 ``save_figure(fig, path)`` writes it atomically."""
 
-from .distance import mean_attention_distance, patch_distances
 from .._plot import save_figure
+from .distance import mean_attention_distance, patch_distances
 from .embeddings import embedding_filter_components, patch_embedding_matrix, position_similarity
 from .figures import (
     plot_attention_distance,
