@@ -5,33 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from _hooks import block_outputs, classifier_input
 
 from vit_einops import ViT
 from vit_einops.interop import freeze_backbone, intermediate_layers, load_vit, pre_logits, replace_head, save_vit
 
 TINY = dict(image_size=32, patch_size=8, dim=48, depth=3, heads=4, mlp_dim=96, num_classes=5)
-
-
-def block_outputs(model: ViT, x: torch.Tensor) -> list[torch.Tensor]:
-    """Every block's output from forward hooks on a full forward: independent of running the model in parts."""
-    seen = []
-    handles = [b.register_forward_hook(lambda m, inp, out: seen.append(out)) for b in model.blocks]
-    try:
-        model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return seen
-
-
-def head_fc_input(model: ViT, x: torch.Tensor) -> torch.Tensor:
-    seen = []
-    handle = model.head.fc.register_forward_hook(lambda m, inp, out: seen.append(inp[0]))
-    try:
-        model(x)
-    finally:
-        handle.remove()
-    return seen[0]
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"pool": "mean"}, {"representation_size": 7}, {"num_classes": 0}])
@@ -40,7 +19,7 @@ def test_pre_logits_is_what_the_classifier_reads(kwargs):
     model = ViT(**{**TINY, **kwargs}).eval()
     x = torch.randn(2, 3, 32, 32)
     features = pre_logits(model, x)
-    assert torch.equal(features, head_fc_input(model, x))
+    assert torch.equal(features, classifier_input(model, x))
     if model.config.num_classes == 0:
         assert torch.equal(features, model(x))
 

@@ -218,3 +218,24 @@ def test_vit_b16_from_a_save_pretrained_directory(tmp_path):
     _report("hf ViT-B/16 attentions, float32", (maps - torch.stack(out.attentions)).abs().max().item())
     assert (logits - out.logits).abs().max() < 1e-5
     assert (maps - torch.stack(out.attentions)).abs().max() < 1e-5
+
+
+def test_cli_convert_predict_inspect_from_a_save_pretrained_directory(tmp_path, capsys):
+    from vit_einops.cli import main
+
+    hf = _hf_model("ViTForImageClassification", num_labels=3, id2label={0: "a", 1: "b", 2: "c"})
+    _save(hf, tmp_path / "hf")
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (50, 70, 4), dtype=np.uint8), "RGBA").save(tmp_path / "x.png")
+    assert main(["predict", str(tmp_path / "hf"), str(tmp_path / "x.png"), "--from", "hf", "--json"]) == 0
+    top = json.loads(capsys.readouterr().out)[0]["top"]
+    x = transformers.ViTImageProcessor(size={"height": 32, "width": 32})(
+        Image.open(tmp_path / "x.png").convert("RGB"), return_tensors="pt"
+    )["pixel_values"]
+    with torch.no_grad():
+        probs = hf(pixel_values=x).logits.softmax(-1)[0]
+    assert [p["label"] for p in top] == [hf.config.id2label[i] for i in probs.argsort(descending=True).tolist()]
+    assert abs(top[0]["probability"] - probs.max().item()) < 1e-5
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "m.safetensors"), "--from", "hf"]) == 0
+    assert main(["inspect", str(tmp_path / "m.safetensors"), "--image", str(tmp_path / "x.png")]) == 0
+    assert np.load(tmp_path / "m-inspect" / "arrays.npz")["attention"].shape == (2, 1, 4, 17, 17)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _hooks import block_outputs, classifier_input
 from einops import rearrange
 from torch import nn
 
@@ -21,28 +24,6 @@ X = torch.randn(2, 3, 16, 16)
 
 def tiny(**kw) -> ViT:
     return ViT(**{**TINY, **kw}).eval()
-
-
-def block_outputs(model: ViT, x: torch.Tensor) -> list[torch.Tensor]:
-    """Every block's output, from forward hooks on a full forward (independent of running the model in parts)."""
-    seen = []
-    handles = [b.register_forward_hook(lambda m, i, out: seen.append(out)) for b in model.blocks]
-    try:
-        model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return seen
-
-
-def classifier_input(model: ViT, x: torch.Tensor) -> torch.Tensor:
-    seen = []
-    handle = model.head.fc.register_forward_hook(lambda m, i, out: seen.append(i[0]))
-    try:
-        model(x)
-    finally:
-        handle.remove()
-    return seen[0]
 
 
 # --- the signature ----------------------------------------------------------------------------------------
@@ -298,11 +279,11 @@ def test_a_model_no_config_describes_says_what_differs():
         ValueError,
         match=r"dropout differs between its modules \(0.0 at patch_embed.dropout, 0.3 at blocks.1.mlp.fn.ff.drop1\)",
     ):
-        model.config
+        _ = model.config
     model = tiny()
     model.append(nn.Softmax(dim=-1))  # nn.Sequential's own API: allowed, but no ViTConfig describes it
     with pytest.raises(ValueError, match=r"stages are \['patch_embed', 'blocks', 'head', '3'\]"):
-        model.config
+        _ = model.config
 
 
 def test_truncated_blocks_are_described():
@@ -340,3 +321,22 @@ def test_feature_extractor_workflow_trains_only_the_new_head():
     model.eval()
     predicted = [model.class_names[i] for i in model(images[:3]).argmax(-1)]
     assert model(images[:3]).shape == (3, 3) and set(predicted) <= {"pizza", "steak", "sushi"}
+
+
+def test_the_classifier_swaps_with_the_core_install_alone():
+    """No safetensors (the interop extra): the model's own methods still fine-tune it."""
+    code = (
+        "import sys\n"
+        "sys.modules['safetensors'] = None  # as if not installed: importing it raises ImportError\n"
+        "import torch\n"
+        "from vit_einops import create_vit\n"
+        "m = create_vit('vit_ti_16', image_size=32, depth=1)\n"
+        "m.reset_classifier(3, class_names=['a', 'b', 'c'])\n"
+        "print(m.freeze_backbone(), tuple(m(torch.rand(2, 3, 32, 32)).shape))\n"
+        "try:\n"
+        "    import vit_einops.interop\n"
+        "except ImportError:\n"
+        "    print('no interop')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.splitlines() == ["['head.fc.weight', 'head.fc.bias'] (2, 3)", "no interop"]

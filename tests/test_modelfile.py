@@ -201,3 +201,40 @@ def test_load_model_front_door(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="without model.safetensors or a training checkpoint"):
         load_model(tmp_path / "empty")
+
+
+def test_summary_of_a_model_file_shows_what_it_records(tmp_path, capsys):
+    from vit_einops.cli import main
+
+    save_vit(_model(), tmp_path / "m.safetensors")
+    assert main(["summary", "--model", str(tmp_path / "m.safetensors")]) == 0
+    out = capsys.readouterr().out
+    total = sum(p.numel() for p in _model().parameters())
+    assert f"m.safetensors: {total:,} parameters" in out
+    assert '"crop": [32, 32]' in out and "class names   a, b, c, d, e" in out and '"library": "test"' in out
+    assert main(["summary", "vit_ti_16", "--model", str(tmp_path / "m.safetensors")]) == 2
+    assert "give a PRESET or --model MODEL" in capsys.readouterr().err
+
+
+def test_hf_directory_files_are_checked(tmp_path):
+    from vit_einops.interop import load_hf, save_hf
+
+    save_hf(perturbed(ViT(**TINY)), tmp_path / "hf")
+    cfg = tmp_path / "hf" / "config.json"
+    cfg.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="config.json: expected a JSON object"):
+        load_hf(tmp_path / "hf")
+    cfg.write_text("{oops")
+    with pytest.raises(ValueError, match="config.json: not valid JSON"):
+        load_hf(tmp_path / "hf")
+    cfg.unlink()
+    os.mkfifo(cfg)
+    with pytest.raises(ValueError, match="config.json: a FIFO"):
+        load_hf(tmp_path / "hf")
+    cfg.unlink()
+    cfg.write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(ValueError, match="model_type 'bert' is not a ViT"):
+        load_hf(tmp_path / "hf")
+    cfg.write_text(json.dumps({"architectures": ["DeiTForImageClassificationWithTeacher"]}))
+    with pytest.raises(ValueError, match="distillation token"):
+        load_hf(tmp_path / "hf")

@@ -121,3 +121,9 @@ def test_cli_errors_are_one_line(tmp_path, model, capsys):
     assert err.startswith("vit-einops predict: error: cannot read image") and err.count("\n") == 1
     assert main(["predict", str(tmp_path / "m.safetensors"), str(tmp_path), "--top-k", "0"]) == 2
     assert "--top-k must be a positive int" in capsys.readouterr().err
+
+
+def test_stale_class_names_after_a_head_swap_are_an_error_not_a_wrong_label(model, images):
+    model.head.fc = torch.nn.Linear(48, 7)
+    with pytest.raises(ValueError, match="5 names but the classifier has 7 outputs"):
+        predict(model, images[:1])

@@ -47,6 +47,11 @@ COMMANDS: dict[str, tuple[str, str | None, str]] = {
         None,
         "the top classes of images under any ViT, through the model's own preprocessing",
     ),
+    "explore": (
+        "vit_einops.commands.explore",
+        "explore",
+        "write an interactive attention explorer: one self-contained HTML page (layers, heads, rollout, relevance)",
+    ),
 }
 
 

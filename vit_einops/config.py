@@ -117,16 +117,12 @@ class ViTConfig:
         """D_h = D / h."""
         return self.dim // self.heads
 
-    def layer_attn_impls(self) -> tuple[str, ...]:
-        """The attention impl of each of the ``depth`` layers."""
-        return (self.attn_impl,) * self.depth if isinstance(self.attn_impl, str) else self.attn_impl
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: tuples become lists."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ViTConfig":
+    def from_dict(cls, d: Mapping[str, Any]) -> ViTConfig:
         if not isinstance(d, Mapping):
             raise TypeError(f"a ViTConfig is read from a mapping of its fields, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}

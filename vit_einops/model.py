@@ -129,7 +129,7 @@ class ViT(Sequential):
                     nn.init.zeros_(m.bias)
 
     @classmethod
-    def from_config(cls, config: ViTConfig) -> "ViT":
+    def from_config(cls, config: ViTConfig) -> ViT:
         if not isinstance(config, ViTConfig):
             raise TypeError(f"from_config expects a ViTConfig, got {type(config).__name__}")
         return cls(**{f.name: getattr(config, f.name) for f in fields(config)})
@@ -379,7 +379,7 @@ class ViT(Sequential):
             )
         return self.preprocessing
 
-    def set_attn_impl(self, impl: str) -> "ViT":
+    def set_attn_impl(self, impl: str) -> ViT:
         """Switch every attention layer to ``impl`` ("einsum", "chunked" or "sdpa"); returns the model."""
         set_attn_impl(self, impl)
         return self
@@ -453,7 +453,7 @@ def read_config(model: ViT) -> ViTConfig:
         raise ValueError(f"the ViT's stages are {stages}; a ViTConfig describes exactly patch_embed, blocks, head")
     pe, head = model.patch_embed, model.head
     if not isinstance(pe, PatchEmbedding) or not isinstance(head, ClassificationHead):
-        raise ValueError(
+        raise TypeError(
             f"patch_embed is a {type(pe).__name__} and head a {type(head).__name__}; a ViTConfig describes "
             f"a PatchEmbedding and a ClassificationHead"
         )
@@ -471,7 +471,14 @@ def read_config(model: ViT) -> ViTConfig:
         patch_size=pe.patch_size,
         in_channels=pe.in_channels,
         num_classes=head.num_classes,
-        dim=_one("dim", {"patch_embed.cls_token": pe.cls_token.weight.shape[-1], "head.norm": head.dim}),
+        dim=_one(
+            "dim",
+            {
+                "patch_embed.cls_token": pe.cls_token.weight.shape[-1],
+                **{n: m.dim for n, m in mhas.items()},
+                "head": head.dim,
+            },
+        ),
         depth=len(blocks),
         heads=_one("heads", {n: m.heads for n, m in mhas.items()}),
         mlp_dim=_one("mlp_dim", {n: m.fc1.out_features for n, m in named if isinstance(m, FeedForwardBlock)}),

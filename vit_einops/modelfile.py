@@ -355,10 +355,11 @@ def load_model(path: str | os.PathLike, *, source: str | None = None, **kwargs: 
 
 def _load_from_run(path: Path, **kwargs: Any) -> ViT:
     """A training run directory (its model.safetensors, else its checkpoint) or a checkpoint directory."""
-    if path.is_dir() and (path / "model.safetensors").is_file():
+    if path.is_dir() and (path / "model.safetensors").exists():
         return load_vit(path / "model.safetensors", **kwargs)
     candidates = [path] if path.name == "checkpoint.json" else [path / "checkpoint.json", path / "checkpoint"]
-    if not any(c.exists() for c in candidates):
+    found = next((c for c in candidates if c.exists()), None)
+    if found is None:
         if path.is_dir() and (path / "config.json").is_file():
             raise ValueError(f"{path}: looks like a Hugging Face directory (config.json); pass source='hf' (--from hf)")
         raise ValueError(
@@ -367,7 +368,7 @@ def _load_from_run(path: Path, **kwargs: Any) -> ViT:
         )
     from .train.checkpoint import load_checkpoint
 
-    checkpoint = load_checkpoint(path)
+    checkpoint = load_checkpoint(found)
     model = checkpoint.build_model()
     if kwargs:
         check_free_fields(kwargs)

@@ -57,6 +57,11 @@ def load_images(model: ViT, images: Any) -> torch.Tensor:
 def labels_for(model: ViT, indices: torch.Tensor) -> list[str]:
     """Class names for logit indices; the index as text when the model records no names."""
     names = model.class_names
+    if names is not None and len(names) != model.num_classes:
+        raise ValueError(
+            f"model.class_names has {len(names)} names but the classifier has {model.num_classes} outputs (was "
+            f"head.fc replaced?); set model.class_names to {model.num_classes} names, or None for indices"
+        )
     return [names[i] if names is not None else str(i) for i in indices.tolist()]
 
 

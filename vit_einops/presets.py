@@ -70,7 +70,7 @@ def preset_config(name: str, **overrides: Any) -> dict[str, Any]:
     return {**PRESETS[name], **overrides}
 
 
-def create_vit(name: str, **overrides: Any) -> "ViT":
+def create_vit(name: str, **overrides: Any) -> ViT:
     """Build preset ``name`` (see :func:`list_presets`; timm's names such as "vit_base_patch16_224" work too);
     any ViT keyword overrides it, e.g. num_classes=10."""
     from .model import ViT

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 from typing import Any
 
 SOURCES = ("vit-einops", "torchvision", "timm", "hf")
@@ -117,3 +118,56 @@ def preprocessing_from_args(args: argparse.Namespace, model: Any) -> Any:
     if base is not None and base.output_size not in (None, tuple(crop)):
         raise ValueError(f"preprocessing produces {base.output_size} images; the model takes {tuple(crop)}")
     return base
+
+
+def is_digits_model(model: Any) -> bool:
+    """A model shaped like vit-einops train's digits model: 8x8 grey images, 10 classes."""
+    config = model.config
+    return tuple(config.image_size) == (8, 8) and config.in_channels == 1 and config.num_classes == 10
+
+
+def default_images(model: Any, files: list[str] | None, num_digits: int, distance_digits: int = 0) -> dict[str, Any]:
+    """The images a study command shows, as a dict:
+
+    - ``inputs`` (b, C, H, W): what the model is run on, through its own preprocessing;
+    - ``display`` (b, C, H, W) in [0, 1]: the same images resized and cropped but not normalised (what it saw);
+    - ``titles``: one per image; ``distance``: more test digits to average attention distances over, or None.
+
+    ``files`` given: those files. Otherwise test digits (one per class first) for a digits model, and scikit-learn's
+    two sample photos for any other model. No training data is read from where a checkpoint says it was.
+    """
+    import dataclasses
+
+    import torch
+
+    from ..predict import load_images
+    from ..preprocess import open_image
+
+    if not files and is_digits_model(model):
+        from ..train.data import load_digits
+
+        test = load_digits()[1]
+        chosen = [int((test.labels == c).nonzero()[0]) for c in range(len(test.classes))][:num_digits]
+        images = test.images[chosen]  # already in [0, 1], as the model was trained on them
+        return {
+            "inputs": images,
+            "display": images,
+            "titles": [f"test digit, label {test.classes[int(test.labels[i])]}" for i in chosen],
+            "distance": test.images[:distance_digits] if distance_digits else None,
+        }
+    if files:
+        pictures, titles = [open_image(f) for f in files], [Path(f).name for f in files]
+    else:
+        from PIL import Image
+        from sklearn.datasets import load_sample_images
+
+        sample = load_sample_images()
+        pictures, titles = [Image.fromarray(a) for a in sample.images], [Path(f).name for f in sample.filenames]
+    prep = model.transforms()
+    shown = dataclasses.replace(prep, mean=(0.0,) * prep.channels, std=(1.0,) * prep.channels)
+    return {
+        "inputs": load_images(model, pictures),
+        "display": torch.stack([shown(p) for p in pictures]),
+        "titles": titles,
+        "distance": None,
+    }

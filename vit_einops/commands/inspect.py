@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._model import add_model_arguments, load_model_from_args
+from ._model import add_model_arguments, default_images, load_model_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,20 +50,9 @@ def default_out(model_path: Path) -> Path:
     return model_path.with_name(f"{model_path.stem}-inspect")
 
 
-def is_digits_model(model) -> bool:
-    config = model.config
-    return tuple(config.image_size) == (8, 8) and config.in_channels == 1 and config.num_classes == 10
-
-
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    import torch
-
     from .._checks import check_positive_int
     from ..inspect import write_report
-    from ..predict import load_images
-    from ..preprocess import open_image
 
     if (args.model is None) == (args.checkpoint is None):
         raise ValueError("give the model once: vit-einops inspect MODEL (or --checkpoint MODEL)")
@@ -80,43 +69,16 @@ def run(args: argparse.Namespace) -> int:
     if out.is_dir() and any(out.iterdir()) and not args.force:
         raise FileExistsError(f"{out} already holds files; pass --force to write the figures into it")
 
-    distance_images = None
-    if args.image:
-        pictures = [open_image(f) for f in args.image]
-        names = [Path(f).name for f in args.image]
-    elif is_digits_model(model):
-        from ..train.data import load_digits
-
-        test_set = load_digits()[1]
-        # One image per class first, so the figure shows the model on different digits.
-        firsts = [int((test_set.labels == c).nonzero()[0]) for c in range(len(test_set.classes))]
-        chosen = firsts[: args.num_images]
-        pictures = None
-        inputs = display = test_set.images[chosen]
-        names = [f"label {test_set.classes[int(test_set.labels[i])]}" for i in chosen]
-        distance_images = test_set.images[: args.distance_images]
-    else:
-        from PIL import Image
-        from sklearn.datasets import load_sample_images
-
-        sample = load_sample_images()
-        pictures = [Image.fromarray(a) for a in sample.images]
-        names = [Path(f).name for f in sample.filenames]
-    if pictures is not None:
-        inputs = load_images(model, pictures)
-        prep = model.transforms()
-        # The same resize and crop without the normalisation: what the model saw, drawn in [0, 1].
-        shown = dataclasses.replace(prep, mean=(0.0,) * prep.channels, std=(1.0,) * prep.channels)
-        display = torch.stack([shown(p) for p in pictures])
+    images = default_images(model, args.image, args.num_images, args.distance_images)
     paths = write_report(
         model,
-        inputs,
+        images["inputs"],
         out,
-        distance_images=distance_images,
-        titles=names,
+        distance_images=images["distance"],
+        titles=images["titles"],
         classes=model.class_names,
         layer=args.layer,
-        display_images=display,
+        display_images=images["display"],
     )
     for name, path in paths.items():
         print(f"{name:>20}: {path}")

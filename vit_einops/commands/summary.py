@@ -1,10 +1,12 @@
-"""`vit-einops summary PRESET`: the parameter count (shapes only, nothing allocated) and torchsummary's table."""
+"""`vit-einops summary PRESET` or `vit-einops summary --model MODEL`: the parameter count (shapes only, nothing
+allocated for a preset) and torchsummary's table; for a model, also what its file records."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..presets import list_presets
+from ._model import add_model_arguments
 
 # The layer table needs real weights and one forward. By default it is printed up to ViT-B's size (86.6M
 # parameters, about a second at 224 px); L and H need --table (1.2 and 2.5 GB of weights).
@@ -13,10 +15,13 @@ TABLE_MAX_PARAMETERS = 100_000_000
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "preset", choices=list_presets(timm_names=True), help="a preset from Table 1 (or its timm name)"
+        "preset", nargs="?", choices=list_presets(timm_names=True), help="a preset from Table 1 (or its timm name)"
     )
-    parser.add_argument("--image-size", type=int, default=224, help="input height and width (default 224)")
-    parser.add_argument("--num-classes", type=int, default=1000, help="classifier outputs (default 1000)")
+    parser.add_argument(
+        "--model", metavar="MODEL", help="summarise a model instead: a model file, a training run, or with --from a "
+        "torchvision/timm file or a Hugging Face directory"
+    )
+    parser.add_argument("--num-classes", type=int, default=1000, help="a preset's classifier outputs (default 1000)")
     parser.add_argument(
         "--table",
         action=argparse.BooleanOptionalAction,
@@ -25,10 +30,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+    add_model_arguments(parser, positional=False)  # --image-size is also a preset's input size (default 224)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..summary import count_parameters, meta_vit, summarize, zeroed_vit
 
-    overrides = dict(image_size=args.image_size, num_classes=args.num_classes)
+    if (args.preset is None) == (args.model is None):
+        raise ValueError("give a PRESET or --model MODEL (one of them)")
+    if args.model is not None:
+        return _summarize_model(args)
+    overrides = dict(image_size=args.image_size or 224, num_classes=args.num_classes)
     total = count_parameters(meta_vit(args.preset, **overrides))
     table = args.table if args.table is not None else total <= TABLE_MAX_PARAMETERS
     if table:
@@ -37,4 +49,26 @@ def run(args: argparse.Namespace) -> int:
     elif args.table is None:
         print(f"(no layer table by default above {TABLE_MAX_PARAMETERS:,} parameters; --table prints it)")
     print(f"{args.preset}: {total:,} parameters")
+    return 0
+
+
+def _summarize_model(args: argparse.Namespace) -> int:
+    import json
+
+    from ..summary import count_parameters, summarize
+    from ._model import load_model_from_args
+
+    model = load_model_from_args(args, args.model).eval()
+    config = model.config
+    total = count_parameters(model)
+    if args.table or (args.table is None and total <= TABLE_MAX_PARAMETERS):
+        print(summarize(model, (config.in_channels, *config.image_size)), end="")
+    print(f"{args.model}: {total:,} parameters")
+    print(f"  config        {json.dumps(config.to_dict())}")
+    prep = model.preprocessing
+    print(f"  preprocessing {json.dumps(prep.to_dict()) if prep is not None else 'none recorded'}")
+    names = model.class_names
+    shown = "none recorded" if names is None else ", ".join(names[:5]) + (f" ... ({len(names)})" if len(names) > 5 else "")
+    print(f"  class names   {shown}")
+    print(f"  source        {json.dumps(model.source) if model.source is not None else 'unknown'}")
     return 0

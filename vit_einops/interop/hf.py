@@ -55,6 +55,7 @@ CONFIG_NAME, PROCESSOR_NAME = "config.json", "preprocessor_config.json"
 # transformers names its untitled labels LABEL_0, LABEL_1...: those are no class names.
 _PLACEHOLDER = re.compile(r"LABEL_\d+")
 _LAYER = "vit.encoder.layer.{i}."
+MAX_JSON_BYTES = 16 << 20  # config.json with 21k ImageNet labels is ~1 MB
 
 
 def _layer_keys(i: int) -> dict[str, str]:
@@ -225,6 +226,8 @@ def to_hf(model: ViT) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 
 def _read_json(path: Path) -> dict[str, Any]:
     check_regular_file(path, "JSON file")
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise ValueError(f"{path}: {path.stat().st_size} bytes; a config file is at most {MAX_JSON_BYTES}")
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -254,7 +257,7 @@ def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | None = torch.float3
     ``overrides`` set fields no tensor holds (attn_impl, dropout...); ``dtype`` as in :func:`~vit_einops.load_vit`.
     """
     weights, directory = _locate(Path(path))
-    if not (directory / CONFIG_NAME).is_file():
+    if not (directory / CONFIG_NAME).exists():
         raise ValueError(f"{directory}: no {CONFIG_NAME} beside {weights.name}; HF weights need their config")
     hf = _read_json(directory / CONFIG_NAME)
     config = hf_config(hf, **overrides)
@@ -265,7 +268,7 @@ def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | None = torch.float3
     if config.num_classes and not all(_PLACEHOLDER.fullmatch(n) for n in names):
         model.class_names = names
     processor = directory / PROCESSOR_NAME
-    if processor.is_file():
+    if processor.exists() or processor.is_symlink():  # a FIFO or broken link is an error, not "absent"
         model.preprocessing = Preprocessing.from_hf(_read_json(processor), channels=config.in_channels)
     else:  # ViTImageProcessor's defaults, at the model's own size
         model.preprocessing = Preprocessing.from_hf({"size": dict(zip(("height", "width"), config.image_size))})

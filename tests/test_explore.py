@@ -1,0 +1,229 @@
+"""The explorer page without a browser: the arrays it embeds decode (here with zlib, base64 and numpy alone) to the
+recorded maps within the precision it states; the file is self-contained; bad inputs and existing files get the
+exact outcome asked for; and `vit-einops explore` writes it from a model file."""
+
+import base64
+import io
+import json
+import os
+import re
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vit_einops import ViT
+from vit_einops.cli import main
+from vit_einops.explore import write_explorer
+from vit_einops.inspect import (
+    attention_relevance,
+    attention_rollout,
+    head_statistics,
+    record_attention,
+    token_norms,
+)
+from vit_einops.modelfile import save_vit
+from vit_einops.preprocess import Preprocessing
+
+CONFIG = {"image_size": 16, "patch_size": 4, "num_classes": 7, "dim": 32, "depth": 2, "heads": 2, "mlp_dim": 64}
+
+
+def tiny_vit(**overrides) -> ViT:
+    torch.manual_seed(0)
+    return ViT(**{**CONFIG, **overrides}).eval()
+
+
+def embedded(page) -> dict:
+    text = page.read_text(encoding="utf-8")
+    match = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', text, re.S)
+    assert match, "no embedded data"
+    return json.loads(match.group(1))
+
+
+def decode(text: str, dtype, shape) -> np.ndarray:
+    return np.frombuffer(zlib.decompress(base64.b64decode(text)), dtype=np.dtype(dtype).newbyteorder("<")).reshape(
+        shape
+    )
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_embedded_arrays_are_the_recorded_numbers_within_the_stated_precision(tmp_path, bits):
+    model = tiny_vit()
+    images = torch.rand(2, 3, 16, 16)
+    page = write_explorer(model, images, tmp_path / "e.html", titles=["a", "b"], bits=bits)
+    data = embedded(page)
+    logits, maps = record_attention(model, images)
+    maps = maps.double().numpy()
+    depth, _, heads, n, _ = maps.shape
+    assert (data["depth"], data["heads"], data["tokens"], data["grid"], data["patch"]) == (2, 2, 17, [4, 4], [4, 4])
+    levels = 2**bits - 1
+    assert data["attention_levels"] == levels
+    top = logits.softmax(-1).topk(5, dim=-1)
+    relevance = attention_relevance(model, images, top.indices).double().numpy()
+    rollout = attention_rollout(torch.from_numpy(maps)).numpy()
+    stats = head_statistics(torch.from_numpy(maps), (4, 4), 4)
+    _, norms = token_norms(model, images)
+    for i, image in enumerate(data["images"]):
+        codes = decode(image["attention"], np.uint8, (depth, heads, n, n))
+        rowmax = decode(image["attention_rowmax"], np.float32, (depth, heads, n))
+        assert np.array_equal(rowmax, maps[:, i].max(-1).astype(np.float32))
+        restored = codes * (rowmax.astype(np.float64)[..., None] / levels)
+        error = np.abs(restored - maps[:, i])
+        assert (error <= rowmax[..., None] / (2 * levels) * (1 + 1e-6)).all()
+        assert error.max() > rowmax.max() / (2 * levels) / 10  # it is quantised, not stored exactly
+        for c, cls in enumerate(image["top"]):
+            assert cls["index"] == int(top.indices[i, c]) and cls["name"] == ""
+            assert cls["probability"] == pytest.approx(float(top.values[i, c]))
+            stored = decode(cls["relevance"], np.float16, (n, n)).astype(np.float64) * cls["relevance_scale"]
+            bound = np.abs(relevance[i, c]) * 2**-11 + cls["relevance_scale"] * 2**-25
+            assert (np.abs(stored - relevance[i, c]) <= bound).all()
+        stored = decode(image["rollout"], np.float16, (n, n)).astype(np.float64) * image["rollout_scale"]
+        assert (np.abs(stored - rollout[i]) <= np.abs(rollout[i]) * 2**-11 + image["rollout_scale"] * 2**-25).all()
+        for key in ("distance", "entropy", "class_share"):
+            np.testing.assert_allclose(image["stats"][key], stats[key][:, i].numpy(), atol=5e-7, rtol=0)
+        np.testing.assert_allclose(image["stats"]["norms"], norms[:, i].numpy(), atol=5e-5 + 1e-6, rtol=0)
+        picture = Image.open(io.BytesIO(base64.b64decode(image["png"])))
+        assert picture.size == (16, 16)
+    assert [image["title"] for image in data["images"]] == ["a", "b"]
+
+
+def test_page_is_self_contained_and_states_its_precision(tmp_path):
+    page = write_explorer(tiny_vit(), torch.rand(1, 3, 16, 16), tmp_path / "e.html")
+    text = page.read_text(encoding="utf-8")
+    assert not re.search(r"https?://", text)
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?!data:)[^"'\s>]""", text)  # only data: URLs, if any
+    assert "<link" not in text and "<script src" not in text
+    assert "default-src 'none'" in text  # the browser itself blocks any request the page might try
+    assert "Stated precision" in text and "(row maximum)/${2 * DATA.attention_levels}" in text
+
+
+def test_titles_cannot_break_out_of_the_page(tmp_path):
+    hostile = "</script><script>alert(1)</script>"
+    page = write_explorer(tiny_vit(), torch.rand(1, 3, 16, 16), tmp_path / "e.html", titles=[hostile])
+    text = page.read_text(encoding="utf-8")
+    assert text.count("</script>") == 2  # the data block's and the code's own
+    assert embedded(page)["images"][0]["title"] == hostile
+
+
+def test_class_names_and_pictures_are_used(tmp_path):
+    model = tiny_vit()
+    model.class_names = [f"name{i}" for i in range(7)]
+    picture = np.full((40, 40, 3), 200, dtype=np.uint8)
+    page = write_explorer(model, torch.rand(1, 3, 16, 16), tmp_path / "e.html", pictures=[picture], top_k=3)
+    image = embedded(page)["images"][0]
+    assert [c["name"] for c in image["top"]] == [f"name{c['index']}" for c in image["top"]]
+    assert len(image["top"]) == 3
+    shown = np.asarray(Image.open(io.BytesIO(base64.b64decode(image["png"]))))
+    assert np.array_equal(shown, picture)
+
+
+def test_existing_output_is_refused_unless_overwrite_and_a_failed_run_keeps_it(tmp_path):
+    model, images = tiny_vit(), torch.rand(1, 3, 16, 16)
+    out = tmp_path / "e.html"
+    out.write_text("mine")
+    with pytest.raises(FileExistsError, match="--force"):
+        write_explorer(model, images, out)
+    assert out.read_text() == "mine"
+    dangling = tmp_path / "link.html"
+    dangling.symlink_to(tmp_path / "nowhere.html")  # a link the user made counts as their file too
+    with pytest.raises(FileExistsError):
+        write_explorer(model, images, dangling)
+    dangling.unlink()
+    fifo = tmp_path / "fifo.html"
+    os.mkfifo(fifo)  # never opened: writing would block until a reader came
+    with pytest.raises(FileExistsError):
+        write_explorer(model, images, fifo)
+    fifo.unlink()
+    bad = images.clone()
+    bad[0, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        write_explorer(model, bad, out, overwrite=True)
+    assert out.read_text() == "mine"
+    write_explorer(model, images, out, overwrite=True)
+    assert "explorer-data" in out.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.html"]  # no temporary file left behind
+
+
+def test_bad_arguments_are_named(tmp_path):
+    model, images = tiny_vit(), torch.rand(2, 3, 16, 16)
+    with pytest.raises(IsADirectoryError, match="directory"):
+        write_explorer(model, images, tmp_path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        write_explorer(model, images, tmp_path / "missing" / "e.html")
+    with pytest.raises(ValueError, match="2 to 8"):
+        write_explorer(model, images, tmp_path / "e.html", bits=9)
+    with pytest.raises(ValueError, match="1 titles for 2 images"):
+        write_explorer(model, images, tmp_path / "e.html", titles=["x"])
+    with pytest.raises(ValueError, match=r"\(b, C, H, W\)"):
+        write_explorer(model, images[0], tmp_path / "e.html")
+    with pytest.raises(ValueError, match=r"pictures\[0\]"):
+        write_explorer(model, images, tmp_path / "e.html", pictures=[np.zeros((4, 4, 3)), np.zeros((4, 4, 3))])
+    with pytest.raises(TypeError, match="vit-einops ViT"):
+        write_explorer(torch.nn.Linear(2, 2), images, tmp_path / "e.html")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_model_mode_is_restored(tmp_path):
+    model = tiny_vit().train()
+    write_explorer(model, torch.rand(1, 3, 16, 16), tmp_path / "e.html")
+    assert model.training
+
+
+# --- the command ------------------------------------------------------------------------------------------------
+
+
+def digits_model_file(tmp_path):
+    torch.manual_seed(0)
+    model = ViT(image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=2, heads=2, mlp_dim=32)
+    model.class_names = [str(i) for i in range(10)]
+    model.preprocessing = Preprocessing.plain(8, channels=1)
+    return save_vit(model, tmp_path / "digits.safetensors")
+
+
+def test_explore_command_on_a_digits_model_file(tmp_path, capsys):
+    model_file = digits_model_file(tmp_path)
+    out = tmp_path / "explore.html"
+    assert main(["explore", str(model_file), "--out", str(out)]) == 0
+    data = embedded(out)
+    assert [image["title"] for image in data["images"]] == [f"test digit, label {d}" for d in range(4)]
+    assert all(c["name"] == str(c["index"]) for image in data["images"] for c in image["top"])
+    assert f"explorer: {out}" in capsys.readouterr().out
+    before = out.read_bytes()
+    assert main(["explore", str(model_file), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vit-einops explore: error: ") and "exists" in err and err.count("\n") == 1
+    assert out.read_bytes() == before
+    assert main(["explore", str(model_file), "--out", str(out), "--force", "--top-k", "2"]) == 0
+    assert len(embedded(out)["images"][0]["top"]) == 2
+
+
+def test_explore_command_with_image_files_and_sample_photos(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = ViT(**{**CONFIG, "image_size": 32, "patch_size": 8})
+    model.preprocessing = Preprocessing.plain(32)
+    model_file = save_vit(model, tmp_path / "rgb.safetensors")
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.arange(48 * 64 * 3, dtype=np.uint8).reshape(48, 64, 3)).save(photo)
+    out = tmp_path / "one.html"
+    assert main(["explore", str(model_file), "--image", str(photo), "--out", str(out), "--bits", "6"]) == 0
+    data = embedded(out)
+    assert [image["title"] for image in data["images"]] == ["photo.png"] and data["attention_bits"] == 6
+    shown = np.asarray(Image.open(io.BytesIO(base64.b64decode(data["images"][0]["png"]))))
+    expected = np.asarray(Image.open(photo).resize((32, 32), Image.Resampling.BILINEAR))
+    assert np.array_equal(shown, expected)  # the picture is what the model saw, normalisation undone
+    out2 = tmp_path / "samples.html"
+    assert main(["explore", str(model_file), "--out", str(out2)]) == 0
+    assert [image["title"] for image in embedded(out2)["images"]] == ["china.jpg", "flower.jpg"]
+
+
+def test_explore_command_errors_are_one_line(tmp_path, capsys):
+    fresh = ViT(**CONFIG)  # no preprocessing recorded
+    model_file = save_vit(fresh, tmp_path / "fresh.safetensors")
+    assert main(["explore", str(model_file), "--out", str(tmp_path / "e.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vit-einops explore: error: ") and "preprocessing" in err
+    assert main(["explore", str(tmp_path / "nope.safetensors"), "--out", str(tmp_path / "e.html")]) == 2
+    assert "no such model file" in capsys.readouterr().err
+    assert not (tmp_path / "e.html").exists()

@@ -1,0 +1,73 @@
+"""`vit-einops inspect MODEL`: any model form, images of any mode, no training data, --layer, and its outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _interop import TINY, perturbed
+from PIL import Image
+
+from vit_einops import Preprocessing, ViT
+from vit_einops.cli import main
+from vit_einops.interop import save_state_dict_file, to_timm, to_torchvision
+from vit_einops.modelfile import save_vit
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def files(tmp_path):
+    rng = np.random.default_rng(0)
+    rgb = Image.fromarray(rng.integers(0, 256, (45, 61, 3), dtype=np.uint8))
+    rgb.save(tmp_path / "photo.jpg")
+    rgb.convert("RGBA").save(tmp_path / "rgba.png")
+    rgb.convert("P").save(tmp_path / "palette.png")
+    Image.fromarray(rng.integers(0, 65536, (40, 40), dtype=np.uint16)).save(tmp_path / "deep.png")
+    return [str(tmp_path / n) for n in ("photo.jpg", "rgba.png", "palette.png", "deep.png")]
+
+
+@pytest.mark.parametrize("source", ["torchvision", "timm"])
+def test_inspect_a_converted_file_with_images_of_several_modes(tmp_path, files, source, capsys):
+    model = perturbed(ViT(**TINY))
+    export = to_torchvision if source == "torchvision" else to_timm
+    save_state_dict_file(export(model), tmp_path / "w.pth")
+    assert main(["convert", str(tmp_path / "w.pth"), str(tmp_path / "m.safetensors"), "--from", source,
+                 "--heads", "4"]) == 0
+    assert main(["inspect", str(tmp_path / "m.safetensors"), *sum((["--image", f] for f in files), []),
+                 "--layer", "0"]) == 0
+    out = tmp_path / "m-inspect"
+    for name in ("attention", "attention_distance", "position_similarity", "embedding_filters"):
+        assert (out / f"{name}.png").read_bytes()[:8] == PNG
+    arrays = np.load(out / "arrays.npz")
+    assert arrays["attention"].shape == (2, 4, 4, 17, 17)  # (layers, images, heads, n, n)
+    assert arrays["images"].shape == (4, 3, 32, 32)
+    # The drawn heads are layer 0's: the class token's row over the patches, as recorded.
+    assert np.allclose(arrays["class_attention"], arrays["attention"][0][:, :, 0, 1:].reshape(4, 4, 4, 4), atol=1e-6)
+
+
+def test_default_photos_for_a_model_not_trained_on_digits(tmp_path, capsys):
+    model = perturbed(ViT(**TINY))
+    model.preprocessing = Preprocessing.timm(crop=32)
+    save_vit(model, tmp_path / "m.safetensors")
+    assert main(["inspect", str(tmp_path / "m.safetensors"), "--out", str(tmp_path / "out")]) == 0
+    assert np.load(tmp_path / "out" / "arrays.npz")["images"].shape == (2, 3, 32, 32)  # scikit-learn's two photos
+
+
+def test_existing_output_layer_range_and_missing_preprocessing(tmp_path, files, capsys):
+    model = perturbed(ViT(**TINY))
+    save_vit(model, tmp_path / "bare.safetensors")
+    assert main(["inspect", str(tmp_path / "bare.safetensors"), "--image", files[0]]) == 2
+    assert "records no preprocessing; set one" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path / "bare.safetensors"), "--image", files[0], "--preprocessing", "timm",
+                 "--layer", "5"]) == 2
+    assert "--layer 5 is out of range for a model of 2 layers" in capsys.readouterr().err
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "attention.png").write_bytes(b"mine")
+    args = ["inspect", str(tmp_path / "bare.safetensors"), "--image", files[0], "--preprocessing", "timm",
+            "--out", str(out)]
+    assert main(args) == 2
+    assert "already holds files; pass --force" in capsys.readouterr().err
+    assert (out / "attention.png").read_bytes() == b"mine"
+    assert main([*args, "--force"]) == 0
+    assert (out / "attention.png").read_bytes()[:8] == PNG

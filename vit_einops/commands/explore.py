@@ -1,0 +1,58 @@
+"""`vit-einops explore MODEL [--image IMG...] --out explore.html`: one self-contained HTML page to study a model's
+attention interactively (layer, head, query patch, rollout, relevance, per-head statistics).
+
+MODEL is read as every command reads it (a model file, a training run, or with --from a torchvision/timm/HF
+model); images go through the model's own preprocessing, and the page shows them as the model saw them (resized
+and cropped, not normalised). Without --image: test digits for a model trained on the digits, else scikit-learn's
+two photos.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ._model import add_model_arguments, default_images, is_digits_model, load_model_from_args
+
+DIGIT_IMAGES = 4  # test digits 0..3: a small model, a small page
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--image", action="append", metavar="FILE", help="an image to explore (repeatable)")
+    parser.add_argument("--out", required=True, metavar="HTML", help="the page to write, e.g. explore.html")
+    parser.add_argument("--force", action="store_true", help="replace --out if it exists")
+    parser.add_argument(
+        "--top-k", type=int, default=5, help="top classes listed, each with a relevance map (default %(default)s)"
+    )
+    parser.add_argument(
+        "--bits",
+        type=int,
+        default=8,
+        help="bits per stored attention weight, 2..8: fewer make a smaller, coarser page (default %(default)s)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ..explore import write_explorer
+
+    model = load_model_from_args(args).eval()
+    images = default_images(model, args.image, DIGIT_IMAGES)
+    inputs, titles = images["inputs"], images["titles"]
+    pictures = None
+    if args.image or not is_digits_model(model):  # photos: draw what the model saw, as 8-bit pictures
+        pictures = [np.asarray(d.mul(255).round().byte().permute(1, 2, 0).squeeze(-1)) for d in images["display"]]
+    path = write_explorer(
+        model,
+        inputs,
+        args.out,
+        titles=titles,
+        class_names=model.class_names,
+        pictures=pictures,
+        top_k=args.top_k,
+        bits=args.bits,
+        overwrite=args.force,
+    )
+    print(f"explorer: {path} ({path.stat().st_size / 1e6:.2f} MB, {len(inputs)} images)")
+    return 0

@@ -1,0 +1,143 @@
+"""Gradient-weighted attention relevance (Chefer, Gur and Wolf 2021), on every attention implementation.
+
+Rollout (rollout.py) multiplies the attention maps as they are. Chefer et al. weight each map by how much the
+chosen class's logit depends on it, keeping only the positive part, so that heads that push towards the class
+count and heads that push away do not. Their rule for self-attention in a ViT (Eqs. 5-6 of "Generic
+Attention-model Explainability for Interpreting Bi-Modal and Encoder-Decoder Transformers", ICCV 2021, the
+gradient-weighted successor of "Transformer Interpretability Beyond Attention Visualization", CVPR 2021, that
+replaces the latter's LRP relevance of A by A itself):
+
+    Abar_l = E_h[(dy_t/dA_l * A_l)^+]          (mean over heads of the positive part, element-wise)
+    R_0 = I,   R_l = R_{l-1} + Abar_l R_{l-1}    for l = 1..L
+
+where y_t is the logit of the target class t (not its softmax probability, as in their code). Row 0 of R over
+the patch keys is the class token's relevance map. (A model with ``pool="mean"`` classifies the mean of the patch
+tokens, not the class token; the mean of R's patch rows is then the closer reading.)
+
+Fused implementations (sdpa, chunked) never form A, so it has no gradient there. Here a forward hook on every
+:class:`~vit_einops.attention.Attend` recomputes A from the layer's q and k inside the autograd graph and
+replaces the layer's output with A v (Eq. 7), the einsum path's own arithmetic; dy_t/dA is then exact on
+every implementation, and the model's code is untouched.
+
+Axes: l layers, b images, h heads, i queries, j keys, k target classes per image.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from einops import einsum, reduce
+from torch import nn
+
+from ..attention import Attend
+from .record import _attend_layers, attention_matrix
+
+
+def _targets(target: Any, logits: torch.Tensor) -> torch.Tensor:
+    """target None | int | (b,) | (b, k) -> a (b, k) long tensor of class indices, checked against the logits."""
+    b, classes = logits.shape
+    if target is None:
+        return logits.argmax(dim=-1, keepdim=True)
+    if isinstance(target, bool):
+        raise TypeError(f"target must be None, an int or a tensor/list of ints, got {target!r}")
+    if isinstance(target, int):
+        t = torch.full((b, 1), target, dtype=torch.long)
+    else:
+        t = torch.as_tensor(target)
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise TypeError(f"target must hold integer class indices, got dtype {t.dtype}")
+        if t.ndim == 1:
+            t = t[:, None]
+        if t.ndim != 2 or t.shape[0] != b:
+            raise ValueError(f"target must be an int, (b,) or (b, k) with b = {b} images, got shape {tuple(t.shape)}")
+    if t.numel() and (t.min() < 0 or t.max() >= classes):
+        raise ValueError(f"target classes must be in 0..{classes - 1}, got {t.unique().tolist()}")
+    return t.long().to(logits.device)
+
+
+def _attention_in_graph(maps: list[torch.Tensor]):
+    """A forward hook for Attend that recomputes A from q, k in the graph, keeps it, and returns A v."""
+
+    def hook(attend: Attend, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor:
+        bound = dict(zip(("q", "k", "v", "mask"), args, strict=False), **kwargs)
+        attn = attention_matrix(bound["q"], bound["k"], attend.scale, bound.get("mask"))
+        maps.append(attn)
+        return einsum(attend.dropout(attn), bound["v"], "b h i j, b h j d -> b h i d")
+
+    return hook
+
+
+def attention_gradients(
+    model: nn.Module, images: torch.Tensor, target: Any = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A of every layer and the gradient of the target logit with respect to it, on any attention impl.
+
+    One forward pass with A recomputed in the graph (see the module docstring), then one backward pass per
+    target class. Parameters' ``.grad`` are left untouched (``torch.autograd.grad``), and no hook remains.
+    The model's train/eval mode is the caller's: call ``model.eval()`` first, as for any explanation.
+
+    Args:
+        target: None (each image's predicted class), an int (the same class for all), (b,) (one class per
+            image) or (b, k) (k classes per image).
+
+    Returns (logits (b, classes), maps (l, b, h, n, n), grads (k, l, b, h, n, n), targets (b, k)), where
+    ``grads[t, l] = d y_{targets[:, t]} / d A_l``.
+    """
+    layers = _attend_layers(model)
+    maps: list[torch.Tensor] = []
+    handles = [attend.register_forward_hook(_attention_in_graph(maps), with_kwargs=True) for attend in layers]
+    try:
+        with torch.enable_grad():
+            # The input requires grad so the graph exists even where every parameter is frozen.
+            logits = model(images.detach().requires_grad_(True))
+            if logits.ndim != 2:
+                raise ValueError(f"expected the model to return logits (b, classes), got {tuple(logits.shape)}")
+            targets = _targets(target, logits.detach())
+            grads = []
+            for t in range(targets.shape[1]):
+                score = logits.gather(1, targets[:, t : t + 1]).sum()  # images do not interact: one sum serves all
+                g = torch.autograd.grad(score, maps, retain_graph=t + 1 < targets.shape[1], allow_unused=True)
+                grads.append(
+                    torch.stack([torch.zeros_like(a) if d is None else d for a, d in zip(maps, g, strict=True)])
+                )
+    finally:
+        for handle in handles:
+            handle.remove()
+    return logits.detach(), torch.stack(maps).detach(), torch.stack(grads), targets
+
+
+def relevance_from_gradients(maps: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """Chefer et al.'s rule: ``Abar_l = mean_h (grads_l * A_l)^+``, ``R = I``, ``R <- R + Abar_l R`` for l = 1..L.
+
+    Shapes: maps (l, b, h, n, n), grads (..., l, b, h, n, n) -> R (..., b, n, n); row i of R is token i's
+    relevance over the input tokens (row 0, the class token's, is the explanation).
+    """
+    if not isinstance(maps, torch.Tensor) or maps.ndim != 5 or maps.shape[-1] != maps.shape[-2]:
+        raise ValueError(f"expected maps (layers, b, h, n, n), got {getattr(maps, 'shape', type(maps).__name__)}")
+    if not isinstance(grads, torch.Tensor) or grads.shape[-5:] != maps.shape:
+        got = getattr(grads, "shape", type(grads).__name__)
+        raise ValueError(f"expected grads (..., {', '.join(map(str, maps.shape))}), got {got}")
+    weighted = reduce((grads * maps).clamp(min=0), "... l b h i j -> ... l b i j", "mean")
+    n = maps.shape[-1]
+    relevance = torch.eye(n, dtype=weighted.dtype, device=weighted.device).expand_as(weighted[..., 0, :, :, :])
+    for layer in range(maps.shape[0]):
+        relevance = relevance + weighted[..., layer, :, :, :] @ relevance
+    return relevance
+
+
+def attention_relevance(model: nn.Module, images: torch.Tensor, target: Any = None) -> torch.Tensor:
+    """Gradient-weighted relevance R for ``target`` (see the module docstring), on any attention impl.
+
+    Args:
+        target: None (the predicted class), an int, (b,) or (b, k) class indices (see
+            :func:`attention_gradients`).
+
+    Shapes: images (b, C, H, W) -> R (b, n, n), or (b, k, n, n) for a (b, k) target. ``R[..., 0, 1:]`` is the
+    class token's relevance over the patches; :func:`class_attention_grid` lays it on the patch grid.
+    """
+    _, maps, grads, _ = attention_gradients(model, images, target)
+    relevance = relevance_from_gradients(maps, grads)  # (k, b, n, n)
+    if target is not None and not isinstance(target, int) and torch.as_tensor(target).ndim == 2:
+        return relevance.transpose(0, 1)
+    return relevance[0]
