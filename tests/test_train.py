@@ -219,6 +219,16 @@ def test_cli_train_then_inspect(tmp_path, capsys):
     assert arrays["attention"].shape == (2, 3, 2, 17, 17)
     assert arrays["mean_attention_distance"].shape == (2, 2)
     np.testing.assert_allclose(arrays["attention"].sum(-1), 1.0, atol=1e-5)
+    # The run's model file carries what a study needs: the inputs it was trained on, the names, the provenance.
+    from vit_einops.modelfile import load_vit
+
+    model = load_vit(out / "model.safetensors")
+    assert model.class_names == [str(d) for d in range(10)]
+    assert model.preprocessing.resize == (8, 8) and model.preprocessing.mean == (0.0,)
+    assert model.source == {"library": "vit-einops", "trained_on": "digits", "seed": 0}
+    capsys.readouterr()
+    assert main(["inspect", str(out / "model.safetensors"), "--num-images", "2", "--force"]) == 0
+    assert str(out / "inspect" / "attention.png") in capsys.readouterr().out  # the run's inspect/, as before
 
 
 def test_cli_trains_on_a_folder_and_inspects_a_given_image(tmp_path):

@@ -42,11 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def default_out(model_path: Path) -> Path:
-    """runs/x/ -> runs/x/inspect; runs/x/checkpoint[/checkpoint.json] -> runs/x/inspect; m.safetensors -> m-inspect."""
+    """runs/x/, runs/x/model.safetensors, runs/x/checkpoint[/checkpoint.json] -> runs/x/inspect;
+    m.safetensors -> m-inspect beside it."""
     if model_path.name == "checkpoint.json":
         model_path = model_path.parent
     if model_path.is_dir():
         return (model_path.parent if model_path.name == "checkpoint" else model_path) / "inspect"
+    if model_path.name == "model.safetensors" and (model_path.parent / "checkpoint").is_dir():
+        return model_path.parent / "inspect"  # the model file of a training run
     return model_path.with_name(f"{model_path.stem}-inspect")
 
 

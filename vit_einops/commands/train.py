@@ -195,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
         model = ViT(**kwargs)
         # What the images went through (the digits: 8x8 grey already in [0, 1]), saved with the model.
         model.preprocessing = Preprocessing.plain(kwargs["image_size"], kwargs.get("in_channels", 3))
+        model.source = {"library": "vit-einops", "trained_on": info["name"], "seed": config.seed}
         info["classes"] = train_set.classes
         result = train(
             model,
