@@ -39,11 +39,8 @@ TIMEOUT = 120  # seconds: a bound on every subprocess; a hang fails the test ins
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """Every test here on one thread (conftest's one_thread)."""
 
 
 def cli(*args, timeout=TIMEOUT):

@@ -30,12 +30,8 @@ TINY = dict(
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    # The tiny models here run fastest on one thread; two spin-wait against each other on a busy 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """Every test here on one thread (conftest's one_thread)."""
 
 
 @pytest.fixture(scope="module")

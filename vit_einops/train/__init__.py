@@ -6,8 +6,7 @@ does not pull in safetensors, scikit-learn or tqdm, which only the ``train`` ext
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     "TrainConfig": "config",
@@ -36,7 +35,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
