@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from einops import rearrange
 from torch.autograd.function import once_differentiable
 
 # Where Linux describes the caches of CPU 0 (one index* directory per cache: level, type, size).
@@ -41,18 +40,21 @@ def l2_cache_bytes(cache_dir: Path = CACHE_DIR) -> int:
     return FALLBACK_L2_BYTES
 
 
-def default_chunk_elements() -> int:
-    """Scores per block: one block fills the L2 cache of a core (float32 scores).
+def default_chunk_elements(threads: int | None = None) -> int:
+    """Scores per block: each of torch's ``threads`` gets an L2 cache's worth of float32 scores (at most 2**22).
 
-    A block is written by the first product, read and rewritten by the softmax and read by the second product;
-    when it fits in L2 the two later passes never go to L3 or memory. Measured on a 512 KiB-L2 AMD EPYC and a
-    2 MiB-L2 Xeon (benchmarks/chunked.py): blocks of L2 size were within a few percent of the best size tried;
-    much smaller blocks pay Python's per-block overhead, larger ones spill to L3 in the softmax pass.
+    A block is written by the first product, read and rewritten by the softmax and read by the second product,
+    each of them split across the threads; when every thread's share fits in its core's L2 cache the two later
+    passes never go to L3 or memory. Measured with benchmarks/chunked.py on a 2 MiB-L2 Xeon (2 threads): blocks
+    of a quarter of that (131072 scores) were 1.3x to 1.6x slower, blocks of 2 to 8 times it within noise of each
+    other; much smaller blocks pay Python's per-block overhead, much larger ones spill to L3 in the softmax pass.
     """
-    return max(2**12, l2_cache_bytes() // 4)
+    threads = torch.get_num_threads() if threads is None else threads
+    return min(2**22, max(2**12, l2_cache_bytes() // 4 * max(1, threads)))
 
 
-# The default block, read once at import (a read of sysfs, nothing changed); Attend(chunk_elements=...) overrides it.
+# The default block, computed once at import for torch's thread count then (reading sysfs changes nothing);
+# Attend(chunk_elements=...) and chunked_attention(max_elements=...) override it.
 CHUNK_ELEMENTS = default_chunk_elements()
 
 
@@ -89,7 +91,9 @@ def _rows(block: tuple[slice, slice, slice], h: int) -> slice:
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    return rearrange(t, "b h n d -> (b h) n d")  # a view when t is contiguous, else one copy
+    # (b, h, n, d) -> ((b h), n, d): a view when t is contiguous, else one copy. A plain reshape rather than
+    # einops.rearrange, which costs ~10 us a call in parsing and caching, more than a small block's products.
+    return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
 
 
 def _block_probabilities(q, k, mask, block, rows, scale, buffer, dropout_p, generator):
@@ -115,10 +119,10 @@ def _block_probabilities(q, k, mask, block, rows, scale, buffer, dropout_p, gene
     return attn, keep
 
 
-def _block_buffer(q: torch.Tensor, blocks: list, h: int, m: int) -> torch.Tensor:
-    """One flat buffer as large as the largest block's scores, reused by every block."""
-    largest = max(((_rows(blk, h).stop - _rows(blk, h).start) * (blk[2].stop - blk[2].start) for blk in blocks), default=0)
-    return q.new_empty(largest * m)
+def _block_buffer(q: torch.Tensor, first: tuple[slice, slice, slice], h: int, m: int) -> torch.Tensor:
+    """One flat buffer for the scores of the plan's first block (the largest), reused by every block."""
+    rows = _rows(first, h)
+    return q.new_empty((rows.stop - rows.start) * (first[2].stop - first[2].start) * m)
 
 
 def _chunked_forward(q, k, v, mask, scale, dropout_p, seed, max_elements):
@@ -128,7 +132,7 @@ def _chunked_forward(q, k, v, mask, scale, dropout_p, seed, max_elements):
     q_, k_, v_ = _flat(q), _flat(k), _flat(v)
     out = q_.new_empty(b * h, n, v.shape[-1])
     blocks = list(attention_blocks(b, h, n, m, max_elements))
-    buffer = _block_buffer(q, blocks, h, m)
+    buffer = _block_buffer(q, blocks[0], h, m) if blocks else None
     for block in blocks:
         rows = _rows(block, h)
         attn, keep = _block_probabilities(q_, k_, mask, block, rows, scale, buffer, dropout_p, generator)
@@ -166,7 +170,7 @@ class _ChunkedAttention(torch.autograd.Function):
         delta = (grad_out_ * _flat(out)).sum(dim=-1, keepdim=True)
         grad_q, grad_k, grad_v = torch.empty_like(q_), torch.zeros_like(k_), torch.zeros_like(v_)
         blocks = list(attention_blocks(b, h, n, m, max_elements))
-        buffer, grad_buffer = _block_buffer(q, blocks, h, m), _block_buffer(q, blocks, h, m)
+        buffer, grad_buffer = (_block_buffer(q, blocks[0], h, m) if blocks else None for _ in range(2))
         for block in blocks:
             rows, queries = _rows(block, h), block[2]
             attn, keep = _block_probabilities(q_, k_, mask, block, rows, scale, buffer, dropout_p, generator)
@@ -199,7 +203,7 @@ def chunked_attention(
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v (Eqs. 6-7) computed over blocks of at most ``max_elements`` scores.
 
-    ``max_elements`` defaults to CHUNK_ELEMENTS (one block fills a core's L2 cache). A block never
+    ``max_elements`` defaults to CHUNK_ELEMENTS (an L2 cache of scores per thread). A block never
     holds more scores than q holds numbers either, so the scores alive at once (a block and, in backward, its
     gradient) stay within twice the size of the output: peak memory O(b h n d) whatever n is. Equal to the
     full-matrix einsum up to float rounding, in values and gradients; dropout on A, when ``dropout_p`` > 0, is

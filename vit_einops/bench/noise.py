@@ -1,0 +1,84 @@
+"""Is the machine lying? Two signs that a timing is not trustworthy, checked for every row of the benchmark.
+
+1. **Load**: other processes want the cores the benchmark uses. The 1-minute load average counts runnable
+   threads, the benchmark's own included; at the start of a measurement the benchmark has only just begun (the
+   average is nearly all other processes), at its end it carries about ``threads`` of its own. The machine is
+   busy when what the other processes load exceeds the cores the benchmark leaves free (cpu_count - threads) by
+   more than LOAD_MARGIN. With threads = cores (torch's default) that is "load above the thread count".
+   Why it matters: every op of a multi-op path waits at a thread barrier for its slowest thread, so a path of
+   many small ops (chunked) loses far more to a competing process than one fused kernel (SDPA): the ratios
+   between paths are wrong, not just the absolute times.
+2. **Spread**: the interquartile range of a row's timing blocks over their median. Above IQR_THRESHOLD the row's
+   median is not stable enough to compare at the precision the targets need (1.3x).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+# torch.utils.benchmark's own threshold: Measurement.meets_confidence() and the "may be unreliable" warning of
+# its __repr__ use IQR/median > 0.1 (0.25 for "gross" noise). A 10% spread also decides a 1.3x comparison.
+IQR_THRESHOLD = 0.10
+# A process runnable half of the time: an idle machine's daemons and shells stay well under it (0.0 to 0.3).
+LOAD_MARGIN = 0.5
+
+ADVICE = (
+    "the machine is busy or the timings are unstable: compare ratios only, rerun when the machine is idle, "
+    "use --threads 1 (one core stays free for other work, and no thread waits at a barrier for a preempted "
+    "sibling), or --retries 2 to measure the noisy rows again"
+)
+
+
+@dataclass
+class NoiseVerdict:
+    """Whether a measurement is trustworthy: ``noisy`` and the reasons (empty when not noisy)."""
+
+    noisy: bool = False
+    reasons: list[str] = field(default_factory=list)
+
+
+def others_load(load_start: float, load_end: float, threads: int) -> float:
+    """The load the *other* processes put on the machine during a measurement: the start's load average (ours
+    has barely begun), or the end's without our own ``threads``, whichever is larger."""
+    return max(load_start, load_end - threads)
+
+
+def load_verdict(load: Sequence[float], threads: int, cpu_count: int | None = None) -> NoiseVerdict:
+    """Busy when the other processes' load exceeds the cores left free by more than LOAD_MARGIN."""
+    cpu_count = cpu_count or os.cpu_count() or 1
+    load_start, load_end = load
+    others = others_load(load_start, load_end, threads)
+    free = max(0, cpu_count - threads)
+    if others > free + LOAD_MARGIN:
+        return NoiseVerdict(
+            True,
+            [
+                f"load {load_start:.2f} -> {load_end:.2f} on {cpu_count} CPUs: other processes want "
+                f"{others:.1f} cores while {threads} of {cpu_count} are in use here"
+            ],
+        )
+    return NoiseVerdict()
+
+
+def spread_verdict(median_s: float, iqr_s: float, name: str = "") -> NoiseVerdict:
+    """Noisy when IQR/median > IQR_THRESHOLD."""
+    ratio = iqr_s / median_s if median_s > 0 else float("inf")
+    if ratio > IQR_THRESHOLD:
+        who = f"{name}: " if name else ""
+        return NoiseVerdict(True, [f"{who}IQR/median {ratio:.2f} > {IQR_THRESHOLD}"])
+    return NoiseVerdict()
+
+
+def combine(*verdicts: NoiseVerdict) -> NoiseVerdict:
+    reasons = [r for v in verdicts for r in v.reasons]
+    return NoiseVerdict(any(v.noisy for v in verdicts), reasons)
+
+
+def judge(timings: Mapping[str, object], load: Sequence[float], threads: int, cpu_count: int | None = None):
+    """One verdict for a set of timings (objects with median_s and iqr_s) measured under ``load`` (start, end)."""
+    return combine(
+        load_verdict(load, threads, cpu_count),
+        *(spread_verdict(t.median_s, t.iqr_s, name) for name, t in timings.items()),
+    )
