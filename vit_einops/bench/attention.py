@@ -20,6 +20,7 @@ import torch
 from ..attention import Attend, MultiHeadAttention
 from ..reference import torch_mha_from
 from .measure import peak_memory_bytes, time_interleaved
+from .noise import current_load, row_fields
 
 CORE_PATHS = ("einsum", "chunked", "sdpa", "einsum_compiled")
 LAYER_PATHS = ("mha_sdpa", "mha_chunked", "torch_mha")
@@ -153,9 +154,11 @@ def measure_point(
             first_call_s = compiled.first_call(calls["core", "einsum_compiled"])
             if first_call_s is None:
                 del calls["core", "einsum_compiled"]
+        load_start = current_load()
         timings = time_interleaved(
             {f"{s}/{p}": fn for (s, p), fn in calls.items()}, rounds=rounds, min_run_time=min_run_time
         )
+        load = (load_start, current_load())
         peaks = peak_memory_bytes({f"{s}/{p}": fn for (s, p), fn in calls.items()})
 
     rows = []
@@ -179,6 +182,7 @@ def measure_point(
                 peak_bytes=peaks[f"{section}/{path}"],
                 attn_matrix_bytes=point.attention_matrix_bytes(dtype),
                 first_call_s=first_call_s if path == "einsum_compiled" else None,
+                **row_fields(timing, load, torch.get_num_threads()),
             )
         )
     return rows

@@ -18,6 +18,7 @@ from ..attention import MultiHeadAttention
 from ..presets import create_vit
 from ..reference import torch_reference_vit
 from .measure import peak_memory_bytes, time_interleaved
+from .noise import current_load, row_fields
 
 MODEL_PATHS = ("einsum", "chunked", "sdpa", "torch")
 MODEL_MODES = ("inference", "train_step")
@@ -155,7 +156,9 @@ def measure_model(
             calls = {path: shared.call(path, lambda m: m(x)) for path in paths}
             context = torch.inference_mode
         with context():
+            load_start = current_load()
             timings = time_interleaved(calls, rounds=rounds, min_run_time=min_run_time)
+            load = (load_start, current_load())
             peaks = peak_memory_bytes(calls)
         for path, timing in timings.items():
             gflop = flops[mode] * batch / 1e9
@@ -175,6 +178,7 @@ def measure_model(
                     gflop_per_s=gflop / timing.median_s,
                     peak_bytes=peaks[path],
                     max_abs_diff_vs_einsum=max_diff[path],
+                    **row_fields(timing, load, torch.get_num_threads()),
                 )
             )
     reference = {r["mode"]: r for r in rows if r["path"] == "torch"}

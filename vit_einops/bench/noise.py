@@ -82,3 +82,51 @@ def judge(timings: Mapping[str, object], load: Sequence[float], threads: int, cp
         load_verdict(load, threads, cpu_count),
         *(spread_verdict(t.median_s, t.iqr_s, name) for name, t in timings.items()),
     )
+
+
+def current_load() -> float:
+    """The 1-minute load average now, or NaN where the OS has none (then no load verdict is possible)."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return float("nan")
+
+
+def row_fields(timing, load: Sequence[float], threads: int, cpu_count: int | None = None) -> dict:
+    """The noise columns of one result row: quartiles, IQR/median, the load around its measurement, and the
+    verdict (``noisy``, and ``noise``: the reasons joined, empty when trustworthy)."""
+    verdict = combine(load_verdict(load, threads, cpu_count), spread_verdict(timing.median_s, timing.iqr_s))
+    return dict(
+        p25_s=timing.p25_s,
+        p75_s=timing.p75_s,
+        iqr_ratio=timing.iqr_ratio,
+        load_start=round(load[0], 2),
+        load_end=round(load[1], 2),
+        noisy=verdict.noisy,
+        noise="; ".join(verdict.reasons),
+    )
+
+
+def noise_score(rows: Sequence[Mapping]) -> tuple[int, float]:
+    """How noisy a set of rows is, for choosing between attempts: noisy rows first, then the worst IQR/median."""
+    return sum(bool(r["noisy"]) for r in rows), max((r["iqr_ratio"] for r in rows), default=0.0)
+
+
+def summary(rows: Sequence[Mapping], load: Sequence[float], threads: int, cpu_count: int | None = None) -> dict:
+    """The run's verdict for results.json: ``noisy`` when the load at the start or end of the run said busy or
+    any row is noisy, with counts, the reasons and the advice."""
+    run_load = load_verdict(load, threads, cpu_count)
+    flagged = [r for r in rows if r["noisy"]]
+    reasons = list(run_load.reasons)
+    if flagged:
+        reasons.append(f"{len(flagged)} of {len(rows)} rows are noisy (load or IQR/median > {IQR_THRESHOLD})")
+    noisy = run_load.noisy or bool(flagged)
+    return dict(
+        noisy=noisy,
+        reasons=reasons,
+        rows_noisy=len(flagged),
+        rows=len(rows),
+        iqr_threshold=IQR_THRESHOLD,
+        load_margin=LOAD_MARGIN,
+        advice=ADVICE if noisy else None,
+    )
