@@ -240,3 +240,28 @@ def test_bad_options_are_rejected_by_name(argv, capsys):
         cli.main(["bench", "--smoke", *argv])
     assert exit_info.value.code == 2
     assert argv[0] in capsys.readouterr().err
+
+
+def test_figures_are_returned_with_error_bars_and_measured_ticks(smoke):
+    """report.figures draws without writing or showing: Figure objects, every panel's x ticks exactly the measured
+    N, and error bars (p25 to p75) on the time and ratio figures; the matplotlib backend is left as it was."""
+    import matplotlib
+    from matplotlib.container import ErrorbarContainer
+    from matplotlib.figure import Figure
+
+    backend = matplotlib.get_backend()
+    results = smoke["results"]
+    figs = report.figures(results["attention"], results["model"])
+    assert list(figs) == list(report.PLOTS)
+    assert all(isinstance(f, Figure) for f in figs.values())
+    tokens = sorted({r["tokens"] for r in results["attention"]})
+    for name in ("attention_time.png", "attention_memory.png", "attention_ratio.png"):
+        for ax in figs[name].axes:
+            assert list(ax.get_xticks()) == tokens
+            assert ax.xaxis.get_major_formatter().format_ticks(tokens) == [str(n) for n in tokens]
+            assert ax.xaxis.get_minor_locator()() == []  # no unlabelled 10^k ticks in between
+            bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer) and c.has_yerr]
+            assert len(bars) == (0 if name == "attention_memory.png" else len(CORE_PATHS) - 1)  # no compile in smoke
+        # One y label for the whole figure, none per panel (they overlapped between rows).
+        assert figs[name].get_supylabel() and not any(ax.get_ylabel() for ax in figs[name].axes)
+    assert matplotlib.get_backend() == backend

@@ -45,7 +45,8 @@ def check_in_range(name: str, value, kind: type) -> None:
     if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise TypeError(f"{name} must be a number, got {value!r}")
     if not math.isfinite(value) or not low <= value <= high:
-        raise ValueError(f"{name} {value!r} is out of range: expected a finite {kind.__name__} from {low:g} to {high:g}")
+        expected = "an integer" if kind is int else "a finite number"
+        raise ValueError(f"{name} {value!r} is out of range: expected {expected} from {low:g} to {high:g}")
 
 
 @dataclass
