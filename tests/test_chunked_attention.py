@@ -44,13 +44,14 @@ def assert_matches(actual, expected, tol, what):
 
 
 # (b, h, n, d, max_elements, what the first block must be): the blocks the tiling produces for these budgets, which
-# chunked_attention further caps at q's own size, b*h*n*d. The plan is the property under test here: each case
+# chunked_attention further caps at q's own size, b*h*n*d, or CHUNK_ELEMENTS if larger (set to 100 here). The plan is the property under test here: each case
 # puts a block boundary somewhere else (images, heads, query rows), and the values must not see it.
 BIG = 2**30
 BOUNDARY_CASES = {
     "n not a multiple of the block (17 rows in blocks of 5)": (2, 3, 17, 8, 17 * 5, dict(images=1, heads=1, rows=5)),
     "block larger than n (one block for everything)": (2, 3, 17, 40, BIG, dict(images=2, heads=3, rows=17)),
     "capped at q's size (2*3*17*8 = 816 numbers: 2 heads of 289 scores)": (2, 3, 17, 8, BIG, dict(images=1, heads=2, rows=17)),
+    "a budget below the default block is used as given": (2, 3, 17, 8, 17 * 17, dict(images=1, heads=1, rows=17)),
     "budget below one row: one query row per block": (2, 3, 17, 8, 1, dict(images=1, heads=1, rows=1)),
     "uneven groups of images (3 images, 2 per block)": (3, 2, 9, 8, 2 * 2 * 9 * 9, dict(images=2, heads=2, rows=9)),
     "uneven groups of heads (3 heads, 2 per block)": (2, 3, 9, 8, 2 * 9 * 9, dict(images=1, heads=2, rows=9)),
@@ -71,6 +72,8 @@ def test_block_boundaries_match_sdpa_and_einsum_float64(case, monkeypatch):
         return iter(plans[-1])
 
     monkeypatch.setattr(chunked_module, "attention_blocks", recording)
+    # The cap is max(q's size, CHUNK_ELEMENTS); a small default block makes q's size the cap on every machine.
+    monkeypatch.setattr(chunked_module, "CHUNK_ELEMENTS", 100)
     q, k, v = qkv(b, h, n, d)
     upstream = torch.randn_like(q)
     scale = d**-0.5

@@ -203,9 +203,10 @@ def chunked_attention(
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v (Eqs. 6-7) computed over blocks of at most ``max_elements`` scores.
 
-    ``max_elements`` defaults to CHUNK_ELEMENTS (an L2 cache of scores per thread). A block never
-    holds more scores than q holds numbers either, so the scores alive at once (a block and, in backward, its
-    gradient) stay within twice the size of the output: peak memory O(b h n d) whatever n is. Equal to the
+    ``max_elements`` defaults to CHUNK_ELEMENTS (an L2 cache of scores per thread). A block never holds more
+    scores than q holds numbers or CHUNK_ELEMENTS, whichever is larger, so the scores alive at once (a block and, in
+    backward, its gradient) stay within twice the output or two cache-sized blocks: peak memory O(b h n d) plus a
+    constant, whatever n is. Equal to the
     full-matrix einsum up to float rounding, in values and gradients; dropout on A, when ``dropout_p`` > 0, is
     drawn per block from a generator seeded off torch's global one (so ``torch.manual_seed`` makes it
     reproducible) and redrawn identically in the backward pass. With no queries (or no images, or no heads) the
@@ -218,7 +219,9 @@ def chunked_attention(
     m = k.shape[2]
     if mask is not None:
         mask = mask.expand(b, h, n, m)  # a view: blocks of it are sliced like the queries
-    max_elements = max(1, min(max_elements, q.numel()))
+    # Never more scores at once than q holds numbers or one default block holds, whichever is larger: memory stays
+    # O(b h n d) plus one cache-sized block, and small inputs still get few blocks (each costs a thread barrier).
+    max_elements = max(1, min(max_elements, max(q.numel(), CHUNK_ELEMENTS)))
     seed = int(torch.randint(2**62, ())) if dropout_p else 0
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _ChunkedAttention.apply(q, k, v, mask, scale, dropout_p, seed, max_elements)

@@ -217,6 +217,9 @@ def run(options: BenchOptions, stdout=None) -> dict:
                 if r["first_call_s"] is not None
             ]
         else:
+            if compiled:  # the attention grid is done: free its compiled graphs before the models need the memory
+                compiled.clear()
+                torch.compiler.reset()
             model_rows += measure_with_retries(
                 lambda what=what: measure_model(
                     what, options.model_batch, dtype, options.model_paths, options.model_modes,
