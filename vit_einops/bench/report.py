@@ -202,9 +202,9 @@ def _attention_figure(core: list[dict], kind: str):
     fig.supxlabel("tokens N (the measured values)")
     fig.supylabel(
         {
-            "time": "median time per call (ms); bars: p25 to p75",
+            "time": "median time per call (ms)\nbars: p25 to p75",
             "memory": "peak memory (MiB)",
-            "ratio": "over SDPA: time (solid; bars p25 to p75), memory (dashed)",
+            "ratio": "over SDPA: time (solid, bars p25 to p75)\nand peak memory (dashed)",
         }[kind]
     )
     return fig
