@@ -12,7 +12,7 @@ price of not fusing the softmax into the products, which no unfused path can get
 
 Forward floor per block: S = q k^T (baddbmm, K = D_h), softmax in place, A v (bmm). Forward + backward adds
 per block: S again, its softmax, dv += A^T dO, dP = dO v^T, dS = A (dP - delta) (two elementwise passes),
-dq = dS k, dk += dS^T q; and once: delta = rowsum(dO * O) and SDPA's own... no: the forward itself.
+dq = dS k, dk += dS^T q; and once per call: delta = rowsum(dO * O).
 
 Every row carries the load average and the IQR/median of each timing; vit_einops.bench.noise flags noisy rows.
 Writes a JSON file (--out) with every number. Model: 12 heads, D_h 64, float32 unless told otherwise.
@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from vit_einops.bench.env import machine_info
 from vit_einops.bench.measure import time_interleaved
 from vit_einops.bench.noise import NoiseVerdict, judge
-from vit_einops.chunked import CHUNK_ELEMENTS, _rows, attention_blocks, chunked_attention
+from vit_einops import chunked as chunked_module
+from vit_einops.chunked import _rows, attention_blocks, chunked_attention, default_chunk_elements
 
 
 def ints(text: str) -> tuple[int, ...]:
@@ -44,7 +45,7 @@ def floor_calls(q, k, v, grad_out, budget: int, backward: bool) -> dict[str, tup
     b, h, n, d = q.shape
     m = k.shape[2]
     scale = d**-0.5
-    budget = max(1, min(budget, q.numel()))
+    budget = max(1, min(budget, max(q.numel(), chunked_module.CHUNK_ELEMENTS)))  # chunked_attention's own cap
     q_, k_, v_, do_ = (t.reshape(b * h, -1, t.shape[-1]) for t in (q, k, v, grad_out))
     shapes: dict[tuple[int, int], int] = {}
     for block in attention_blocks(b, h, n, m, budget):
@@ -83,6 +84,7 @@ def floor_calls(q, k, v, grad_out, budget: int, backward: bool) -> dict[str, tup
 
 def measure(b, n, mode, args) -> dict:
     h, d = args.heads, args.head_dim
+    block = default_chunk_elements()  # for the --threads set after chunked.py's import fixed CHUNK_ELEMENTS
     g = torch.Generator().manual_seed(0)
     backward = mode == "forward_backward"
     q, k, v = (torch.randn(b, h, n, d, generator=g).requires_grad_(backward) for _ in range(3))
@@ -95,12 +97,12 @@ def measure(b, n, mode, args) -> dict:
 
     paths = {
         "sdpa": step(lambda: F.scaled_dot_product_attention(q, k, v)),
-        "chunked": step(lambda: chunked_attention(q, k, v, scale=d**-0.5)),
+        "chunked": step(lambda: chunked_attention(q, k, v, scale=d**-0.5, max_elements=block)),
     }
     for budget in args.budgets:
         paths[f"chunked@{budget}"] = step(lambda budget=budget: chunked_attention(q, k, v, scale=d**-0.5, max_elements=budget))
     with torch.no_grad():
-        floor = floor_calls(q.detach(), k.detach(), v.detach(), grad_out, CHUNK_ELEMENTS, backward)
+        floor = floor_calls(q.detach(), k.detach(), v.detach(), grad_out, block, backward)
     fns = dict(paths) | {name: fn for name, (fn, _) in floor.items()}
     with torch.enable_grad() if backward else torch.inference_mode():
         load_start = os.getloadavg()[0]
@@ -145,7 +147,7 @@ def main(argv=None) -> int:
     info = machine_info()
     print(
         f"{info['cpu_model']}  {info['cpu_capability']}  threads {info['threads']}  torch {info['torch']}  "
-        f"default block {CHUNK_ELEMENTS} scores  load {info['load_average']}",
+        f"default block {default_chunk_elements()} scores  load {info['load_average']}",
         flush=True,
     )
     extra = "".join(f"{'@' + str(bud):>10}" for bud in args.budgets)
@@ -168,7 +170,7 @@ def main(argv=None) -> int:
                     flush=True,
                 )
     if args.out:
-        args.out.write_text(json.dumps(dict(meta=info, default_block=CHUNK_ELEMENTS, rows=rows), indent=1) + "\n")
+        args.out.write_text(json.dumps(dict(meta=info, default_block=default_chunk_elements(), rows=rows), indent=1) + "\n")
     return 0
 
 

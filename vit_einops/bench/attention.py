@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import Attend, MultiHeadAttention
+from ..chunked import default_chunk_elements
 from ..reference import torch_mha_from
 from .measure import peak_memory_bytes, time_interleaved
 from .noise import current_load, row_fields
@@ -105,7 +106,8 @@ def _forwards(point, dtype, paths, compiled, q, k, v, x) -> dict[tuple[str, str]
             if compiled is not None and compiled.skip_reason is None:
                 calls["core", path] = (lambda: compiled.fn(q, k, v), [q, k, v])
         else:
-            attend = Attend(point.head_dim, impl=path)
+            # The chunked block for the thread count of this run (--threads is set after chunked.py was imported).
+            attend = Attend(point.head_dim, impl=path, chunk_elements=default_chunk_elements())
             calls["core", path] = (lambda attend=attend: attend(q, k, v), [q, k, v])
     if paths.get("layer"):
         # One set of weights for every layer path, so they all compute the same function.
@@ -117,6 +119,7 @@ def _forwards(point, dtype, paths, compiled, q, k, v, x) -> dict[tuple[str, str]
             else:
                 module = copy.deepcopy(ours)
                 module.impl = path.removeprefix("mha_")
+                module.attend.chunk_elements = default_chunk_elements()
                 call = lambda module=module: module(x)  # noqa: E731
             calls["layer", path] = (call, [x, *module.parameters()])
     return calls

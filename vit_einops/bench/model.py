@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..attention import MultiHeadAttention
+from ..chunked import default_chunk_elements
 from ..presets import create_vit
 from ..reference import torch_reference_vit
 from .measure import peak_memory_bytes, time_interleaved
@@ -56,6 +57,8 @@ class SharedPaths:
     def __init__(self, preset: str, dtype: torch.dtype, paths, **overrides) -> None:
         self.model = create_vit(preset, **overrides).to(dtype)
         self.attention = [m for m in self.model.modules() if isinstance(m, MultiHeadAttention)]
+        for m in self.attention:  # the chunked block for this run's thread count, as in the attention grid
+            m.attend.chunk_elements = default_chunk_elements()
         self.reference = None
         if "torch" in paths:
             self.reference = torch_reference_vit(self.model)

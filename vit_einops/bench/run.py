@@ -217,8 +217,11 @@ def run(options: BenchOptions, stdout=None) -> dict:
                 if r["first_call_s"] is not None
             ]
         else:
-            if compiled:  # the attention grid is done: free its compiled graphs before the models need the memory
-                compiled.clear()
+            if any(c.fn is not None for c in compiled.values()):
+                # The attention grid is done: free its compiled graphs before the models need the memory (the
+                # CompiledEinsum records stay: their skip reasons go into results.json).
+                for c in compiled.values():
+                    c.fn = None
                 torch.compiler.reset()
             model_rows += measure_with_retries(
                 lambda what=what: measure_model(
