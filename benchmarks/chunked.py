@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from vit_einops import chunked as chunked_module
 from vit_einops.bench.env import machine_info
 from vit_einops.bench.measure import time_interleaved
 from vit_einops.bench.noise import NoiseVerdict, judge
-from vit_einops import chunked as chunked_module
 from vit_einops.chunked import _rows, attention_blocks, chunked_attention, default_chunk_elements
 
 
@@ -100,7 +100,9 @@ def measure(b, n, mode, args) -> dict:
         "chunked": step(lambda: chunked_attention(q, k, v, scale=d**-0.5, max_elements=block)),
     }
     for budget in args.budgets:
-        paths[f"chunked@{budget}"] = step(lambda budget=budget: chunked_attention(q, k, v, scale=d**-0.5, max_elements=budget))
+        paths[f"chunked@{budget}"] = step(
+            lambda budget=budget: chunked_attention(q, k, v, scale=d**-0.5, max_elements=budget)
+        )
     with torch.no_grad():
         floor = floor_calls(q.detach(), k.detach(), v.detach(), grad_out, block, backward)
     fns = dict(paths) | {name: fn for name, (fn, _) in floor.items()}
@@ -170,7 +172,9 @@ def main(argv=None) -> int:
                     flush=True,
                 )
     if args.out:
-        args.out.write_text(json.dumps(dict(meta=info, default_block=default_chunk_elements(), rows=rows), indent=1) + "\n")
+        args.out.write_text(
+            json.dumps(dict(meta=info, default_block=default_chunk_elements(), rows=rows), indent=1) + "\n"
+        )
     return 0
 
 

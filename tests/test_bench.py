@@ -141,9 +141,9 @@ def check_noise_fields(r: dict) -> None:
     assert isinstance(r["noisy"], bool) and r["noisy"] == bool(r["noise"])
     assert ("IQR/median" in r["noise"]) == (r["iqr_ratio"] > IQR_THRESHOLD)
     assert r["attempts"] == 1  # the smoke grid does not retry
-    assert report.noise_mark(r) == ("" if not r["noisy"] else "!" + ",".join(
-        kind for kind in ("load", "IQR") if kind in r["noise"]
-    ))
+    assert report.noise_mark(r) == (
+        "" if not r["noisy"] else "!" + ",".join(kind for kind in ("load", "IQR") if kind in r["noise"])
+    )
 
 
 def test_model_flops_are_the_counts_on_a_real_model(smoke):

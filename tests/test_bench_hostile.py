@@ -35,11 +35,21 @@ def assert_refused(result: subprocess.CompletedProcess, message: str) -> None:
 
 
 OPTION_CASES = {
-    "--min-run-time inf": ("argument --min-run-time: min_run_time inf is out of range: expected a finite number from 0.0001 to 60"),
-    "--min-run-time nan": ("argument --min-run-time: min_run_time nan is out of range: expected a finite number from 0.0001 to 60"),
-    "--min-run-time -1": ("argument --min-run-time: min_run_time -1.0 is out of range: expected a finite number from 0.0001 to 60"),
-    "--min-run-time 0": ("argument --min-run-time: min_run_time 0.0 is out of range: expected a finite number from 0.0001 to 60"),
-    "--min-run-time 1e9": ("argument --min-run-time: min_run_time 1000000000.0 is out of range: expected a finite number from 0.0001 to 60"),
+    "--min-run-time inf": (
+        "argument --min-run-time: min_run_time inf is out of range: expected a finite number from 0.0001 to 60"
+    ),
+    "--min-run-time nan": (
+        "argument --min-run-time: min_run_time nan is out of range: expected a finite number from 0.0001 to 60"
+    ),
+    "--min-run-time -1": (
+        "argument --min-run-time: min_run_time -1.0 is out of range: expected a finite number from 0.0001 to 60"
+    ),
+    "--min-run-time 0": (
+        "argument --min-run-time: min_run_time 0.0 is out of range: expected a finite number from 0.0001 to 60"
+    ),
+    "--min-run-time 1e9": (
+        "argument --min-run-time: min_run_time 1000000000.0 is out of range: expected a finite number from 0.0001 to 60"
+    ),
     "--min-run-time soon": "argument --min-run-time: expected a number, got 'soon'",
     "--rounds 0": "argument --rounds: rounds 0 is out of range: expected an integer from 1 to 1000",
     "--rounds 2.5": "argument --rounds: expected an integer, got '2.5'",
@@ -111,7 +121,7 @@ def test_earlier_results_are_kept_unless_forced(tmp_path):
     assert forced.returncode == 0, forced.stderr
     assert digest(tmp_path / "README.md") == before["README.md"]
     assert digest(tmp_path / "results.json") != before["results.json"]
-    assert set(p.name for p in tmp_path.iterdir()) <= set(result_files()) | {"README.md"}
+    assert {p.name for p in tmp_path.iterdir()} <= set(result_files()) | {"README.md"}
 
 
 def test_a_directory_named_like_a_result_file_is_refused_even_with_force(tmp_path):

@@ -50,7 +50,14 @@ BIG = 2**30
 BOUNDARY_CASES = {
     "n not a multiple of the block (17 rows in blocks of 5)": (2, 3, 17, 8, 17 * 5, dict(images=1, heads=1, rows=5)),
     "block larger than n (one block for everything)": (2, 3, 17, 40, BIG, dict(images=2, heads=3, rows=17)),
-    "capped at q's size (2*3*17*8 = 816 numbers: 2 heads of 289 scores)": (2, 3, 17, 8, BIG, dict(images=1, heads=2, rows=17)),
+    "capped at q's size (2*3*17*8 = 816 numbers: 2 heads of 289 scores)": (
+        2,
+        3,
+        17,
+        8,
+        BIG,
+        dict(images=1, heads=2, rows=17),
+    ),
     "a budget below the default block is used as given": (2, 3, 17, 8, 17 * 17, dict(images=1, heads=1, rows=17)),
     "budget below one row: one query row per block": (2, 3, 17, 8, 1, dict(images=1, heads=1, rows=1)),
     "uneven groups of images (3 images, 2 per block)": (3, 2, 9, 8, 2 * 2 * 9 * 9, dict(images=2, heads=2, rows=9)),
@@ -106,7 +113,12 @@ def test_blocks_tile_every_image_head_and_query_exactly_once(b, h, n, m, budget)
 
 @pytest.mark.parametrize(
     "q_shape, kv_shape",
-    [((2, 3, 0, 4), (2, 3, 0, 4)), ((2, 3, 5, 4), (2, 3, 0, 4)), ((0, 3, 5, 4), (0, 3, 5, 4)), ((2, 0, 5, 4), (2, 0, 5, 4))],
+    [
+        ((2, 3, 0, 4), (2, 3, 0, 4)),
+        ((2, 3, 5, 4), (2, 3, 0, 4)),
+        ((0, 3, 5, 4), (0, 3, 5, 4)),
+        ((2, 0, 5, 4), (2, 0, 5, 4)),
+    ],
     ids=["no tokens", "no keys", "no images", "no heads"],
 )
 def test_empty_inputs_behave_like_einsum_and_sdpa(q_shape, kv_shape):
@@ -129,7 +141,10 @@ def test_empty_inputs_behave_like_einsum_and_sdpa(q_shape, kv_shape):
 @pytest.mark.parametrize(
     "files, expected",
     [
-        ({"index0": ("1", "Data", "32K"), "index1": ("1", "Instruction", "32K"), "index2": ("2", "Unified", "512K")}, 512 * 1024),
+        (
+            {"index0": ("1", "Data", "32K"), "index1": ("1", "Instruction", "32K"), "index2": ("2", "Unified", "512K")},
+            512 * 1024,
+        ),
         ({"index2": ("2", "Instruction", "64K"), "index3": ("2", "Unified", "2M")}, 2 * 2**20),
         ({"index0": ("1", "Data", "48K")}, chunked_module.FALLBACK_L2_BYTES),
         ({"index2": ("2", "Unified", "lots")}, chunked_module.FALLBACK_L2_BYTES),

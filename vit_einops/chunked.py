@@ -108,7 +108,7 @@ def _block_probabilities(q, k, mask, block, rows, scale, buffer, dropout_p, gene
     # scores = einsum(q_block, k_block, "bh i d, bh j d -> bh i j") * scale; beta=0: the buffer's old values unused.
     torch.baddbmm(scores, q_block, k_block.transpose(1, 2), beta=0.0, alpha=scale, out=scores)
     if mask is not None:
-        images, heads, queries = block
+        images, heads, _ = block
         scores.view(images.stop - images.start, heads.stop - heads.start, *scores.shape[1:]).masked_fill_(
             ~mask[block], float("-inf")
         )
@@ -184,11 +184,12 @@ class _ChunkedAttention(torch.autograd.Function):
             if keep is not None:
                 grad_attn.mul_(keep)
             grad_scores = grad_attn.sub_(delta[rows, queries]).mul_(attn)  # dS, in place on dP
-            # dq = einsum(dS, k, "bh i j, bh j d -> bh i d") * scale; dk += einsum(dS, q, "bh i j, bh i d -> bh j d") * scale
-            torch.baddbmm(grad_q[rows, queries], grad_scores, k_[rows], beta=0.0, alpha=scale, out=grad_q[rows, queries])
+            # dq = einsum(dS, k, "bh i j, bh j d -> bh i d") * scale, written in place
+            grad_q_block = grad_q[rows, queries]
+            torch.baddbmm(grad_q_block, grad_scores, k_[rows], beta=0.0, alpha=scale, out=grad_q_block)
+            # dk += einsum(dS, q, "bh i j, bh i d -> bh j d") * scale
             grad_k[rows].baddbmm_(grad_scores.transpose(1, 2), q_[rows, queries], alpha=scale)
-        unflat = lambda t, like: t.view(like.shape)  # noqa: E731
-        return unflat(grad_q, q), unflat(grad_k, k), unflat(grad_v, v), None, None, None, None, None
+        return grad_q.view(q.shape), grad_k.view(k.shape), grad_v.view(v.shape), None, None, None, None, None
 
 
 def chunked_attention(

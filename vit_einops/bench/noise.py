@@ -52,13 +52,11 @@ def load_verdict(load: Sequence[float], threads: int, cpu_count: int | None = No
     others = others_load(load_start, load_end, threads)
     free = max(0, cpu_count - threads)
     if others > free + LOAD_MARGIN:
-        return NoiseVerdict(
-            True,
-            [
-                f"load {load_start:.2f} -> {load_end:.2f} on {cpu_count} CPUs: other processes want "
-                f"{others:.1f} cores while {threads} of {cpu_count} are in use here"
-            ],
+        reason = (
+            f"load {load_start:.2f} -> {load_end:.2f} on {cpu_count} CPUs: other processes want "
+            f"{others:.1f} cores while {threads} of {cpu_count} are in use here"
         )
+        return NoiseVerdict(True, [reason])
     return NoiseVerdict()
 
 

@@ -64,7 +64,9 @@ def noise_mark(row: dict) -> str:
 
 def noise_text(noise: dict) -> str:
     """The warning printed after the table and at the top of table.txt when the run was noisy."""
-    return "NOISY RUN: " + "; ".join(noise["reasons"]) + ". Rows marked ! are not trustworthy.\nAdvice: " + noise["advice"]
+    return (
+        "NOISY RUN: " + "; ".join(noise["reasons"]) + ". Rows marked ! are not trustworthy.\nAdvice: " + noise["advice"]
+    )
 
 
 def header_text(meta: dict, ceiling: dict, noise: dict | None = None) -> str:
@@ -155,7 +157,7 @@ def _attention_figure(core: list[dict], kind: str):
     batches = sorted({r["batch"] for r in core})
     modes = list(dict.fromkeys(r["mode"] for r in core))
     paths = list(dict.fromkeys(r["path"] for r in core))
-    key = lambda r: (r["batch"], r["mode"], r["tokens"], r["heads"], r["head_dim"])  # noqa: E731
+    key = lambda r: (r["batch"], r["mode"], r["tokens"], r["heads"], r["head_dim"])
     reference = {key(r): r for r in core if r["path"] == REFERENCE["core"]}
     fig = Figure(figsize=(5.2 * len(modes), 3.4 * len(batches)), layout="constrained")
     axes = fig.subplots(len(batches), len(modes), squeeze=False, sharex=True)
@@ -171,15 +173,25 @@ def _attention_figure(core: list[dict], kind: str):
             n = [r["tokens"] for r in pts]
             if kind == "time":
                 y = [r["median_s"] * 1e3 for r in pts]
-                err = [[(r["median_s"] - r["p25_s"]) * 1e3 for r in pts], [(r["p75_s"] - r["median_s"]) * 1e3 for r in pts]]
+                err = [
+                    [(r["median_s"] - r["p25_s"]) * 1e3 for r in pts],
+                    [(r["p75_s"] - r["median_s"]) * 1e3 for r in pts],
+                ]
             elif kind == "memory":
                 y, err = [r["peak_bytes"] / MIB for r in pts], None
             else:
                 refs = [reference.get(key(r)) for r in pts]
-                pts, refs = zip(*[(r, ref) for r, ref in zip(pts, refs, strict=True) if ref], strict=True) if any(refs) else ((), ())
+                pts, refs = (
+                    zip(*[(r, ref) for r, ref in zip(pts, refs, strict=True) if ref], strict=True)
+                    if any(refs)
+                    else ((), ())
+                )
                 n, y = [r["tokens"] for r in pts], [r["time_ratio"] for r in pts]
                 spread = [_quartile_ratio(r, ref) for r, ref in zip(pts, refs, strict=True)]
-                err = [[yy - lo for yy, (lo, _) in zip(y, spread, strict=True)], [hi - yy for yy, (_, hi) in zip(y, spread, strict=True)]]
+                err = [
+                    [yy - lo for yy, (lo, _) in zip(y, spread, strict=True)],
+                    [hi - yy for yy, (_, hi) in zip(y, spread, strict=True)],
+                ]
             line = ax.errorbar(n, y, yerr=err, marker="o", ms=4, capsize=3, label=path)[0]
             if kind == "ratio":
                 ax.plot(n, [r["mem_ratio"] for r in pts], marker="x", ls="--", color=line.get_color())

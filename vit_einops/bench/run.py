@@ -94,7 +94,9 @@ class BenchOptions:
         for name, allowed in choices.items():
             unknown = [v for v in getattr(self, name) if v not in allowed]
             if unknown:
-                raise ValueError(f"{name}: unknown {', '.join(map(str, unknown))}; expected some of {', '.join(allowed)}")
+                raise ValueError(
+                    f"{name}: unknown {', '.join(map(str, unknown))}; expected some of {', '.join(allowed)}"
+                )
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype {self.dtype!r} is not float32 or bfloat16")
 
@@ -146,7 +148,9 @@ def check_out(out: Path, force: bool) -> Path:
     existing = [name for name in result_files() if (out / name).exists() or (out / name).is_symlink()]
     odd = [name for name in existing if not (out / name).is_file() or (out / name).is_symlink()]
     if odd:
-        raise ValueError(f"output {out} holds {', '.join(odd)} that is not a regular file; remove it or choose another --out")
+        raise ValueError(
+            f"output {out} holds {', '.join(odd)} that is not a regular file; remove it or choose another --out"
+        )
     if existing and not force:
         raise ValueError(
             f"output {out} already holds {', '.join(existing)} from an earlier run; pass --force to replace them, "

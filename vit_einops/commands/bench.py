@@ -15,8 +15,8 @@ import torch
 from ..bench.attention import CORE_PATHS, LAYER_PATHS, MODES
 from ..bench.env import BF16_FLAGS, bf16_slowdown, cpu_flags
 from ..bench.model import MODEL_MODES, MODEL_PATHS
-from ..bench.run import run as run_bench
 from ..bench.run import check_in_range, check_out, with_overrides
+from ..bench.run import run as run_bench
 from ..presets import list_presets
 
 DTYPES = ("float32", "bfloat16")
@@ -27,7 +27,9 @@ def _checked(name: str, kind: type, value: str):
     try:
         number = kind(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {value!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {value!r}"
+        ) from None
     try:
         check_in_range(name, number, kind)
     except (TypeError, ValueError) as error:
@@ -113,7 +115,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--skip-attention", action="store_true", help="no attention grid")
     m = parser.add_argument_group("whole models")
     m.add_argument("--models", type=_list_of(str, list_presets()), help="presets (default vit_ti_16,vit_s_16,vit_b_16)")
-    m.add_argument("--model-batch", type=_number("model_batch", int), help="images per call (default 1; 32 is slow on 2 cores)")
+    m.add_argument(
+        "--model-batch", type=_number("model_batch", int), help="images per call (default 1; 32 is slow on 2 cores)"
+    )
     m.add_argument("--model-modes", type=_list_of(str, MODEL_MODES), help=f"of {', '.join(MODEL_MODES)}")
     m.add_argument("--model-paths", type=_list_of(str, MODEL_PATHS), help=f"of {', '.join(MODEL_PATHS)}")
     m.add_argument("--skip-model", action="store_true", help="no whole-model benchmark")
