@@ -128,7 +128,8 @@ def test_results_json_schema(smoke):
     assert results["noisy"] is meta["noisy"] is noise["noisy"]
     assert noise["rows"] == len(rows) + len(model_rows)
     assert noise["rows_noisy"] == sum(r["noisy"] for r in rows + model_rows)
-    busy = load_verdict((meta["load_average"][0], meta["load_average_end"][0]), meta["threads"]).noisy
+    load = (meta["load_average"][0], meta["load_average_end"][0])
+    busy = load_verdict(load, meta["threads"], running_s=(0.0, meta["wall_s"])).noisy
     assert noise["noisy"] == (busy or noise["rows_noisy"] > 0)
     assert (noise["advice"] is not None) == noise["noisy"]
 

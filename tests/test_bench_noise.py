@@ -40,6 +40,26 @@ def test_load_verdict(case):
     assert bool(verdict.reasons) is busy
 
 
+@pytest.mark.parametrize(
+    "load, running_s, busy",
+    [
+        ((2.3, 2.3), (300.0, 310.0), False),  # 5 min into a 2-thread run: ~2.0 of the 2.3 is ours
+        ((3.0, 3.0), (300.0, 310.0), True),  # another job holds a core
+        ((2.3, 2.3), (0.0, 10.0), True),  # at the very start the 2.3 cannot be ours
+        ((1.2, 1.3), (30.0, 40.0), False),  # half a minute in: ours is 2*(1-e^-0.5) = 0.79
+    ],
+    ids=["late, all ours", "late, a neighbour", "at the start", "half a minute in"],
+)
+def test_load_verdict_subtracts_our_own_share_by_running_time(load, running_s, busy):
+    assert load_verdict(load, 2, 2, running_s=running_s).noisy is busy
+
+
+def test_own_load_follows_the_kernels_damping():
+    assert noise.own_load(2, 0.0) == 0.0
+    assert noise.own_load(2, 60.0) == pytest.approx(2 * (1 - math.exp(-1)))
+    assert noise.own_load(2, math.inf) == 2.0
+
+
 def test_load_reason_names_the_numbers():
     verdict = load_verdict((3.0, 5.0), 2, 2)
     assert verdict.reasons == [

@@ -19,7 +19,7 @@ from ..chunked import default_chunk_elements
 from ..presets import create_vit
 from ..reference import torch_reference_vit
 from .measure import peak_memory_bytes, time_interleaved
-from .noise import current_load, row_fields
+from .noise import LoadProbe, row_fields
 
 MODEL_PATHS = ("einsum", "chunked", "sdpa", "torch")
 MODEL_MODES = ("inference", "train_step")
@@ -122,12 +122,14 @@ def measure_model(
     min_run_time: float,
     image_size: int = 224,
     overrides: dict | None = None,
+    probe: LoadProbe | None = None,
 ) -> list[dict]:
     """One row per (mode, path): images/s, achieved GFLOP/s, peak memory,
     and each path's largest output difference from the einsum path on one image (the same function, checked).
 
     ``overrides`` (ViT keywords, e.g. depth=2 for the smoke run) change the preset; the row's model name says so.
     """
+    probe = probe or LoadProbe()  # the run's, so the load verdict knows how long the benchmark has been running
     overrides = dict(overrides or {}, image_size=image_size)
     shared = SharedPaths(preset, dtype, paths, **overrides)
     g = torch.Generator().manual_seed(0)
@@ -161,9 +163,10 @@ def measure_model(
             calls = {path: shared.call(path, lambda m: m(x)) for path in paths}
             context = torch.inference_mode
         with context():
-            load_start = current_load()
+            (load_start, running_start) = probe.sample()
             timings = time_interleaved(calls, rounds=rounds, min_run_time=min_run_time)
-            load = (load_start, current_load())
+            (load_end, running_end) = probe.sample()
+            load, running_s = (load_start, load_end), (running_start, running_end)
             peaks = peak_memory_bytes(calls)
         for path, timing in timings.items():
             gflop = flops[mode] * batch / 1e9
@@ -183,7 +186,7 @@ def measure_model(
                     gflop_per_s=gflop / timing.median_s,
                     peak_bytes=peaks[path],
                     max_abs_diff_vs_einsum=max_diff[path],
-                    **row_fields(timing, load, torch.get_num_threads()),
+                    **row_fields(timing, load, torch.get_num_threads(), running_s=running_s),
                 )
             )
     reference = {r["mode"]: r for r in rows if r["path"] == "torch"}

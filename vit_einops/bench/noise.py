@@ -1,10 +1,11 @@
 """Is the machine lying? Two signs that a timing is not trustworthy, checked for every row of the benchmark.
 
 1. **Load**: other processes want the cores the benchmark uses. The 1-minute load average counts runnable
-   threads, the benchmark's own included; at the start of a measurement the benchmark has only just begun (the
-   average is nearly all other processes), at its end it carries about ``threads`` of its own. The machine is
-   busy when what the other processes load exceeds the cores the benchmark leaves free (cpu_count - threads) by
-   more than LOAD_MARGIN. With threads = cores (torch's default) that is "load above the thread count".
+   threads, the benchmark's own included, damped with a 60 s time constant: t seconds into a run with ``threads``
+   busy threads our own share is threads*(1-e^(-t/60)). Subtracting it from each sample leaves what the other
+   processes load; the machine is busy when that exceeds the cores the benchmark leaves free
+   (cpu_count - threads) by more than LOAD_MARGIN. With threads = cores (torch's default) that is "load above the
+   thread count".
    Why it matters: every op of a multi-op path waits at a thread barrier for its slowest thread, so a path of
    many small ops (chunked) loses far more to a competing process than one fused kernel (SDPA): the ratios
    between paths are wrong, not just the absolute times.
@@ -14,7 +15,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -39,17 +42,28 @@ class NoiseVerdict:
     reasons: list[str] = field(default_factory=list)
 
 
-def others_load(load_start: float, load_end: float, threads: int) -> float:
-    """The load the *other* processes put on the machine during a measurement: the start's load average (ours
-    has barely begun), or the end's without our own ``threads``, whichever is larger."""
-    return max(load_start, load_end - threads)
+def own_load(threads: int, running_s: float) -> float:
+    """What the benchmark itself adds to the 1-minute load average after ``running_s`` seconds with ``threads``
+    busy threads: the kernel's average is exponentially damped with a 60 s time constant, so threads*(1-e^(-t/60))."""
+    return threads * (1.0 - math.exp(-running_s / 60.0)) if math.isfinite(running_s) else float(threads)
 
 
-def load_verdict(load: Sequence[float], threads: int, cpu_count: int | None = None) -> NoiseVerdict:
+def others_load(
+    load_start: float, load_end: float, threads: int, running_s: Sequence[float] = (0.0, math.inf)
+) -> float:
+    """The load the *other* processes put on the machine during a measurement: each load sample less our own
+    share at that time (``running_s``: seconds since the benchmark began, at the start and end of the
+    measurement; by default the start is taken as our beginning and the end as long after), the larger of the two."""
+    return max(load_start - own_load(threads, running_s[0]), load_end - own_load(threads, running_s[1]))
+
+
+def load_verdict(
+    load: Sequence[float], threads: int, cpu_count: int | None = None, running_s: Sequence[float] = (0.0, math.inf)
+) -> NoiseVerdict:
     """Busy when the other processes' load exceeds the cores left free by more than LOAD_MARGIN."""
     cpu_count = cpu_count or os.cpu_count() or 1
     load_start, load_end = load
-    others = others_load(load_start, load_end, threads)
+    others = others_load(load_start, load_end, threads, running_s)
     free = max(0, cpu_count - threads)
     if others > free + LOAD_MARGIN:
         reason = (
@@ -58,6 +72,16 @@ def load_verdict(load: Sequence[float], threads: int, cpu_count: int | None = No
         )
         return NoiseVerdict(True, [reason])
     return NoiseVerdict()
+
+
+class LoadProbe:
+    """Samples of the load average, each with the seconds since this probe (the benchmark run) began."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+
+    def sample(self) -> tuple[float, float]:
+        return current_load(), time.monotonic() - self.started
 
 
 def spread_verdict(median_s: float, iqr_s: float, name: str = "") -> NoiseVerdict:
@@ -90,10 +114,16 @@ def current_load() -> float:
         return float("nan")
 
 
-def row_fields(timing, load: Sequence[float], threads: int, cpu_count: int | None = None) -> dict:
+def row_fields(
+    timing,
+    load: Sequence[float],
+    threads: int,
+    cpu_count: int | None = None,
+    running_s: Sequence[float] = (0.0, math.inf),
+) -> dict:
     """The noise columns of one result row: quartiles, IQR/median, the load around its measurement, and the
     verdict (``noisy``, and ``noise``: the reasons joined, empty when trustworthy)."""
-    verdict = combine(load_verdict(load, threads, cpu_count), spread_verdict(timing.median_s, timing.iqr_s))
+    verdict = combine(load_verdict(load, threads, cpu_count, running_s), spread_verdict(timing.median_s, timing.iqr_s))
     return dict(
         p25_s=timing.p25_s,
         p75_s=timing.p75_s,
@@ -110,10 +140,16 @@ def noise_score(rows: Sequence[Mapping]) -> tuple[int, float]:
     return sum(bool(r["noisy"]) for r in rows), max((r["iqr_ratio"] for r in rows), default=0.0)
 
 
-def summary(rows: Sequence[Mapping], load: Sequence[float], threads: int, cpu_count: int | None = None) -> dict:
+def summary(
+    rows: Sequence[Mapping],
+    load: Sequence[float],
+    threads: int,
+    cpu_count: int | None = None,
+    running_s: Sequence[float] = (0.0, math.inf),
+) -> dict:
     """The run's verdict for results.json: ``noisy`` when the load at the start or end of the run said busy or
     any row is noisy, with counts, the reasons and the advice."""
-    run_load = load_verdict(load, threads, cpu_count)
+    run_load = load_verdict(load, threads, cpu_count, running_s)
     flagged = [r for r in rows if r["noisy"]]
     reasons = list(run_load.reasons)
     if flagged:

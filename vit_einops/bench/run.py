@@ -18,7 +18,7 @@ from .attention import CORE_PATHS, LAYER_PATHS, MODES, CompiledEinsum, add_ratio
 from .env import machine_info
 from .measure import matmul_ceiling
 from .model import MODEL_MODES, MODEL_PATHS, measure_model
-from .noise import current_load, load_verdict, noise_score, summary
+from .noise import LoadProbe, load_verdict, noise_score, summary
 
 # The numeric options and their accepted ranges (inclusive), checked where options enter (BenchOptions and the
 # CLI's argparse types). The upper bounds keep one run within minutes to hours on a CPU and its tensors within
@@ -187,10 +187,12 @@ def run(options: BenchOptions, stdout=None) -> dict:
     out = check_out(options.out, options.force)  # before anything is measured
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    probe = LoadProbe()
     meta = {**machine_info(), "dtype": options.dtype, "options": _jsonable(asdict(options))}
     start_ceiling = matmul_ceiling(dtype, options.ceiling_size)
     threads = torch.get_num_threads()
-    start_busy = load_verdict((meta["load_average"][0], current_load()), threads)
+    load_now, running_s = probe.sample()
+    start_busy = load_verdict((meta["load_average"][0], load_now), threads, running_s=(0.0, running_s))
     print(report.header_text(meta, start_ceiling), file=stdout, flush=True)
     if start_busy.noisy:
         print(f"WARNING: the machine is busy: {'; '.join(start_busy.reasons)}. Timings will be marked.", file=stdout)
@@ -210,7 +212,14 @@ def run(options: BenchOptions, stdout=None) -> dict:
                 compiled[what.head_dim] = CompiledEinsum(what.head_dim, dtype, options.compile_skip_reason)
             rows = measure_with_retries(
                 lambda what=what, mode=mode: measure_point(
-                    what, mode, dtype, paths, compiled.get(what.head_dim), options.rounds, options.min_run_time
+                    what,
+                    mode,
+                    dtype,
+                    paths,
+                    compiled.get(what.head_dim),
+                    options.rounds,
+                    options.min_run_time,
+                    probe,
                 ),
                 options.retries,
             )
@@ -231,7 +240,7 @@ def run(options: BenchOptions, stdout=None) -> dict:
                 lambda what=what: measure_model(
                     what, options.model_batch, dtype, options.model_paths, options.model_modes,
                     options.rounds, options.min_run_time, options.image_size,
-                    options.model_overrides,
+                    options.model_overrides, probe,
                 ),
                 options.retries,
             )  # fmt: skip
@@ -255,7 +264,12 @@ def run(options: BenchOptions, stdout=None) -> dict:
     )
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     meta["wall_s"] = time.perf_counter() - started
-    noise = summary(attention_rows + model_rows, (meta["load_average"][0], meta["load_average_end"][0]), threads)
+    noise = summary(
+        attention_rows + model_rows,
+        (meta["load_average"][0], meta["load_average_end"][0]),
+        threads,
+        running_s=(0.0, meta["wall_s"]),
+    )
     meta["noisy"] = noise["noisy"]
     results = dict(
         schema=report.SCHEMA_VERSION, meta=meta, noisy=noise["noisy"], noise=noise, matmul_ceiling=ceiling,
