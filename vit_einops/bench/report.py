@@ -207,6 +207,12 @@ def _attention_figure(core: list[dict], kind: str):
         if kind == "ratio":
             ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_yscale("log")  # ratios too: 0.5x and 2x sit at the same distance from 1
+        if kind == "ratio":  # plain numbers at 1-2-5 steps rather than 10^k with unlabelled minor ticks
+            from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
         _measured_n_ticks(ax, tokens)
         ax.set_title(f"batch {b}, {mode}", fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
