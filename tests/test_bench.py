@@ -20,13 +20,14 @@ from vit_einops.bench import report
 from vit_einops.bench.attention import CORE_PATHS, LAYER_PATHS, MODES, Point, add_ratios
 from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
 from vit_einops.bench.model import MODEL_MODES, MODEL_PATHS, counted_flops
+from vit_einops.bench.noise import IQR_THRESHOLD, load_verdict
 from vit_einops.commands import bench as bench_command
 from vit_einops.presets import create_vit
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Fields that may legitimately be 0 or empty: an IQR of one block, the einsum path's difference from itself,
 # the compile time of paths that are not compiled.
-MAY_BE_ZERO = {"iqr_s", "max_abs_diff_vs_einsum"}
+MAY_BE_ZERO = {"iqr_s", "max_abs_diff_vs_einsum", "iqr_ratio", "load_start", "load_end"}
 MAY_BE_NONE = {"first_call_s"}
 
 
@@ -54,6 +55,8 @@ def test_smoke_run_exits_cleanly_and_prints_the_table(smoke):
     text = smoke["stdout"]
     for words in ("torch 2", "threads", "CPU capability", "BLAS", "matmul ceiling", "torch.compile of the einsum path"):
         assert words in text
+    # The model column is as wide as the longest name: "vit_ti_16+depth=2" and the mode never run together.
+    assert "vit_ti_16+depth=2 inference" in text and "depth=2inference" not in text
     for mode in MODES:
         assert f"attention core, {mode} (ratios over sdpa)" in text
         assert f"attention layer, {mode} (ratios over torch_mha)" in text
@@ -61,13 +64,19 @@ def test_smoke_run_exits_cleanly_and_prints_the_table(smoke):
     table = (smoke["out"] / "table.txt").read_text()
     # table.txt is the header as results.json has it at the end, then the body exactly as printed after the
     # progress bar (the header printed before the bar carries the start ceiling and load instead).
-    header = report.header_text(smoke["results"]["meta"], smoke["results"]["matmul_ceiling"])
+    results = smoke["results"]
+    header = report.header_text(results["meta"], results["matmul_ceiling"], results["noise"])
     assert table.startswith(header + "\n")
     body = table.removeprefix(header + "\n")
     assert body.startswith("torch.compile of the einsum path") and "whole model" in body
     printed = text.split("\nwrote ")[0]
+    if results["noisy"]:  # the warning and advice follow the table (and head table.txt)
+        warning = "\n" + report.noise_text(results["noise"]) + "\n"
+        assert printed.endswith(warning) and table.startswith("NOISY RUN: ")
+        printed = printed.removesuffix(warning)
     assert printed.endswith("\n" + body)
     start_header = printed.removesuffix("\n" + body)
+    start_header = start_header.split("\nWARNING: the machine is busy")[0]  # printed when busy at the start
     assert start_header.startswith("vit-einops bench ") and start_header.count("vit-einops bench ") == 1
     assert start_header.count("matmul ceiling") == 1 and "torch.compile of the einsum path" not in start_header
 
@@ -98,6 +107,7 @@ def test_results_json_schema(smoke):
     for r in rows:
         assert tuple(r) == report.ATTENTION_FIELDS or set(r) == set(report.ATTENTION_FIELDS)
         check_numbers(r, report.ATTENTION_FIELDS)
+        check_noise_fields(r)
         point = Point(r["batch"], r["heads"], r["tokens"], r["head_dim"])
         assert r["attn_matrix_bytes"] == point.batch * point.heads * point.tokens**2 * 4
         assert r["gflop"] == pytest.approx(point.flops(r["section"], r["mode"]) / 1e9)
@@ -109,9 +119,32 @@ def test_results_json_schema(smoke):
     for r in model_rows:
         assert set(r) == set(report.MODEL_FIELDS)
         check_numbers(r, report.MODEL_FIELDS)
+        check_noise_fields(r)
         assert r["images_per_s"] == pytest.approx(r["batch"] / r["median_s"])
         # Every path computes the same function as the einsum path (float32 rounding apart).
         assert r["max_abs_diff_vs_einsum"] < 1e-4
+    # The run's flag: noisy exactly when a row is, or the load at its start or end said busy.
+    noise = results["noise"]
+    assert results["noisy"] is meta["noisy"] is noise["noisy"]
+    assert noise["rows"] == len(rows) + len(model_rows)
+    assert noise["rows_noisy"] == sum(r["noisy"] for r in rows + model_rows)
+    load = (meta["load_average"][0], meta["load_average_end"][0])
+    busy = load_verdict(load, meta["threads"], running_s=(0.0, meta["wall_s"])).noisy
+    assert noise["noisy"] == (busy or noise["rows_noisy"] > 0)
+    assert (noise["advice"] is not None) == noise["noisy"]
+
+
+def check_noise_fields(r: dict) -> None:
+    """Quartiles around the median, IQR = p75 - p25, and a row flagged exactly when it gives a reason."""
+    assert r["p25_s"] <= r["median_s"] <= r["p75_s"]
+    assert r["iqr_s"] == pytest.approx(r["p75_s"] - r["p25_s"])
+    assert r["iqr_ratio"] == pytest.approx(r["iqr_s"] / r["median_s"])
+    assert isinstance(r["noisy"], bool) and r["noisy"] == bool(r["noise"])
+    assert ("IQR/median" in r["noise"]) == (r["iqr_ratio"] > IQR_THRESHOLD)
+    assert r["attempts"] == 1  # the smoke grid does not retry
+    assert report.noise_mark(r) == (
+        "" if not r["noisy"] else "!" + ",".join(kind for kind in ("load", "IQR") if kind in r["noise"])
+    )
 
 
 def test_model_flops_are_the_counts_on_a_real_model(smoke):
@@ -140,7 +173,7 @@ def test_csv_matches_json(smoke, name, fields, key):
         for field in fields:
             if want[field] is None:
                 assert row[field] == ""
-            elif isinstance(want[field], float):
+            elif isinstance(want[field], float) and not isinstance(want[field], bool):
                 assert float(row[field]) == pytest.approx(want[field], rel=1e-12)
             else:
                 assert row[field] == str(want[field])
@@ -208,3 +241,28 @@ def test_bad_options_are_rejected_by_name(argv, capsys):
         cli.main(["bench", "--smoke", *argv])
     assert exit_info.value.code == 2
     assert argv[0] in capsys.readouterr().err
+
+
+def test_figures_are_returned_with_error_bars_and_measured_ticks(smoke):
+    """report.figures draws without writing or showing: Figure objects, every panel's x ticks exactly the measured
+    N, and error bars (p25 to p75) on the time and ratio figures; the matplotlib backend is left as it was."""
+    import matplotlib
+    from matplotlib.container import ErrorbarContainer
+    from matplotlib.figure import Figure
+
+    backend = matplotlib.get_backend()
+    results = smoke["results"]
+    figs = report.figures(results["attention"], results["model"])
+    assert list(figs) == list(report.PLOTS)
+    assert all(isinstance(f, Figure) for f in figs.values())
+    tokens = sorted({r["tokens"] for r in results["attention"]})
+    for name in ("attention_time.png", "attention_memory.png", "attention_ratio.png"):
+        for ax in figs[name].axes:
+            assert list(ax.get_xticks()) == tokens
+            assert ax.xaxis.get_major_formatter().format_ticks(tokens) == [str(n) for n in tokens]
+            assert ax.xaxis.get_minor_locator()() == []  # no unlabelled 10^k ticks in between
+            bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer) and c.has_yerr]
+            assert len(bars) == (0 if name == "attention_memory.png" else len(CORE_PATHS) - 1)  # no compile in smoke
+        # One y label for the whole figure, none per panel (they overlapped between rows).
+        assert figs[name].get_supylabel() and not any(ax.get_ylabel() for ax in figs[name].axes)
+    assert matplotlib.get_backend() == backend

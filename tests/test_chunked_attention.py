@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from vit_einops import chunked as chunked_module
 from vit_einops.attention import Attend
-from vit_einops.chunked import CHUNK_ELEMENTS, attention_blocks, chunked_attention
+from vit_einops.chunked import attention_blocks, chunked_attention
 
 
 def qkv(b, h, n, d, dtype=torch.float64, m=None, seed=0):
@@ -43,15 +43,30 @@ def assert_matches(actual, expected, tol, what):
         assert_close(g, rg, tol, f"{what}: grad {name}")
 
 
-# (b, h, n, d, max_elements, what the plan must be): the blocks the tiling produces for these budgets, which
-# chunked_attention further caps at q's own size, b*h*n*d.
+# (b, h, n, d, max_elements, what the first block must be): the blocks the tiling produces for these budgets, which
+# chunked_attention further caps at q's own size, b*h*n*d, or CHUNK_ELEMENTS if larger (set to 100 here). The plan is the property under test here: each case
+# puts a block boundary somewhere else (images, heads, query rows), and the values must not see it.
+BIG = 2**30
 BOUNDARY_CASES = {
-    "n not a multiple of the block (17 rows in blocks of 5)": (2, 3, 17, 8, 3 * 17 * 5, dict(images=1, rows=5)),
-    "block larger than n (one block for everything)": (2, 3, 17, 40, CHUNK_ELEMENTS, dict(images=2, rows=17)),
-    "capped at q's size (2*3*17*8 = 816 scores: 16 rows)": (2, 3, 17, 8, CHUNK_ELEMENTS, dict(images=1, rows=16)),
-    "budget below one row: one query row per block": (2, 3, 17, 8, 1, dict(images=1, rows=1)),
-    "uneven groups of images (3 images, 2 per block)": (3, 2, 9, 8, 2 * 2 * 9 * 9, dict(images=2, rows=9)),
+    "n not a multiple of the block (17 rows in blocks of 5)": (2, 3, 17, 8, 17 * 5, dict(images=1, heads=1, rows=5)),
+    "block larger than n (one block for everything)": (2, 3, 17, 40, BIG, dict(images=2, heads=3, rows=17)),
+    "capped at q's size (2*3*17*8 = 816 numbers: 2 heads of 289 scores)": (
+        2,
+        3,
+        17,
+        8,
+        BIG,
+        dict(images=1, heads=2, rows=17),
+    ),
+    "a budget below the default block is used as given": (2, 3, 17, 8, 17 * 17, dict(images=1, heads=1, rows=17)),
+    "budget below one row: one query row per block": (2, 3, 17, 8, 1, dict(images=1, heads=1, rows=1)),
+    "uneven groups of images (3 images, 2 per block)": (3, 2, 9, 8, 2 * 2 * 9 * 9, dict(images=2, heads=2, rows=9)),
+    "uneven groups of heads (3 heads, 2 per block)": (2, 3, 9, 8, 2 * 9 * 9, dict(images=1, heads=2, rows=9)),
 }
+
+
+def extent(s: slice) -> int:
+    return s.stop - s.start
 
 
 @pytest.mark.parametrize("case", list(BOUNDARY_CASES))
@@ -64,13 +79,15 @@ def test_block_boundaries_match_sdpa_and_einsum_float64(case, monkeypatch):
         return iter(plans[-1])
 
     monkeypatch.setattr(chunked_module, "attention_blocks", recording)
+    # The cap is max(q's size, CHUNK_ELEMENTS); a small default block makes q's size the cap on every machine.
+    monkeypatch.setattr(chunked_module, "CHUNK_ELEMENTS", 100)
     q, k, v = qkv(b, h, n, d)
     upstream = torch.randn_like(q)
     scale = d**-0.5
     chunked = value_and_grads(lambda *t: chunked_attention(*t, scale=scale, max_elements=budget), q, k, v, upstream)
     assert len(plans) == 2 and plans[0] == plans[1]
-    first = plans[0][0]
-    assert (first[0].stop - first[0].start, first[2].stop - first[2].start) == (plan["images"], plan["rows"])
+    images, heads, rows = plans[0][0]
+    assert (extent(images), extent(heads), extent(rows)) == (plan["images"], plan["heads"], plan["rows"])
     assert_matches(chunked, value_and_grads(F.scaled_dot_product_attention, q, k, v, upstream), F64_TOL, "vs sdpa")
     einsum_path = Attend(d, impl="einsum").double()
     assert_matches(chunked, value_and_grads(einsum_path, q, k, v, upstream), F64_TOL, "vs einsum")
@@ -80,15 +97,67 @@ def test_block_boundaries_match_sdpa_and_einsum_float64(case, monkeypatch):
 @given(
     b=st.integers(1, 5), h=st.integers(1, 4), n=st.integers(1, 40), m=st.integers(1, 40), budget=st.integers(1, 3000)
 )
-def test_blocks_tile_every_image_and_query_exactly_once(b, h, n, m, budget):
-    covered = torch.zeros(b, n, dtype=torch.int64)
+def test_blocks_tile_every_image_head_and_query_exactly_once(b, h, n, m, budget):
+    covered = torch.zeros(b, h, n, dtype=torch.int64)
     for images, heads, queries in attention_blocks(b, h, n, m, budget):
-        assert heads == slice(None)
-        g, c = len(range(b)[images]), len(range(n)[queries])
-        # Within budget, or the smallest block there is (one image, one query row).
-        assert g * h * c * m <= budget or (g, c) == (1, 1)
-        covered[images, queries] += 1
-    assert torch.equal(covered, torch.ones(b, n, dtype=torch.int64))
+        g, hh, c = extent(images), extent(heads), extent(queries)
+        # Within budget, or the smallest block there is (one image, one head, one query row).
+        assert g * hh * c * m <= budget or (g, hh, c) == (1, 1, 1)
+        # One contiguous range of the flattened (b h) axis: several images only with all their heads, several
+        # heads only with all their queries.
+        assert g == 1 or hh == h
+        assert hh == 1 or c == n
+        covered[images, heads, queries] += 1
+    assert torch.equal(covered, torch.ones(b, h, n, dtype=torch.int64))
+
+
+@pytest.mark.parametrize(
+    "q_shape, kv_shape",
+    [
+        ((2, 3, 0, 4), (2, 3, 0, 4)),
+        ((2, 3, 5, 4), (2, 3, 0, 4)),
+        ((0, 3, 5, 4), (0, 3, 5, 4)),
+        ((2, 0, 5, 4), (2, 0, 5, 4)),
+    ],
+    ids=["no tokens", "no keys", "no images", "no heads"],
+)
+def test_empty_inputs_behave_like_einsum_and_sdpa(q_shape, kv_shape):
+    """0 tokens used to divide by zero; now the output and gradients are those of the other paths (empty, or
+    zeros when there are queries but no keys)."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(q_shape, generator=g, dtype=torch.float64).requires_grad_(True)
+    k, v = (torch.randn(kv_shape, generator=g, dtype=torch.float64).requires_grad_(True) for _ in range(2))
+    upstream = torch.randn(q_shape, generator=g, dtype=torch.float64)
+    chunked = value_and_grads(lambda *t: chunked_attention(*t, scale=0.5), q, k, v, upstream)
+    with torch.no_grad():  # the path without autograd's Function
+        no_grad_out = chunked_attention(q, k, v, scale=0.5)
+    for name, fn in (("sdpa", F.scaled_dot_product_attention), ("einsum", Attend(4, impl="einsum").double())):
+        reference = value_and_grads(fn, q, k, v, upstream)
+        assert chunked[0].shape == no_grad_out.shape == reference[0].shape == q_shape
+        assert_matches(chunked, reference, F64_TOL, name)
+        assert_close(no_grad_out, reference[0], F64_TOL, f"{name}: no_grad output")
+
+
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        (
+            {"index0": ("1", "Data", "32K"), "index1": ("1", "Instruction", "32K"), "index2": ("2", "Unified", "512K")},
+            512 * 1024,
+        ),
+        ({"index2": ("2", "Instruction", "64K"), "index3": ("2", "Unified", "2M")}, 2 * 2**20),
+        ({"index0": ("1", "Data", "48K")}, chunked_module.FALLBACK_L2_BYTES),
+        ({"index2": ("2", "Unified", "lots")}, chunked_module.FALLBACK_L2_BYTES),
+        ({}, chunked_module.FALLBACK_L2_BYTES),
+    ],
+    ids=["AMD EPYC layout", "instruction L2 skipped, size in M", "no L2", "unreadable size", "no sysfs"],
+)
+def test_l2_cache_size_is_read_from_sysfs(tmp_path, files, expected):
+    for index, (level, kind, size) in files.items():
+        (tmp_path / index).mkdir()
+        for name, text in (("level", level), ("type", kind), ("size", size)):
+            (tmp_path / index / name).write_text(text + "\n")
+    assert chunked_module.l2_cache_bytes(tmp_path) == expected
 
 
 MASKS = {
@@ -111,7 +180,7 @@ def test_masks_crossing_blocks_match_sdpa_float64(mask_kind):
     mask = MASKS[mask_kind](b, h, n, torch.Generator().manual_seed(1))
     q, k, v = qkv(b, h, n, d, seed=2)
     upstream = torch.randn_like(q)
-    budget = h * n * 4  # blocks of 4 query rows: 23 = 5 * 4 + 3, so the last block is short
+    budget = n * 4  # blocks of 4 query rows of one head: 23 = 5 * 4 + 3, so the last block is short
     chunked = value_and_grads(
         lambda *t: chunked_attention(*t, mask, scale=d**-0.5, max_elements=budget), q, k, v, upstream
     )
@@ -123,19 +192,19 @@ def test_cross_attention_queries_and_keys_of_different_lengths_float64():
     """n queries and m keys: blocks cut the queries only, every block sees all m keys."""
     q, k, v = qkv(2, 2, 11, 4, m=6, seed=3)
     upstream = torch.randn_like(q)
-    chunked = value_and_grads(lambda *t: chunked_attention(*t, scale=0.5, max_elements=2 * 6 * 3), q, k, v, upstream)
+    chunked = value_and_grads(lambda *t: chunked_attention(*t, scale=0.5, max_elements=6 * 3), q, k, v, upstream)
     assert_matches(chunked, value_and_grads(F.scaled_dot_product_attention, q, k, v, upstream), F64_TOL, "n != m")
 
 
 @pytest.mark.parametrize("masked", [False, True])
 def test_vit_b_shape_float32_many_blocks_match_sdpa(masked):
-    """ViT-B's attention at 197 tokens in float32, cut into blocks of 50 query rows."""
+    """ViT-B's attention at 197 tokens in float32, cut into blocks of 50 query rows of one head."""
     b, h, n, d = 2, 12, 197, 64
     q, k, v = qkv(b, h, n, d, dtype=torch.float32, seed=4)
     mask = MASKS["random (b, h, n, n)"](b, h, n, torch.Generator().manual_seed(5)) if masked else None
     upstream = torch.randn_like(q)
     chunked = value_and_grads(
-        lambda *t: chunked_attention(*t, mask, scale=d**-0.5, max_elements=h * n * 50), q, k, v, upstream
+        lambda *t: chunked_attention(*t, mask, scale=d**-0.5, max_elements=n * 50), q, k, v, upstream
     )
     reference = value_and_grads(lambda *t: F.scaled_dot_product_attention(*t, attn_mask=mask), q, k, v, upstream)
     assert_matches(chunked, reference, F32_TOL, "float32")
@@ -149,7 +218,7 @@ def test_gradcheck_without_and_with_dropout():
         def fn(q, k, v):
             torch.manual_seed(7)  # the dropout seed is drawn from the global generator on each call
             # Blocks of 2 query rows: 5 = 2 + 2 + 1.
-            return chunked_attention(q, k, v, scale=2**-0.5, dropout_p=dropout_p, max_elements=2 * 5 * 2)
+            return chunked_attention(q, k, v, scale=2**-0.5, dropout_p=dropout_p, max_elements=5 * 2)
 
         return fn
 
@@ -164,13 +233,13 @@ def test_dropout_zeroes_or_rescales_each_probability():
     v = torch.eye(n, dtype=torch.float64).expand(b, h, n, n)
     attn = chunked_attention(q, k, v, scale=8**-0.5)
     torch.manual_seed(9)
-    dropped = chunked_attention(q, k, v, scale=8**-0.5, dropout_p=p, max_elements=h * n * 7)
+    dropped = chunked_attention(q, k, v, scale=8**-0.5, dropout_p=p, max_elements=n * 7)
     kept = dropped != 0
     torch.testing.assert_close(dropped[kept], attn[kept] / (1 - p), **F64_TOL)
     # 9600 draws: the zero fraction's standard deviation is 0.0044, so +-0.03 is a 6-sigma band.
     assert abs((~kept).double().mean().item() - p) < 0.03
     torch.manual_seed(9)
-    assert torch.equal(chunked_attention(q, k, v, scale=8**-0.5, dropout_p=p, max_elements=h * n * 7), dropped)
+    assert torch.equal(chunked_attention(q, k, v, scale=8**-0.5, dropout_p=p, max_elements=n * 7), dropped)
 
 
 def test_attend_uses_dropout_in_training_only():
@@ -210,3 +279,12 @@ def test_chunk_elements_is_validated_and_shown():
     with pytest.raises(TypeError, match="chunk_elements"):
         Attend(8, impl="chunked", chunk_elements=2.5)
     assert "chunk_elements=1024" in repr(Attend(8, impl="chunked", chunk_elements=1024))
+
+
+def test_default_block_is_an_l2_cache_of_scores_per_thread(monkeypatch):
+    monkeypatch.setattr(chunked_module, "l2_cache_bytes", lambda: 512 * 1024)
+    assert chunked_module.default_chunk_elements(threads=1) == 131072  # 512 KiB of float32
+    assert chunked_module.default_chunk_elements(threads=2) == 262144
+    assert chunked_module.default_chunk_elements(threads=64) == 2**22  # capped: 16 MiB of scores at most
+    monkeypatch.setattr(chunked_module, "l2_cache_bytes", lambda: 1024)
+    assert chunked_module.default_chunk_elements(threads=1) == 2**12  # never below 4096 scores

@@ -3,7 +3,8 @@
 - :mod:`.measure`: timing (torch.utils.benchmark, interleaved), peak memory (profiler), matmul ceiling.
 - :mod:`.attention`: the attention grid (core Eq. 6-7 and the whole layer against nn.MultiheadAttention).
 - :mod:`.model`: images/s of the presets, each attention path against torch's nn.TransformerEncoderLayer.
-- :mod:`.report`: the table, results.json, the CSV files (their schema) and the plots.
+- :mod:`.noise`: whether a row's timing is trustworthy (load average, IQR/median) and the run's verdict.
+- :mod:`.report`: the table, results.json, the CSV files (their schema) and the plots (matplotlib Figures).
 - :mod:`.run`: the named grids (default, quick, smoke) and one run from options to files.
 """
 

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import Attend, MultiHeadAttention
+from ..chunked import default_chunk_elements
 from ..reference import torch_mha_from
 from .measure import peak_memory_bytes, time_interleaved
+from .noise import LoadProbe, row_fields
 
 CORE_PATHS = ("einsum", "chunked", "sdpa", "einsum_compiled")
 LAYER_PATHS = ("mha_sdpa", "mha_chunked", "torch_mha")
@@ -104,7 +106,8 @@ def _forwards(point, dtype, paths, compiled, q, k, v, x) -> dict[tuple[str, str]
             if compiled is not None and compiled.skip_reason is None:
                 calls["core", path] = (lambda: compiled.fn(q, k, v), [q, k, v])
         else:
-            attend = Attend(point.head_dim, impl=path)
+            # The chunked block for the thread count of this run (--threads is set after chunked.py was imported).
+            attend = Attend(point.head_dim, impl=path, chunk_elements=default_chunk_elements())
             calls["core", path] = (lambda attend=attend: attend(q, k, v), [q, k, v])
     if paths.get("layer"):
         # One set of weights for every layer path, so they all compute the same function.
@@ -112,11 +115,12 @@ def _forwards(point, dtype, paths, compiled, q, k, v, x) -> dict[tuple[str, str]
         for path in paths["layer"]:
             if path == "torch_mha":
                 module = torch_mha_from(ours).eval()
-                call = lambda module=module: module(x, x, x, need_weights=False)[0]  # noqa: E731
+                call = lambda module=module: module(x, x, x, need_weights=False)[0]
             else:
                 module = copy.deepcopy(ours)
                 module.impl = path.removeprefix("mha_")
-                call = lambda module=module: module(x)  # noqa: E731
+                module.attend.chunk_elements = default_chunk_elements()
+                call = lambda module=module: module(x)
             calls["layer", path] = (call, [x, *module.parameters()])
     return calls
 
@@ -137,12 +141,14 @@ def measure_point(
     compiled: CompiledEinsum | None,
     rounds: int,
     min_run_time: float,
+    probe: LoadProbe | None = None,
 ) -> list[dict]:
     """One result row per path of ``paths`` ({"core": (...), "layer": (...)}) at ``point`` in ``mode``.
 
     The compiled path's first call at this point is timed apart (it includes any compile) and is not part of
     its timing; if it fails, the path is dropped from here on and ``compiled.skip_reason`` says why.
     """
+    probe = probe or LoadProbe()  # the run's, so the load verdict knows how long the benchmark has been running
     grad = mode == "forward_backward"
     q, k, v, x = _inputs(point, dtype, grad)
     forwards = _forwards(point, dtype, paths, compiled, q, k, v, x)
@@ -153,9 +159,12 @@ def measure_point(
             first_call_s = compiled.first_call(calls["core", "einsum_compiled"])
             if first_call_s is None:
                 del calls["core", "einsum_compiled"]
+        (load_start, running_start) = probe.sample()
         timings = time_interleaved(
             {f"{s}/{p}": fn for (s, p), fn in calls.items()}, rounds=rounds, min_run_time=min_run_time
         )
+        (load_end, running_end) = probe.sample()
+        load, running_s = (load_start, load_end), (running_start, running_end)
         peaks = peak_memory_bytes({f"{s}/{p}": fn for (s, p), fn in calls.items()})
 
     rows = []
@@ -179,6 +188,7 @@ def measure_point(
                 peak_bytes=peaks[f"{section}/{path}"],
                 attn_matrix_bytes=point.attention_matrix_bytes(dtype),
                 first_call_s=first_call_s if path == "einsum_compiled" else None,
+                **row_fields(timing, load, torch.get_num_threads(), running_s=running_s),
             )
         )
     return rows
@@ -186,7 +196,7 @@ def measure_point(
 
 def add_ratios(rows: list[dict]) -> list[dict]:
     """Add time_ratio and mem_ratio: each row over its section's reference path at the same point and mode."""
-    key = lambda r: (r["section"], r["mode"], r["batch"], r["heads"], r["tokens"], r["head_dim"])  # noqa: E731
+    key = lambda r: (r["section"], r["mode"], r["batch"], r["heads"], r["tokens"], r["head_dim"])
     reference = {key(r): r for r in rows if r["path"] == REFERENCE[r["section"]]}
     for r in rows:
         ref = reference.get(key(r))

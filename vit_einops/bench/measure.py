@@ -3,7 +3,12 @@ allocator records) and the machine's float matmul ceiling."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -13,11 +18,27 @@ from torch.utils.benchmark import Measurement, Timer
 
 @dataclass
 class Timing:
-    """Seconds per call: the median and interquartile range over every measured block, and how many blocks."""
+    """Seconds per call over every measured block: the median, the quartiles p25/p75 and their difference the
+    interquartile range, and how many blocks."""
 
     median_s: float
     iqr_s: float
     blocks: int
+    p25_s: float = float("nan")
+    p75_s: float = float("nan")
+
+    @property
+    def iqr_ratio(self) -> float:
+        """IQR / median: the spread relative to the number reported (vit_einops.bench.noise judges it)."""
+        return self.iqr_s / self.median_s if self.median_s > 0 else float("inf")
+
+
+def quartiles(times: list[float]) -> tuple[float, float]:
+    """p25 and p75 of ``times`` by linear interpolation (numpy's default, as torch.utils.benchmark uses)."""
+    if len(times) == 1:
+        return times[0], times[0]
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return q1, q3
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, min_run_time: float) -> dict[str, Timing]:
@@ -39,8 +60,37 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, min_r
     timings = {}
     for name, measurements in runs.items():
         (merged,) = Measurement.merge(measurements)
-        timings[name] = Timing(merged.median, merged.iqr, len(merged.times))
+        p25, p75 = quartiles(merged.times)
+        timings[name] = Timing(merged.median, p75 - p25, len(merged.times), p25, p75)
     return timings
+
+
+# Lines torch's profiler writes straight to file descriptor 2 from C++ (no Python warning to filter): the CPU
+# allocator's note when a block allocated before profiling is freed inside it (a training step's zero_grad does
+# that; our peaks count only what a call allocates, so the note says nothing about them), and kineto's own log.
+PROFILER_NOISE = ("Memory block of unknown size was allocated before the profiling started", "USDT:", "libkineto")
+
+
+@contextlib.contextmanager
+def filtered_stderr(drop: tuple[str, ...]) -> Iterator[None]:
+    """Inside the block, lines written to file descriptor 2 that contain any of ``drop`` are withheld; every
+    other line is written to stderr when the block ends. Only this block's stderr is touched, and it is restored
+    even on an exception."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            lines = capture.read().splitlines(keepends=True)
+            kept = b"".join(line for line in lines if not any(d.encode() in line for d in drop))
+            if kept:
+                os.write(2, kept)
 
 
 def peak_memory_bytes(fns: dict[str, Callable[[], object]]) -> dict[str, int]:
@@ -54,7 +104,7 @@ def peak_memory_bytes(fns: dict[str, Callable[[], object]]) -> dict[str, int]:
     space) is not seen.
     """
     labels = {name: f"vit_einops.bench.peak/{name}" for name in fns}
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with filtered_stderr(PROFILER_NOISE), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for name, fn in fns.items():
             with record_function(labels[name]):
                 fn()

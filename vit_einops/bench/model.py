@@ -7,7 +7,6 @@ vit_einops.reference), which in inference takes torch's fused fast path.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
@@ -15,22 +14,79 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..attention import MultiHeadAttention
+from ..chunked import default_chunk_elements
 from ..presets import create_vit
 from ..reference import torch_reference_vit
 from .measure import peak_memory_bytes, time_interleaved
+from .noise import LoadProbe, row_fields
 
 MODEL_PATHS = ("einsum", "chunked", "sdpa", "torch")
 MODEL_MODES = ("inference", "train_step")
 
 
-def build_paths(preset: str, dtype: torch.dtype, paths, **overrides) -> dict[str, nn.Module]:
-    """One model per path, all with the same weights (``preset`` initialised once, then copied)."""
-    base = create_vit(preset, **overrides).to(dtype)
-    models = {}
-    for path in paths:
-        model = copy.deepcopy(base)
-        models[path] = torch_reference_vit(model) if path == "torch" else model.set_attn_impl(path)
-    return models
+def _share_weights(reference: nn.Module, model: nn.Module) -> None:
+    """Make torch's encoder layers in ``reference`` use ``model``'s Parameters themselves instead of copies.
+
+    vit_einops.reference copies each block's weights into nn.TransformerEncoderLayer (in_proj = our qkv, out_proj
+    = proj, norm1/norm2, linear1/linear2 = fc1/fc2, the same layouts). Sharing them means one set of weights,
+    gradients and AdamW state for every path: vit_b_16's training step needs 1.4 GB for one set, 2.8 GB for two.
+    """
+    for ours, theirs in zip(model.blocks, reference.blocks, strict=True):
+        mha, ff = ours.attn.fn.mha, ours.mlp.fn.ff
+        pairs = [
+            (theirs.self_attn, "in_proj_weight", mha.qkv.weight),
+            (theirs.self_attn, "in_proj_bias", mha.qkv.bias),
+            (theirs.self_attn.out_proj, "weight", mha.proj.weight),
+            (theirs.self_attn.out_proj, "bias", mha.proj.bias),
+        ]
+        for norm, their_norm in ((ours.attn.fn.norm, theirs.norm1), (ours.mlp.fn.norm, theirs.norm2)):
+            pairs += [(their_norm, "weight", norm.weight), (their_norm, "bias", norm.bias)]
+        for linear, their_linear in ((ff.fc1, theirs.linear1), (ff.fc2, theirs.linear2)):
+            pairs += [(their_linear, "weight", linear.weight), (their_linear, "bias", linear.bias)]
+        for module, name, param in pairs:
+            if not torch.equal(getattr(module, name), param):  # the copy must have been exactly this weight
+                raise RuntimeError(f"bench: torch's {type(module).__name__}.{name} is not a copy of our weight")
+            setattr(module, name, param)
+
+
+class SharedPaths:
+    """Every path of one preset on one set of weights: our ViT with its attention impl switched per call
+    (einsum, chunked, sdpa), and torch's encoder layers using the same Parameters ("torch")."""
+
+    def __init__(self, preset: str, dtype: torch.dtype, paths, **overrides) -> None:
+        self.model = create_vit(preset, **overrides).to(dtype)
+        self.attention = [m for m in self.model.modules() if isinstance(m, MultiHeadAttention)]
+        for m in self.attention:  # the chunked block for this run's thread count, as in the attention grid
+            m.attend.chunk_elements = default_chunk_elements()
+        self.reference = None
+        if "torch" in paths:
+            self.reference = torch_reference_vit(self.model)
+            _share_weights(self.reference, self.model)
+        self.paths = tuple(paths)
+
+    def module(self, path: str) -> nn.Module:
+        """The module computing ``path``; for our impls, the ViT switched to that impl (switch again before
+        each call: every path shares this one model)."""
+        if path == "torch":
+            return self.reference
+        for m in self.attention:
+            m.impl = path
+        return self.model
+
+    def call(self, path: str, fn: Callable[[nn.Module], object]) -> Callable[[], object]:
+        """A no-argument call running ``fn`` on ``path``'s module, switching the impl first."""
+        return lambda: fn(self.module(path))
+
+    def train(self, mode: bool) -> None:
+        for m in (self.model, self.reference):
+            if m is not None:
+                m.train(mode)
+
+    def parameters(self) -> list[nn.Parameter]:
+        """Every Parameter of every path, once (the reference shares patch embedding, head and encoder)."""
+        params = {id(p): p for m in (self.model, self.reference) if m is not None for p in m.parameters()}
+        return list(params.values())
 
 
 def counted_flops(model: nn.Module, image: torch.Tensor) -> dict[str, float]:
@@ -46,13 +102,10 @@ def counted_flops(model: nn.Module, image: torch.Tensor) -> dict[str, float]:
     return dict(inference=forward, train_step=counter.get_total_flops())
 
 
-def _train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], object]:
-    # A fresh optimizer per path; lr small so hundreds of steps leave the weights (and the speed) unchanged.
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-
+def _train_step(shared: SharedPaths, path: str, optimizer: torch.optim.Optimizer, x, y) -> Callable[[], object]:
     def step():
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
+        loss = F.cross_entropy(shared.module(path)(x), y)
         loss.backward()
         optimizer.step()
 
@@ -69,14 +122,16 @@ def measure_model(
     min_run_time: float,
     image_size: int = 224,
     overrides: dict | None = None,
+    probe: LoadProbe | None = None,
 ) -> list[dict]:
     """One row per (mode, path): images/s, achieved GFLOP/s, peak memory,
     and each path's largest output difference from the einsum path on one image (the same function, checked).
 
     ``overrides`` (ViT keywords, e.g. depth=2 for the smoke run) change the preset; the row's model name says so.
     """
+    probe = probe or LoadProbe()  # the run's, so the load verdict knows how long the benchmark has been running
     overrides = dict(overrides or {}, image_size=image_size)
-    models = build_paths(preset, dtype, paths, **overrides)
+    shared = SharedPaths(preset, dtype, paths, **overrides)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, 3, image_size, image_size, generator=g).to(dtype)
     y = torch.randint(0, 1000, (batch,), generator=g)
@@ -88,21 +143,30 @@ def measure_model(
     flops = counted_flops(shapes_only, x[:1].to("meta"))
     name = preset + "".join(f"+{k}={v}" for k, v in overrides.items() if k != "image_size")
 
+    shared.train(False)
     with torch.inference_mode():
-        outputs = {path: m.eval()(x[:1]) for path, m in models.items()}
+        outputs = {path: shared.module(path)(x[:1]) for path in paths}
     baseline = outputs.get("einsum", outputs[paths[0]])
     max_diff = {path: (out - baseline).abs().max().item() for path, out in outputs.items()}
 
     rows = []
+    # One AdamW over the shared weights; lr small so hundreds of steps leave the weights (and the speed) unchanged.
+    # fused: one kernel per step and no full-size temporaries (the foreach default holds several copies of the
+    # weights at once: 0.3 GB each for vit_b_16).
+    optimizer = torch.optim.AdamW(shared.parameters(), lr=1e-6, fused=True) if "train_step" in modes else None
     for mode in modes:
-        if mode == "inference":
-            calls = {path: (lambda m=m.eval(): m(x)) for path, m in models.items()}  # noqa: B008 -- eval once, here
-            context = torch.inference_mode
-        else:
-            calls = {path: _train_step(m.train(), x, y) for path, m in models.items()}
+        shared.train(mode != "inference")
+        if mode != "inference":
+            calls = {path: _train_step(shared, path, optimizer, x, y) for path in paths}
             context = torch.enable_grad
+        else:
+            calls = {path: shared.call(path, lambda m: m(x)) for path in paths}
+            context = torch.inference_mode
         with context():
+            (load_start, running_start) = probe.sample()
             timings = time_interleaved(calls, rounds=rounds, min_run_time=min_run_time)
+            (load_end, running_end) = probe.sample()
+            load, running_s = (load_start, load_end), (running_start, running_end)
             peaks = peak_memory_bytes(calls)
         for path, timing in timings.items():
             gflop = flops[mode] * batch / 1e9
@@ -122,6 +186,7 @@ def measure_model(
                     gflop_per_s=gflop / timing.median_s,
                     peak_bytes=peaks[path],
                     max_abs_diff_vs_einsum=max_diff[path],
+                    **row_fields(timing, load, torch.get_num_threads(), running_s=running_s),
                 )
             )
     reference = {r["mode"]: r for r in rows if r["path"] == "torch"}

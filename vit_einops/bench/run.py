@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
+import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -16,6 +21,35 @@ from .attention import CORE_PATHS, LAYER_PATHS, MODES, CompiledEinsum, add_ratio
 from .env import machine_info
 from .measure import matmul_ceiling
 from .model import MODEL_MODES, MODEL_PATHS, measure_model
+from .noise import LoadProbe, load_verdict, noise_score, summary
+
+# The numeric options and their accepted ranges (inclusive), checked where options enter (BenchOptions and the
+# CLI's argparse types). The upper bounds keep one run within minutes to hours on a CPU and its tensors within
+# memory: a batch of 4096 at N 16384 is already far past what any machine here holds for the einsum path.
+RANGES: dict[str, tuple[float, float]] = {
+    "batches": (1, 4096),
+    "heads": (1, 1024),
+    "tokens": (1, 16384),
+    "head_dims": (1, 4096),
+    "model_batch": (1, 4096),
+    "image_size": (1, 4096),
+    "rounds": (1, 1000),
+    "min_run_time": (1e-4, 60.0),  # seconds per round and path: inf would never return
+    "ceiling_size": (16, 16384),
+    "retries": (0, 10),
+}
+
+
+def check_in_range(name: str, value, kind: type) -> None:
+    """``value`` is a finite ``kind`` (int: not bool) within RANGES[name]; else a ValueError/TypeError naming both."""
+    low, high = RANGES[name]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or not low <= value <= high:
+        expected = "an integer" if kind is int else "a finite number"
+        raise ValueError(f"{name} {value!r} is out of range: expected {expected} from {low:g} to {high:g}")
 
 
 @dataclass
@@ -42,6 +76,32 @@ class BenchOptions:
     ceiling_size: int = 2048
     dtype: str = "float32"
     out: Path = field(default_factory=lambda: Path("bench-results"))
+    retries: int = 0  # measure a grid point again (at most this often) while any of its rows is noisy
+    force: bool = False  # replace the result files of an earlier run in ``out``
+
+    def __post_init__(self) -> None:
+        """Every numeric option finite and in RANGES, every name known: errors name the option and the value."""
+        for f in fields(self):
+            if f.name not in RANGES:
+                continue
+            value = getattr(self, f.name)
+            values = value if isinstance(value, tuple) else (value,)
+            if isinstance(value, tuple) and not value:
+                raise ValueError(f"{f.name} is empty; expected at least one value")
+            for v in values:
+                check_in_range(f.name, v, float if f.name == "min_run_time" else int)
+        choices = {
+            "modes": MODES, "core_paths": CORE_PATHS, "layer_paths": LAYER_PATHS, "model_paths": MODEL_PATHS,
+            "model_modes": MODEL_MODES,
+        }  # fmt: skip
+        for name, allowed in choices.items():
+            unknown = [v for v in getattr(self, name) if v not in allowed]
+            if unknown:
+                raise ValueError(
+                    f"{name}: unknown {', '.join(map(str, unknown))}; expected some of {', '.join(allowed)}"
+                )
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype {self.dtype!r} is not float32 or bfloat16")
 
 
 GRIDS: dict[str, BenchOptions] = {
@@ -73,15 +133,83 @@ GRIDS: dict[str, BenchOptions] = {
 }
 
 
+def result_files() -> tuple[str, ...]:
+    """The files a run writes into ``out``: the only files it may replace (and only with ``force``)."""
+    return ("table.txt", "results.json", "attention.csv", "model.csv", *report.PLOTS)
+
+
+def check_out(out: Path, force: bool) -> Path:
+    """Check the output directory before anything is measured (nothing is created or changed here).
+
+    Refused: ``out`` exists and is not a directory (a file, a FIFO); it holds result files of an earlier run (or
+    files with their names) unless ``force``; such a name is not a regular file (a directory called
+    results.json), even with ``force``. Other files in ``out`` are never touched.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output {out} exists and is not a directory; pass --out a directory (new or existing)")
+    existing = [name for name in result_files() if (out / name).exists() or (out / name).is_symlink()]
+    odd = [name for name in existing if not (out / name).is_file() or (out / name).is_symlink()]
+    if odd:
+        raise ValueError(
+            f"output {out} holds {', '.join(odd)} that is not a regular file; remove it or choose another --out"
+        )
+    if existing and not force:
+        raise ValueError(
+            f"output {out} already holds {', '.join(existing)} from an earlier run; pass --force to replace them, "
+            "or choose another --out"
+        )
+    parent = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise ValueError(f"output {out} cannot be created: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"output {out} cannot be written: {parent} is not writable")
+    return out
+
+
+def release_memory() -> None:
+    """Give memory freed by the last job back to the OS before the next one: collect garbage, then ask glibc to
+    trim its heap (freed blocks below its mmap threshold otherwise stay in the process: a smaller model measured
+    before vit_b_16 added 0.4 GB to the run's peak RSS). A no-op where libc has no malloc_trim."""
+    gc.collect()
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl without it, Windows)
+        pass
+
+
+def measure_with_retries(measure: Callable[[], list[dict]], retries: int) -> list[dict]:
+    """Rows of ``measure()``; while any row is noisy, measure again (at most ``retries`` times) and keep the
+    least noisy attempt (fewest noisy rows, then the smallest worst IQR/median). Each row records ``attempts``."""
+    best = measure()
+    attempts = 1
+    while attempts <= retries and any(r["noisy"] for r in best):
+        again = measure()
+        attempts += 1
+        if noise_score(again) < noise_score(best):
+            best = again
+    for r in best:
+        r["attempts"] = attempts
+    return best
+
+
 def run(options: BenchOptions, stdout=None) -> dict:
     """Measure everything ``options`` asks for, print the table (to ``stdout``, default sys.stdout), write the
     files; returns the results dict."""
     stdout = stdout or sys.stdout
     dtype = getattr(torch, options.dtype)
+    out = check_out(options.out, options.force)  # before anything is measured
+    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    probe = LoadProbe()
     meta = {**machine_info(), "dtype": options.dtype, "options": _jsonable(asdict(options))}
     start_ceiling = matmul_ceiling(dtype, options.ceiling_size)
+    threads = torch.get_num_threads()
+    load_now, running_s = probe.sample()
+    start_busy = load_verdict((meta["load_average"][0], load_now), threads, running_s=(0.0, running_s))
     print(report.header_text(meta, start_ceiling), file=stdout, flush=True)
+    if start_busy.noisy:
+        print(f"WARNING: the machine is busy: {'; '.join(start_busy.reasons)}. Timings will be marked.", file=stdout)
 
     points = grid(options.batches, options.heads, options.tokens, options.head_dims) if options.attention else []
     paths = {"core": options.core_paths, "layer": options.layer_paths}
@@ -96,8 +224,18 @@ def run(options: BenchOptions, stdout=None) -> dict:
         if kind == "attention":
             if what.head_dim not in compiled and "einsum_compiled" in options.core_paths:
                 compiled[what.head_dim] = CompiledEinsum(what.head_dim, dtype, options.compile_skip_reason)
-            rows = measure_point(
-                what, mode, dtype, paths, compiled.get(what.head_dim), options.rounds, options.min_run_time
+            rows = measure_with_retries(
+                lambda what=what, mode=mode: measure_point(
+                    what,
+                    mode,
+                    dtype,
+                    paths,
+                    compiled.get(what.head_dim),
+                    options.rounds,
+                    options.min_run_time,
+                    probe,
+                ),
+                options.retries,
             )
             attention_rows += rows
             first_calls += [
@@ -106,11 +244,21 @@ def run(options: BenchOptions, stdout=None) -> dict:
                 if r["first_call_s"] is not None
             ]
         else:
-            model_rows += measure_model(
-                what, options.model_batch, dtype, options.model_paths, options.model_modes,
-                options.rounds, options.min_run_time, options.image_size,
-                options.model_overrides,
+            if any(c.fn is not None for c in compiled.values()):
+                # The attention grid is done: free its compiled graphs before the models need the memory (the
+                # CompiledEinsum records stay: their skip reasons go into results.json).
+                for c in compiled.values():
+                    c.fn = None
+                torch.compiler.reset()
+            model_rows += measure_with_retries(
+                lambda what=what: measure_model(
+                    what, options.model_batch, dtype, options.model_paths, options.model_modes,
+                    options.rounds, options.min_run_time, options.image_size,
+                    options.model_overrides, probe,
+                ),
+                options.retries,
             )  # fmt: skip
+        release_memory()
     # Measured again at the end: other processes on the machine lower a single measurement, never raise it,
     # so the better of the two is the ceiling every row is a fraction of.
     end_ceiling = matmul_ceiling(dtype, options.ceiling_size)
@@ -131,9 +279,16 @@ def run(options: BenchOptions, stdout=None) -> dict:
     )
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     meta["wall_s"] = time.perf_counter() - started
+    noise = summary(
+        attention_rows + model_rows,
+        (meta["load_average"][0], meta["load_average_end"][0]),
+        threads,
+        running_s=(0.0, meta["wall_s"]),
+    )
+    meta["noisy"] = noise["noisy"]
     results = dict(
-        schema=report.SCHEMA_VERSION, meta=meta, matmul_ceiling=ceiling, compile=compile_info,
-        attention=attention_rows, model=model_rows,
+        schema=report.SCHEMA_VERSION, meta=meta, noisy=noise["noisy"], noise=noise, matmul_ceiling=ceiling,
+        compile=compile_info, attention=attention_rows, model=model_rows,
     )  # fmt: skip
     body = "\n".join(
         [_compile_text(compile_info)]
@@ -142,18 +297,17 @@ def run(options: BenchOptions, stdout=None) -> dict:
     )
     print(body, file=stdout)  # the header was printed before the progress bar
     # table.txt: the header as it stands at the end (the better ceiling, the load at the end), then the body.
-    table = report.header_text(meta, ceiling) + "\n" + body
-
-    out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
+    table = report.header_text(meta, ceiling, noise) + "\n" + body
     report.write_text(out / "table.txt", table + "\n")
     report.write_json(out / "results.json", results)
     if attention_rows:
         report.write_csv(out / "attention.csv", attention_rows, report.ATTENTION_FIELDS)
     if model_rows:
         report.write_csv(out / "model.csv", model_rows, report.MODEL_FIELDS)
-    plots = report.plot(out, attention_rows, model_rows)
-    written = ", ".join(p.name for p in sorted(out.iterdir()) if not p.name.startswith("."))
+    plots = report.save_figures(out, report.figures(attention_rows, model_rows))
+    written = ", ".join(sorted(name for name in result_files() if (out / name).exists()))
+    if noise["noisy"]:
+        print("\n" + report.noise_text(noise), file=stdout)
     print(f"\nwrote {written} to {out}/ (wall {meta['wall_s']:.0f} s, {len(plots)} plots)", file=stdout)
     return results
 

@@ -15,24 +15,37 @@ import torch
 from ..bench.attention import CORE_PATHS, LAYER_PATHS, MODES
 from ..bench.env import BF16_FLAGS, bf16_slowdown, cpu_flags
 from ..bench.model import MODEL_MODES, MODEL_PATHS
+from ..bench.run import check_in_range, check_out, with_overrides
 from ..bench.run import run as run_bench
-from ..bench.run import with_overrides
 from ..presets import list_presets
 
 DTYPES = ("float32", "bfloat16")
 
 
-def _list_of(kind, choices=None):
-    """argparse type: a comma-separated list of positive ints (kind=int) or of names from ``choices``."""
+def _checked(name: str, kind: type, value: str):
+    """Parse ``value`` as ``kind`` and check it against RANGES[name] (finite, in range); argparse's error if not."""
+    try:
+        number = kind(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {value!r}"
+        ) from None
+    try:
+        check_in_range(name, number, kind)
+    except (TypeError, ValueError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return number
+
+
+def _list_of(kind, choices=None, name: str | None = None):
+    """argparse type: a comma-separated list of ints in RANGES[name] (kind=int) or of names from ``choices``."""
 
     def parse(text: str) -> tuple:
         items = [s.strip() for s in text.split(",") if s.strip()]
         if not items:
             raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
         if kind is int:
-            if not all(s.isdigit() and int(s) > 0 for s in items):
-                raise argparse.ArgumentTypeError(f"expected positive integers like 1,8,32, got {text!r}")
-            return tuple(int(s) for s in items)
+            return tuple(_checked(name, int, s) for s in items)
         unknown = [s for s in items if s not in choices]
         if unknown:
             raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; expected some of {', '.join(choices)}")
@@ -41,17 +54,21 @@ def _list_of(kind, choices=None):
     return parse
 
 
-def _positive(kind):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or value <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
-        return value
+def _number(name: str, kind: type):
+    """argparse type: one ``kind`` checked against RANGES[name]."""
+    return lambda text: _checked(name, kind, text)
 
-    return parse
+
+def _threads(text: str) -> int:
+    """--threads: 1 to the number of CPUs (more threads than CPUs only measures the threads fighting)."""
+    cpus = os.cpu_count() or 1
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 1 <= value <= cpus:
+        raise argparse.ArgumentTypeError(f"threads {value} is out of range: expected 1 to {cpus} (this machine's CPUs)")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,15 +89,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.set_defaults(grid="default")
     parser.add_argument("--out", type=Path, help="output directory (default ./bench-results)")
-    parser.add_argument("--threads", type=_positive(int), help="torch threads (default: torch's, usually one per core)")
+    parser.add_argument(
+        "--threads", type=_threads, help="torch threads, 1 to the CPU count (default: torch's, usually one per core)"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace the result files of an earlier run in --out (other files stay)"
+    )
     parser.add_argument(
         "--dtype", choices=DTYPES, help="float32 (default); bfloat16 only where the CPU has bf16 hardware"
     )
     a = parser.add_argument_group("attention grid (comma-separated lists replace the grid's)")
-    a.add_argument("--batches", type=_list_of(int), help="batch sizes (default 1)")
-    a.add_argument("--tokens", type=_list_of(int), help="tokens N (default 50,197,577,1025)")
-    a.add_argument("--heads", type=_list_of(int), help="heads h (default 12)")
-    a.add_argument("--head-dims", type=_list_of(int), help="head sizes D_h (default 64)")
+    a.add_argument("--batches", type=_list_of(int, name="batches"), help="batch sizes (default 1)")
+    a.add_argument("--tokens", type=_list_of(int, name="tokens"), help="tokens N (default 50,197,577,1025)")
+    a.add_argument("--heads", type=_list_of(int, name="heads"), help="heads h (default 12)")
+    a.add_argument("--head-dims", type=_list_of(int, name="head_dims"), help="head sizes D_h (default 64)")
     a.add_argument("--modes", type=_list_of(str, MODES), help=f"of {', '.join(MODES)}")
     a.add_argument(
         "--paths", dest="core_paths", type=_list_of(str, CORE_PATHS), help=f"core paths, of {', '.join(CORE_PATHS)}"
@@ -93,13 +115,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--skip-attention", action="store_true", help="no attention grid")
     m = parser.add_argument_group("whole models")
     m.add_argument("--models", type=_list_of(str, list_presets()), help="presets (default vit_ti_16,vit_s_16,vit_b_16)")
-    m.add_argument("--model-batch", type=_positive(int), help="images per call (default 1; 32 is slow on 2 cores)")
+    m.add_argument(
+        "--model-batch", type=_number("model_batch", int), help="images per call (default 1; 32 is slow on 2 cores)"
+    )
     m.add_argument("--model-modes", type=_list_of(str, MODEL_MODES), help=f"of {', '.join(MODEL_MODES)}")
     m.add_argument("--model-paths", type=_list_of(str, MODEL_PATHS), help=f"of {', '.join(MODEL_PATHS)}")
     m.add_argument("--skip-model", action="store_true", help="no whole-model benchmark")
     t = parser.add_argument_group("timing")
-    t.add_argument("--rounds", type=_positive(int), help="interleaved rounds of blocked_autorange per path (default 3)")
-    t.add_argument("--min-run-time", type=_positive(float), help="seconds per round and path (default 0.1)")
+    t.add_argument(
+        "--rounds", type=_number("rounds", int), help="interleaved rounds of blocked_autorange per path (default 3)"
+    )
+    t.add_argument(
+        "--min-run-time", type=_number("min_run_time", float), help="seconds per round and path, up to 60 (default 0.1)"
+    )
+    t.add_argument(
+        "--retries",
+        type=_number("retries", int),
+        help="measure a grid point again, up to this often, while any of its rows is noisy (default 0)",
+    )
 
 
 def _check_bf16() -> str | None:
@@ -119,11 +152,6 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.dtype == "bfloat16":
-        reason = _check_bf16()
-        if reason:
-            print(f"vit-einops bench: not running bfloat16: {reason}; use --dtype float32", file=sys.stderr)
-            return 2
     options = with_overrides(
         args.grid,
         out=args.out,
@@ -143,6 +171,14 @@ def run(args: argparse.Namespace) -> int:
         model_paths=args.model_paths,
         rounds=args.rounds,
         min_run_time=args.min_run_time,
+        retries=args.retries,
+        force=args.force or None,
     )
+    check_out(options.out, options.force)  # a bad --out fails here, before any measuring (the bf16 check too)
+    if args.dtype == "bfloat16":
+        reason = _check_bf16()
+        if reason:
+            print(f"vit-einops bench: not running bfloat16: {reason}; use --dtype float32", file=sys.stderr)
+            return 2
     run_bench(options)
     return 0
