@@ -92,7 +92,11 @@ def test_version(capsys):
     assert capsys.readouterr().out == f"vit-einops {__version__}\n"
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["summary", "--help"], ["--version"], []])
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["--version"], []]
+    + [[c, "--help"] for c in ("summary", "bench", "train", "inspect", "convert", "predict", "explore")],
+)
 def test_help_and_version_do_not_import_torch(argv):
     """--help must not wait for torch: no command module but the one asked for is imported, and those import
     torch only when they run."""

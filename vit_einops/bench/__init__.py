@@ -6,8 +6,14 @@
 - :mod:`.noise`: whether a row's timing is trustworthy (load average, IQR/median) and the run's verdict.
 - :mod:`.report`: the table, results.json, the CSV files (their schema) and the plots (matplotlib Figures).
 - :mod:`.run`: the named grids (default, quick, smoke) and one run from options to files.
+
+- :mod:`.names`: the paths, modes and numeric ranges (no torch: the command line's --help reads them).
 """
 
-from .run import GRIDS, BenchOptions, run, with_overrides
+from __future__ import annotations
 
-__all__ = ["GRIDS", "BenchOptions", "run", "with_overrides"]
+from .._lazy import lazy_exports
+
+_EXPORTS = {"GRIDS": "run", "BenchOptions": "run", "run": "run", "with_overrides": "run"}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -23,10 +23,7 @@ from ..reference import torch_mha_from
 from .measure import peak_memory_bytes, time_interleaved
 from .noise import LoadProbe, row_fields
 
-CORE_PATHS = ("einsum", "chunked", "sdpa", "einsum_compiled")
-LAYER_PATHS = ("mha_sdpa", "mha_chunked", "torch_mha")
 REFERENCE = {"core": "sdpa", "layer": "torch_mha"}
-MODES = ("forward", "forward_backward")
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,6 @@ from ..reference import torch_reference_vit
 from .measure import peak_memory_bytes, time_interleaved
 from .noise import LoadProbe, row_fields
 
-MODEL_PATHS = ("einsum", "chunked", "sdpa", "torch")
-MODEL_MODES = ("inference", "train_step")
-
 
 def _share_weights(reference: nn.Module, model: nn.Module) -> None:
     """Make torch's encoder layers in ``reference`` use ``model``'s Parameters themselves instead of copies.

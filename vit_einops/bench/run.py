@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-import math
 import os
 import sys
 import time
@@ -21,35 +20,8 @@ from .attention import CORE_PATHS, LAYER_PATHS, MODES, CompiledEinsum, add_ratio
 from .env import machine_info
 from .measure import matmul_ceiling
 from .model import MODEL_MODES, MODEL_PATHS, measure_model
+from .names import RANGES, check_in_range
 from .noise import LoadProbe, load_verdict, noise_score, summary
-
-# The numeric options and their accepted ranges (inclusive), checked where options enter (BenchOptions and the
-# CLI's argparse types). The upper bounds keep one run within minutes to hours on a CPU and its tensors within
-# memory: a batch of 4096 at N 16384 is already far past what any machine here holds for the einsum path.
-RANGES: dict[str, tuple[float, float]] = {
-    "batches": (1, 4096),
-    "heads": (1, 1024),
-    "tokens": (1, 16384),
-    "head_dims": (1, 4096),
-    "model_batch": (1, 4096),
-    "image_size": (1, 4096),
-    "rounds": (1, 1000),
-    "min_run_time": (1e-4, 60.0),  # seconds per round and path: inf would never return
-    "ceiling_size": (16, 16384),
-    "retries": (0, 10),
-}
-
-
-def check_in_range(name: str, value, kind: type) -> None:
-    """``value`` is a finite ``kind`` (int: not bool) within RANGES[name]; else a ValueError/TypeError naming both."""
-    low, high = RANGES[name]
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or not low <= value <= high:
-        expected = "an integer" if kind is int else "a finite number"
-        raise ValueError(f"{name} {value!r} is out of range: expected {expected} from {low:g} to {high:g}")
 
 
 @dataclass

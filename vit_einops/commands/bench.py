@@ -10,13 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
-from ..bench.attention import CORE_PATHS, LAYER_PATHS, MODES
-from ..bench.env import BF16_FLAGS, bf16_slowdown, cpu_flags
-from ..bench.model import MODEL_MODES, MODEL_PATHS
-from ..bench.run import check_in_range, check_out, with_overrides
-from ..bench.run import run as run_bench
+from ..bench.names import CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, check_in_range
 from ..presets import list_presets
 
 DTYPES = ("float32", "bfloat16")
@@ -137,6 +131,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check_bf16() -> str | None:
     """Why bf16 should not be benchmarked here, or None when the hardware runs it at least as fast as float32."""
+    from ..bench.env import BF16_FLAGS, bf16_slowdown, cpu_flags
+
     if not any(flag in cpu_flags() for flag in BF16_FLAGS):
         return f"this CPU has none of {', '.join(BF16_FLAGS)}: torch emulates bf16, far slower than float32"
     slowdown = bf16_slowdown()
@@ -147,6 +143,11 @@ def _check_bf16() -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..bench.run import check_out, with_overrides
+    from ..bench.run import run as run_bench
+
     # The profiler that measures peak memory otherwise logs two lines to stderr on every use (kineto's USDT
     # level, 5); 6 silences kineto's log. Set before its first use; an explicit KINETO_LOG_LEVEL wins.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
