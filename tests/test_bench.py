@@ -17,9 +17,10 @@ import torch
 
 from vit_einops import cli
 from vit_einops.bench import report
-from vit_einops.bench.attention import CORE_PATHS, LAYER_PATHS, MODES, Point, add_ratios
+from vit_einops.bench.attention import Point, add_ratios
 from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
-from vit_einops.bench.model import MODEL_MODES, MODEL_PATHS, counted_flops
+from vit_einops.bench.model import counted_flops
+from vit_einops.bench.names import CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES
 from vit_einops.bench.noise import IQR_THRESHOLD, load_verdict
 from vit_einops.commands import bench as bench_command
 from vit_einops.presets import create_vit
@@ -228,7 +229,7 @@ def test_add_ratios_divides_by_the_sections_reference():
 
 
 def test_bf16_is_refused_without_hardware(monkeypatch, capsys):
-    monkeypatch.setattr(bench_command, "cpu_flags", lambda: {"avx2"})
+    monkeypatch.setattr("vit_einops.bench.env.cpu_flags", lambda: {"avx2"})
     assert cli.main(["bench", "--smoke", "--dtype", "bfloat16"]) == 2
     assert "not running bfloat16" in capsys.readouterr().err
 

@@ -16,11 +16,11 @@ import torch
 from tqdm import tqdm
 
 from . import report
-from .attention import CORE_PATHS, LAYER_PATHS, MODES, CompiledEinsum, add_ratios, grid, measure_point
+from .attention import CompiledEinsum, add_ratios, grid, measure_point
 from .env import machine_info
 from .measure import matmul_ceiling
-from .model import MODEL_MODES, MODEL_PATHS, measure_model
-from .names import RANGES, check_in_range
+from .model import measure_model
+from .names import CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, RANGES, check_in_range
 from .noise import LoadProbe, load_verdict, noise_score, summary
 
 
