@@ -22,7 +22,6 @@ from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
 from vit_einops.bench.model import counted_flops
 from vit_einops.bench.names import CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES
 from vit_einops.bench.noise import IQR_THRESHOLD, load_verdict
-from vit_einops.commands import bench as bench_command
 from vit_einops.presets import create_vit
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
