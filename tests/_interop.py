@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 
 import torch
@@ -24,3 +26,16 @@ def assert_same_state(actual: Mapping[str, torch.Tensor], expected: Mapping[str,
     assert sorted(actual) == sorted(expected)
     for key, value in expected.items():
         assert actual[key].dtype == value.dtype and torch.equal(actual[key], value), key
+
+
+def report_diffs(diffs: Mapping[str, float]) -> None:
+    """Merge measured max differences into $VIT_EINOPS_INTEROP_REPORT (a JSON object; .ci/run-interop prints it),
+    keeping the largest value per name, so every interop module adds to one report."""
+    path = os.environ.get("VIT_EINOPS_INTEROP_REPORT")
+    if not path or not diffs:
+        return
+    data = json.loads(open(path).read()) if os.path.exists(path) else {}
+    for name, value in diffs.items():
+        data[name] = max(float(value), data.get(name, 0.0))
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)

@@ -22,7 +22,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from _interop import assert_same_state, perturbed
+from _interop import assert_same_state, perturbed, report_diffs
 from PIL import Image
 
 from vit_einops import ViT
@@ -48,13 +48,8 @@ SMALL = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, interme
 
 
 def _report(name: str, value: float) -> None:
-    """Record a measured max difference in $VIT_EINOPS_INTEROP_REPORT (run-interop prints them)."""
-    report = os.environ.get("VIT_EINOPS_INTEROP_REPORT")
-    if report:
-        data = json.loads(open(report).read()) if os.path.exists(report) else {}
-        data[name] = max(value, data.get(name, 0.0))
-        with open(report, "w") as f:
-            json.dump(data, f)
+    """Record a measured max difference in the interop report (run-interop prints it)."""
+    report_diffs({name: value})
 
 
 def _hf_model(cls_name: str, **kw):

@@ -14,13 +14,12 @@ Set VIT_EINOPS_INTEROP_REPORT=path.json to record the max |logit difference| of 
 from __future__ import annotations
 
 import importlib
-import json
 import os
 
 import pytest
 import torch
 from _equiv import F32_TOL, F64_TOL, assert_close
-from _interop import assert_same_state, perturbed
+from _interop import assert_same_state, perturbed, report_diffs
 
 from vit_einops.interop import (
     from_torchvision,
@@ -62,10 +61,7 @@ DIFFS: dict[str, float] = {}
 @pytest.fixture(scope="module", autouse=True)
 def _report():
     yield
-    path = os.environ.get("VIT_EINOPS_INTEROP_REPORT")
-    if path and DIFFS:
-        with open(path, "w") as f:
-            json.dump(DIFFS, f, indent=2, sort_keys=True)
+    report_diffs(DIFFS)
 
 
 def compare(name: str, ours: torch.nn.Module, theirs: torch.nn.Module, x: torch.Tensor) -> None:
