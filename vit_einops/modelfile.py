@@ -316,15 +316,6 @@ def load_vit(path: str | os.PathLike, *, dtype: torch.dtype | None = torch.float
     return model
 
 
-def is_model_file(path: str | os.PathLike) -> bool:
-    """True for a safetensors file whose metadata marks it as a vit-einops model file."""
-    try:
-        read_metadata(path)
-    except (ValueError, FileNotFoundError):
-        return False
-    return True
-
-
 def load_model(path: str | os.PathLike, *, source: str | None = None, **kwargs: Any) -> ViT:
     """A ViT from any of the forms users hold, with its preprocessing and class names where known.
 

@@ -84,9 +84,14 @@ class Preprocessing:
     # --- the conventions ------------------------------------------------------------------------------------
 
     @classmethod
-    def torchvision(cls, crop: int = 224, resize: int = 256, interpolation: str = "bilinear") -> "Preprocessing":
-        """torchvision's ``ImageClassification`` preset, as ``ViT_B_16_Weights.IMAGENET1K_V1.transforms()``."""
-        return cls(resize=resize, crop=(crop, crop), interpolation=interpolation, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    def torchvision(
+        cls, crop: int | tuple[int, int] = 224, resize: int | None = None, interpolation: str = "bilinear"
+    ) -> "Preprocessing":
+        """torchvision's ``ImageClassification`` preset, as ``ViT_B_16_Weights.IMAGENET1K_V1.transforms()``: the
+        shorter side to ``resize`` (default floor(256/224 of the crop's shorter side): 256 for 224), centre crop."""
+        crop = to_pair("crop", crop)
+        resize = math.floor(min(crop) * 256 / 224) if resize is None else resize
+        return cls(resize=resize, crop=crop, interpolation=interpolation, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
     @classmethod
     def timm(

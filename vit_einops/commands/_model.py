@@ -31,10 +31,13 @@ def parse_floats(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers (e.g. 0.5,0.5,0.5), got {text!r}") from None
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = True, optional: bool = False) -> None:
+    """MODEL (a positional; ``optional`` lets it be left out, ``positional=False`` leaves it to the caller), then the
+    flags that say how to read it and how to preprocess images for it."""
     if positional:
         parser.add_argument(
             "model",
+            nargs="?" if optional else None,
             metavar="MODEL",
             help="a vit-einops model file (.safetensors), a training run or checkpoint directory, "
             "or with --from a torchvision/timm weights file or a Hugging Face directory",
@@ -87,13 +90,13 @@ def preprocessing_from_args(args: argparse.Namespace, model: Any) -> Any:
     """The model's preprocessing with the command line's overrides applied."""
     import dataclasses
 
-    from ..preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
+    from ..preprocess import Preprocessing
 
     config = model.config
     crop = config.image_size
     base = model.preprocessing
     if args.preprocessing == "torchvision":
-        base = Preprocessing(resize=int(min(crop) * 256 / 224), crop=crop, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+        base = Preprocessing.torchvision(crop=crop)
     elif args.preprocessing == "timm":
         base = Preprocessing.timm(crop=crop, crop_pct=args.crop_pct or 0.9)
     elif args.preprocessing == "hf":
@@ -101,9 +104,7 @@ def preprocessing_from_args(args: argparse.Namespace, model: Any) -> Any:
     elif args.preprocessing == "plain":
         base = Preprocessing.plain(crop, config.in_channels)
     changes: dict[str, Any] = {}
-    if args.crop_pct is not None and args.preprocessing != "timm":
-        if not 0 < args.crop_pct <= 1:
-            raise ValueError(f"--crop-pct must be in (0, 1], got {args.crop_pct}")
+    if args.crop_pct is not None and args.preprocessing != "timm":  # Preprocessing.timm checks crop_pct
         target = args.crop or crop
         target = (target, target) if isinstance(target, int) else target
         changes |= {"resize": Preprocessing.timm(crop=target, crop_pct=args.crop_pct).resize, "crop": target}

@@ -15,15 +15,8 @@ from ._model import add_model_arguments, default_images, load_model_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "model",
-        nargs="?",
-        metavar="MODEL",
-        help="a vit-einops model file (.safetensors), a training run or checkpoint directory, "
-        "or with --from a torchvision/timm weights file or a Hugging Face directory",
-    )
+    add_model_arguments(parser, optional=True)
     parser.add_argument("--checkpoint", metavar="CKPT", help="same as MODEL (the older spelling)")
-    add_model_arguments(parser, positional=False)
     parser.add_argument(
         "--image", action="append", metavar="FILE", help="an image to draw attention for (repeatable)"
     )

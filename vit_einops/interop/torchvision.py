@@ -12,7 +12,6 @@ representation size (``heads``). Not readable: the number of heads h (defaults t
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -24,7 +23,7 @@ from ..config import ViTConfig
 from ..model import ViT
 from .io import load_state_dict_file
 from ..modelfile import build_vit, cast_weights, check_free_fields, check_state_dict
-from ..preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
+from ..preprocess import Preprocessing
 from .keys import (
     KeyLayout,
     count_blocks,
@@ -174,10 +173,6 @@ def load_torchvision(
     state_dict = source if isinstance(source, Mapping) else load_state_dict_file(source)
     config = torchvision_config(state_dict, heads=heads, image_size=image_size, **overrides)
     model = build_vit(config, from_torchvision(cast_weights(state_dict, SOURCE, dtype), config))
-    # torchvision's ImageClassification preset: resize the shorter side to 256/224 of the crop, centre crop.
-    crop = config.image_size
-    model.preprocessing = Preprocessing(
-        resize=math.floor(min(crop) * 256 / 224), crop=crop, mean=IMAGENET_MEAN, std=IMAGENET_STD
-    )
+    model.preprocessing = Preprocessing.torchvision(crop=config.image_size)
     model.source = {"library": SOURCE, "file": None if isinstance(source, Mapping) else str(source)}
     return model
