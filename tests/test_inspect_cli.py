@@ -31,10 +31,14 @@ def test_inspect_a_converted_file_with_images_of_several_modes(tmp_path, files, 
     model = perturbed(ViT(**TINY))
     export = to_torchvision if source == "torchvision" else to_timm
     save_state_dict_file(export(model), tmp_path / "w.pth")
-    assert main(["convert", str(tmp_path / "w.pth"), str(tmp_path / "m.safetensors"), "--from", source,
-                 "--heads", "4"]) == 0
-    assert main(["inspect", str(tmp_path / "m.safetensors"), *sum((["--image", f] for f in files), []),
-                 "--layer", "0"]) == 0
+    assert (
+        main(["convert", str(tmp_path / "w.pth"), str(tmp_path / "m.safetensors"), "--from", source, "--heads", "4"])
+        == 0
+    )
+    assert (
+        main(["inspect", str(tmp_path / "m.safetensors"), *sum((["--image", f] for f in files), []), "--layer", "0"])
+        == 0
+    )
     out = tmp_path / "m-inspect"
     for name in ("attention", "attention_distance", "position_similarity", "embedding_filters"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG
@@ -58,14 +62,35 @@ def test_existing_output_layer_range_and_missing_preprocessing(tmp_path, files, 
     save_vit(model, tmp_path / "bare.safetensors")
     assert main(["inspect", str(tmp_path / "bare.safetensors"), "--image", files[0]]) == 2
     assert "records no preprocessing; set one" in capsys.readouterr().err
-    assert main(["inspect", str(tmp_path / "bare.safetensors"), "--image", files[0], "--preprocessing", "timm",
-                 "--layer", "5"]) == 2
+    assert (
+        main(
+            [
+                "inspect",
+                str(tmp_path / "bare.safetensors"),
+                "--image",
+                files[0],
+                "--preprocessing",
+                "timm",
+                "--layer",
+                "5",
+            ]
+        )
+        == 2
+    )
     assert "--layer 5 is out of range for a model of 2 layers" in capsys.readouterr().err
     out = tmp_path / "out"
     out.mkdir()
     (out / "attention.png").write_bytes(b"mine")
-    args = ["inspect", str(tmp_path / "bare.safetensors"), "--image", files[0], "--preprocessing", "timm",
-            "--out", str(out)]
+    args = [
+        "inspect",
+        str(tmp_path / "bare.safetensors"),
+        "--image",
+        files[0],
+        "--preprocessing",
+        "timm",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 2
     assert "already holds files; pass --force" in capsys.readouterr().err
     assert (out / "attention.png").read_bytes() == b"mine"

@@ -44,7 +44,9 @@ torchvision = _library("torchvision")
 timm = _library("timm")
 sklearn_datasets = _library("sklearn.datasets")
 
-SMALL = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, image_size=32, patch_size=8)
+SMALL = dict(
+    hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, image_size=32, patch_size=8
+)
 
 
 def _report(name: str, value: float) -> None:
@@ -144,14 +146,21 @@ def test_save_hf_refuses_what_hf_cannot_express_and_existing_dirs(tmp_path):
 def _images(tmp_path) -> list[tuple[str, Image.Image, Image.Image]]:
     """(name, what open_image returns, the RGB image a library user would feed) for photos and odd inputs."""
     rng = np.random.default_rng(0)
-    out = [(f"photo{i}", Image.fromarray(a), Image.fromarray(a)) for i, a in enumerate(sklearn_datasets.load_sample_images().images)]
+    out = [
+        (f"photo{i}", Image.fromarray(a), Image.fromarray(a))
+        for i, a in enumerate(sklearn_datasets.load_sample_images().images)
+    ]
     for h, w in [(37, 301), (500, 233), (224, 224), (100, 100), (257, 256)]:
         img = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
         out.append((f"rgb{h}x{w}", img, img))
     rgba = Image.fromarray(rng.integers(0, 256, (50, 70, 4), dtype=np.uint8), "RGBA")
     grey = Image.fromarray(rng.integers(0, 256, (300, 200), dtype=np.uint8), "L")
     palette = grey.convert("P")
-    out += [("rgba", rgba, rgba.convert("RGB")), ("grey", grey, grey.convert("RGB")), ("palette", palette, palette.convert("RGB"))]
+    out += [
+        ("rgba", rgba, rgba.convert("RGB")),
+        ("grey", grey, grey.convert("RGB")),
+        ("palette", palette, palette.convert("RGB")),
+    ]
     # 16-bit: written and read back as a PNG; the library reference gets the same image reduced to 8 bits
     # (PIL's own convert would clip every value above 255 to white).
     deep = rng.integers(0, 65536, (64, 96), dtype=np.uint16)
@@ -169,7 +178,9 @@ def test_preprocessing_matches_torchvision_timm_and_hf(tmp_path):
         "torchvision": (Preprocessing.torchvision(), ViT_B_16_Weights.IMAGENET1K_V1.transforms()),
         "timm": (
             Preprocessing.timm(),
-            create_transform(**resolve_data_config({}, model=timm.create_model("vit_base_patch16_224.augreg_in21k_ft_in1k"))),
+            create_transform(
+                **resolve_data_config({}, model=timm.create_model("vit_base_patch16_224.augreg_in21k_ft_in1k"))
+            ),
         ),
     }
     processor = transformers.ViTImageProcessor()

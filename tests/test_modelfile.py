@@ -102,7 +102,11 @@ def _rewrite(path, tensors=None, **meta_changes):
         ({"vit_einops_config": "[1, 2]"}, ValueError, "the stored config is not a JSON object"),
         ({"vit_einops_config": json.dumps({"dim": "big"})}, ValueError, "the stored vit-einops config is invalid"),
         ({"preprocessing": json.dumps({"resize": -3})}, ValueError, "the stored preprocessing is invalid"),
-        ({"preprocessing": json.dumps({"resize": 32, "mean": [float("nan")] * 3})}, ValueError, "preprocessing is invalid"),
+        (
+            {"preprocessing": json.dumps({"resize": 32, "mean": [float("nan")] * 3})},
+            ValueError,
+            "preprocessing is invalid",
+        ),
         ({"class_names": json.dumps([1, 2, 3, 4, 5])}, ValueError, "class_names must all be str"),
         ({"class_names": json.dumps(["a"])}, ValueError, "class_names has 1 names for num_classes 5"),
         ({"source": json.dumps("x")}, ValueError, "the stored source is not a JSON object"),
@@ -188,7 +192,9 @@ def test_load_model_front_door(tmp_path):
     assert load_model(run).config == model.config  # a training run directory
     tv = save_state_dict_file(to_torchvision(model), tmp_path / "tv.pth")
     loaded = load_model(tv, source="torchvision", heads=4)
-    assert loaded.preprocessing == Preprocessing(resize=36, crop=(32, 32), mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    assert loaded.preprocessing == Preprocessing(
+        resize=36, crop=(32, 32), mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)
+    )
     assert loaded.source == {"library": "torchvision", "file": str(tv)}
     timm_file = save_state_dict_file(to_timm(model), tmp_path / "timm.safetensors")
     assert load_model(timm_file, source="timm", heads=4).preprocessing == Preprocessing.timm(crop=32)

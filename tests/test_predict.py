@@ -90,8 +90,20 @@ def test_features_only_models_and_missing_preprocessing_say_what_to_do(images):
 
 def test_cli_converted_torchvision_file_any_mode(model, images, tmp_path, capsys):
     save_state_dict_file(to_torchvision(model), tmp_path / "tv.pth")
-    assert main(["convert", str(tmp_path / "tv.pth"), str(tmp_path / "m.safetensors"), "--from", "torchvision",
-                 "--heads", "4"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                str(tmp_path / "tv.pth"),
+                str(tmp_path / "m.safetensors"),
+                "--from",
+                "torchvision",
+                "--heads",
+                "4",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["predict", str(tmp_path / "m.safetensors"), *map(str, images), "--top-k", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -114,7 +114,9 @@ def test_files_that_are_not_sane_images(tmp_path):
 
 def test_a_fifo_is_refused_without_blocking(tmp_path):
     os.mkfifo(tmp_path / "pipe.png")
-    code = "from vit_einops.preprocess import open_image\ntry:\n    open_image(%r)\nexcept ValueError as e:\n    print(e)"
+    code = (
+        "from vit_einops.preprocess import open_image\ntry:\n    open_image(%r)\nexcept ValueError as e:\n    print(e)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code % str(tmp_path / "pipe.png")], capture_output=True, text=True, timeout=60
     )

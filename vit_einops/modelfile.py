@@ -370,4 +370,3 @@ def _load_from_run(path: Path, **kwargs: Any) -> ViT:
     model.preprocessing = Preprocessing.plain(model.config.image_size, model.config.in_channels)
     model.source = {"library": "vit-einops", "file": str(checkpoint.path)}
     return model
-

@@ -1,9 +1,9 @@
 """Classify images with any ViT: files or PIL images go through the model's own preprocessing.
 
-    from vit_einops import load_model, predict
-    model = load_model("vit_b_16.safetensors")
-    for top in predict(model, ["photo.jpg"], top_k=5):
-        print([(p.label, round(p.probability, 3)) for p in top])
+from vit_einops import load_model, predict
+model = load_model("vit_b_16.safetensors")
+for top in predict(model, ["photo.jpg"], top_k=5):
+    print([(p.label, round(p.probability, 3)) for p in top])
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ PRESETS = ("torchvision", "timm", "hf", "plain")
 
 
 def parse_size(text: str) -> int | tuple[int, int]:
-    """"224" -> 224; "224x320" (or "224,320") -> (224, 320)."""
+    """ "224" -> 224; "224x320" (or "224,320") -> (224, 320)."""
     m = re.fullmatch(r"\s*(\d+)\s*(?:[x,]\s*(\d+)\s*)?", text)
     if not m:
         raise argparse.ArgumentTypeError(f"expected a size N or HxW (e.g. 224 or 224x320), got {text!r}")

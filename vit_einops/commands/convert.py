@@ -43,8 +43,15 @@ def _same_path(a: Path, b: Path) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..interop import resample_vit, save_hf, save_state_dict_file, timm_kwargs, to_timm, to_torchvision
-    from ..interop import torchvision_kwargs
+    from ..interop import (
+        resample_vit,
+        save_hf,
+        save_state_dict_file,
+        timm_kwargs,
+        to_timm,
+        to_torchvision,
+        torchvision_kwargs,
+    )
     from ..modelfile import save_vit
 
     src, dst = Path(args.src), Path(args.dst)
@@ -71,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
         if not (dst / "preprocessor_config.json").exists():
             print("  no preprocessor_config.json: ViTImageProcessor cannot express this model's resize + crop")
     else:
-        export, kwargs = (to_torchvision, torchvision_kwargs) if args.target == "torchvision" else (to_timm, timm_kwargs)
+        export, kwargs = (
+            (to_torchvision, torchvision_kwargs) if args.target == "torchvision" else (to_timm, timm_kwargs)
+        )
         save_state_dict_file(export(model), dst, overwrite=args.force)
         print(f"wrote {dst}: {args.target} state dict; build its model with {kwargs(model.config)}")
     return 0

@@ -17,9 +17,7 @@ from ._model import add_model_arguments, default_images, load_model_from_args
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, optional=True)
     parser.add_argument("--checkpoint", metavar="CKPT", help="same as MODEL (the older spelling)")
-    parser.add_argument(
-        "--image", action="append", metavar="FILE", help="an image to draw attention for (repeatable)"
-    )
+    parser.add_argument("--image", action="append", metavar="FILE", help="an image to draw attention for (repeatable)")
     parser.add_argument("--layer", type=int, default=-1, help="the layer whose heads are drawn (default: the last)")
     parser.add_argument(
         "--num-images", type=int, default=6, help="test digits drawn when no --image is given (default %(default)s)"

@@ -26,10 +26,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(
             json.dumps(
-                [
-                    {"image": image, "top": [p._asdict() for p in top]}
-                    for image, top in zip(args.images, results)
-                ],
+                [{"image": image, "top": [p._asdict() for p in top]} for image, top in zip(args.images, results)],
                 indent=1,
             )
         )

@@ -18,8 +18,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "preset", nargs="?", choices=list_presets(timm_names=True), help="a preset from Table 1 (or its timm name)"
     )
     parser.add_argument(
-        "--model", metavar="MODEL", help="summarise a model instead: a model file, a training run, or with --from a "
-        "torchvision/timm file or a Hugging Face directory"
+        "--model",
+        metavar="MODEL",
+        help="summarise a model instead: a model file, a training run, or with --from a "
+        "torchvision/timm file or a Hugging Face directory",
     )
     parser.add_argument("--num-classes", type=int, default=1000, help="a preset's classifier outputs (default 1000)")
     parser.add_argument(
@@ -28,7 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"print torchsummary's layer table (builds the weights and runs a forward); default: only for "
         f"models of up to {TABLE_MAX_PARAMETERS // 1_000_000}M parameters",
     )
-
 
     add_model_arguments(parser, positional=False)  # --image-size is also a preset's input size (default 224)
 
@@ -68,7 +69,9 @@ def _summarize_model(args: argparse.Namespace) -> int:
     prep = model.preprocessing
     print(f"  preprocessing {json.dumps(prep.to_dict()) if prep is not None else 'none recorded'}")
     names = model.class_names
-    shown = "none recorded" if names is None else ", ".join(names[:5]) + (f" ... ({len(names)})" if len(names) > 5 else "")
+    shown = (
+        "none recorded" if names is None else ", ".join(names[:5]) + (f" ... ({len(names)})" if len(names) > 5 else "")
+    )
     print(f"  class names   {shown}")
     print(f"  source        {json.dumps(model.source) if model.source is not None else 'unknown'}")
     return 0

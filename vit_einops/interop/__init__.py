@@ -8,8 +8,8 @@ Requires the ``interop`` extra (safetensors). Neither torchvision nor timm is im
 state dicts alone.
 """
 
-from .features import freeze_backbone, intermediate_layers, pre_logits, replace_head
 from ..modelfile import StateDictMismatchError, load_vit, read_vit_config, save_vit
+from .features import freeze_backbone, intermediate_layers, pre_logits, replace_head
 from .hf import from_hf, hf_config, load_hf, save_hf, to_hf
 from .io import load_state_dict_file, save_state_dict_file
 from .keys import HEADS_BY_DIM

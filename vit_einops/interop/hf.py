@@ -124,7 +124,9 @@ def hf_config(hf: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     if hf.get("qkv_bias", True) is not True:
         raise ValueError("qkv_bias false is not supported: our fused qkv Linear has a bias")
     if hf.get("pooler_act", "tanh") != "tanh":
-        raise ValueError(f"pooler_act {hf.get('pooler_act')!r}: only 'tanh' (the paper's pre-training head) is supported")
+        raise ValueError(
+            f"pooler_act {hf.get('pooler_act')!r}: only 'tanh' (the paper's pre-training head) is supported"
+        )
     dim = hf.get("hidden_size", 768)
     classify = arch.endswith("ForImageClassification")
     num_labels = len(hf.get("id2label") or {}) or hf.get("num_labels", 2)
@@ -189,9 +191,7 @@ def to_hf(model: ViT) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         problems.append("neither a classifier nor a pooler")
     if problems:
         raise ValueError("Hugging Face's ViT cannot express this model: it has " + "; ".join(problems))
-    state = convert_patchify(
-        {k: v.detach() for k, v in model.state_dict().items()}, config, config.patchify, "conv"
-    )
+    state = convert_patchify({k: v.detach() for k, v in model.state_dict().items()}, config, config.patchify, "conv")
     hf = {theirs: state[ours] for ours, theirs in _key_map(config).items()}
     for i in range(config.depth):
         for part in ("weight", "bias"):

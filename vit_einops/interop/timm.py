@@ -25,9 +25,9 @@ import torch
 from .._checks import check_choice
 from ..config import ViTConfig
 from ..model import ViT
-from .io import load_state_dict_file
 from ..modelfile import build_vit, cast_weights, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
+from .io import load_state_dict_file
 from .keys import (
     KeyLayout,
     count_blocks,

@@ -21,9 +21,9 @@ import torch
 
 from ..config import ViTConfig
 from ..model import ViT
-from .io import load_state_dict_file
 from ..modelfile import build_vit, cast_weights, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
+from .io import load_state_dict_file
 from .keys import (
     KeyLayout,
     count_blocks,
