@@ -210,6 +210,17 @@ def test_overwrite_replaces_only_what_training_wrote(tmp_path, finished_run):
     )
 
 
+
+def test_overwrite_over_a_fifo_in_checkpoint_json_does_not_hang(tmp_path):
+    """Deciding whether an existing run is ours reads checkpoint.json: a FIFO there is not ours, and is not waited on
+    (the subprocess timeout bounds the test)."""
+    run = tmp_path / "run"
+    (run / "checkpoint").mkdir(parents=True)
+    os.mkfifo(run / "checkpoint" / "checkpoint.json")
+    done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, "--overwrite", timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert load_checkpoint(run / "checkpoint").train_state["epoch"] == 1
+
 HOLD_LOCK = textwrap.dedent(
     """
     import sys, time

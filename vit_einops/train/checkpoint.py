@@ -34,9 +34,9 @@ from ..modelfile import StateDictMismatchError, check_keys, check_weights, expec
 from .rundir import CHECKPOINT_FILES
 from .rundir import CHECKPOINT_FORMAT as FORMAT
 from .rundir import CHECKPOINT_META as META_NAME
+from .rundir import MAX_META_BYTES
 
 VERSION = 1
-MAX_META_BYTES = 64 * 2**20  # checkpoint.json is kilobytes; anything this large is not one of ours
 DTYPE = torch.float32  # what training keeps its weights and optimizer moments in, and what a checkpoint holds
 
 
@@ -156,7 +156,7 @@ def save_checkpoint(
 def _named_files(meta_path: Path) -> set[str]:
     """The tensor file names an existing checkpoint.json records (none if it is missing or unreadable)."""
     try:
-        files = json.loads(meta_path.read_text()).get("files", {})
+        files = json.loads(read_regular_file(meta_path, max_bytes=MAX_META_BYTES)).get("files", {})
         return {entry["name"] for entry in files.values()}
     except (OSError, ValueError, AttributeError, TypeError, KeyError):
         return set()

@@ -22,7 +22,7 @@ import os
 import re
 from pathlib import Path
 
-from .._io import remove_orphan_temps, temp_target
+from .._io import read_regular_file, remove_orphan_temps, temp_target
 
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "summary.json"
@@ -31,6 +31,7 @@ MODEL_NAME = "model.safetensors"
 CHECKPOINT_DIR = "checkpoint"
 CHECKPOINT_FORMAT = "vit-einops.checkpoint"  # checkpoint.json's "format"
 CHECKPOINT_META = "checkpoint.json"
+MAX_META_BYTES = 64 * 2**20  # checkpoint.json is kilobytes; anything this large is not one of ours
 LOCK_NAME = ".vit-einops-train.lock"
 # What we write in the run directory and in checkpoint/ (the tensor files are named by their SHA-256 prefix).
 RUN_FILES = re.compile("|".join(map(re.escape, (METRICS_NAME, SUMMARY_NAME, CURVES_NAME, MODEL_NAME))))
@@ -157,7 +158,8 @@ class RunDir:
 def _is_ours(run: Path) -> bool:
     """True if ``run`` holds a checkpoint of ours, so that summary.json and curves.png beside it are ours too."""
     try:
-        meta = json.loads((run / CHECKPOINT_DIR / CHECKPOINT_META).read_text())
+        # Read without blocking: a FIFO in the file's place is not ours, and must not hang the run.
+        meta = json.loads(read_regular_file(run / CHECKPOINT_DIR / CHECKPOINT_META, max_bytes=MAX_META_BYTES))
     except (OSError, ValueError):
         return False
     return isinstance(meta, dict) and meta.get("format") == CHECKPOINT_FORMAT
