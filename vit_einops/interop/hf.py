@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_bytes, check_regular_file, refuse_existing
+from .._io import atomic_write_bytes, check_regular_file, read_regular_file, refuse_existing
 from ..config import ViTConfig
 from ..model import ViT
 from ..modelfile import (
@@ -225,11 +225,10 @@ def to_hf(model: ViT) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    check_regular_file(path, "JSON file")
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise ValueError(f"{path}: {path.stat().st_size} bytes; a config file is at most {MAX_JSON_BYTES}")
+    check_regular_file(path, "JSON file")  # names a missing file, a directory or a FIFO as such
+    raw = read_regular_file(path, max_bytes=MAX_JSON_BYTES)  # non-blocking, size-capped
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: not valid JSON: {err}") from err
     if not isinstance(data, dict):
