@@ -44,7 +44,7 @@ def assert_matches(actual, expected, tol, what):
 
 
 # (b, h, n, d, max_elements, what the first block must be): the blocks the tiling produces for these budgets, which
-# chunked_attention further caps at q's own size, b*h*n*d, or CHUNK_ELEMENTS if larger (set to 100 here). The plan is the property under test here: each case
+# chunked_attention further caps at q's own size, b*h*n*d, or CHUNK_ELEMENTS if larger (set to 100 here). Each case
 # puts a block boundary somewhere else (images, heads, query rows), and the values must not see it.
 BIG = 2**30
 BOUNDARY_CASES = {
@@ -72,20 +72,21 @@ def extent(s: slice) -> int:
 @pytest.mark.parametrize("case", list(BOUNDARY_CASES))
 def test_block_boundaries_match_sdpa_and_einsum_float64(case, monkeypatch):
     b, h, n, d, budget, plan = BOUNDARY_CASES[case]
-    plans = []  # the blocks of the forward pass, then of the backward pass
+    plans = []  # the blocks planned for this shape: once, shared by the forward and the backward pass
 
     def recording(*args):
         plans.append(list(attention_blocks(*args)))
         return iter(plans[-1])
 
     monkeypatch.setattr(chunked_module, "attention_blocks", recording)
+    chunked_module.block_plan.cache_clear()  # plan this shape afresh, through the recording tiling
     # The cap is max(q's size, CHUNK_ELEMENTS); a small default block makes q's size the cap on every machine.
     monkeypatch.setattr(chunked_module, "CHUNK_ELEMENTS", 100)
     q, k, v = qkv(b, h, n, d)
     upstream = torch.randn_like(q)
     scale = d**-0.5
     chunked = value_and_grads(lambda *t: chunked_attention(*t, scale=scale, max_elements=budget), q, k, v, upstream)
-    assert len(plans) == 2 and plans[0] == plans[1]
+    assert len(plans) == 1
     images, heads, rows = plans[0][0]
     assert (extent(images), extent(heads), extent(rows)) == (plan["images"], plan["heads"], plan["rows"])
     assert_matches(chunked, value_and_grads(F.scaled_dot_product_attention, q, k, v, upstream), F64_TOL, "vs sdpa")
@@ -109,6 +110,30 @@ def test_blocks_tile_every_image_head_and_query_exactly_once(b, h, n, m, budget)
         assert hh == 1 or c == n
         covered[images, heads, queries] += 1
     assert torch.equal(covered, torch.ones(b, h, n, dtype=torch.int64))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    b=st.integers(1, 4), h=st.integers(1, 3), n=st.integers(1, 30), m=st.integers(1, 30), budget=st.integers(1, 2000)
+)
+def test_plan_views_are_the_blocks_slices_of_the_same_memory(b, h, n, m, budget):
+    """BlockPlan cuts a tensor into its blocks with one split; each piece must be exactly attention_blocks' slice
+    of the flattened (b h) tensor, and a view of it (outputs are written through these views)."""
+    plan = chunked_module.block_plan(b, h, n, m, budget)
+    assert plan.blocks == tuple(attention_blocks(b, h, n, m, budget))
+    queries, keys = torch.randn(b * h, n, 3), torch.randn(b * h, m, 2)
+    key_views, query_views = plan.key_blocks(keys), plan.query_blocks(queries)
+    assert len(key_views) == len(query_views) == len(plan.blocks)
+    for (images, heads, rows), query_view, key_view in zip(plan.blocks, query_views, key_views, strict=True):
+        flat = slice(images.start * h + heads.start, (images.stop - 1) * h + heads.stop)
+        assert torch.equal(query_view, queries[flat, rows]) and torch.equal(key_view, keys[flat])
+        assert query_view.untyped_storage().data_ptr() == queries.untyped_storage().data_ptr()
+    # The transposed keys (k^T for q k^T) are cut the same way, still without a copy.
+    for (images, heads, _), view in zip(plan.blocks, plan.key_blocks(keys.transpose(1, 2)), strict=True):
+        flat = slice(images.start * h + heads.start, (images.stop - 1) * h + heads.stop)
+        assert torch.equal(view, keys[flat].transpose(1, 2))
+    # Dk and dv are overwritten, not accumulated, exactly when every block holds all its rows' queries.
+    assert plan.whole == all(rows == slice(0, n) for _, _, rows in plan.blocks)
 
 
 @pytest.mark.parametrize(
@@ -271,6 +296,21 @@ def test_backward_never_stores_the_attention_matrix():
     full = saved_numel(Attend(d, impl="einsum"), q, k, v)
     assert chunked == 4 * b * h * n * d
     assert full >= b * h * n * n > chunked
+
+
+def test_a_is_kept_only_when_it_is_no_larger_than_q_and_fits_one_block():
+    """One block, no dropout and m <= d: A (b h n m numbers, no more than q's b h n d) is kept for backward, which
+    then skips recomputing it; the gradients are still SDPA's. Any other case keeps q, k, v and the output only."""
+    b, h, n, d = 2, 3, 6, 8
+    q, k, v = qkv(b, h, n, d)
+    assert saved_numel(lambda *t: chunked_attention(*t, scale=d**-0.5), q, k, v) == 4 * b * h * n * d + b * h * n * n
+    upstream = torch.randn_like(q)
+    kept = value_and_grads(lambda *t: chunked_attention(*t, scale=d**-0.5), q, k, v, upstream)
+    assert_matches(kept, value_and_grads(F.scaled_dot_product_attention, q, k, v, upstream), F64_TOL, "A kept")
+    several_blocks = lambda *t: chunked_attention(*t, scale=d**-0.5, max_elements=n * 2)  # noqa: E731
+    with_dropout = lambda *t: chunked_attention(*t, scale=d**-0.5, dropout_p=0.1)  # noqa: E731
+    for fn in (several_blocks, with_dropout):
+        assert saved_numel(fn, q, k, v) == 4 * b * h * n * d
 
 
 def test_chunk_elements_is_validated_and_shown():
