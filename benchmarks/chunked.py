@@ -11,8 +11,9 @@ machine; chunked / floor is the overhead of the path itself (Python, slicing, th
 price of not fusing the softmax into the products, which no unfused path can get under.
 
 Forward floor per block: S = q k^T (baddbmm, K = D_h), softmax in place, A v (bmm). Forward + backward adds
-per block: S again, its softmax, dv += A^T dO, dP = dO v^T, dS = A (dP - delta) (two elementwise passes),
-dq = dS k, dk += dS^T q; and once per call: delta = rowsum(dO * O).
+per block: S again and its softmax (not when the path keeps A: one block and N <= D_h), dv += A^T dO,
+dP = dO v^T, dS = A (dP - delta) (two elementwise passes), dq = dS k, dk += dS^T q; and once per call:
+delta = rowsum(dO * O).
 
 Every row carries the load average and the IQR/median of each timing; vit_einops.bench.noise flags noisy rows.
 Writes a JSON file (--out) with every number. Model: 12 heads, D_h 64, float32 unless told otherwise.
@@ -73,9 +74,11 @@ def floor_calls(q, k, v, grad_out, budget: int, backward: bool) -> dict[str, tup
                 "dq": lambda ds=ds, kb=kb, gq=gq: torch.baddbmm(gq, ds, kb, beta=0, alpha=scale, out=gq),
                 "dk": lambda ds=ds, qb=qb, gk=gk: gk.baddbmm_(ds.transpose(1, 2), qb, alpha=scale),
             }
+        # Backward recomputes qk and softmax (those blocks count twice), unless the path keeps A: one block and
+        # m <= d (chunked.py's _ChunkedAttention).
+        recompute = backward and not (len(shapes) == 1 and count == 1 and m <= d)
         for op, fn in ops.items():
-            # backward recomputes qk and softmax: those blocks count twice
-            calls[f"floor/{op}@{tag}"] = (fn, count * (2 if backward and op in ("qk", "softmax") else 1))
+            calls[f"floor/{op}@{tag}"] = (fn, count * (2 if recompute and op in ("qk", "softmax") else 1))
     if backward:
         out = torch.empty_like(grad_out)
         calls["floor/delta"] = (lambda: (grad_out * out).sum(-1, keepdim=True), 1)

@@ -321,10 +321,10 @@ def test_chunk_elements_is_validated_and_shown():
     assert "chunk_elements=1024" in repr(Attend(8, impl="chunked", chunk_elements=1024))
 
 
-def test_default_block_is_an_l2_cache_of_scores_per_thread(monkeypatch):
+def test_default_block_is_as_many_scores_per_thread_as_the_l2_cache_has_bytes(monkeypatch):
     monkeypatch.setattr(chunked_module, "l2_cache_bytes", lambda: 512 * 1024)
-    assert chunked_module.default_chunk_elements(threads=1) == 131072  # 512 KiB of float32
-    assert chunked_module.default_chunk_elements(threads=2) == 262144
+    assert chunked_module.default_chunk_elements(threads=1) == 524288  # 2 MiB of float32: four 512 KiB L2s
+    assert chunked_module.default_chunk_elements(threads=2) == 1048576
     assert chunked_module.default_chunk_elements(threads=64) == 2**22  # capped: 16 MiB of scores at most
     monkeypatch.setattr(chunked_module, "l2_cache_bytes", lambda: 1024)
     assert chunked_module.default_chunk_elements(threads=1) == 2**12  # never below 4096 scores

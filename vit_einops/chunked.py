@@ -27,7 +27,7 @@ from torch.autograd.function import once_differentiable
 
 # Where Linux describes the caches of CPU 0 (one index* directory per cache: level, type, size).
 CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
-# Without a readable cache description: 256 KiB of scores, the smallest L2 of current x86 and Arm server cores.
+# Without a readable cache description: 256 KiB, the smallest L2 of current x86 and Arm server cores.
 FALLBACK_L2_BYTES = 256 * 1024
 
 
@@ -45,16 +45,19 @@ def l2_cache_bytes(cache_dir: Path = CACHE_DIR) -> int:
 
 
 def default_chunk_elements(threads: int | None = None) -> int:
-    """Scores per block: each of torch's ``threads`` gets an L2 cache's worth of float32 scores (at most 2**22).
+    """Scores per block: for each of torch's ``threads``, as many float32 scores as its core's L2 cache has bytes
+    (a block of four L2 caches per thread), between 2**12 and 2**22.
 
-    A block is written by the first product, read and rewritten by the softmax and read by the second product,
-    each of them split across the threads; when every thread's share fits in its core's L2 cache the two later
-    passes never go to L3 or memory. Measured with benchmarks/chunked.py on a 2 MiB-L2 Xeon (2 threads): blocks
-    of a quarter of that (131072 scores) were 1.3x to 1.6x slower, blocks of 2 to 8 times it within noise of each
-    other; much smaller blocks pay Python's per-block overhead, much larger ones spill to L3 in the softmax pass.
+    Per block the path pays a fixed cost (a few op dispatches, a thread barrier per op, packing the k and v panels
+    for the two GEMMs); per score it pays the GEMMs and a softmax pass that re-reads the block. Measured with
+    benchmarks/chunked.py (min of interleaved rounds) on a 2-core AMD EPYC (L2 512 KiB, L3 32 MiB; N 577 and
+    1025, b 1 and 8, 1 and 2 threads, forward and forward+backward), blocks of one L2 of scores per thread
+    (a quarter of these) were 1% to 8% slower at 9 of 10 points, and blocks twice these no faster; on a 2 MiB-L2
+    Xeon (2 threads) blocks of a quarter of one L2 were 1.3x to 1.6x slower and blocks of 2 to 8 L2s within noise
+    of each other. The large shared L3 serves the softmax pass; what a small block loses is the fixed cost.
     """
     threads = torch.get_num_threads() if threads is None else threads
-    return min(2**22, max(2**12, l2_cache_bytes() // 4 * max(1, threads)))
+    return min(2**22, max(2**12, l2_cache_bytes() * max(1, threads)))
 
 
 # The default block, computed once at import for torch's thread count then (reading sysfs changes nothing);
@@ -295,7 +298,7 @@ def chunked_attention(
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v (Eqs. 6-7) computed over blocks of at most ``max_elements`` scores.
 
-    ``max_elements`` defaults to CHUNK_ELEMENTS (an L2 cache of scores per thread). A block never holds more
+    ``max_elements`` defaults to CHUNK_ELEMENTS (four L2 caches of scores per thread). A block never holds more
     scores than q holds numbers or CHUNK_ELEMENTS, whichever is larger, so the scores alive at once (a block and, in
     backward, its gradient) stay within twice the output or two cache-sized blocks: peak memory O(b h n d) plus a
     constant, whatever n is. Equal to the
