@@ -118,7 +118,11 @@ def measure(b, n, mode, args) -> dict:
     row["sdpa_ms"] = sdpa * 1e3
     for name in paths:
         row[f"{name}_ratio"] = timings[name].median_s / sdpa
+        row[f"{name}_min_ratio"] = timings[name].min_s / timings["sdpa"].min_s
     floor_s = sum(timings[name].median_s * count for name, (_, count) in floor.items())
+    floor_min_s = sum(timings[name].min_s * count for name, (_, count) in floor.items())
+    row["floor_min_ratio"] = floor_min_s / timings["sdpa"].min_s
+    row["chunked_over_floor_min"] = timings["chunked"].min_s / floor_min_s
     parts: dict[str, float] = {}
     for name, (_, count) in floor.items():
         op = name.split("/")[1].split("@")[0]
@@ -157,9 +161,10 @@ def main(argv=None) -> int:
     )
     extra = "".join(f"{'@' + str(bud):>10}" for bud in args.budgets)
     print(
-        f"{'b':>3}{'N':>6} {'mode':<17}{'sdpa ms':>9}{'chunked':>9}{'floor':>8}{'ch/floor':>9}{extra}  "
-        "floor parts ms; load; noise"
+        f"{'b':>3}{'N':>6} {'mode':<17}{'sdpa ms':>9}{'chunked':>9}{'floor':>8}{'ch/floor':>9}{extra}"
+        f"{'min: chunked':>14}{'floor':>7}{'ch/floor':>9}  floor parts ms; load; noise"
     )
+    print("  (ratios to SDPA of medians; 'min:' the same of each path's fastest block, steadier on a shared machine)")
     rows = []
     for mode in args.modes.split(","):
         for b in args.batches:
@@ -170,7 +175,8 @@ def main(argv=None) -> int:
                 parts = " ".join(f"{op} {ms:.2f}" for op, ms in r["floor_parts_ms"].items())
                 print(
                     f"{b:>3}{n:>6} {mode:<17}{r['sdpa_ms']:>9.2f}{r['chunked_ratio']:>8.2f}x{r['floor_ratio']:>7.2f}x"
-                    f"{r['chunked_over_floor']:>8.2f}x{sweep}  {parts}; load {r['load']}"
+                    f"{r['chunked_over_floor']:>8.2f}x{sweep}{r['chunked_min_ratio']:>13.2f}x"
+                    f"{r['floor_min_ratio']:>6.2f}x{r['chunked_over_floor_min']:>8.2f}x  {parts}; load {r['load']}"
                     + (f"; NOISY: {'; '.join(r['noise'])}" if r["noisy"] else ""),
                     flush=True,
                 )

@@ -212,6 +212,7 @@ def test_time_interleaved_merges_every_round():
     )
     for t in timings.values():
         assert t.blocks >= 2 and math.isfinite(t.median_s) and t.median_s > 0 and t.iqr_s >= 0
+        assert 0 < t.min_s <= t.p25_s <= t.median_s <= t.p75_s  # the fastest block is the smallest time
 
 
 def test_add_ratios_divides_by_the_sections_reference():

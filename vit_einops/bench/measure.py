@@ -19,13 +19,16 @@ from torch.utils.benchmark import Measurement, Timer
 @dataclass
 class Timing:
     """Seconds per call over every measured block: the median, the quartiles p25/p75 and their difference the
-    interquartile range, and how many blocks."""
+    interquartile range, how many blocks, and the fastest block (``min_s``: other processes and the cache only
+    ever add time, so on a shared machine the ratio of two paths' minimums moves far less between runs than the
+    ratio of their medians)."""
 
     median_s: float
     iqr_s: float
     blocks: int
     p25_s: float = float("nan")
     p75_s: float = float("nan")
+    min_s: float = float("nan")
 
     @property
     def iqr_ratio(self) -> float:
@@ -61,7 +64,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, min_r
     for name, measurements in runs.items():
         (merged,) = Measurement.merge(measurements)
         p25, p75 = quartiles(merged.times)
-        timings[name] = Timing(merged.median, p75 - p25, len(merged.times), p25, p75)
+        timings[name] = Timing(merged.median, p75 - p25, len(merged.times), p25, p75, min(merged.times))
     return timings
 
 
