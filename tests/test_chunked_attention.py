@@ -48,7 +48,14 @@ def assert_matches(actual, expected, tol, what):
 # puts a block boundary somewhere else (images, heads, query rows), and the values must not see it.
 BIG = 2**30
 BOUNDARY_CASES = {
-    "n not a multiple of the block (17 rows in blocks of 5)": (2, 3, 17, 8, 17 * 5, dict(images=1, heads=1, rows=5)),
+    "n not a multiple of the block (17 rows in blocks of 5, 4, 4, 4)": (
+        2,
+        3,
+        17,
+        8,
+        17 * 5,
+        dict(images=1, heads=1, rows=5),
+    ),
     "block larger than n (one block for everything)": (2, 3, 17, 40, BIG, dict(images=2, heads=3, rows=17)),
     "capped at q's size (2*3*17*8 = 816 numbers: 2 heads of 289 scores)": (
         2,
@@ -110,6 +117,15 @@ def test_blocks_tile_every_image_head_and_query_exactly_once(b, h, n, m, budget)
         assert hh == 1 or c == n
         covered[images, heads, queries] += 1
     assert torch.equal(covered, torch.ones(b, h, n, dtype=torch.int64))
+
+
+@given(total=st.integers(0, 300), most=st.integers(1, 60))
+def test_even_parts_are_the_fewest_parts_within_one_of_each_other(total, most):
+    parts = chunked_module.even_parts(total, most)
+    sizes = [p.stop - p.start for p in parts]
+    assert [p.start for p in parts] == [sum(sizes[:i]) for i in range(len(parts))] and sum(sizes) == total
+    assert len(parts) == -(-total // most)  # the fewest parts of at most ``most``
+    assert all(0 < s <= most for s in sizes) and (not sizes or max(sizes) - min(sizes) <= 1)
 
 
 @settings(max_examples=40, deadline=None)

@@ -65,30 +65,43 @@ def default_chunk_elements(threads: int | None = None) -> int:
 CHUNK_ELEMENTS = default_chunk_elements()
 
 
+def even_parts(total: int, most: int) -> list[slice]:
+    """``range(total)`` cut into the fewest parts of at most ``most`` each, their sizes differing by at most one
+    (17 rows in parts of at most 5: 5, 4, 4, 4, not 5, 5, 5, 2: a short last block costs a whole block's fixed
+    cost for a sliver of work, and at N 1025 with 1023-row blocks the last would be 2 rows)."""
+    count = -(-total // most)
+    if not count:  # an empty range has no parts
+        return []
+    size, extra = divmod(total, count)
+    bounds = [0]
+    for i in range(count):
+        bounds.append(bounds[-1] + size + (i < extra))
+    return [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
+
+
 def attention_blocks(b: int, h: int, n: int, m: int, max_elements: int) -> Iterator[tuple[slice, slice, slice]]:
     """Yield (images, heads, queries) slices tiling a (b, h, n, .) tensor, whose score blocks (g, hh, c, m) hold at
     most ``max_elements`` numbers (at least one query row, so never fewer than m).
 
     Whole images are grouped when one image's h*n*m scores fit; otherwise heads of one image when one head's n*m
-    fit; otherwise query rows of one head. Each block is one contiguous range of the flattened (b h) axis, so its
-    slice of q, k, v and of the output is contiguous memory.
+    fit; otherwise query rows of one head; groups as even as even_parts makes them. Each block is one contiguous
+    range of the flattened (b h) axis, so its slice of q, k, v and of the output is contiguous memory.
     """
     per_head = n * m
     if h * per_head <= max_elements:
-        g = max(1, min(b, max_elements // (h * per_head))) if h * per_head else max(1, b)
-        for b0 in range(0, b, g):
-            yield slice(b0, min(b0 + g, b)), slice(0, h), slice(0, n)
+        most = max(1, max_elements // (h * per_head)) if h * per_head else max(1, b)
+        for images in even_parts(b, most):
+            yield images, slice(0, h), slice(0, n)
     elif per_head <= max_elements:
-        hh = max_elements // per_head
         for b0 in range(b):
-            for h0 in range(0, h, hh):
-                yield slice(b0, b0 + 1), slice(h0, min(h0 + hh, h)), slice(0, n)
+            for heads in even_parts(h, max_elements // per_head):
+                yield slice(b0, b0 + 1), heads, slice(0, n)
     else:
-        c = max(1, max_elements // m)
+        parts = even_parts(n, max(1, max_elements // m))
         for b0 in range(b):
             for h0 in range(h):
-                for i0 in range(0, n, c):
-                    yield slice(b0, b0 + 1), slice(h0, h0 + 1), slice(i0, min(i0 + c, n))
+                for queries in parts:
+                    yield slice(b0, b0 + 1), slice(h0, h0 + 1), queries
 
 
 def _rows(block: tuple[slice, slice, slice], h: int) -> slice:
