@@ -15,7 +15,9 @@ per block: S again and its softmax (not when the path keeps A: one block and N <
 dP = dO v^T, dS = A (dP - delta) (two elementwise passes), dq = dS k, dk += dS^T q; and once per call:
 delta = rowsum(dO * O).
 
-Every row carries the load average and the IQR/median of each timing; vit_einops.bench.noise flags noisy rows.
+Every row carries the load average, the cores other processes used while it was timed (CPU time from /proc/stat;
+the load average alone can read ~1 on an idle virtual machine) and the IQR/median of each timing;
+vit_einops.bench.noise flags noisy rows (by CPU time where /proc/stat can be read, else by the load).
 Writes a JSON file (--out) with every number. Model: 12 heads, D_h 64, float32 unless told otherwise.
 """
 
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from vit_einops import chunked as chunked_module
 from vit_einops.bench.env import machine_info
 from vit_einops.bench.measure import time_interleaved
-from vit_einops.bench.noise import NoiseVerdict, judge
+from vit_einops.bench.noise import LoadProbe, NoiseVerdict, judge
 from vit_einops.chunked import _rows, attention_blocks, chunked_attention, default_chunk_elements
 
 
@@ -85,7 +86,7 @@ def floor_calls(q, k, v, grad_out, budget: int, backward: bool) -> dict[str, tup
     return calls
 
 
-def measure(b, n, mode, args) -> dict:
+def measure(b, n, mode, args, probe: LoadProbe) -> dict:
     h, d = args.heads, args.head_dim
     block = default_chunk_elements()  # for the --threads set after chunked.py's import fixed CHUNK_ELEMENTS
     g = torch.Generator().manual_seed(0)
@@ -110,10 +111,17 @@ def measure(b, n, mode, args) -> dict:
         floor = floor_calls(q.detach(), k.detach(), v.detach(), grad_out, block, backward)
     fns = dict(paths) | {name: fn for name, (fn, _) in floor.items()}
     with torch.enable_grad() if backward else torch.inference_mode():
-        load_start = os.getloadavg()[0]
+        start = probe.sample()
         timings = time_interleaved(fns, rounds=args.rounds, min_run_time=args.min_run_time)
-        load_end = os.getloadavg()[0]
-    row = dict(batch=b, tokens=n, mode=mode, load=[round(load_start, 2), round(load_end, 2)])
+        end = probe.sample()
+    cpu = probe.cpu_use(start, end)
+    row = dict(
+        batch=b,
+        tokens=n,
+        mode=mode,
+        load=[round(start.load, 2), round(end.load, 2)],
+        others_cores=None if cpu is None else round(cpu.others_cores, 2),
+    )
     sdpa = timings["sdpa"].median_s
     row["sdpa_ms"] = sdpa * 1e3
     for name in paths:
@@ -131,7 +139,7 @@ def measure(b, n, mode, args) -> dict:
     row["chunked_over_floor"] = timings["chunked"].median_s / floor_s
     row["floor_parts_ms"] = {op: s * 1e3 for op, s in parts.items()}
     verdict: NoiseVerdict = judge(
-        {name: timings[name] for name in paths}, load=(load_start, load_end), threads=torch.get_num_threads()
+        {name: timings[name] for name in paths}, (start.load, end.load), torch.get_num_threads(), cpu=cpu
     )
     row["noisy"] = verdict.noisy
     row["noise"] = verdict.reasons
@@ -154,6 +162,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     info = machine_info()
+    probe = LoadProbe()
     print(
         f"{info['cpu_model']}  {info['cpu_capability']}  threads {info['threads']}  torch {info['torch']}  "
         f"default block {default_chunk_elements()} scores  load {info['load_average']}",
@@ -162,14 +171,14 @@ def main(argv=None) -> int:
     extra = "".join(f"{'@' + str(bud):>10}" for bud in args.budgets)
     print(
         f"{'b':>3}{'N':>6} {'mode':<17}{'sdpa ms':>9}{'chunked':>9}{'floor':>8}{'ch/floor':>9}{extra}"
-        f"{'min: chunked':>14}{'floor':>7}{'ch/floor':>9}  floor parts ms; load; noise"
+        f"{'min: chunked':>14}{'floor':>7}{'ch/floor':>9}  floor parts ms; load; others' cores; noise"
     )
     print("  (ratios to SDPA of medians; 'min:' the same of each path's fastest block, steadier on a shared machine)")
     rows = []
     for mode in args.modes.split(","):
         for b in args.batches:
             for n in args.tokens:
-                r = measure(b, n, mode, args)
+                r = measure(b, n, mode, args, probe)
                 rows.append(r)
                 sweep = "".join(f"{r[f'chunked@{bud}_ratio']:>10.2f}" for bud in args.budgets)
                 parts = " ".join(f"{op} {ms:.2f}" for op, ms in r["floor_parts_ms"].items())
@@ -177,7 +186,7 @@ def main(argv=None) -> int:
                     f"{b:>3}{n:>6} {mode:<17}{r['sdpa_ms']:>9.2f}{r['chunked_ratio']:>8.2f}x{r['floor_ratio']:>7.2f}x"
                     f"{r['chunked_over_floor']:>8.2f}x{sweep}{r['chunked_min_ratio']:>13.2f}x"
                     f"{r['floor_min_ratio']:>6.2f}x{r['chunked_over_floor_min']:>8.2f}x  {parts}; load {r['load']}"
-                    + (f"; NOISY: {'; '.join(r['noise'])}" if r["noisy"] else ""),
+                    f"; others {r['others_cores']}" + (f"; NOISY: {'; '.join(r['noise'])}" if r["noisy"] else ""),
                     flush=True,
                 )
     if args.out:

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -21,14 +22,15 @@ from vit_einops.bench.attention import Point, add_ratios
 from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
 from vit_einops.bench.model import counted_flops
 from vit_einops.bench.names import CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES
-from vit_einops.bench.noise import IQR_THRESHOLD, load_verdict
+from vit_einops.bench.noise import IQR_THRESHOLD, CpuUse, machine_verdict
 from vit_einops.presets import create_vit
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Fields that may legitimately be 0 or empty: an IQR of one block, the einsum path's difference from itself,
 # the compile time of paths that are not compiled.
-MAY_BE_ZERO = {"iqr_s", "max_abs_diff_vs_einsum", "iqr_ratio", "load_start", "load_end"}
-MAY_BE_NONE = {"first_call_s"}
+MAY_BE_ZERO = {"iqr_s", "max_abs_diff_vs_einsum", "iqr_ratio", "load_start", "load_end", "others_cores"}
+MAY_BE_NONE = {"first_call_s", "others_cores"}
+HAS_PROC_STAT = os.access("/proc/stat", os.R_OK)  # Linux: the busy verdict and others_cores come from CPU time
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +131,16 @@ def test_results_json_schema(smoke):
     assert noise["rows"] == len(rows) + len(model_rows)
     assert noise["rows_noisy"] == sum(r["noisy"] for r in rows + model_rows)
     load = (meta["load_average"][0], meta["load_average_end"][0])
-    busy = load_verdict(load, meta["threads"], running_s=(0.0, meta["wall_s"])).noisy
+    # Where /proc/stat can be read, the CPU time of the two ceiling measurements decides; elsewhere the load.
+    cpu = None
+    if HAS_PROC_STAT:
+        assert meta["busy_measure"] == "cpu_time" and len(meta["cpu_windows"]) == 2
+        start, end = (CpuUse(**w) for w in meta["cpu_windows"])
+        assert [meta["others_cores"], meta["others_cores_end"]] == [round(w.others_cores, 2) for w in (start, end)]
+        cpu = start + end
+    else:
+        assert meta["busy_measure"] == "load_average" and meta["cpu_windows"] is None
+    busy = machine_verdict(load, meta["threads"], running_s=(0.0, meta["wall_s"]), cpu=cpu).noisy
     assert noise["noisy"] == (busy or noise["rows_noisy"] > 0)
     assert (noise["advice"] is not None) == noise["noisy"]
 
@@ -142,9 +153,12 @@ def check_noise_fields(r: dict) -> None:
     assert isinstance(r["noisy"], bool) and r["noisy"] == bool(r["noise"])
     assert ("IQR/median" in r["noise"]) == (r["iqr_ratio"] > IQR_THRESHOLD)
     assert r["attempts"] == 1  # the smoke grid does not retry
-    assert report.noise_mark(r) == (
-        "" if not r["noisy"] else "!" + ",".join(kind for kind in ("load", "IQR") if kind in r["noise"])
-    )
+    if HAS_PROC_STAT:
+        assert isinstance(r["others_cores"], float) and r["others_cores"] >= 0
+    else:
+        assert r["others_cores"] is None
+    kinds = [kind for kind, words in (("load", "other processes"), ("IQR", "IQR/median")) if words in r["noise"]]
+    assert report.noise_mark(r) == ("!" + ",".join(kinds) if r["noisy"] else "")
 
 
 def test_model_flops_are_the_counts_on_a_real_model(smoke):

@@ -1,7 +1,9 @@
-"""The benchmark's noise detector on synthetic timings and load averages: no real timing anywhere here.
+"""The benchmark's noise detector on synthetic timings, load averages, /proc/stat text and CPU times: no real
+timing anywhere here.
 
-A measurement is noisy when the other processes' load exceeds the cores the benchmark leaves free by more than
-LOAD_MARGIN, or when a row's IQR/median exceeds IQR_THRESHOLD (torch.utils.benchmark's own 0.1).
+A measurement is noisy when the other processes used more than the cores the benchmark leaves free plus CPU_MARGIN
+(CPU time from /proc/stat; where it cannot be read, their load against LOAD_MARGIN), or when a row's IQR/median
+exceeds IQR_THRESHOLD (torch.utils.benchmark's own 0.1).
 """
 
 from __future__ import annotations
@@ -10,9 +12,21 @@ import math
 
 import pytest
 
-from vit_einops.bench import noise
+from vit_einops.bench import noise, report
 from vit_einops.bench.measure import Timing, quartiles
-from vit_einops.bench.noise import IQR_THRESHOLD, LOAD_MARGIN, judge, load_verdict, row_fields, spread_verdict, summary
+from vit_einops.bench.noise import (
+    CPU_MARGIN,
+    IQR_THRESHOLD,
+    LOAD_MARGIN,
+    CpuUse,
+    LoadProbe,
+    busy_cpu_seconds,
+    judge,
+    load_verdict,
+    row_fields,
+    spread_verdict,
+    summary,
+)
 from vit_einops.bench.run import measure_with_retries
 
 
@@ -105,7 +119,7 @@ def test_summary_flags_the_run_and_gives_advice():
     quiet = summary([rows[0]], (0.1, 2.0), threads=2, cpu_count=2)
     assert quiet == dict(
         noisy=False, reasons=[], rows_noisy=0, rows=1, iqr_threshold=IQR_THRESHOLD, load_margin=LOAD_MARGIN,
-        advice=None,
+        cpu_margin=CPU_MARGIN, advice=None,
     )  # fmt: skip
     busy = summary([rows[0]], (4.0, 6.0), threads=2, cpu_count=2)
     assert busy["noisy"] is True and busy["rows_noisy"] == 0 and busy["reasons"][0].startswith("load 4.00 -> 6.00")
@@ -156,3 +170,195 @@ def test_current_load_without_an_os_load_average(monkeypatch):
 
     monkeypatch.setattr(noise.os, "getloadavg", unavailable)
     assert math.isnan(noise.current_load())
+
+
+# --- CPU time: /proc/stat and our own CPU seconds --------------------------------------------------------------
+
+TICKS = 100  # USER_HZ
+
+
+def proc_stat(busy_ticks: int, idle_ticks: int = 500_000, guest: int = 0) -> str:
+    """/proc/stat as Linux writes it, with ``busy_ticks`` spread over user, nice, system, irq, softirq and steal
+    (guest time is part of user already), then per-CPU lines and the counters that follow."""
+    user, nice, system, irq, softirq = (busy_ticks * k // 10 for k in (6, 1, 2, 0, 1))
+    steal = busy_ticks - user - nice - system - irq - softirq
+    return (
+        f"cpu  {user} {nice} {system} {idle_ticks} 1234 {irq} {softirq} {steal} {guest} 0\n"
+        f"cpu0 {user // 2} {nice // 2} {system // 2} {idle_ticks // 2} 617 0 0 0 0 0\n"
+        f"cpu1 {user - user // 2} {nice - nice // 2} {system - system // 2} {idle_ticks // 2} 617 0 0 0 0 0\n"
+        "intr 123456 0 0\nctxt 987654\nbtime 1700000000\nprocesses 4242\nprocs_running 1\nprocs_blocked 0\n"
+    )
+
+
+def scripted_probe(stats, own_s, load=(1.0, 1.0), clock=(0.0, 300.0, 310.0), cpus: int = 2) -> LoadProbe:
+    """A LoadProbe whose every reading comes from the given sequences: /proc/stat texts (or an exception to
+    raise), this process's CPU seconds, load averages and monotonic times (the first is the probe's start)."""
+
+    def reader(values):
+        it = iter(values)
+
+        def read():
+            value = next(it)
+            if isinstance(value, Exception):
+                raise value
+            return value
+
+        return read
+
+    return LoadProbe(
+        read_stat=reader(stats), own_cpu_s=reader(own_s), load=reader(load), clock=reader(clock),
+        ticks_per_s=TICKS, cpu_count=cpus,
+    )  # fmt: skip
+
+
+def probed_row(probe: LoadProbe, threads: int, spread: float = 0.01) -> dict:
+    start, end = probe.sample(), probe.sample()
+    return probe.row_fields(timing(1.0, spread), start, end, threads)
+
+
+def test_busy_cpu_seconds_reads_the_aggregate_line():
+    """user + nice + system + irq + softirq + steal; idle, iowait and the guest fields (inside user) left out."""
+    line = "cpu  1289087 6699 81248 727620 10963 0 1986 3948 700 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n"
+    assert busy_cpu_seconds(line, TICKS) == (1289087 + 6699 + 81248 + 1986 + 3948) / TICKS
+    assert busy_cpu_seconds("cpu  10 0 5 100\n", TICKS) == 0.15  # a kernel before 2.5.41: four fields
+    assert busy_cpu_seconds(proc_stat(2000), TICKS) == 20.0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "intr 1 2 3\n",
+        "cpu  12 x 3 4 5\n",
+        "cpu  1 2 3\n",
+        "cpu  1 -2 3 4 5\n",
+        "cpu0 1 2 3 4 5\n",
+        "cpu  ½ 1 2 3\n",
+    ],
+    ids=["empty", "no cpu line", "not a number", "too few fields", "negative", "only per-CPU lines", "unicode digit"],
+)
+def test_busy_cpu_seconds_refuses_malformed_text(text):
+    assert busy_cpu_seconds(text, TICKS) is None
+
+
+# (what happens, threads, this process's CPU seconds over the 10 s window, machine busy ticks, noisy?, reason)
+CPU_CASES = {
+    "idle machine, load 1.0 beside our 2 threads": (2, 20.0, 2001, False, ""),
+    "a neighbour using 1 core while 2 threads run": (
+        2, 10.0, 2000, True, "other processes used 1.0 cores while 2 of 2 are in use here (CPU time over 10.0 s)"
+    ),
+    "1 thread of 2 and one neighbour: it has the free core": (1, 10.0, 2000, False, ""),
+    "2 threads of 2 and two neighbours": (
+        2, 10.0, 2000, True, "other processes used 1.0 cores while 2 of 2 are in use here (CPU time over 10.0 s)"
+    ),
+    "1 thread of 2 and two neighbours: three threads share two cores": (
+        1, 20 / 3, 2000, True, "other processes used 1.3 cores while 1 of 2 are in use here (CPU time over 10.0 s)"
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CPU_CASES))
+def test_cpu_time_decides_whatever_the_load_average_says(case):
+    """The load average reads 1.0 above our own threads throughout (the idle sandbox's phantom, which the load
+    verdict takes for a neighbour); the CPU time of the window decides, and the row records both."""
+    threads, own_s, busy_ticks, noisy, reason = CPU_CASES[case]
+    load = threads + 1.0
+    probe = scripted_probe([proc_stat(0), proc_stat(busy_ticks)], [0.0, own_s], load=(load, load))
+    fields = probed_row(probe, threads)
+    assert (fields["noisy"], fields["noise"]) == (noisy, reason)
+    assert fields["others_cores"] == round((busy_ticks / TICKS - own_s) / 10.0, 2)
+    assert (fields["load_start"], fields["load_end"]) == (load, load)
+
+
+def test_idle_machine_is_quiet_and_says_so():
+    """Load 3.0 five minutes into a 2-thread run: the load verdict sees 1.0 cores of neighbours that the CPU time
+    (0.01 s of others' work in 10 s) shows are not there."""
+    assert load_verdict((3.0, 3.0), 2, 2, running_s=(300.0, 310.0)).noisy is True
+    probe = scripted_probe([proc_stat(0), proc_stat(2001)], [0.0, 20.0], load=(3.0, 3.0))
+    assert probed_row(probe, threads=2) == dict(
+        p25_s=0.995, p75_s=1.005, iqr_ratio=pytest.approx(0.01), load_start=3.0, load_end=3.0, others_cores=0.0,
+        noisy=False, noise="",
+    )  # fmt: skip
+
+
+def test_a_short_window_cannot_cry_wolf():
+    """20 ms with 1 thread: 4 ticks of busy time read as 1.0 other cores, but one tick per CPU at each end is
+    1.0 core in so short a window, so the verdict cannot tell: quiet (the smoke grid's rows are this short)."""
+    probe = scripted_probe([proc_stat(0), proc_stat(4)], [0.0, 0.02], clock=(0.0, 1.0, 1.02))
+    fields = probed_row(probe, threads=1, spread=0.0)
+    assert (fields["others_cores"], fields["noisy"]) == (1.0, False)
+    # The same reading over 10 s is 1.0 core for certain: with 2 threads of 2 the machine is busy.
+    probe = scripted_probe([proc_stat(0), proc_stat(2000)], [0.0, 10.0])
+    assert probed_row(probe, threads=2)["noisy"] is True
+
+
+FALLBACK_STATS = {
+    "/proc/stat unreadable": [OSError("no /proc"), OSError("no /proc")],
+    "malformed aggregate line": ["cpu  12 x 3 4 5\n", "cpu  12 x 3 4 5\n"],
+    "readable only at the end": [OSError("no /proc"), proc_stat(2000)],
+    "counter went back": [proc_stat(4000), proc_stat(2000)],
+}
+
+
+@pytest.mark.parametrize("case", list(FALLBACK_STATS))
+@pytest.mark.parametrize("load, busy", [((0.1, 2.05), False), ((3.0, 5.0), True)], ids=["quiet load", "busy load"])
+def test_without_cpu_time_the_load_average_decides_as_before(case, load, busy):
+    """No usable /proc/stat: exactly the load verdict (with the running time), and no others_cores."""
+    probe = scripted_probe(FALLBACK_STATS[case], [0.0, 20.0], load=load, clock=(0.0, 0.0, 1e9))
+    start, end = probe.sample(), probe.sample()
+    assert probe.cpu_use(start, end) is None
+    fields = probe.row_fields(timing(1.0, 0.01), start, end, threads=2)
+    assert fields == row_fields(timing(1.0, 0.01), load, 2, 2, running_s=(0.0, 1e9))
+    assert (fields["noisy"], fields["others_cores"]) == (busy, None)
+    if busy:
+        assert fields["noise"] == (
+            "load 3.00 -> 5.00 on 2 CPUs: other processes want 3.0 cores while 2 of 2 are in use here"
+        )
+
+
+def test_judge_and_summary_take_the_cpu_time():
+    cpu = CpuUse(wall_s=10.0, busy_s=20.0, own_s=10.0, resolution_s=0.02)
+    assert cpu.others_cores == 1.0 and cpu.uncertainty_cores == pytest.approx(0.002)
+    verdict = judge({"sdpa": timing(1.0, 0.02)}, (0.1, 2.0), threads=2, cpu_count=2, cpu=cpu)
+    assert verdict.reasons == ["other processes used 1.0 cores while 2 of 2 are in use here (CPU time over 10.0 s)"]
+    idle = CpuUse(wall_s=10.0, busy_s=20.25, own_s=20.0)
+    assert judge({"sdpa": timing(1.0, 0.02)}, (3.0, 3.0), threads=2, cpu_count=2, cpu=idle).noisy is False
+    # The run's check: the start and end windows as one (10 s idle + 10 s with a neighbour on one core).
+    both = idle + cpu
+    assert (both.wall_s, both.busy_s, both.own_s, both.others_cores) == (20.0, 40.25, 30.0, 0.5125)
+    s = summary([dict(noisy=False, iqr_ratio=0.01)], (3.0, 3.0), threads=2, cpu_count=2, cpu=both)
+    assert s["noisy"] is True and s["reasons"] == [
+        "other processes used 0.5 cores while 2 of 2 are in use here (CPU time over 20.0 s)"
+    ]
+    assert summary([dict(noisy=False, iqr_ratio=0.01)], (3.0, 3.0), 2, 2, cpu=idle)["noisy"] is False
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(wall_s=0.0, busy_s=1.0, own_s=1.0), "wall_s 0.0 is not a positive number"),
+        (dict(wall_s=math.inf, busy_s=1.0, own_s=1.0), "wall_s inf is not a positive number"),
+        (dict(wall_s=1.0, busy_s=math.nan, own_s=1.0), "busy_s nan is not a finite number"),
+        (dict(wall_s=1.0, busy_s=1.0, own_s=-1.0), "own_s -1.0 is not a finite number"),
+    ],
+)
+def test_cpu_use_refuses_impossible_windows(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        CpuUse(**kwargs)
+
+
+def test_header_shows_the_other_processes_cpu_use():
+    meta = dict(
+        time_utc="2025-01-01T00:00:00Z", torch="2.13.0", einops="0.8", python="3.11", threads=2, cpu_count=2,
+        cpu_capability="AVX2", bf16_hardware=[], cpu_model="AMD EPYC", blas="mkl", load_average=[1.02, 0.9, 0.8],
+        dtype="float32", others_cores=0.01,
+    )  # fmt: skip
+    ceiling = dict(size=1024, gflop_per_s=100.0, median_s=0.02, iqr_s=0.0)
+    lines = report.header_text(meta, ceiling).splitlines()
+    assert lines[3] == "other processes' CPU use (/proc/stat, during the ceiling): 0.01 cores at start"
+    meta.update(others_cores_end=1.0)
+    assert report.header_text(meta, ceiling).splitlines()[3].endswith("0.01 cores at start, 1.00 at the end")
+    meta.update(others_cores=None, others_cores_end=None)
+    assert report.header_text(meta, ceiling).splitlines()[3] == (
+        "other processes' CPU use: not measured (no /proc/stat); the load average judges the machine"
+    )

@@ -21,7 +21,7 @@ from ..attention import Attend, MultiHeadAttention
 from ..chunked import default_chunk_elements
 from ..reference import torch_mha_from
 from .measure import peak_memory_bytes, time_interleaved
-from .noise import LoadProbe, row_fields
+from .noise import LoadProbe
 
 REFERENCE = {"core": "sdpa", "layer": "torch_mha"}
 
@@ -145,7 +145,7 @@ def measure_point(
     The compiled path's first call at this point is timed apart (it includes any compile) and is not part of
     its timing; if it fails, the path is dropped from here on and ``compiled.skip_reason`` says why.
     """
-    probe = probe or LoadProbe()  # the run's, so the load verdict knows how long the benchmark has been running
+    probe = probe or LoadProbe()  # the run's: the load fallback needs to know how long the run has gone on
     grad = mode == "forward_backward"
     q, k, v, x = _inputs(point, dtype, grad)
     forwards = _forwards(point, dtype, paths, compiled, q, k, v, x)
@@ -156,12 +156,11 @@ def measure_point(
             first_call_s = compiled.first_call(calls["core", "einsum_compiled"])
             if first_call_s is None:
                 del calls["core", "einsum_compiled"]
-        (load_start, running_start) = probe.sample()
+        start = probe.sample()
         timings = time_interleaved(
             {f"{s}/{p}": fn for (s, p), fn in calls.items()}, rounds=rounds, min_run_time=min_run_time
         )
-        (load_end, running_end) = probe.sample()
-        load, running_s = (load_start, load_end), (running_start, running_end)
+        end = probe.sample()
         peaks = peak_memory_bytes({f"{s}/{p}": fn for (s, p), fn in calls.items()})
 
     rows = []
@@ -185,7 +184,7 @@ def measure_point(
                 peak_bytes=peaks[f"{section}/{path}"],
                 attn_matrix_bytes=point.attention_matrix_bytes(dtype),
                 first_call_s=first_call_s if path == "einsum_compiled" else None,
-                **row_fields(timing, load, torch.get_num_threads(), running_s=running_s),
+                **probe.row_fields(timing, start, end, torch.get_num_threads()),
             )
         )
     return rows

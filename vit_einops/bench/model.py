@@ -19,7 +19,7 @@ from ..chunked import default_chunk_elements
 from ..presets import create_vit
 from ..reference import torch_reference_vit
 from .measure import peak_memory_bytes, time_interleaved
-from .noise import LoadProbe, row_fields
+from .noise import LoadProbe
 
 
 def _share_weights(reference: nn.Module, model: nn.Module) -> None:
@@ -126,7 +126,7 @@ def measure_model(
 
     ``overrides`` (ViT keywords, e.g. depth=2 for the smoke run) change the preset; the row's model name says so.
     """
-    probe = probe or LoadProbe()  # the run's, so the load verdict knows how long the benchmark has been running
+    probe = probe or LoadProbe()  # the run's: the load fallback needs to know how long the run has gone on
     overrides = dict(overrides or {}, image_size=image_size)
     shared = SharedPaths(preset, dtype, paths, **overrides)
     g = torch.Generator().manual_seed(0)
@@ -160,10 +160,9 @@ def measure_model(
             calls = {path: shared.call(path, lambda m: m(x)) for path in paths}
             context = torch.inference_mode
         with context():
-            (load_start, running_start) = probe.sample()
+            start = probe.sample()
             timings = time_interleaved(calls, rounds=rounds, min_run_time=min_run_time)
-            (load_end, running_end) = probe.sample()
-            load, running_s = (load_start, load_end), (running_start, running_end)
+            end = probe.sample()
             peaks = peak_memory_bytes(calls)
         for path, timing in timings.items():
             gflop = flops[mode] * batch / 1e9
@@ -183,7 +182,7 @@ def measure_model(
                     gflop_per_s=gflop / timing.median_s,
                     peak_bytes=peaks[path],
                     max_abs_diff_vs_einsum=max_diff[path],
-                    **row_fields(timing, load, torch.get_num_threads(), running_s=running_s),
+                    **probe.row_fields(timing, start, end, torch.get_num_threads()),
                 )
             )
     reference = {r["mode"]: r for r in rows if r["path"] == "torch"}

@@ -1,11 +1,20 @@
 """Is the machine lying? Two signs that a timing is not trustworthy, checked for every row of the benchmark.
 
-1. **Load**: other processes want the cores the benchmark uses. The 1-minute load average counts runnable
-   threads, the benchmark's own included, damped with a 60 s time constant: t seconds into a run with ``threads``
-   busy threads our own share is threads*(1-e^(-t/60)). Subtracting it from each sample leaves what the other
-   processes load; the machine is busy when that exceeds the cores the benchmark leaves free
-   (cpu_count - threads) by more than LOAD_MARGIN. With threads = cores (torch's default) that is "load above the
-   thread count".
+1. **Busy machine**: other processes use the cores the benchmark runs on. Measured directly where Linux's
+   /proc/stat can be read: the machine's busy CPU time (its aggregate "cpu" line: user, nice, system, irq,
+   softirq and steal; not idle or iowait) and this process's own CPU time (every thread, user + system) are
+   sampled at the start and end of each measurement; what the machine spent beyond our own, over the wall time,
+   is the cores the *other* processes used. The machine is busy when that exceeds the cores the benchmark leaves
+   free (cpu_count - threads) by more than CPU_MARGIN. /proc/stat counts in ticks (CLK_TCK, 100 a second), one
+   tick per CPU at each end of a window of w seconds is cpu_count / (100 w) cores, and the verdict gives the other
+   processes that benefit of the doubt, so a window of milliseconds (the smoke grid) cannot call the machine busy.
+   Why not the load average: it counts threads that are runnable *or* in uninterruptible sleep, and on some
+   virtual machines it never falls to 0 (this project's 2-core sandbox reads about 1.0 while /proc/stat, vmstat
+   and ps show an idle machine), so "load above the thread count" would mark every row of an idle run. Where
+   /proc/stat cannot be read (not Linux), the load average is the fallback: the 1-minute average counts the
+   benchmark's own threads too, damped with a 60 s time constant, so t seconds into a run with ``threads`` busy
+   threads our own share is threads*(1-e^(-t/60)); what remains of each sample is the other processes' load,
+   judged against the same free cores with LOAD_MARGIN. Either way the load average is recorded with every row.
    Why it matters: every op of a multi-op path waits at a thread barrier for its slowest thread, so a path of
    many small ops (chunked) loses far more to a competing process than one fused kernel (SDPA): the ratios
    between paths are wrong, not just the absolute times.
@@ -18,14 +27,22 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import astuple, dataclass, field
+from pathlib import Path
 
 # torch.utils.benchmark's own threshold: Measurement.meets_confidence() and the "may be unreliable" warning of
 # its __repr__ use IQR/median > 0.1 (0.25 for "gross" noise). A 10% spread also decides a 1.3x comparison.
 IQR_THRESHOLD = 0.10
-# A process runnable half of the time: an idle machine's daemons and shells stay well under it (0.0 to 0.3).
+# The load-average fallback: a process runnable half of the time. An idle machine's daemons and shells add
+# 0.0 to 0.3 to the load.
 LOAD_MARGIN = 0.5
+# The CPU-time verdict: a fifth of a core taken from the benchmark's cores. CPU time counts what the other
+# processes *got*, not what they wanted: on a full machine two spinners beside a 1-thread run on 2 cores get only
+# 4/3 cores (three runnable threads share two), 1/3 of a core over the free one, so the margin must be under 1/3
+# to see them; one spinner beside 2 threads gets 2/3. An idle machine's daemons use 0.00 to 0.02 cores (measured on
+# the 2-core sandbox over 0.5 s to 10 s windows).
+CPU_MARGIN = 0.2
 
 ADVICE = (
     "the machine is busy or the timings are unstable: compare ratios only, rerun when the machine is idle, "
@@ -74,14 +91,156 @@ def load_verdict(
     return NoiseVerdict()
 
 
+@dataclass(frozen=True)
+class CpuUse:
+    """The machine's CPU time during one measurement window of ``wall_s`` seconds: ``busy_s`` CPU-seconds all CPUs
+    were busy (/proc/stat), ``own_s`` of them this process's (every thread), and ``resolution_s``, how far one
+    reading of the busy counter may be off (one tick per CPU)."""
+
+    wall_s: float
+    busy_s: float
+    own_s: float
+    resolution_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.wall_s) and self.wall_s > 0):
+            raise ValueError(f"CpuUse: wall_s {self.wall_s!r} is not a positive number of seconds")
+        for name in ("busy_s", "own_s", "resolution_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"CpuUse: {name} {value!r} is not a finite number of seconds >= 0")
+
+    def __add__(self, other: CpuUse) -> CpuUse:
+        """Two windows as one: their seconds added (the run's check before and after the grid)."""
+        return CpuUse(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    @property
+    def others_cores(self) -> float:
+        """The cores the other processes used on average; never below 0 (our own clock counts finer than
+        /proc/stat's ticks, so the difference can dip under 0 on an idle machine)."""
+        return max(0.0, (self.busy_s - self.own_s) / self.wall_s)
+
+    @property
+    def uncertainty_cores(self) -> float:
+        """How far others_cores may be off because /proc/stat counts whole ticks."""
+        return self.resolution_s / self.wall_s
+
+
+def cpu_verdict(cpu: CpuUse, threads: int, cpu_count: int | None = None) -> NoiseVerdict:
+    """Busy when the other processes used more than the cores left free plus CPU_MARGIN, even at the low end of
+    what the ticks allow (others_cores - uncertainty_cores)."""
+    cpu_count = cpu_count or os.cpu_count() or 1
+    others = cpu.others_cores
+    if others - cpu.uncertainty_cores > max(0, cpu_count - threads) + CPU_MARGIN:
+        reason = (
+            f"other processes used {others:.1f} cores while {threads} of {cpu_count} are in use here "
+            f"(CPU time over {cpu.wall_s:.1f} s)"
+        )
+        return NoiseVerdict(True, [reason])
+    return NoiseVerdict()
+
+
+def machine_verdict(
+    load: Sequence[float],
+    threads: int,
+    cpu_count: int | None = None,
+    running_s: Sequence[float] = (0.0, math.inf),
+    cpu: CpuUse | None = None,
+) -> NoiseVerdict:
+    """Whether other processes were using the benchmark's cores: the CPU-time verdict where ``cpu`` was measured,
+    else the load-average verdict."""
+    return (
+        cpu_verdict(cpu, threads, cpu_count) if cpu is not None else load_verdict(load, threads, cpu_count, running_s)
+    )
+
+
+def busy_cpu_seconds(stat: str, ticks_per_s: float) -> float | None:
+    """The CPU-seconds all CPUs spent busy since boot, from /proc/stat's text: the aggregate "cpu" line's total
+    less idle and iowait, over its first eight fields (user nice system idle iowait irq softirq steal; the guest
+    fields that follow are already counted in user and nice). None when that line is missing or malformed."""
+    line = next((fields for fields in (ln.split() for ln in stat.splitlines()) if fields[:1] == ["cpu"]), [])
+    try:
+        ticks = [int(f) for f in line[1:9]]
+    except ValueError:
+        return None
+    if len(ticks) < 4 or min(ticks) < 0:  # user nice system idle at least (every Linux since 2.4)
+        return None
+    return (sum(ticks) - sum(ticks[3:5])) / ticks_per_s
+
+
+def read_proc_stat() -> str:
+    return Path("/proc/stat").read_text()
+
+
+@dataclass(frozen=True)
+class ProbeSample:
+    """One sample of the machine: the 1-minute load average, seconds since the probe began, the machine's busy
+    CPU-seconds (None where /proc/stat cannot be read) and this process's CPU-seconds."""
+
+    load: float
+    running_s: float
+    busy_s: float | None
+    own_s: float
+
+
 class LoadProbe:
-    """Samples of the load average, each with the seconds since this probe (the benchmark run) began."""
+    """Samples of the machine around each measurement, each with the seconds since this probe (the benchmark run)
+    began: the load average (recorded, and the fallback verdict) and CPU time (the verdict where Linux has it).
 
-    def __init__(self) -> None:
-        self.started = time.monotonic()
+    The readers are arguments so that tests can feed synthetic /proc/stat text, CPU times and clocks:
+    ``read_stat`` returns /proc/stat's text (an OSError: not available), ``own_cpu_s`` this process's CPU-seconds
+    (time.process_time: user + system of every thread, os.times()'s sum at finer than its 10 ms), ``clock``
+    monotonic seconds, ``load`` the 1-minute load average, ``ticks_per_s`` /proc/stat's unit (CLK_TCK).
+    """
 
-    def sample(self) -> tuple[float, float]:
-        return current_load(), time.monotonic() - self.started
+    def __init__(
+        self,
+        *,
+        read_stat: Callable[[], str] = read_proc_stat,
+        own_cpu_s: Callable[[], float] = time.process_time,
+        clock: Callable[[], float] = time.monotonic,
+        load: Callable[[], float] | None = None,
+        ticks_per_s: float | None = None,
+        cpu_count: int | None = None,
+    ) -> None:
+        self.read_stat, self.own_cpu_s, self.clock = read_stat, own_cpu_s, clock
+        self.load = load or current_load
+        self.ticks_per_s = ticks_per_s or _clock_ticks()
+        self.cpu_count = cpu_count or os.cpu_count() or 1
+        self.started = clock()
+
+    def sample(self) -> ProbeSample:
+        return ProbeSample(self.load(), self.clock() - self.started, self._busy_s(), self.own_cpu_s())
+
+    def _busy_s(self) -> float | None:
+        if self.ticks_per_s is None:
+            return None
+        try:
+            return busy_cpu_seconds(self.read_stat(), self.ticks_per_s)
+        except (OSError, UnicodeDecodeError):  # not Linux, or /proc not mounted
+            return None
+
+    def cpu_use(self, start: ProbeSample, end: ProbeSample) -> CpuUse | None:
+        """The CPU time between two samples, or None when either lacks /proc/stat or the counters make no sense
+        (a busy counter that went back, no time passed): then the load average decides."""
+        wall = end.running_s - start.running_s
+        if start.busy_s is None or end.busy_s is None or end.busy_s < start.busy_s or not wall > 0:
+            return None
+        return CpuUse(wall, end.busy_s - start.busy_s, end.own_s - start.own_s, self.cpu_count / self.ticks_per_s)
+
+    def row_fields(self, timing, start: ProbeSample, end: ProbeSample, threads: int) -> dict:
+        """:func:`row_fields` of a timing measured between two samples of this probe."""
+        load, running_s = (start.load, end.load), (start.running_s, end.running_s)
+        return row_fields(timing, load, threads, self.cpu_count, running_s, self.cpu_use(start, end))
+
+
+def _clock_ticks() -> float | None:
+    """/proc/stat's unit, USER_HZ (100 on every Linux); None where the OS has no sysconf or no such value."""
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return float(ticks) if ticks > 0 else None
 
 
 def spread_verdict(median_s: float, iqr_s: float, name: str = "") -> NoiseVerdict:
@@ -98,10 +257,17 @@ def combine(*verdicts: NoiseVerdict) -> NoiseVerdict:
     return NoiseVerdict(any(v.noisy for v in verdicts), reasons)
 
 
-def judge(timings: Mapping[str, object], load: Sequence[float], threads: int, cpu_count: int | None = None):
-    """One verdict for a set of timings (objects with median_s and iqr_s) measured under ``load`` (start, end)."""
+def judge(
+    timings: Mapping[str, object],
+    load: Sequence[float],
+    threads: int,
+    cpu_count: int | None = None,
+    cpu: CpuUse | None = None,
+):
+    """One verdict for a set of timings (objects with median_s and iqr_s) measured under ``load`` (start, end)
+    and, where measured, ``cpu`` (the CPU time of the same window, which then decides instead of the load)."""
     return combine(
-        load_verdict(load, threads, cpu_count),
+        machine_verdict(load, threads, cpu_count, cpu=cpu),
         *(spread_verdict(t.median_s, t.iqr_s, name) for name, t in timings.items()),
     )
 
@@ -120,16 +286,21 @@ def row_fields(
     threads: int,
     cpu_count: int | None = None,
     running_s: Sequence[float] = (0.0, math.inf),
+    cpu: CpuUse | None = None,
 ) -> dict:
-    """The noise columns of one result row: quartiles, IQR/median, the load around its measurement, and the
-    verdict (``noisy``, and ``noise``: the reasons joined, empty when trustworthy)."""
-    verdict = combine(load_verdict(load, threads, cpu_count, running_s), spread_verdict(timing.median_s, timing.iqr_s))
+    """The noise columns of one result row: quartiles, IQR/median, the load around its measurement, the cores the
+    other processes used during it (``others_cores``; None where /proc/stat could not be read), and the verdict
+    (``noisy``, and ``noise``: the reasons joined, empty when trustworthy)."""
+    verdict = combine(
+        machine_verdict(load, threads, cpu_count, running_s, cpu), spread_verdict(timing.median_s, timing.iqr_s)
+    )
     return dict(
         p25_s=timing.p25_s,
         p75_s=timing.p75_s,
         iqr_ratio=timing.iqr_ratio,
         load_start=round(load[0], 2),
         load_end=round(load[1], 2),
+        others_cores=None if cpu is None else round(cpu.others_cores, 2),
         noisy=verdict.noisy,
         noise="; ".join(verdict.reasons),
     )
@@ -146,15 +317,17 @@ def summary(
     threads: int,
     cpu_count: int | None = None,
     running_s: Sequence[float] = (0.0, math.inf),
+    cpu: CpuUse | None = None,
 ) -> dict:
-    """The run's verdict for results.json: ``noisy`` when the load at the start or end of the run said busy or
-    any row is noisy, with counts, the reasons and the advice."""
-    run_load = load_verdict(load, threads, cpu_count, running_s)
+    """The run's verdict for results.json: ``noisy`` when the machine was busy around the run (``cpu``: the CPU
+    time of windows at its start and end; without it, the load at its start and end) or any row is noisy, with
+    counts, the reasons and the advice."""
+    run_busy = machine_verdict(load, threads, cpu_count, running_s, cpu)
     flagged = [r for r in rows if r["noisy"]]
-    reasons = list(run_load.reasons)
+    reasons = list(run_busy.reasons)
     if flagged:
         reasons.append(f"{len(flagged)} of {len(rows)} rows are noisy (load or IQR/median > {IQR_THRESHOLD})")
-    noisy = run_load.noisy or bool(flagged)
+    noisy = run_busy.noisy or bool(flagged)
     return dict(
         noisy=noisy,
         reasons=reasons,
@@ -162,5 +335,6 @@ def summary(
         rows=len(rows),
         iqr_threshold=IQR_THRESHOLD,
         load_margin=LOAD_MARGIN,
+        cpu_margin=CPU_MARGIN,
         advice=ADVICE if noisy else None,
     )

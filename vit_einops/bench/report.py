@@ -15,19 +15,19 @@ from .._io import atomic_write_bytes
 from .._plot import save_figure
 from .attention import REFERENCE
 
-SCHEMA_VERSION = 2  # 2: the noise columns, results['noisy'] and results['noise']
+SCHEMA_VERSION = 3  # 2: the noise columns, results['noisy'] and results['noise']; 3: others_cores (CPU time)
 
 ATTENTION_FIELDS = (
     "section", "mode", "path", "batch", "heads", "tokens", "head_dim", "dtype",
     "median_s", "iqr_s", "blocks", "gflop", "gflop_per_s", "ceiling_fraction",
     "peak_bytes", "attn_matrix_bytes", "time_ratio", "mem_ratio", "first_call_s",
-    "p25_s", "p75_s", "iqr_ratio", "load_start", "load_end", "noisy", "noise", "attempts",
+    "p25_s", "p75_s", "iqr_ratio", "load_start", "load_end", "others_cores", "noisy", "noise", "attempts",
 )  # fmt: skip
 MODEL_FIELDS = (
     "model", "mode", "path", "batch", "image_size", "dtype",
     "median_s", "iqr_s", "blocks", "images_per_s", "gflop", "gflop_per_s", "ceiling_fraction",
     "peak_bytes", "max_abs_diff_vs_einsum", "time_ratio",
-    "p25_s", "p75_s", "iqr_ratio", "load_start", "load_end", "noisy", "noise", "attempts",
+    "p25_s", "p75_s", "iqr_ratio", "load_start", "load_end", "others_cores", "noisy", "noise", "attempts",
 )  # fmt: skip
 PLOTS = ("attention_time.png", "attention_memory.png", "attention_ratio.png", "model_images_per_s.png")
 
@@ -55,10 +55,11 @@ def _num(x, fmt: str) -> str:
 
 
 def noise_mark(row: dict) -> str:
-    """The table's noise column: "" for a trustworthy row, else "!" and what said so (load, IQR)."""
+    """The table's noise column: "" for a trustworthy row, else "!" and what said so: load (other processes
+    used the cores, by CPU time or by the load average), IQR."""
     if not row["noisy"]:
         return ""
-    kinds = [kind for kind, word in (("load", "load"), ("IQR", "IQR")) if word in row["noise"]]
+    kinds = [kind for kind, words in (("load", "other processes"), ("IQR", "IQR")) if words in row["noise"]]
     return "!" + ",".join(kinds)
 
 
@@ -82,6 +83,7 @@ def header_text(meta: dict, ceiling: dict, noise: dict | None = None) -> str:
             f"BLAS {meta['blas']}  load average at start {meta['load_average']}"
             + (f", at the end {meta['load_average_end']}" if "load_average_end" in meta else "")
             + f"  dtype {meta['dtype']}",
+            _others_text(meta),
             f"matmul ceiling: torch.mm {ceiling['size']}x{ceiling['size']} {ceiling['gflop_per_s']:.1f} GFLOP/s "
             f"(median {ceiling['median_s'] * 1e3:.1f} ms, IQR {ceiling['iqr_s'] * 1e3:.2f} ms"
             + (
@@ -91,6 +93,16 @@ def header_text(meta: dict, ceiling: dict, noise: dict | None = None) -> str:
                 else "; measured again at the end)"
             ),
         ]
+    )
+
+
+def _others_text(meta: dict) -> str:
+    """The header's line on the other processes: their CPU use during the ceiling measurements, or why not."""
+    if meta.get("others_cores") is None:
+        return "other processes' CPU use: not measured (no /proc/stat); the load average judges the machine"
+    end = meta.get("others_cores_end")
+    return f"other processes' CPU use (/proc/stat, during the ceiling): {meta['others_cores']:.2f} cores at start" + (
+        f", {end:.2f} at the end" if end is not None else ""
     )
 
 

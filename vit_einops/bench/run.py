@@ -21,7 +21,7 @@ from .env import machine_info
 from .measure import matmul_ceiling
 from .model import measure_model
 from .names import CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, RANGES, check_in_range
-from .noise import LoadProbe, load_verdict, noise_score, summary
+from .noise import LoadProbe, machine_verdict, noise_score, summary
 
 
 @dataclass
@@ -175,10 +175,18 @@ def run(options: BenchOptions, stdout=None) -> dict:
     started = time.perf_counter()
     probe = LoadProbe()
     meta = {**machine_info(), "dtype": options.dtype, "options": _jsonable(asdict(options))}
-    start_ceiling = matmul_ceiling(dtype, options.ceiling_size)
     threads = torch.get_num_threads()
-    load_now, running_s = probe.sample()
-    start_busy = load_verdict((meta["load_average"][0], load_now), threads, running_s=(0.0, running_s))
+    # The matmul ceilings at the start and at the end are the run's own check of the machine: windows of busy
+    # threads with no compiling in them (inductor compiles in worker processes, which would read as others), whose
+    # CPU time says whether other processes were running; without /proc/stat, the load at the run's start and end.
+    before = probe.sample()
+    start_ceiling = matmul_ceiling(dtype, options.ceiling_size)
+    after = probe.sample()
+    start_cpu = probe.cpu_use(before, after)
+    meta["others_cores"] = None if start_cpu is None else round(start_cpu.others_cores, 2)
+    start_busy = machine_verdict(
+        (meta["load_average"][0], after.load), threads, running_s=(0.0, after.running_s), cpu=start_cpu
+    )
     print(report.header_text(meta, start_ceiling), file=stdout, flush=True)
     if start_busy.noisy:
         print(f"WARNING: the machine is busy: {'; '.join(start_busy.reasons)}. Timings will be marked.", file=stdout)
@@ -233,7 +241,9 @@ def run(options: BenchOptions, stdout=None) -> dict:
         release_memory()
     # Measured again at the end: other processes on the machine lower a single measurement, never raise it,
     # so the better of the two is the ceiling every row is a fraction of.
+    before = probe.sample()
     end_ceiling = matmul_ceiling(dtype, options.ceiling_size)
+    end_cpu = probe.cpu_use(before, probe.sample())
     ceiling = dict(
         max(start_ceiling, end_ceiling, key=lambda c: c["gflop_per_s"]),
         start_gflop_per_s=start_ceiling["gflop_per_s"],
@@ -250,12 +260,17 @@ def run(options: BenchOptions, stdout=None) -> dict:
         total_first_call_s=sum(c["seconds"] for c in first_calls),
     )
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    meta["others_cores_end"] = None if end_cpu is None else round(end_cpu.others_cores, 2)
+    run_cpu = start_cpu + end_cpu if start_cpu is not None and end_cpu is not None else None
+    meta["busy_measure"] = "load_average" if run_cpu is None else "cpu_time"
+    meta["cpu_windows"] = None if run_cpu is None else [asdict(start_cpu), asdict(end_cpu)]
     meta["wall_s"] = time.perf_counter() - started
     noise = summary(
         attention_rows + model_rows,
         (meta["load_average"][0], meta["load_average_end"][0]),
         threads,
         running_s=(0.0, meta["wall_s"]),
+        cpu=run_cpu,
     )
     meta["noisy"] = noise["noisy"]
     results = dict(
