@@ -112,12 +112,17 @@ def _forwards(point, dtype, paths, compiled, q, k, v, x) -> dict[tuple[str, str]
         for path in paths["layer"]:
             if path == "torch_mha":
                 module = torch_mha_from(ours).eval()
-                call = lambda module=module: module(x, x, x, need_weights=False)[0]
+
+                def call(module=module):
+                    return module(x, x, x, need_weights=False)[0]
             else:
                 module = copy.deepcopy(ours)
                 module.impl = path.removeprefix("mha_")
                 module.attend.chunk_elements = default_chunk_elements()
-                call = lambda module=module: module(x)
+
+                def call(module=module):
+                    return module(x)
+
             calls["layer", path] = (call, [x, *module.parameters()])
     return calls
 
@@ -192,7 +197,10 @@ def measure_point(
 
 def add_ratios(rows: list[dict]) -> list[dict]:
     """Add time_ratio and mem_ratio: each row over its section's reference path at the same point and mode."""
-    key = lambda r: (r["section"], r["mode"], r["batch"], r["heads"], r["tokens"], r["head_dim"])
+
+    def key(r):
+        return r["section"], r["mode"], r["batch"], r["heads"], r["tokens"], r["head_dim"]
+
     reference = {key(r): r for r in rows if r["path"] == REFERENCE[r["section"]]}
     for r in rows:
         ref = reference.get(key(r))

@@ -169,7 +169,10 @@ def _attention_figure(core: list[dict], kind: str):
     batches = sorted({r["batch"] for r in core})
     modes = list(dict.fromkeys(r["mode"] for r in core))
     paths = list(dict.fromkeys(r["path"] for r in core))
-    key = lambda r: (r["batch"], r["mode"], r["tokens"], r["heads"], r["head_dim"])
+
+    def key(r):
+        return r["batch"], r["mode"], r["tokens"], r["heads"], r["head_dim"]
+
     reference = {key(r): r for r in core if r["path"] == REFERENCE["core"]}
     fig = Figure(figsize=(5.2 * len(modes), 3.4 * len(batches)), layout="constrained")
     axes = fig.subplots(len(batches), len(modes), squeeze=False, sharex=True)
