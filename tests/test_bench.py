@@ -20,7 +20,7 @@ from vit_einops import cli
 from vit_einops.bench import report
 from vit_einops.bench.attention import Point, add_ratios
 from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
-from vit_einops.bench.model import counted_flops
+from vit_einops.bench.model import OPTIMIZER, counted_flops, make_optimizer
 from vit_einops.bench.names import CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES
 from vit_einops.bench.noise import IQR_THRESHOLD, CpuUse, machine_verdict
 from vit_einops.presets import create_vit
@@ -62,7 +62,8 @@ def test_smoke_run_exits_cleanly_and_prints_the_table(smoke):
     for mode in MODES:
         assert f"attention core, {mode} (ratios over sdpa)" in text
         assert f"attention layer, {mode} (ratios over torch_mha)" in text
-    assert "whole model" in text
+    assert "whole model (time x: over the same weights in torch's nn.TransformerEncoderLayer; train_step: forward, "
+    "cross-entropy, backward, one SGD(momentum=0.9) step)" in text
     table = (smoke["out"] / "table.txt").read_text()
     # table.txt is the header as results.json has it at the end, then the body exactly as printed after the
     # progress bar (the header printed before the bar carries the start ceiling and load instead).
@@ -123,6 +124,7 @@ def test_results_json_schema(smoke):
         check_numbers(r, report.MODEL_FIELDS)
         check_noise_fields(r)
         assert r["images_per_s"] == pytest.approx(r["batch"] / r["median_s"])
+        assert r["optimizer"] == ("SGD(momentum=0.9)" if r["mode"] == "train_step" else None)
         # Every path computes the same function as the einsum path (float32 rounding apart).
         assert r["max_abs_diff_vs_einsum"] < 1e-4
     # The run's flag: noisy exactly when a row is, or the load at its start or end said busy.
@@ -281,3 +283,15 @@ def test_figures_are_returned_with_error_bars_and_measured_ticks(smoke):
         # One y label for the whole figure, none per panel (they overlapped between rows).
         assert figs[name].get_supylabel() and not any(ax.get_ylabel() for ax in figs[name].axes)
     assert matplotlib.get_backend() == backend
+
+
+def test_train_step_optimizer_is_what_the_rows_say():
+    """The train_step rows say SGD(momentum=0.9): one momentum buffer per weight (AdamW would keep two states)."""
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = make_optimizer([weight])
+    weight.grad = torch.full((3,), 2.0)
+    optimizer.step()
+    assert OPTIMIZER == "SGD(momentum=0.9)"
+    assert type(optimizer) is torch.optim.SGD and optimizer.param_groups[0]["momentum"] == 0.9
+    assert list(optimizer.state[weight]) == ["momentum_buffer"]
+    assert torch.equal(optimizer.state[weight]["momentum_buffer"], weight.grad)  # the first step's buffer is the grad

@@ -15,7 +15,7 @@ from .._io import atomic_write_bytes
 from .._plot import save_figure
 from .attention import REFERENCE
 
-SCHEMA_VERSION = 3  # 2: the noise columns, results['noisy'] and results['noise']; 3: others_cores (CPU time)
+SCHEMA_VERSION = 3  # 2: the noise columns, results['noisy'] and results['noise']; 3: others_cores, optimizer
 
 ATTENTION_FIELDS = (
     "section", "mode", "path", "batch", "heads", "tokens", "head_dim", "dtype",
@@ -24,7 +24,7 @@ ATTENTION_FIELDS = (
     "p25_s", "p75_s", "iqr_ratio", "load_start", "load_end", "others_cores", "noisy", "noise", "attempts",
 )  # fmt: skip
 MODEL_FIELDS = (
-    "model", "mode", "path", "batch", "image_size", "dtype",
+    "model", "mode", "optimizer", "path", "batch", "image_size", "dtype",
     "median_s", "iqr_s", "blocks", "images_per_s", "gflop", "gflop_per_s", "ceiling_fraction",
     "peak_bytes", "max_abs_diff_vs_einsum", "time_ratio",
     "p25_s", "p75_s", "iqr_ratio", "load_start", "load_end", "others_cores", "noisy", "noise", "attempts",
@@ -131,7 +131,9 @@ def model_table(rows: list[dict]) -> str:
     # The model column is as wide as its longest name (a preset with overrides, e.g. vit_ti_16+depth=2) plus a
     # space, so it never runs into the mode column.
     width = max(len("model"), *(len(r["model"]) for r in rows)) + 1
-    lines = ["\nwhole model (time x: over the same weights in torch's nn.TransformerEncoderLayer)"]
+    optimizers = sorted({r["optimizer"] for r in rows if r["optimizer"]})
+    step = f"; train_step: forward, cross-entropy, backward, one {' or '.join(optimizers)} step" if optimizers else ""
+    lines = [f"\nwhole model (time x: over the same weights in torch's nn.TransformerEncoderLayer{step})"]
     lines.append(
         f"{'model':<{width}}{'mode':<11}{'path':<9}{'batch':>5}{'median ms':>11}{'IQR ms':>9}{'img/s':>8}"
         f"{'GFLOP/s':>9}{'%ceil':>7}{'peak MiB':>10}{'time x':>8}{'max|diff|':>11}  noise"
