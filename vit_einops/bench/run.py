@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import gc
 import os
 import sys
 import time
@@ -18,7 +15,7 @@ from tqdm import tqdm
 from . import report
 from .attention import CompiledEinsum, add_ratios, grid, measure_point
 from .env import machine_info
-from .measure import matmul_ceiling
+from .measure import matmul_ceiling, release_memory
 from .model import measure_model
 from .names import CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, RANGES, check_in_range
 from .noise import LoadProbe, machine_verdict, noise_score, summary
@@ -137,17 +134,6 @@ def check_out(out: Path, force: bool) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PermissionError(f"output {out} cannot be written: {parent} is not writable")
     return out
-
-
-def release_memory() -> None:
-    """Give memory freed by the last job back to the OS before the next one: collect garbage, then ask glibc to
-    trim its heap (freed blocks below its mmap threshold otherwise stay in the process: a smaller model measured
-    before vit_b_16 added 0.4 GB to the run's peak RSS). A no-op where libc has no malloc_trim."""
-    gc.collect()
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl without it, Windows)
-        pass
 
 
 def measure_with_retries(measure: Callable[[], list[dict]], retries: int) -> list[dict]:
