@@ -259,8 +259,8 @@ CPU_CASES = {
 
 @pytest.mark.parametrize("case", list(CPU_CASES))
 def test_cpu_time_decides_whatever_the_load_average_says(case):
-    """The load average reads 1.0 above our own threads throughout (the idle sandbox's phantom, which the load
-    verdict takes for a neighbour); the CPU time of the window decides, and the row records both."""
+    """The load average reads 1.0 above our own threads throughout (an idle virtual machine's phantom, which the load
+    verdict counts as a neighbour); the CPU time of the window decides, and the row records both."""
     threads, own_s, busy_ticks, noisy, reason = CPU_CASES[case]
     load = threads + 1.0
     probe = scripted_probe([proc_stat(0), proc_stat(busy_ticks)], [0.0, own_s], load=(load, load))
