@@ -127,7 +127,16 @@ def test_results_json_schema(smoke):
         assert r["optimizer"] == ("SGD(momentum=0.9)" if r["mode"] == "train_step" else None)
         # Every path computes the same function as the einsum path (float32 rounding apart).
         assert r["max_abs_diff_vs_einsum"] < 1e-4
-    # The run's flag: noisy exactly when a row is, or the load at its start or end said busy.
+    # A training step allocates a gradient for every weight: each path's peak counts them, not only the first's.
+    options = meta["options"]
+    (preset,) = options["models"]
+    weights = create_vit(preset, image_size=options["image_size"], **options["model_overrides"]).parameters()
+    gradient_bytes = sum(p.numel() * p.element_size() for p in weights)
+    train = [r for r in model_rows if r["mode"] == "train_step"]
+    assert len(train) == len(MODEL_PATHS) and all(r["peak_bytes"] >= gradient_bytes for r in train), [
+        (r["path"], r["peak_bytes"], gradient_bytes) for r in train
+    ]
+    # The run's flag: noisy exactly when a row is, or the run's own check of the machine said busy.
     noise = results["noise"]
     assert results["noisy"] is meta["noisy"] is noise["noisy"]
     assert noise["rows"] == len(rows) + len(model_rows)

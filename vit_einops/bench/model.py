@@ -114,11 +114,15 @@ def make_optimizer(params) -> torch.optim.Optimizer:
 
 
 def _train_step(shared: SharedPaths, path: str, optimizer: torch.optim.Optimizer, x, y) -> Callable[[], object]:
+    """One training step that allocates and frees its own gradients, so its peak memory counts them whichever path
+    runs first (with the gradients freed at the start instead, the first path profiled freed the previous step's,
+    allocated before the profiler started and so invisible to it, and its peak alone counted a new set)."""
+
     def step():
-        optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(shared.module(path)(x), y)
         loss.backward()
         optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
     return step
 
