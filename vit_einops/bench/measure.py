@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import gc
 import os
 import statistics
@@ -99,15 +100,23 @@ def filtered_stderr(drop: tuple[str, ...]) -> Iterator[None]:
                 os.write(2, kept)
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, looked up once (find_library runs ldconfig); None where libc has none."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, musl without it, Windows)
+        return None
+
+
 def trim_heap() -> None:
     """Ask glibc to give the free pages of its heap back to the OS. Memory freed by a call stays resident
     otherwise: torch's tensors of up to 32 MB come from the heap once glibc has raised its mmap threshold (it does
     on the first free of a large block), and small blocks allocated in between keep the freed ones from being
     reused whole. A no-op where libc has no malloc_trim."""
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl without it, Windows)
-        pass
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def release_memory() -> None:
