@@ -74,7 +74,8 @@ class BenchOptions:
 
 
 GRIDS: dict[str, BenchOptions] = {
-    # About two minutes on an idle 2-core machine: ~40 s of it the cold torch.compile, ~60 s the models.
+    # About two minutes on an idle 2-core machine (2 min 12 s on an AMD EPYC, 1.54 GiB peak RSS): ~75 s of it the
+    # models, ~50 s the attention grid with 6 s of compiling from inductor's warm cache (~40 s when it is cold).
     "default": BenchOptions(),
     "quick": BenchOptions(
         tokens=(50, 197, 577),
