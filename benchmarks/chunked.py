@@ -50,7 +50,7 @@ def floor_calls(q, k, v, grad_out, budget: int, backward: bool) -> dict[str, tup
     budget = max(1, min(budget, max(q.numel(), chunked_module.CHUNK_ELEMENTS)))  # chunked_attention's own cap
     q_, k_, v_, do_ = (t.reshape(b * h, -1, t.shape[-1]) for t in (q, k, v, grad_out))
     shapes: dict[tuple[int, int], int] = {}
-    for block in attention_blocks(b, h, n, m, budget):
+    for block in attention_blocks(b, h, n, m, budget, torch.get_num_threads()):  # the plan chunked_attention makes
         rows = _rows(block, h)
         key = (rows.stop - rows.start, block[2].stop - block[2].start)
         shapes[key] = shapes.get(key, 0) + 1

@@ -18,6 +18,7 @@ saves by staying in cache.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,22 +80,37 @@ def even_parts(total: int, most: int) -> list[slice]:
     return [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
 
 
-def attention_blocks(b: int, h: int, n: int, m: int, max_elements: int) -> Iterator[tuple[slice, slice, slice]]:
+def _grouped_parts(total: int, most: int, unit: int) -> list[slice]:
+    """even_parts of ``range(total)`` in whole multiples of ``unit`` (the last part may be short) when a part can
+    hold one unit, else plain even_parts."""
+    if unit <= 1 or most < unit:
+        return even_parts(total, most)
+    return [slice(p.start * unit, min(p.stop * unit, total)) for p in even_parts(-(-total // unit), most // unit)]
+
+
+def attention_blocks(
+    b: int, h: int, n: int, m: int, max_elements: int, parallel: int = 1
+) -> Iterator[tuple[slice, slice, slice]]:
     """Yield (images, heads, queries) slices tiling a (b, h, n, .) tensor, whose score blocks (g, hh, c, m) hold at
     most ``max_elements`` numbers (at least one query row, so never fewer than m).
 
     Whole images are grouped when one image's h*n*m scores fit; otherwise heads of one image when one head's n*m
     fit; otherwise query rows of one head; groups as even as even_parts makes them. Each block is one contiguous
     range of the flattened (b h) axis, so its slice of q, k, v and of the output is contiguous memory.
+
+    A block of several (b h) rows is one batched product, which torch splits between its threads by rows: with
+    ``parallel`` threads the rows per block are a multiple of ``parallel`` where the budget allows (3 heads on 2
+    threads leave one thread idle a third of the time: measured 1.36x-1.39x SDPA at N 577 against 1.11x-1.14x with
+    2 heads per block, AMD EPYC, 2 threads).
     """
     per_head = n * m
     if h * per_head <= max_elements:
         most = max(1, max_elements // (h * per_head)) if h * per_head else max(1, b)
-        for images in even_parts(b, most):
+        for images in _grouped_parts(b, most, parallel // math.gcd(h, parallel) if h else 1):
             yield images, slice(0, h), slice(0, n)
     elif per_head <= max_elements:
         for b0 in range(b):
-            for heads in even_parts(h, max_elements // per_head):
+            for heads in _grouped_parts(h, max_elements // per_head, parallel):
                 yield slice(b0, b0 + 1), heads, slice(0, n)
     else:
         parts = even_parts(n, max(1, max_elements // m))
@@ -157,9 +173,9 @@ class BlockPlan:
 
 
 @functools.lru_cache(maxsize=128)
-def block_plan(b: int, h: int, n: int, m: int, max_elements: int) -> BlockPlan:
-    """The plan of attention_blocks(b, h, n, m, max_elements), computed once per shape."""
-    blocks = tuple(attention_blocks(b, h, n, m, max_elements))
+def block_plan(b: int, h: int, n: int, m: int, max_elements: int, parallel: int = 1) -> BlockPlan:
+    """The plan of attention_blocks(b, h, n, m, max_elements, parallel), computed once per shape."""
+    blocks = tuple(attention_blocks(b, h, n, m, max_elements, parallel))
     rows = tuple(_rows(block, h).stop - _rows(block, h).start for block in blocks)
     queries = tuple(block[2].stop - block[2].start for block in blocks)
     whole = all(c == n for c in queries)
@@ -331,7 +347,7 @@ def chunked_attention(
     # O(b h n d) plus one cache-sized block, and small inputs still get few blocks (each costs a thread barrier).
     max_elements = max(1, min(max_elements, max(q.numel(), CHUNK_ELEMENTS)))
     seed = int(torch.randint(2**62, ())) if dropout_p else 0
-    plan = block_plan(b, h, n, m, max_elements)
+    plan = block_plan(b, h, n, m, max_elements, torch.get_num_threads())
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _ChunkedAttention.apply(q, k, v, mask, plan, scale, dropout_p, seed)
     out = _chunked_forward(_flat(q), _flat(k), _flat(v), mask, plan, scale, dropout_p, seed)
