@@ -15,6 +15,10 @@ per block: S again and its softmax (not when the path keeps A: one block and N <
 dP = dO v^T, dS = A (dP - delta) (two elementwise passes), dq = dS k, dk += dS^T q; and once per call:
 delta = rowsum(dO * O).
 
+Forward rows also time the "loop": the path's products and softmax over its real blocks with every view made in
+advance, so the data moves as in the path but no Python runs between ops; chunked / loop is the Python alone, and
+loop / floor what reading the real blocks from memory adds to the hot-block floor.
+
 Every row carries the load average, the cores other processes used while it was timed (CPU time from /proc/stat;
 the load average alone can read ~1 on an idle virtual machine) and the IQR/median of each timing;
 vit_einops.bench.noise flags noisy rows (by CPU time where /proc/stat can be read, else by the load).
@@ -32,10 +36,11 @@ import torch
 import torch.nn.functional as F
 
 from vit_einops import chunked as chunked_module
+from vit_einops._io import atomic_write_bytes
 from vit_einops.bench.env import machine_info
 from vit_einops.bench.measure import time_interleaved
 from vit_einops.bench.noise import LoadProbe, NoiseVerdict, judge
-from vit_einops.chunked import _rows, attention_blocks, chunked_attention, default_chunk_elements
+from vit_einops.chunked import _rows, attention_blocks, block_plan, chunked_attention, default_chunk_elements
 
 
 def ints(text: str) -> tuple[int, ...]:
@@ -86,6 +91,36 @@ def floor_calls(q, k, v, grad_out, budget: int, backward: bool) -> dict[str, tup
     return calls
 
 
+def forward_loop(q, k, v, budget: int):
+    """The chunked forward's products and softmax over the plan's real blocks, with every block's views made in
+    advance: what the path costs with the data moving as it does but no Python between the ops. Unlike the floor
+    (hot blocks) it pays for reading q, k, v from memory; chunked / loop is the Python and view-making alone."""
+    b, h, n, d = q.shape
+    budget = max(1, min(budget, max(q.numel(), chunked_module.CHUNK_ELEMENTS)))  # chunked_attention's own cap
+    plan = block_plan(b, h, n, n, budget, torch.get_num_threads())
+    q_, k_, v_ = (t.detach().reshape(b * h, n, d) for t in (q, k, v))
+    out = torch.empty_like(q_)
+    buffer = q_.new_empty(max(g * c * n for g, c in zip(plan.rows, plan.queries)))
+    blocks = list(
+        zip(
+            plan.query_blocks(q_),
+            plan.key_blocks(k_.transpose(1, 2)),
+            plan.key_blocks(v_),
+            plan.query_blocks(out),
+            plan.score_blocks(buffer, n),
+        )
+    )
+    scale = d**-0.5
+
+    def run():
+        for q_block, k_t, v_block, out_block, scores in blocks:
+            torch.baddbmm(scores, q_block, k_t, beta=0.0, alpha=scale, out=scores)
+            torch.softmax(scores, dim=-1, out=scores)
+            torch.bmm(scores, v_block, out=out_block)
+
+    return run
+
+
 def measure(b, n, mode, args, probe: LoadProbe) -> dict:
     h, d = args.heads, args.head_dim
     block = default_chunk_elements()  # for the --threads set after chunked.py's import fixed CHUNK_ELEMENTS
@@ -110,6 +145,8 @@ def measure(b, n, mode, args, probe: LoadProbe) -> dict:
     with torch.no_grad():
         floor = floor_calls(q.detach(), k.detach(), v.detach(), grad_out, block, backward)
     fns = dict(paths) | {name: fn for name, (fn, _) in floor.items()}
+    if not backward:
+        fns["loop"] = forward_loop(q, k, v, block)
     with torch.enable_grad() if backward else torch.inference_mode():
         start = probe.sample()
         timings = time_interleaved(fns, rounds=args.rounds, min_run_time=args.min_run_time)
@@ -135,6 +172,9 @@ def measure(b, n, mode, args, probe: LoadProbe) -> dict:
     for name, (_, count) in floor.items():
         op = name.split("/")[1].split("@")[0]
         parts[op] = parts.get(op, 0.0) + timings[name].median_s * count
+    if "loop" in timings:
+        row["loop_ratio"] = timings["loop"].median_s / sdpa
+        row["loop_min_ratio"] = timings["loop"].min_s / timings["sdpa"].min_s
     row["floor_ratio"] = floor_s / sdpa
     row["chunked_over_floor"] = timings["chunked"].median_s / floor_s
     row["floor_parts_ms"] = {op: s * 1e3 for op, s in parts.items()}
@@ -158,7 +198,10 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--min-run-time", type=float, default=0.1)
     parser.add_argument("--out", type=Path, default=None, help="JSON file for every number")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)
+    if args.out and (args.out.exists() or args.out.is_symlink()) and not args.force:
+        parser.error(f"--out {args.out} already exists; pass --force to replace it")
     if args.threads:
         torch.set_num_threads(args.threads)
     info = machine_info()
@@ -186,13 +229,14 @@ def main(argv=None) -> int:
                     f"{b:>3}{n:>6} {mode:<17}{r['sdpa_ms']:>9.2f}{r['chunked_ratio']:>8.2f}x{r['floor_ratio']:>7.2f}x"
                     f"{r['chunked_over_floor']:>8.2f}x{sweep}{r['chunked_min_ratio']:>13.2f}x"
                     f"{r['floor_min_ratio']:>6.2f}x{r['chunked_over_floor_min']:>8.2f}x  {parts}; load {r['load']}"
-                    f"; others {r['others_cores']}" + (f"; NOISY: {'; '.join(r['noise'])}" if r["noisy"] else ""),
+                    + (f"; loop {r['loop_ratio']:.2f}x, min {r['loop_min_ratio']:.2f}x" if "loop_ratio" in r else "")
+                    + f"; others {r['others_cores']}"
+                    + (f"; NOISY: {'; '.join(r['noise'])}" if r["noisy"] else ""),
                     flush=True,
                 )
     if args.out:
-        args.out.write_text(
-            json.dumps(dict(meta=info, default_block=default_chunk_elements(), rows=rows), indent=1) + "\n"
-        )
+        record = {"meta": info, "default_block": default_chunk_elements(), "rows": rows}
+        atomic_write_bytes(args.out, (json.dumps(record, indent=1) + "\n").encode())
     return 0
 
 
