@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 
@@ -92,10 +93,13 @@ def fmt(e):
     return "-" if e is None else f"{e[0]:.2e} ({e[1]:.1e})"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the rows to this JSON file")
-    args = parser.parse_args()
+    parser.add_argument("--force", action="store_true", help="replace an existing --json file")
+    args = parser.parse_args(argv)
+    if args.json and os.path.lexists(args.json) and not args.force:
+        parser.error(f"--json {args.json} already exists; pass --force to replace it")
     torch.manual_seed(0)
     rows = []
     for dtype in (torch.float64, torch.float32):

@@ -1,7 +1,8 @@
-"""benchmarks/chunked.py in a smoke mode (tiny shapes, one short round), so the script cannot rot unseen.
+"""The benchmark scripts in benchmarks/ run in CI in a smoke mode, so they cannot rot unseen.
 
-What is asserted: every grid point gets a row with finite ratios to SDPA (medians and fastest blocks), the floor's
-parts, the forward rows' loop; the JSON is written once and an existing file is kept unless --force.
+benchmarks/chunked.py on tiny shapes and one short round: every grid point gets a row with finite ratios to SDPA
+(medians and fastest blocks), the floor's parts and the forward rows' loop. benchmarks/equivalence.py whole (about
+5 s): every row within its dtype's tolerance. Both keep an existing output file unless --force.
 """
 
 from __future__ import annotations
@@ -69,3 +70,26 @@ def test_chunked_benchmark_keeps_an_existing_out_file_unless_forced(tmp_path, ca
     assert out.read_text() == "mine\n"
     assert load_script().main([*TINY, "--threads", "1", "--modes", "forward", "--out", str(out), "--force"]) == 0
     assert json.loads(out.read_text())["rows"][0]["mode"] == "forward"
+
+
+def test_equivalence_benchmark_rows_are_within_their_tolerances(tmp_path, capsys):
+    """benchmarks/equivalence.py's table (attention, block, ViT-Ti/16 and patch embedding against torch's modules):
+    every float64 row within 1e-9 relative, every float32 row within 1e-4 relative; the JSON kept unless --force."""
+    spec = importlib.util.spec_from_file_location("equivalence_benchmark", SCRIPT.parent / "equivalence.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "equivalence.json"
+    module.main(["--json", str(out)])
+    records = json.loads(out.read_text())
+    assert {r["dtype"] for r in records} == {"torch.float64", "torch.float32"}
+    assert any("ViT-Ti/16[chunked]" in r["name"] for r in records)
+    for r in records:
+        bound = 1e-9 if r["dtype"] == "torch.float64" else 1e-4
+        for key in ("output", "grad_x", "grad_weight"):
+            if r[key] is not None:
+                assert r[key][1] <= bound, (r["name"], r["dtype"], key, r[key])
+    before = out.read_bytes()
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--json", str(out)])
+    assert exit_info.value.code == 2 and "already exists; pass --force" in capsys.readouterr().err
+    assert out.read_bytes() == before
