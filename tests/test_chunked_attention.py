@@ -247,6 +247,20 @@ def test_masks_crossing_blocks_match_sdpa_float64(mask_kind):
     assert_matches(chunked, reference, F64_TOL, mask_kind)
 
 
+@pytest.mark.parametrize("budget", [17 * 5, 2**30], ids=["blocks of query rows", "one block"])
+def test_transposed_inputs_match_sdpa_float64(budget):
+    """q, k, v stored (b, h, d, n) and transposed: (b h) merges but (b h n) does not, so the path must not write
+    its gradient blocks through views of q's layout (dq once came back unwritten there)."""
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (
+        torch.randn(2, 3, 8, 17, generator=g, dtype=torch.float64).transpose(-1, -2).requires_grad_(True)
+        for _ in range(3)
+    )
+    upstream = torch.randn(2, 3, 17, 8, generator=g, dtype=torch.float64)
+    chunked = value_and_grads(lambda *t: chunked_attention(*t, scale=8**-0.5, max_elements=budget), q, k, v, upstream)
+    assert_matches(chunked, value_and_grads(F.scaled_dot_product_attention, q, k, v, upstream), F64_TOL, "transposed")
+
+
 def test_cross_attention_queries_and_keys_of_different_lengths_float64():
     """n queries and m keys: blocks cut the queries only, every block sees all m keys."""
     q, k, v = qkv(2, 2, 11, 4, m=6, seed=3)

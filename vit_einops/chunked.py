@@ -145,7 +145,8 @@ class BlockPlan:
     heads: int
 
     def query_blocks(self, t: torch.Tensor) -> list[torch.Tensor]:
-        """(b h, n, x) -> each block's (g, c, x) view (a view of a copy when t is not contiguous)."""
+        """(b h, n, x) -> each block's (g, c, x) view: of ``t`` itself when t is contiguous (outputs written through
+        these views must be), else of a copy."""
         if len(self.rows) == 1:  # one block: the tensor itself (a split costs ~10 us, a small input's whole path ~200)
             return [t]
         if self.whole:
@@ -275,7 +276,9 @@ class _ChunkedAttention(torch.autograd.Function):
         delta = (grad_out * out).sum(dim=-1, keepdim=True)
         # When every block holds all its rows' queries, each row of dk and dv is written by one block only.
         new_accumulator = torch.empty_like if plan.whole else torch.zeros_like
-        grad_q, grad_k, grad_v = torch.empty_like(q_), new_accumulator(k_), new_accumulator(v_)
+        # dq contiguous: its blocks are views of it only then (empty_like would copy q's strides, and a transposed
+        # q's query blocks would be written into a copy).
+        grad_q, grad_k, grad_v = q_.new_empty(q_.shape), new_accumulator(k_), new_accumulator(v_)
         recompute = attention is None  # A was not kept: each block recomputes it from q and k
         buffer = _scores_buffer(q_, plan, m) if recompute else attention
         grad_buffer = _scores_buffer(q_, plan, m)
