@@ -28,6 +28,7 @@ Writes a JSON file (--out) with every number. Model: 12 heads, D_h 64, float32 u
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import sys
 from pathlib import Path
@@ -35,12 +36,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vit_einops import chunked as chunked_module
 from vit_einops._io import atomic_write_bytes
 from vit_einops.bench.env import machine_info
 from vit_einops.bench.measure import time_interleaved
 from vit_einops.bench.noise import LoadProbe, NoiseVerdict, judge
-from vit_einops.chunked import _rows, attention_blocks, block_plan, chunked_attention, default_chunk_elements
+from vit_einops.chunked import _scores_buffer, chunked_attention, default_chunk_elements, plan_for
 
 
 def ints(text: str) -> tuple[int, ...]:
@@ -52,13 +52,9 @@ def floor_calls(q, k, v, grad_out, budget: int, backward: bool) -> dict[str, tup
     b, h, n, d = q.shape
     m = k.shape[2]
     scale = d**-0.5
-    budget = max(1, min(budget, max(q.numel(), chunked_module.CHUNK_ELEMENTS)))  # chunked_attention's own cap
+    plan = plan_for(q, m, budget)  # the blocks chunked_attention cuts
     q_, k_, v_, do_ = (t.reshape(b * h, -1, t.shape[-1]) for t in (q, k, v, grad_out))
-    shapes: dict[tuple[int, int], int] = {}
-    for block in attention_blocks(b, h, n, m, budget, torch.get_num_threads()):  # the plan chunked_attention makes
-        rows = _rows(block, h)
-        key = (rows.stop - rows.start, block[2].stop - block[2].start)
-        shapes[key] = shapes.get(key, 0) + 1
+    shapes = collections.Counter(zip(plan.rows, plan.queries))
     calls = {}
     for (g, c), count in shapes.items():
         qb, kb, vb, dob = q_[:g, :c], k_[:g], v_[:g], do_[:g, :c]
@@ -82,7 +78,7 @@ def floor_calls(q, k, v, grad_out, budget: int, backward: bool) -> dict[str, tup
             }
         # Backward recomputes qk and softmax (those blocks count twice), unless the path keeps A: one block and
         # m <= d (chunked.py's _ChunkedAttention).
-        recompute = backward and not (len(shapes) == 1 and count == 1 and m <= d)
+        recompute = backward and not (len(plan.blocks) == 1 and m <= d)
         for op, fn in ops.items():
             calls[f"floor/{op}@{tag}"] = (fn, count * (2 if recompute and op in ("qk", "softmax") else 1))
     if backward:
@@ -96,11 +92,10 @@ def forward_loop(q, k, v, budget: int):
     advance: what the path costs with the data moving as it does but no Python between the ops. Unlike the floor
     (hot blocks) it pays for reading q, k, v from memory; chunked / loop is the Python and view-making alone."""
     b, h, n, d = q.shape
-    budget = max(1, min(budget, max(q.numel(), chunked_module.CHUNK_ELEMENTS)))  # chunked_attention's own cap
-    plan = block_plan(b, h, n, n, budget, torch.get_num_threads())
+    plan = plan_for(q, n, budget)
     q_, k_, v_ = (t.detach().reshape(b * h, n, d) for t in (q, k, v))
     out = torch.empty_like(q_)
-    buffer = q_.new_empty(max(g * c * n for g, c in zip(plan.rows, plan.queries)))
+    buffer = _scores_buffer(q_, plan, n)
     blocks = list(
         zip(
             plan.query_blocks(q_),

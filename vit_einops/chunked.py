@@ -177,11 +177,22 @@ class BlockPlan:
 def block_plan(b: int, h: int, n: int, m: int, max_elements: int, parallel: int = 1) -> BlockPlan:
     """The plan of attention_blocks(b, h, n, m, max_elements, parallel), computed once per shape."""
     blocks = tuple(attention_blocks(b, h, n, m, max_elements, parallel))
-    rows = tuple(_rows(block, h).stop - _rows(block, h).start for block in blocks)
+    rows = tuple(r.stop - r.start for r in (_rows(block, h) for block in blocks))
     queries = tuple(block[2].stop - block[2].start for block in blocks)
     whole = all(c == n for c in queries)
     per_row = 1 if whole or not blocks else len(blocks) // (b * h)
     return BlockPlan(blocks, rows, queries, whole, per_row, b, h)
+
+
+def plan_for(q: torch.Tensor, m: int, max_elements: int) -> BlockPlan:
+    """The blocks chunked_attention cuts (b, h, n, d) queries against m keys into, for torch's thread count now.
+
+    Never more scores at once than q holds numbers or one default block holds, whichever is larger: memory stays
+    O(b h n d) plus one cache-sized block, and small inputs still get few blocks (each costs a thread barrier).
+    """
+    b, h, n, _ = q.shape
+    budget = max(1, min(max_elements, max(q.numel(), CHUNK_ELEMENTS)))
+    return block_plan(b, h, n, m, budget, torch.get_num_threads())
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -346,11 +357,8 @@ def chunked_attention(
     m = k.shape[2]
     if mask is not None:
         mask = mask.expand(b, h, n, m)  # a view: blocks of it are sliced like the queries
-    # Never more scores at once than q holds numbers or one default block holds, whichever is larger: memory stays
-    # O(b h n d) plus one cache-sized block, and small inputs still get few blocks (each costs a thread barrier).
-    max_elements = max(1, min(max_elements, max(q.numel(), CHUNK_ELEMENTS)))
     seed = int(torch.randint(2**62, ())) if dropout_p else 0
-    plan = block_plan(b, h, n, m, max_elements, torch.get_num_threads())
+    plan = plan_for(q, m, max_elements)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _ChunkedAttention.apply(q, k, v, mask, plan, scale, dropout_p, seed)
     out = _chunked_forward(_flat(q), _flat(k), _flat(v), mask, plan, scale, dropout_p, seed)
