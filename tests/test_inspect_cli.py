@@ -60,37 +60,15 @@ def test_default_photos_for_a_model_not_trained_on_digits(tmp_path, capsys):
 def test_existing_output_layer_range_and_missing_preprocessing(tmp_path, files, capsys):
     model = perturbed(ViT(**TINY))
     save_vit(model, tmp_path / "bare.safetensors")
-    assert main(["inspect", str(tmp_path / "bare.safetensors"), "--image", files[0]]) == 2
+    base = ["inspect", str(tmp_path / "bare.safetensors"), "--image", files[0]]
+    assert main(base) == 2
     assert "records no preprocessing; set one" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "inspect",
-                str(tmp_path / "bare.safetensors"),
-                "--image",
-                files[0],
-                "--preprocessing",
-                "timm",
-                "--layer",
-                "5",
-            ]
-        )
-        == 2
-    )
+    assert main([*base, "--preprocessing", "timm", "--layer", "5"]) == 2
     assert "--layer 5 is out of range for a model of 2 layers" in capsys.readouterr().err
     out = tmp_path / "out"
     out.mkdir()
     (out / "attention.png").write_bytes(b"mine")
-    args = [
-        "inspect",
-        str(tmp_path / "bare.safetensors"),
-        "--image",
-        files[0],
-        "--preprocessing",
-        "timm",
-        "--out",
-        str(out),
-    ]
+    args = [*base, "--preprocessing", "timm", "--out", str(out)]
     assert main(args) == 2
     assert "already holds files; pass --force" in capsys.readouterr().err
     assert (out / "attention.png").read_bytes() == b"mine"
