@@ -16,7 +16,7 @@ from vit_einops.train.checkpoint import (
     decode_tree,
     encode_tree,
     load_checkpoint,
-    load_model,
+    load_checkpoint_model,
     save_checkpoint,
 )
 from vit_einops.train.loop import WarmupCosine, parameter_groups
@@ -72,7 +72,18 @@ def test_loading_never_unpickles(saved, monkeypatch):
     monkeypatch.setattr(pickle, "load", refuse)
     monkeypatch.setattr(pickle, "Unpickler", refuse)
     monkeypatch.setattr(torch, "load", refuse)
-    load_model(saved[0])
+    load_checkpoint_model(saved[0])
+
+
+def test_train_load_model_is_a_deprecated_alias(saved):
+    """The README of 0.1.0 showed ``from vit_einops.train import load_model``: it keeps working for one release."""
+    import vit_einops.train
+
+    with pytest.warns(DeprecationWarning, match=r"vit_einops\.train\.load_model .*vit_einops\.load_model"):
+        old = vit_einops.train.load_model
+    assert old is load_checkpoint_model
+    with pytest.warns(DeprecationWarning):
+        from vit_einops.train import load_model  # noqa: F401  the README's old import line warns too
 
 
 tensors_or_scalars = st.recursive(

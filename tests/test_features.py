@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from _hooks import block_outputs, classifier_input
 
 from vit_einops import ViT
-from vit_einops.interop import freeze_backbone, intermediate_layers, load_vit, pre_logits, replace_head, save_vit
+from vit_einops import load_vit, save_vit
+from vit_einops.interop import freeze_backbone, intermediate_layers, pre_logits, replace_head
 
 TINY = dict(image_size=32, patch_size=8, dim=48, depth=3, heads=4, mlp_dim=96, num_classes=5)
 

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vit_einops import ViT
+from vit_einops import StateDictMismatchError
 from vit_einops.interop import (
     HEADS_BY_DIM,
-    StateDictMismatchError,
     from_timm,
     from_torchvision,
     load_timm,

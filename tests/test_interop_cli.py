@@ -8,12 +8,11 @@ from _interop import TINY, assert_same_state
 
 from vit_einops import ViT
 from vit_einops.cli import main
+from vit_einops import load_vit, save_vit
 from vit_einops.interop import (
     load_state_dict_file,
-    load_vit,
     resample_pos_embed,
     save_state_dict_file,
-    save_vit,
     to_timm,
     to_torchvision,
 )

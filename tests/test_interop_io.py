@@ -13,15 +13,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from vit_einops import ViT
+from vit_einops import StateDictMismatchError, load_vit, read_vit_config, save_vit
 from vit_einops.interop import (
-    StateDictMismatchError,
     load_state_dict_file,
     load_timm,
     load_torchvision,
-    load_vit,
-    read_vit_config,
     save_state_dict_file,
-    save_vit,
     to_timm,
     to_torchvision,
 )

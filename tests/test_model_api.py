@@ -16,7 +16,7 @@ from einops import rearrange
 from torch import nn
 
 from vit_einops import ViT, ViTConfig, create_vit
-from vit_einops.interop import load_vit, save_vit
+from vit_einops import load_vit, save_vit
 
 TINY = dict(image_size=16, patch_size=4, dim=32, depth=3, heads=4, mlp_dim=64, num_classes=5)
 X = torch.randn(2, 3, 16, 16)

@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from vit_einops import ViT
 from vit_einops.interop import save_state_dict_file, to_timm, to_torchvision
-from vit_einops.modelfile import load_model, load_vit, read_metadata, save_vit
+from vit_einops import load_model
+from vit_einops.modelfile import load_vit, read_metadata, save_vit
 from vit_einops.preprocess import Preprocessing
 
 
@@ -200,7 +201,7 @@ def test_load_model_front_door(tmp_path):
     assert load_model(timm_file, source="timm", heads=4).preprocessing == Preprocessing.timm(crop=32)
     with pytest.raises(ValueError, match="without a vit-einops config.*source='torchvision'"):
         load_model(timm_file)  # a foreign file without --from: the error says what to pass
-    with pytest.raises(ValueError, match="source must be one of"):
+    with pytest.raises(ValueError, match="source .keras.; expected one of .vit-einops., .torchvision., .timm., .hf."):
         load_model(timm_file, source="keras")
     with pytest.raises(FileNotFoundError, match="no such model file or directory"):
         load_model(tmp_path / "absent.safetensors")

@@ -13,7 +13,8 @@ from PIL import Image
 from vit_einops import ViT
 from vit_einops.cli import main
 from vit_einops.interop import save_state_dict_file, to_torchvision
-from vit_einops.modelfile import load_model, save_vit
+from vit_einops import load_model
+from vit_einops.modelfile import save_vit
 from vit_einops.predict import Prediction, predict
 from vit_einops.preprocess import Preprocessing, open_image
 

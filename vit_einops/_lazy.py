@@ -4,15 +4,34 @@ command line's ``--help`` do not pay for torch, safetensors or scikit-learn unti
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_exports(package: str, exports: dict[str, str], namespace: dict[str, Any]) -> tuple[Callable, Callable]:
+def lazy_exports(
+    package: str,
+    exports: dict[str, str],
+    namespace: dict[str, Any],
+    deprecated: Mapping[str, tuple[str, str, str]] | None = None,
+) -> tuple[Callable, Callable]:
     """``(__getattr__, __dir__)`` for ``package``, whose ``exports`` map a name to the submodule defining it;
-    a loaded name is cached in ``namespace`` (the package's globals) so later lookups skip ``__getattr__``."""
+    a loaded name is cached in ``namespace`` (the package's globals) so later lookups skip ``__getattr__``.
+
+    ``deprecated`` maps an old name to (submodule, new name, what to use instead): the old name still works, with a
+    DeprecationWarning at every lookup (it is never cached, so each use is told), for one release.
+    """
+    deprecated = dict(deprecated or {})
 
     def __getattr__(name: str) -> Any:
+        if name in deprecated:
+            module, new, instead = deprecated[name]
+            warnings.warn(
+                f"{package}.{name} is deprecated and will be removed in the next release; use {instead}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return getattr(importlib.import_module(f".{module}", package), new)
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(f".{exports[name]}", package), name)

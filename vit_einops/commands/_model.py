@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-SOURCES = ("vit-einops", "torchvision", "timm", "hf")
+# The model sources (vit_einops.sources.SOURCES), named here so that --help does not import torch.
+SOURCE_NAMES = ("vit-einops", "torchvision", "timm", "hf")
 PRESETS = ("torchvision", "timm", "hf", "plain")
 
 
@@ -44,7 +45,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
         )
     group = parser.add_argument_group("reading MODEL")
     group.add_argument(
-        "--from", dest="source", choices=SOURCES, default="vit-einops", help="MODEL's format (default vit-einops)"
+        "--from", dest="source", choices=SOURCE_NAMES, default="vit-einops", help="MODEL's format (default vit-einops)"
     )
     group.add_argument("--heads", type=int, help="attention heads of a torchvision/timm MODEL (default: Table 1's)")
     group.add_argument(
@@ -68,7 +69,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
 
 def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> Any:
     """The ViT that ``args`` describe, its preprocessing overridden by the flags."""
-    from ..modelfile import load_model
+    from ..sources import load_model
 
     path = path if path is not None else args.model
     kwargs: dict[str, Any] = {}

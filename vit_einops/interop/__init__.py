@@ -8,7 +8,6 @@ Requires the ``interop`` extra (safetensors). Neither torchvision nor timm is im
 state dicts alone.
 """
 
-from ..modelfile import StateDictMismatchError, load_vit, read_vit_config, save_vit
 from .features import freeze_backbone, intermediate_layers, pre_logits, replace_head
 from .hf import from_hf, hf_config, load_hf, save_hf, to_hf
 from .io import load_state_dict_file, save_state_dict_file
@@ -20,7 +19,6 @@ from .torchvision import from_torchvision, load_torchvision, to_torchvision, tor
 __all__ = [
     "HEADS_BY_DIM",
     "RESAMPLE_MODES",
-    "StateDictMismatchError",
     "freeze_backbone",
     "from_hf",
     "from_timm",
@@ -31,15 +29,12 @@ __all__ = [
     "load_state_dict_file",
     "load_timm",
     "load_torchvision",
-    "load_vit",
     "pre_logits",
-    "read_vit_config",
     "replace_head",
     "resample_pos_embed",
     "resample_vit",
     "save_hf",
     "save_state_dict_file",
-    "save_vit",
     "timm_config",
     "timm_kwargs",
     "to_hf",

@@ -36,7 +36,7 @@ import torch
 from .._io import atomic_write_bytes, check_regular_file, read_regular_file, refuse_existing
 from ..config import ViTConfig
 from ..model import ViT
-from ..modelfile import (
+from ..statedict import (
     build_vit,
     cast_weights,
     check_free_fields,

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from .._io import atomic_write_bytes, check_regular_file, refuse_existing
-from ..modelfile import check_state_dict, safetensors_bytes
+from ..statedict import check_state_dict, safetensors_bytes
 
 SAFETENSORS_SUFFIXES = (".safetensors",)
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")

@@ -17,7 +17,7 @@ import torch
 from .._checks import check_positive_int, to_pair
 from ..config import ViTConfig
 from ..model import ViT
-from ..modelfile import (  # our own layout's checks; StateDictMismatchError re-exported for older imports
+from ..statedict import (
     StateDictMismatchError,
     check_keys,
     check_state_dict,

@@ -22,7 +22,7 @@ from einops import rearrange
 from .._checks import check_choice, check_nonnegative_int, to_pair
 from ..config import ViTConfig
 from ..model import ViT
-from ..modelfile import build_vit
+from ..statedict import build_vit
 
 # F.interpolate arguments of each library's convention.
 RESAMPLE_MODES: dict[str, dict[str, Any]] = {

@@ -25,7 +25,7 @@ import torch
 from .._checks import check_choice
 from ..config import ViTConfig
 from ..model import ViT
-from ..modelfile import build_vit, cast_weights, check_free_fields, check_state_dict
+from ..statedict import build_vit, cast_weights, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
 from .io import load_state_dict_file
 from .keys import (
@@ -104,7 +104,7 @@ def timm_config(
 
 def from_timm(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
     """A timm state dict renamed to ours for ``config``; every key and shape is checked
-    (:class:`~vit_einops.interop.keys.StateDictMismatchError` lists what is missing, unexpected or mis-shaped)."""
+    (:class:`~vit_einops.statedict.StateDictMismatchError` lists what is missing, unexpected or mis-shaped)."""
     return _layout(config).to_ours(state_dict, config)
 
 

@@ -21,7 +21,7 @@ import torch
 
 from ..config import ViTConfig
 from ..model import ViT
-from ..modelfile import build_vit, cast_weights, check_free_fields, check_state_dict
+from ..statedict import build_vit, cast_weights, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
 from .io import load_state_dict_file
 from .keys import (
@@ -109,7 +109,7 @@ def torchvision_config(
 
 def from_torchvision(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
     """A torchvision state dict (current or legacy MLP names) renamed to ours for ``config``; every key and shape
-    is checked (:class:`~vit_einops.interop.keys.StateDictMismatchError` lists what is missing, unexpected or
+    is checked (:class:`~vit_einops.statedict.StateDictMismatchError` lists what is missing, unexpected or
     mis-shaped)."""
     return LAYOUT.to_ours(upgrade_legacy_keys(state_dict), config)
 

@@ -14,7 +14,7 @@ _EXPORTS = {
     "Checkpoint": "checkpoint",
     "CheckpointError": "checkpoint",
     "load_checkpoint": "checkpoint",
-    "load_model": "checkpoint",
+    "load_checkpoint_model": "checkpoint",
     "save_checkpoint": "checkpoint",
     "ImageDataset": "data",
     "load_digits": "data",
@@ -35,4 +35,8 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+_DEPRECATED = {
+    "load_model": ("checkpoint", "load_checkpoint_model", "vit_einops.load_model(path), which also restores the run's class names"),
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), _DEPRECATED)

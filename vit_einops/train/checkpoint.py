@@ -30,7 +30,7 @@ from torch import nn
 from .._io import atomic_write_bytes, read_regular_file
 from ..config import ViTConfig
 from ..model import ViT
-from ..modelfile import StateDictMismatchError, check_keys, check_weights, expected_shapes, safetensors_bytes
+from ..statedict import StateDictMismatchError, check_keys, check_weights, expected_shapes, safetensors_bytes
 from .rundir import CHECKPOINT_FILES
 from .rundir import CHECKPOINT_FORMAT as FORMAT
 from .rundir import CHECKPOINT_META as META_NAME
@@ -330,8 +330,10 @@ def _check_weights_match_config(
         ) from err
 
 
-def load_model(path: str | Path) -> ViT:
-    """The ViT saved at ``path`` (a checkpoint directory or its checkpoint.json), in eval mode."""
+def load_checkpoint_model(path: str | Path) -> ViT:
+    """The ViT saved at ``path`` (a checkpoint directory or its checkpoint.json), in eval mode: the weights alone.
+
+    :func:`vit_einops.load_model` loads the same directory with the run's class names and preprocessing too."""
     return load_checkpoint(path).build_model()
 
 

@@ -1,0 +1,148 @@
+"""Our state-dict layout and the checks every reader of weights shares: keys and shapes against a config, tensor
+types and finiteness, casts, the patch projection's two forms, and the bytes of a safetensors file.
+
+Model files (:mod:`vit_einops.modelfile`), the converters (:mod:`vit_einops.interop`) and training checkpoints
+(:mod:`vit_einops.train.checkpoint`) all read weights through here, so a bad state dict gets the same error from each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .config import ViTConfig
+from .model import ViT
+from .patch_embed import conv_to_linear_weight, linear_to_conv_weight
+
+# The ViTConfig fields a state dict cannot pin down and that change no tensor: callers may set them freely.
+FREE_FIELDS = ("dropout", "attn_dropout", "attn_impl", "patchify", "layer_norm_eps")
+PATCH_WEIGHT = "patch_embed.proj.weight"
+
+
+class StateDictMismatchError(ValueError):
+    """A state dict does not fit the expected layout; lists every missing, unexpected and mis-shaped key."""
+
+    def __init__(
+        self,
+        source: str,
+        missing: list[str],
+        unexpected: list[str],
+        mis_shaped: dict[str, tuple[tuple[int, ...], tuple[int, ...]]],
+    ) -> None:
+        self.missing, self.unexpected, self.mis_shaped = missing, unexpected, mis_shaped
+        lines = [f"{source} state dict does not match the expected layout:"]
+        if missing:
+            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
+        if unexpected:
+            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+        for key, (got, want) in mis_shaped.items():
+            lines.append(f"  mis-shaped {key}: got {tuple(got)}, expected {tuple(want)}")
+        super().__init__("\n".join(lines))
+
+
+def check_state_dict(state_dict: Any, source: str) -> dict[str, torch.Tensor]:
+    """Return ``state_dict`` as a plain dict after checking it maps str keys to tensors."""
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(
+            f"{source} state dict must be a mapping of str to torch.Tensor, got {type(state_dict).__name__}"
+        )
+    for key, value in state_dict.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"{source} state dict must map str to torch.Tensor; key {key!r} holds {type(value).__name__}"
+            )
+    return dict(state_dict)
+
+
+def check_keys(state_dict: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Size], source: str) -> None:
+    """Raise :class:`StateDictMismatchError` unless ``state_dict`` has exactly the keys and shapes of ``expected``."""
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    mis_shaped = {
+        k: (tuple(v.shape), tuple(expected[k]))
+        for k, v in state_dict.items()
+        if k in expected and tuple(v.shape) != tuple(expected[k])
+    }
+    if missing or unexpected or mis_shaped:
+        raise StateDictMismatchError(source, missing, unexpected, mis_shaped)
+
+
+def check_weights(state_dict: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype | None) -> None:
+    """Every tensor floating point and finite; with ``dtype`` None, all of one dtype (a model runs in one)."""
+    not_float = sorted(k for k, v in state_dict.items() if not v.is_floating_point())
+    if not_float:
+        k = not_float[0]
+        raise ValueError(
+            f"{source}: weights must be floating point; {len(not_float)} tensors are not, e.g. {k!r} "
+            f"({state_dict[k].dtype})"
+        )
+    dtypes = sorted({str(v.dtype) for v in state_dict.values()})
+    if dtype is None and len(dtypes) > 1:
+        raise ValueError(f"{source}: tensors of several dtypes {dtypes}; pass dtype=torch.float32 to cast them")
+    bad = [k for k, v in state_dict.items() if not torch.isfinite(v).all()]
+    if bad:
+        raise ValueError(f"{source}: non-finite values (nan or inf) in {len(bad)} tensors, e.g. {bad[0]!r}")
+
+
+def cast_weights(
+    state_dict: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype | None
+) -> dict[str, torch.Tensor]:
+    """:func:`check_weights`, then every tensor cast to ``dtype`` (None keeps them as they are)."""
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+    state_dict = check_state_dict(state_dict, source)
+    check_weights(state_dict, source, dtype)
+    return state_dict if dtype is None else {k: v.to(dtype) for k, v in state_dict.items()}
+
+
+def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
+    """Our state-dict keys and shapes for ``config``, from a model on the meta device (no memory, no init cost)."""
+    with torch.device("meta"):
+        model = ViT.from_config(config)
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+def build_vit(config: ViTConfig, state_dict: Mapping[str, torch.Tensor]) -> ViT:
+    """A ViT for ``config`` holding copies of ``state_dict``'s tensors, in their dtype and on their device.
+
+    Built on the meta device: the random init that loading would overwrite is never computed (seconds for ViT-H).
+    """
+    with torch.device("meta"):
+        model = ViT.from_config(config)
+    model.load_state_dict({k: v.detach().clone() for k, v in state_dict.items()}, assign=True)
+    return model
+
+
+def check_free_fields(overrides: Mapping[str, Any]) -> None:
+    """Only fields that no tensor pins down may be overridden when a config is inferred."""
+    fixed = sorted(set(overrides) - set(FREE_FIELDS))
+    if fixed:
+        raise ValueError(
+            f"{fixed} are read from the state dict and cannot be overridden; "
+            f"the fields that can are {', '.join(FREE_FIELDS)}"
+        )
+
+
+def convert_patchify(
+    state_dict: dict[str, torch.Tensor], config: ViTConfig, source: str, target: str
+) -> dict[str, torch.Tensor]:
+    """Move the patch projection between its Conv2d (D, C, p1, p2) and Linear (D, p1 p2 C) forms, in place."""
+    if source != target:
+        w = state_dict[PATCH_WEIGHT]
+        state_dict[PATCH_WEIGHT] = (
+            conv_to_linear_weight(w)
+            if target == "linear"
+            else linear_to_conv_weight(w, config.in_channels, config.patch_size)
+        )
+    return state_dict
+
+
+def safetensors_bytes(state_dict: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """``state_dict`` as the bytes of a safetensors file (CPU, contiguous; tensors that share storage are copied)."""
+    from safetensors.torch import save
+
+    # safetensors stores each tensor once, densely: make every tensor contiguous and unshared.
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
+    return save(tensors, metadata=metadata)
