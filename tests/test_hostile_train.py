@@ -193,7 +193,8 @@ def test_an_output_that_is_a_file_or_under_a_file_is_refused_before_the_first_ep
     target.write_text("my notes")
     before = tree_hashes(tmp_path)
     assert_cli_error(cli("--out", target), re.escape(f"output directory '{target}' is a file") + ".*")
-    assert_cli_error(cli("--out", target / "run"), re.escape(f"cannot create output directory '{target / 'run'}'") + ".*")
+    under = target / "run"
+    assert_cli_error(cli("--out", under), re.escape(f"cannot create output directory '{under}'") + ".*")
     assert tree_hashes(tmp_path) == before
 
 
@@ -329,7 +330,8 @@ def test_a_non_finite_loss_stops_the_cli_run_and_keeps_the_last_finite_checkpoin
     last = done.stderr.strip().splitlines()[-1]
     # what diverged and when, the learning rate, and which epoch the checkpoint still holds
     checkpoint = re.escape(str(out / "checkpoint"))
-    assert re.fullmatch(rf"vit-einops train: error: .*epoch 2\b.*\bnan\b.*1e\+30.*{checkpoint}.*epoch 1\b.*", last), last
+    expected = rf"vit-einops train: error: .*epoch 2\b.*\bnan\b.*1e\+30.*{checkpoint}.*epoch 1\b.*"
+    assert re.fullmatch(expected, last), last
     assert load_checkpoint(out / "checkpoint").train_state["epoch"] == 1
     assert [r["epoch"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [1]
     assert not (out / "summary.json").exists()  # the run did not end as if it had succeeded
