@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..attention import MultiHeadAttention
-from ..chunked import default_chunk_elements
+from ..chunk_plan import default_chunk_elements
 from ..presets import create_vit
 from ..reference import torch_reference_vit
 from .measure import peak_memory_bytes, time_interleaved
