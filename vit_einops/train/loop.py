@@ -336,7 +336,8 @@ def _run(
                 f"train acc {record['train_acc']:.4f}{test}  ({record['seconds']:.1f} s)",
                 file=sys.stderr,
             )
-            # A checkpoint costs ~0.1 s of fsyncs here: after every epoch of the 0.7 s digits epochs that was 13%.
+            # At most one checkpoint per save_interval: its fsyncs after every epoch of a sub-second epoch would be a
+            # large share of the run (docs/performance.md).
             if out is not None and (epoch + 1 == last_epoch or time.perf_counter() - last_save >= save_interval):
                 # The checkpoint holds the records: it is the one commit point, and metrics.jsonl is rewritten from
                 # it, so a kill between the two loses no epoch (resume rewrites the file from the checkpoint).
