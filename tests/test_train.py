@@ -57,6 +57,7 @@ def test_train_config_rejects_bad_values():
         (dict(shift=-1), "shift"),
         (dict(seed=-2), "seed"),
         (dict(weight_decay=-0.1), "weight_decay"),
+        (dict(betas=(0.9, 1.0)), r"betas\[1\] must be .*, got 1.0"),
     ]:
         with pytest.raises(ValueError, match=match):
             TrainConfig(**bad)

@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
+from .._checks import check_nonnegative_float, check_positive_float
+
 # torch.utils.benchmark's own threshold: Measurement.meets_confidence() and the "may be unreliable" warning of
 # its __repr__ use IQR/median > 0.1 (0.25 for "gross" noise). A 10% spread also decides a 1.3x comparison.
 IQR_THRESHOLD = 0.10
@@ -102,12 +104,9 @@ class CpuUse:
     resolution_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.wall_s) and self.wall_s > 0):
-            raise ValueError(f"CpuUse: wall_s {self.wall_s!r} is not a positive number of seconds")
+        check_positive_float("CpuUse.wall_s", self.wall_s)
         for name in ("busy_s", "own_s", "resolution_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"CpuUse: {name} {value!r} is not a finite number of seconds >= 0")
+            check_nonnegative_float(f"CpuUse.{name}", getattr(self, name))
 
     def __add__(self, other: CpuUse) -> CpuUse:
         """Two windows as one: their seconds added (the run's check before and after the grid)."""

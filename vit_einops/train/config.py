@@ -5,11 +5,16 @@ Plain Python (no torch import), so the command line can show these defaults with
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._checks import check_nonnegative_int, check_positive_int, check_probability
+from .._checks import (
+    check_nonnegative_float,
+    check_nonnegative_int,
+    check_positive_float,
+    check_positive_int,
+    check_probability,
+)
 
 DEFAULT_TEST_FRACTION = 0.2  # held out, stratified, when no test set is given
 SAVE_INTERVAL = 5.0  # seconds at least between checkpoints (the last epoch is always saved): a kill loses at most this
@@ -44,14 +49,12 @@ class TrainConfig:
         check_positive_int("batch_size", self.batch_size)
         check_probability("label_smoothing", self.label_smoothing)
         check_nonnegative_int("warmup_epochs", self.warmup_epochs)
-        self.lr = finite_number("lr", self.lr, minimum=0.0, inclusive=False)
-        self.clip_norm = finite_number("clip_norm", self.clip_norm, minimum=0.0, inclusive=False)
-        self.weight_decay = finite_number("weight_decay", self.weight_decay, minimum=0.0)
+        self.lr = check_positive_float("lr", self.lr)
+        self.clip_norm = check_positive_float("clip_norm", self.clip_norm)
+        self.weight_decay = check_nonnegative_float("weight_decay", self.weight_decay)
         if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
             raise TypeError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
-        self.betas = tuple(finite_number(f"betas[{i}]", b, minimum=0.0) for i, b in enumerate(self.betas))
-        if not all(b < 1.0 for b in self.betas):
-            raise ValueError(f"betas must be in [0, 1), got {self.betas}")
+        self.betas = tuple(check_probability(f"betas[{i}]", b) for i, b in enumerate(self.betas))
         check_nonnegative_int("shift", self.shift)
         check_nonnegative_int("seed", self.seed)
         if self.seed >= MAX_SEED:
@@ -62,12 +65,3 @@ class TrainConfig:
         d["betas"] = list(self.betas)
         return d
 
-
-def finite_number(name: str, value: Any, *, minimum: float, inclusive: bool = True) -> float:
-    """``value`` as a float if it is a finite real >= ``minimum`` (> if not ``inclusive``), else raise naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r} of type {type(value).__name__}")
-    if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
-        bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-    return float(value)
