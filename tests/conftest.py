@@ -17,9 +17,18 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 SOURCE_ROOT = str(Path(vit_einops.__file__).resolve().parent.parent)
 
 
+# torch's thread count when the session began: commands run in-process (``main(["train", "--threads", "1", ...])``,
+# in tests and in module-scoped fixtures) set it, and no test may inherit that.
+SESSION_THREADS = torch.get_num_threads()
+
+
 @pytest.fixture(autouse=True)
-def _seed():
+def _torch_state():
+    """Every test starts from seed 0 on the session's thread count."""
     torch.manual_seed(0)
+    torch.set_num_threads(SESSION_THREADS)
+    yield
+    torch.set_num_threads(SESSION_THREADS)
 
 
 @pytest.fixture(autouse=True)

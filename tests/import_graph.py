@@ -31,6 +31,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "config",
         "patch_embed",
         "attention",
+        "chunk_plan",
         "chunked",
         "blocks",
         "head",

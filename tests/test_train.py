@@ -58,6 +58,7 @@ def test_train_config_rejects_bad_values():
         (dict(shift=-1), r"\bshift\b.* -1\b"),
         (dict(seed=-2), r"\bseed\b.* -2\b"),
         (dict(weight_decay=-0.1), r"\bweight_decay\b.* -0\.1\b"),
+        (dict(betas=(0.9, 1.0)), r"\bbetas\[1\].* 1\.0\b"),
     ]:
         with pytest.raises(ValueError, match=match):
             TrainConfig(**bad)

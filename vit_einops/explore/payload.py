@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._checks import check_int_in_range
 from ..inspect import (
     attention_relevance,
     attention_rollout,
@@ -49,9 +50,8 @@ def pack(array: np.ndarray) -> str:
 
 
 def check_bits(bits: Any) -> int:
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
-        raise ValueError(f"attention bits must be an int from 2 to 8, got {bits!r}")
-    return bits
+    """Bits per stored attention weight: 2 to 8, each code one uint8."""
+    return check_int_in_range("bits", bits, 2, 8)
 
 
 def quantise_rows(maps: np.ndarray, bits: int = DEFAULT_BITS) -> tuple[np.ndarray, np.ndarray]:
