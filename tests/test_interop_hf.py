@@ -27,8 +27,9 @@ from PIL import Image
 
 from vit_einops import ViT
 from vit_einops.inspect import record_attention
+from vit_einops.images import open_image
 from vit_einops.interop import load_hf, save_hf
-from vit_einops.preprocess import Preprocessing, open_image
+from vit_einops.preprocess import Preprocessing
 
 REASON = "{} is not installed: it needs torch 2.14.1; .ci/run-interop runs these tests in a venv of their own"
 

@@ -15,8 +15,9 @@ from vit_einops.cli import main
 from vit_einops.interop import save_state_dict_file, to_torchvision
 from vit_einops import load_model
 from vit_einops.modelfile import save_vit
+from vit_einops.images import open_image
 from vit_einops.predict import Prediction, predict
-from vit_einops.preprocess import Preprocessing, open_image
+from vit_einops.preprocess import Preprocessing
 
 
 @pytest.fixture

@@ -8,50 +8,19 @@ for top in predict(model, ["photo.jpg"], top_k=5):
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 from ._checks import check_positive_int
+from .images import load_images
 from .model import ViT
-from .preprocess import open_image
 
 
 class Prediction(NamedTuple):
     index: int  # the logit's index
     label: str  # its class name, or the index as text when the model has none
     probability: float  # softmax over all logits
-
-
-def load_images(model: ViT, images: Any) -> torch.Tensor:
-    """(b, C, H, W) float32 for ``images``: one or a list of paths, PIL images or preprocessed (C, H, W) tensors,
-    or a (b, C, H, W) batch. Paths and PIL images go through ``model.transforms()``."""
-    from PIL import Image
-
-    if isinstance(images, torch.Tensor):
-        batch = images.unsqueeze(0) if images.ndim == 3 else images
-        model.check_input(batch)
-        return batch
-    if isinstance(images, (str, os.PathLike, Image.Image)):
-        images = [images]
-    if not isinstance(images, Sequence) or not images:
-        raise TypeError(
-            f"images must be a path, a PIL image, a tensor, or a non-empty list of them; got {type(images).__name__}"
-        )
-    tensors = []
-    for item in images:
-        if isinstance(item, (str, os.PathLike)):
-            item = open_image(item)
-        if isinstance(item, Image.Image):
-            item = model.transforms()(item)
-        if not isinstance(item, torch.Tensor) or item.ndim != 3:
-            raise TypeError(f"each image must be a path, a PIL image or a (C, H, W) tensor, got {type(item).__name__}")
-        tensors.append(item)
-    batch = torch.stack(tensors)
-    model.check_input(batch)
-    return batch
 
 
 def labels_for(model: ViT, indices: torch.Tensor) -> list[str]:
@@ -69,7 +38,8 @@ def labels_for(model: ViT, indices: torch.Tensor) -> list[str]:
 def predict(model: ViT, images: Any, top_k: int = 5, batch_size: int = 64) -> list[list[Prediction]]:
     """The ``top_k`` most probable classes of each image, most probable first.
 
-    ``images``: as :func:`load_images`. The model is run in eval mode (and put back in the mode it had).
+    ``images``: as :func:`vit_einops.images.load_images`. The model is run in eval mode (and put back in the mode
+    it had).
     """
     if not isinstance(model, ViT):
         raise TypeError(f"predict expects a vit_einops.ViT, got {type(model).__name__}")

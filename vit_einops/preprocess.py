@@ -14,17 +14,14 @@ bring weights from disagree on those inputs:
 
 :class:`Preprocessing` records one such recipe; ``model.transforms()`` returns it, and it is a callable from a PIL
 image to a tensor. Only PIL and torch are used: each step reproduces the library's own to float32 rounding.
-:func:`open_image` reads a file into an 8-bit PIL image of any mode, safely (regular files only, a pixel cap,
-16-bit images scaled rather than clipped).
+Files are opened by :func:`vit_einops.images.open_image`.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import stat
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,11 +33,6 @@ BACKENDS = ("pil", "torch")  # who resizes: PIL (torchvision and timm on PIL ima
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # torchvision's and timm's IMAGENET_DEFAULT_MEAN
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INCEPTION_MEAN = INCEPTION_STD = (0.5, 0.5, 0.5)  # timm's augreg ViTs and google/vit-* on the hub
-
-# An image larger than this many pixels is refused before it is decoded. PIL's own guard (MAX_IMAGE_PIXELS,
-# ~89M, an error at twice that) is global state we must not change; ours is a per-call limit with a clear error.
-MAX_PIXELS = 128 * 1024 * 1024
-MAX_FILE_BYTES = 1 << 30  # 1 GiB: no image a ViT is shown needs more
 
 
 @dataclass(frozen=True)
@@ -134,10 +126,12 @@ class Preprocessing:
         """A PIL image (any mode) -> (C, H, W) float32."""
         from PIL import Image
 
+        from .images import to_model_mode
+
         if not isinstance(image, Image.Image):
             raise TypeError(
                 f"preprocessing takes a PIL image, got {type(image).__name__}; "
-                f"read files with vit_einops.preprocess.open_image(path)"
+                f"read files with vit_einops.open_image(path)"
             )
         image = to_model_mode(image, self.channels)
         if self.backend == "pil":
@@ -322,81 +316,3 @@ def _center_crop_tensor(x: torch.Tensor, crop: tuple[int, int]) -> torch.Tensor:
         h, w = x.shape[-2:]
     top, left = _crop_box(h, w, crop)
     return x[..., top : top + ch, left : left + cw]
-
-
-# --- reading images -------------------------------------------------------------------------------------------
-
-
-def to_model_mode(image: Any, channels: int) -> Any:
-    """An 8-bit "L" (channels 1) or "RGB" (channels 3) copy of a PIL image of any mode.
-
-    Transparency is dropped, not composited (``convert("RGB")``, as torchvision's and timm's loaders do); palette
-    images are expanded; 16-bit and 32-bit integer images ("I;16", "I") are scaled from 0..65535 to 0..255 rather than
-    clipped at 255 (which would turn every pixel above 255 white).
-    """
-    if channels not in (1, 3):
-        raise ValueError(f"images are read as grey (1 channel) or RGB (3 channels), not {channels} channels")
-    target = "L" if channels == 1 else "RGB"
-    if image.mode.startswith("I") or image.mode == "F":
-        image = _eight_bit(image)
-    if image.mode == target:
-        return image
-    if image.mode in ("P", "PA") and target == "L":
-        image = image.convert("RGBA")
-    try:
-        return image.convert(target)
-    except ValueError as err:
-        raise ValueError(f"cannot convert a {image.mode} image to {target}: {err}") from err
-
-
-def _eight_bit(image: Any) -> Any:
-    import numpy as np
-    from PIL import Image
-
-    array = np.asarray(image, dtype=np.float64)
-    if image.mode == "F":
-        if not np.isfinite(array).all():
-            raise ValueError("a floating-point image holds non-finite pixels (nan or inf)")
-        full = 1.0 if array.size and array.max() <= 1.0 and array.min() >= 0.0 else 65535.0
-    else:
-        full = 65535.0  # 16-bit PNG/TIFF, whichever integer mode Pillow reads it as
-    return Image.fromarray(np.clip(np.rint(array * (255.0 / full)), 0, 255).astype(np.uint8), mode="L")
-
-
-def open_image(path: str | os.PathLike) -> Any:
-    """Read an image file into a PIL image (decoded, file closed), refusing what is not a sane image file.
-
-    Raises ValueError naming the file: a missing path, a directory, a FIFO or device (opening one would block or
-    never end), a file over 1 GiB, a format PIL cannot read, or more than :data:`MAX_PIXELS` pixels (checked from
-    the header, before decoding). The image keeps its mode; :class:`Preprocessing` converts it.
-    """
-    import warnings
-
-    from PIL import Image, UnidentifiedImageError
-
-    path = Path(path)
-    try:
-        st = os.stat(path)
-    except OSError as err:
-        raise ValueError(f"cannot read image {str(path)!r}: {err.strerror or err}") from err
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"cannot read image {str(path)!r}: not a regular file")
-    if st.st_size > MAX_FILE_BYTES:
-        raise ValueError(f"cannot read image {str(path)!r}: {st.st_size} bytes, over the limit of {MAX_FILE_BYTES}")
-    try:
-        with warnings.catch_warnings():
-            # PIL warns above its own pixel guard; ours below is the check that counts, with a clear message.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
-                pixels = img.width * img.height
-                if pixels > MAX_PIXELS:
-                    raise ValueError(
-                        f"cannot read image {str(path)!r}: {img.width}x{img.height} = {pixels} pixels, "
-                        f"over the limit of {MAX_PIXELS}"
-                    )
-                img.load()
-                return img.copy()
-    except Image.DecompressionBombError as err:
-        raise ValueError(f"cannot read image {str(path)!r}: {err}") from err
-    except (UnidentifiedImageError, OSError, SyntaxError) as err:
-        raise ValueError(f"cannot read image {str(path)!r}: not an image PIL can decode ({err})") from err

@@ -138,38 +138,23 @@ def default_images(model: Any, files: list[str] | None, num_digits: int, distanc
     ``files`` given: those files. Otherwise test digits (one per class first) for a digits model, and scikit-learn's
     two sample photos for any other model. No training data is read from where a checkpoint says it was.
     """
-    import dataclasses
-
-    import torch
-
-    from ..predict import load_images
-    from ..preprocess import open_image
+    from ..images import display_images, load_images, open_image, sample_images
 
     if not files and is_digits_model(model):
         from ..train.data import load_digits
 
         test = load_digits()[1]
         chosen = [int((test.labels == c).nonzero()[0]) for c in range(len(test.classes))][:num_digits]
-        images = test.images[chosen]  # already in [0, 1], as the model was trained on them
-        return {
-            "inputs": images,
-            "display": images,
-            "titles": [f"test digit, label {test.classes[int(test.labels[i])]}" for i in chosen],
-            "distance": test.images[:distance_digits] if distance_digits else None,
-        }
-    if files:
-        pictures, titles = [open_image(f) for f in files], [Path(f).name for f in files]
+        pictures = test.images[chosen]  # already in [0, 1], as the model was trained on them
+        titles = [f"test digit, label {test.classes[int(test.labels[i])]}" for i in chosen]
+        distance = test.images[:distance_digits] if distance_digits else None
+    elif files:
+        pictures, titles, distance = [open_image(f) for f in files], [Path(f).name for f in files], None
     else:
-        from PIL import Image
-        from sklearn.datasets import load_sample_images
-
-        sample = load_sample_images()
-        pictures, titles = [Image.fromarray(a) for a in sample.images], [Path(f).name for f in sample.filenames]
-    prep = model.transforms()
-    shown = dataclasses.replace(prep, mean=(0.0,) * prep.channels, std=(1.0,) * prep.channels)
+        (pictures, titles), distance = sample_images(), None
     return {
         "inputs": load_images(model, pictures),
-        "display": torch.stack([shown(p) for p in pictures]),
+        "display": display_images(model, pictures),
         "titles": titles,
-        "distance": None,
+        "distance": distance,
     }

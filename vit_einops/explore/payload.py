@@ -83,16 +83,6 @@ def png_base64(picture: np.ndarray) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def picture_from_input(image: torch.Tensor) -> np.ndarray:
-    """A model input (C, H, W) as a displayable uint8 picture: each channel stretched to [0, 255] (inputs may be
-    normalised with a mean and std, so their range is unknown)."""
-    x = image.detach().double().cpu()
-    low = x.amin(dim=(1, 2), keepdim=True)
-    span = (x.amax(dim=(1, 2), keepdim=True) - low).clamp_min(1e-12)
-    pixels = ((x - low) / span * 255).round().to(torch.uint8)
-    return pixels[0].numpy() if pixels.shape[0] == 1 else pixels[:3].permute(1, 2, 0).numpy()  # (H, W, C)
-
-
 def class_label(index: int, class_names: Sequence[str] | None) -> str:
     """The name of output ``index``, or "" where none is known (the page then shows only the index)."""
     if class_names is not None and index < len(class_names):

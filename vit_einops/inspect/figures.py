@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from .._checks import check_index
 from .._plot import new_figure
+from ..images import to_display
 from .record import record_attention
 from .rollout import attention_rollout, class_attention_grid
 
@@ -31,18 +32,9 @@ def grid_shape(panels: int) -> tuple[int, int]:
     return math.ceil(panels / cols), cols
 
 
-def _display(image: torch.Tensor) -> torch.Tensor:
-    """(C, H, W) -> what imshow draws: as is when in [0, 1], else min-max scaled (a normalised model input)."""
-    image = image.detach().float().cpu()
-    lo, hi = image.min(), image.max()
-    if lo < 0 or hi > 1:
-        image = (image - lo) / (hi - lo).clamp_min(1e-12)
-    return image
-
-
 def _show_image(ax, image: torch.Tensor) -> None:
     """(C, H, W) -> grey or RGB panel without ticks."""
-    image = _display(image)
+    image = to_display(image)
     if image.shape[0] == 1:
         ax.imshow(image[0].numpy(), cmap="gray", vmin=0, vmax=1)
     else:
