@@ -75,7 +75,7 @@ def test_embedded_arrays_are_the_recorded_numbers_within_the_stated_precision(tm
         assert (error <= rowmax[..., None] / (2 * levels) * (1 + 1e-6)).all()
         assert error.max() > rowmax.max() / (2 * levels) / 10  # it is quantised, not stored exactly
         for c, cls in enumerate(image["top"]):
-            assert cls["index"] == int(top.indices[i, c]) and cls["name"] == ""
+            assert cls["index"] == int(top.indices[i, c]) and cls["name"] == f"class {cls['index']}"
             assert cls["probability"] == pytest.approx(float(top.values[i, c]))
             stored = decode(cls["relevance"], np.float16, (n, n)).astype(np.float64) * cls["relevance_scale"]
             bound = np.abs(relevance[i, c]) * 2**-11 + cls["relevance_scale"] * 2**-25

@@ -16,7 +16,7 @@ from vit_einops.interop import save_state_dict_file, to_torchvision
 from vit_einops import load_model
 from vit_einops.modelfile import save_vit
 from vit_einops.images import open_image
-from vit_einops.predict import Prediction, predict
+from vit_einops.predict import Prediction, class_name, predict
 from vit_einops.preprocess import Preprocessing
 
 
@@ -65,9 +65,27 @@ def test_predict_accepts_pil_images_tensors_and_single_paths(model, images):
     assert len(predict(model, images, top_k=99)[0]) == 5  # capped at the number of classes
 
 
-def test_indices_when_the_model_has_no_names(model, images):
+def test_class_name_is_the_recorded_name_or_class_and_index():
+    assert class_name(2, ["cat", "dog", "bird"]) == "bird"
+    assert class_name(7, ["cat", "dog", "bird"]) == "class 7"  # more outputs than names: a preset on the digits
+    assert class_name(-1, ["cat", "dog", "bird"]) == "class -1"
+    assert class_name(7, None) == "class 7"
+
+
+def test_unnamed_classes_in_predictions_and_the_table(model, images, tmp_path, capsys):
     model.class_names = None
-    assert all(p.label == str(p.index) for p in predict(model, images[:1])[0])
+    assert all(p.label == f"class {p.index}" for p in predict(model, images[:1])[0])
+    save_vit(model, tmp_path / "m.safetensors")
+    assert main(["predict", str(tmp_path / "m.safetensors"), str(images[0]), "--top-k", "1"]) == 0
+    top = predict(model, images[0], top_k=1)[0][0]
+    assert capsys.readouterr().out.splitlines()[1].split() == [f"{top.probability:.2%}", "class", str(top.index)]
+
+
+def test_named_classes_in_the_table_carry_their_index(model, images, tmp_path, capsys):
+    save_vit(model, tmp_path / "m.safetensors")
+    assert main(["predict", str(tmp_path / "m.safetensors"), str(images[0]), "--top-k", "1"]) == 0
+    top = predict(model, images[0], top_k=1)[0][0]
+    assert capsys.readouterr().out.splitlines()[1].split() == [f"{top.probability:.2%}", top.label, f"({top.index})"]
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ from ..inspect import (
     record_attention,
     token_norms,
 )
+from ..predict import class_name
 
 DEFAULT_BITS = 8
 HALF_RELATIVE = 2.0**-11  # float16: 10 stored mantissa bits, rounding to nearest
@@ -83,13 +84,6 @@ def png_base64(picture: np.ndarray) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def class_label(index: int, class_names: Sequence[str] | None) -> str:
-    """The name of output ``index``, or "" where none is known (the page then shows only the index)."""
-    if class_names is not None and index < len(class_names):
-        return str(class_names[index])
-    return ""
-
-
 def _as_list(t: torch.Tensor, digits: int = 6) -> Any:
     return np.round(t.detach().double().cpu().numpy(), digits).tolist()
 
@@ -132,7 +126,7 @@ def build_payload(
             classes.append(
                 {
                     "index": index,
-                    "name": class_label(index, class_names),
+                    "name": class_name(index, class_names),
                     "probability": float(top.values[i, c]),
                     "logit": float(logits[i, index]),
                     "relevance": pack(rel16),
