@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -144,6 +145,36 @@ def test_cli_preprocessing_flags_override_the_record(model, images, tmp_path, ca
     assert [p["index"] for p in plain] == [p.index for p in predict(model, images[0])[0]]
     assert main([*args, "--crop", "16"]) == 2
     assert "preprocessing produces (16, 16) images; the model takes (32, 32)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("convention", ["torchvision", "timm", "hf", "plain"])
+def test_cli_preprocessing_convention_and_crop_pct(model, images, tmp_path, capsys, convention):
+    """--preprocessing NAME is Preprocessing.convention(NAME) at the model's size; --crop-pct applies timm's resize
+    and crop to it (so --preprocessing timm --crop-pct P is Preprocessing.timm(crop_pct=P))."""
+    save_vit(model, tmp_path / "m.safetensors")
+    args = ["predict", str(tmp_path / "m.safetensors"), str(images[0]), "--json", "--preprocessing", convention]
+
+    def same_as(argv, preprocessing):
+        assert main(argv) == 0
+        printed = json.loads(capsys.readouterr().out)[0]["top"]
+        model.preprocessing = preprocessing
+        expected = predict(model, images[0])[0]
+        assert [p["index"] for p in printed] == [p.index for p in expected]
+        assert [p["probability"] for p in printed] == pytest.approx([p.probability for p in expected], abs=1e-6)
+
+    base = Preprocessing.convention(convention, (32, 32))
+    same_as(args, base)
+    timm = Preprocessing.timm(crop=32, crop_pct=0.5)
+    same_as([*args, "--crop-pct", "0.5"], dataclasses.replace(base, resize=timm.resize, crop=timm.crop))
+
+
+@pytest.mark.parametrize("crop_pct", ["0", "1.5", "nan"])
+def test_cli_bad_crop_pct_is_named(model, images, tmp_path, capsys, crop_pct):
+    save_vit(model, tmp_path / "m.safetensors")
+    for convention in ("timm", "plain"):
+        argv = ["predict", str(tmp_path / "m.safetensors"), str(images[0]), "--preprocessing", convention]
+        assert main([*argv, "--crop-pct", crop_pct]) == 2
+        assert f"crop_pct must be in (0, 1], got {float(crop_pct)}" in capsys.readouterr().err
 
 
 def test_cli_errors_are_one_line(tmp_path, model, capsys):

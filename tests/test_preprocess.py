@@ -1,14 +1,17 @@
 """Preprocessing without the reference libraries (those comparisons are in test_interop_hf.py): the geometry of the
-resize and crop, and normalisation. Reading image files is tested in test_images.py."""
+resize and crop, normalisation, the conventions by name, and the Hugging Face preprocessor_config round trip."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from vit_einops.preprocess import Preprocessing
+from vit_einops.interop.hf import preprocessing_from_hf, preprocessing_to_hf
+from vit_einops.preprocess import CONVENTIONS, Preprocessing
 
 
 def test_shorter_side_resize_and_centre_crop_geometry():
@@ -69,3 +72,54 @@ def test_record_round_trips_through_json_dict():
 def test_not_a_pil_image():
     with pytest.raises(TypeError, match="takes a PIL image, got Tensor; read files with"):
         Preprocessing.plain(8)(torch.zeros(3, 8, 8))
+
+
+def test_each_convention_is_built_by_name_at_the_models_size():
+    expected = {
+        "torchvision": Preprocessing.torchvision(crop=(32, 48)),
+        "timm": Preprocessing.timm(crop=(32, 48)),
+        "hf": Preprocessing.hf((32, 48)),
+        "plain": Preprocessing.plain((32, 48)),
+    }
+    assert sorted(CONVENTIONS) == sorted(expected)
+    for name in CONVENTIONS:
+        p = Preprocessing.convention(name, (32, 48))
+        assert p == expected[name] and p(Image.new("RGB", (70, 50))).shape == (3, 32, 48)
+
+
+def test_an_unknown_convention_is_named():
+    with pytest.raises(ValueError, match="preprocessing convention 'keras'"):
+        Preprocessing.convention("keras", 32)
+
+
+def test_hf_processor_config_round_trips_and_its_defaults_are_the_hf_convention():
+    p = Preprocessing.hf((32, 48), channels=1)
+    config = preprocessing_to_hf(p)
+    assert config["size"] == {"height": 32, "width": 48} and config["image_mean"] == [0.5]
+    assert preprocessing_from_hf(config, channels=1) == p
+    assert preprocessing_from_hf({}) == Preprocessing.hf(224)  # ViTImageProcessor's defaults
+    shorter = preprocessing_from_hf({"size": {"shortest_edge": 40}, "do_center_crop": True, "crop_size": 32})
+    assert (shorter.resize, shorter.crop) == (40, (32, 32))
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ({"size": "big"}, "'size' must be an object or an int, got 'big'"),
+        ({"size": {"wide": 3}}, "'size' {'wide': 3}"),
+        ({"do_resize": False}, "do_resize false"),
+        ({"resample": 1}, "resample 1 is not supported"),
+        ({"rescale_factor": 0.5}, "rescale_factor 0.5"),
+        ({"do_center_crop": True, "crop_size": {"h": 2}}, "'crop_size' {'h': 2}"),
+    ],
+)
+def test_bad_hf_processor_configs(config, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        preprocessing_from_hf(config)
+
+
+def test_what_vit_image_processor_cannot_express():
+    with pytest.raises(ValueError, match="ViTImageProcessor cannot express"):
+        preprocessing_to_hf(Preprocessing.torchvision())
+    with pytest.raises(TypeError, match="got dict"):
+        preprocessing_to_hf({"resize": 224})

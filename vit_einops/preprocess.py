@@ -10,11 +10,14 @@ bring weights from disagree on those inputs:
   ``floor(224 / crop_pct)`` = 248 for crop_pct 0.9 (bicubic, PIL), centre-crop 224, normalise with mean = std = 0.5.
 - Hugging Face (``ViTImageProcessor`` from ``preprocessor_config.json``): resize to exactly 224 x 224 (bilinear, on a
   uint8 tensor with antialiasing: transformers 5 resizes with torch, not PIL), no crop, scale by 1/255, normalise
-  (mean = std = 0.5 for google/vit-*).
+  (mean = std = 0.5 for google/vit-*). Reading its ``preprocessor_config.json`` is
+  :func:`vit_einops.interop.hf.preprocessing_from_hf`.
 
 :class:`Preprocessing` records one such recipe; ``model.transforms()`` returns it, and it is a callable from a PIL
 image to a tensor. Only PIL and torch are used: each step reproduces the library's own to float32 rounding.
-Files are opened by :func:`vit_einops.images.open_image`.
+:data:`CONVENTIONS` names the recipes (``Preprocessing.convention(name, image_size)``); torch is imported only
+when an image is transformed, so the command line's ``--help`` can list them. Files are opened by
+:func:`vit_einops.images.open_image`.
 """
 
 from __future__ import annotations
@@ -22,17 +25,19 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ._checks import check_choice, check_positive_int, to_pair
+
+if TYPE_CHECKING:
+    import torch
 
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 BACKENDS = ("pil", "torch")  # who resizes: PIL (torchvision and timm on PIL images) or torch (HF's processors)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # torchvision's and timm's IMAGENET_DEFAULT_MEAN
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INCEPTION_MEAN = INCEPTION_STD = (0.5, 0.5, 0.5)  # timm's augreg ViTs and google/vit-* on the hub
+CONVENTIONS = ("torchvision", "timm", "hf", "plain")  # the recipes by name: Preprocessing.convention
 
 
 @dataclass(frozen=True)
@@ -105,9 +110,34 @@ class Preprocessing:
         return cls(resize=resize, crop=(h, w), interpolation=interpolation, mean=mean, std=std)
 
     @classmethod
+    def hf(cls, image_size: int | tuple[int, int] = 224, channels: int = 3) -> "Preprocessing":
+        """transformers' ``ViTImageProcessor`` defaults (google/vit-*): resize to exactly ``image_size`` with torch
+        (bilinear, antialiased), no crop, mean = std = 0.5."""
+        return cls(
+            resize=to_pair("image_size", image_size),
+            interpolation="bilinear",
+            mean=(0.5,) * channels,
+            std=(0.5,) * channels,
+            backend="torch",
+        )
+
+    @classmethod
     def plain(cls, image_size: int | tuple[int, int], channels: int = 3) -> "Preprocessing":
         """Resize to the model's size and scale to [0, 1], no normalisation: what ``vit-einops train`` feeds."""
         return cls(resize=to_pair("image_size", image_size), mean=(0.0,) * channels, std=(1.0,) * channels)
+
+    @classmethod
+    def convention(cls, name: str, image_size: int | tuple[int, int], channels: int = 3) -> "Preprocessing":
+        """The convention ``name`` (one of :data:`CONVENTIONS`) for a model of ``image_size`` (its crop, or the
+        exact size it resizes to), with its defaults. torchvision's and timm's normalise three channels."""
+        check_choice("preprocessing convention", name, CONVENTIONS)
+        if name == "torchvision":
+            return cls.torchvision(crop=image_size)
+        if name == "timm":
+            return cls.timm(crop=image_size)
+        if name == "hf":
+            return cls.hf(image_size, channels)
+        return cls.plain(image_size, channels)
 
     # --- use --------------------------------------------------------------------------------------------------
 
@@ -124,6 +154,7 @@ class Preprocessing:
 
     def __call__(self, image: Any) -> torch.Tensor:
         """A PIL image (any mode) -> (C, H, W) float32."""
+        import torch
         from PIL import Image
 
         from .images import to_model_mode
@@ -165,6 +196,8 @@ class Preprocessing:
         return image.resize((w, h), resample)
 
     def _resize_torch(self, x: torch.Tensor) -> torch.Tensor:
+        import torch
+
         h, w = self._target_size(x.shape[-2], x.shape[-1])
         if (h, w) == tuple(x.shape[-2:]):
             return x
@@ -202,68 +235,6 @@ class Preprocessing:
             raise ValueError("a preprocessing record needs 'resize'")
         return cls(**d)
 
-    @classmethod
-    def from_hf(cls, processor_config: dict[str, Any], channels: int = 3) -> "Preprocessing":
-        """From a Hugging Face ``preprocessor_config.json`` (ViTImageProcessor and the ones shaped like it)."""
-        if not isinstance(processor_config, dict):
-            raise TypeError(f"preprocessor_config must be a JSON object, got {type(processor_config).__name__}")
-        cfg = processor_config
-        size = cfg.get("size", {"height": 224, "width": 224})
-        if isinstance(size, int):
-            size = {"height": size, "width": size}
-        if not isinstance(size, dict):
-            raise ValueError(f"preprocessor_config 'size' must be an object or an int, got {size!r}")
-        if "shortest_edge" in size:
-            resize: int | tuple[int, int] = size["shortest_edge"]
-        elif {"height", "width"} <= set(size):
-            resize = (size["height"], size["width"])
-        else:
-            raise ValueError(f"preprocessor_config 'size' {size!r}: expected height and width, or shortest_edge")
-        if cfg.get("do_resize", True) is False:
-            raise ValueError("preprocessor_config has do_resize false: images of any size would reach the model")
-        crop = None
-        if cfg.get("do_center_crop"):
-            c = cfg.get("crop_size", {})
-            c = {"height": c, "width": c} if isinstance(c, int) else c
-            if not isinstance(c, dict) or not {"height", "width"} <= set(c):
-                raise ValueError(f"preprocessor_config 'crop_size' {c!r}: expected height and width")
-            crop = (c["height"], c["width"])
-        # PIL's resample codes: 0 nearest, 2 bilinear, 3 bicubic (others have no torch counterpart).
-        resample = cfg.get("resample", 2)
-        names = {0: "nearest", 2: "bilinear", 3: "bicubic"}
-        if resample not in names:
-            raise ValueError(f"preprocessor_config resample {resample!r} is not supported; expected 0, 2 or 3")
-        scale = cfg.get("rescale_factor", 1 / 255) if cfg.get("do_rescale", True) else 1.0
-        if not math.isclose(scale, 1 / 255, rel_tol=1e-6):
-            raise ValueError(f"preprocessor_config rescale_factor {scale!r}: only 1/255 (uint8 to [0, 1]) is supported")
-        if cfg.get("do_normalize", True):
-            mean, std = cfg.get("image_mean", INCEPTION_MEAN), cfg.get("image_std", INCEPTION_STD)
-        else:
-            mean, std = (0.0,) * channels, (1.0,) * channels
-        mean = tuple(mean) if isinstance(mean, (list, tuple)) else (mean,) * channels
-        std = tuple(std) if isinstance(std, (list, tuple)) else (std,) * channels
-        return cls(resize=resize, crop=crop, interpolation=names[resample], mean=mean, std=std, backend="torch")
-
-    def to_hf(self) -> dict[str, Any]:
-        """A ``preprocessor_config.json`` for transformers' ViTImageProcessor (exact resize, no crop, torch backend)."""
-        if not isinstance(self.resize, tuple) or self.crop is not None or self.backend != "torch":
-            raise ValueError(
-                f"{self} resizes the shorter side and/or crops with PIL, which ViTImageProcessor cannot express "
-                f"(it resizes to an exact size with torch, and has no crop)"
-            )
-        codes = {"nearest": 0, "bilinear": 2, "bicubic": 3}
-        return {
-            "image_processor_type": "ViTImageProcessor",
-            "do_resize": True,
-            "size": {"height": self.resize[0], "width": self.resize[1]},
-            "resample": codes[self.interpolation],
-            "do_rescale": True,
-            "rescale_factor": 1 / 255,
-            "do_normalize": True,
-            "image_mean": list(self.mean),
-            "image_std": list(self.std),
-        }
-
 
 def _floats(name: str, values: Any) -> tuple[float, ...]:
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
@@ -281,6 +252,7 @@ def _floats(name: str, values: Any) -> tuple[float, ...]:
 def _to_uint8_tensor(image: Any) -> torch.Tensor:
     """An 8-bit PIL image (L or RGB) -> (C, H, W) uint8."""
     import numpy as np
+    import torch
 
     array = np.array(image, dtype=np.uint8, copy=True)
     x = torch.from_numpy(array)
@@ -308,6 +280,8 @@ def _center_crop(image: Any, crop: tuple[int, int]) -> Any:
 
 
 def _center_crop_tensor(x: torch.Tensor, crop: tuple[int, int]) -> torch.Tensor:
+    import torch
+
     ch, cw = crop
     h, w = x.shape[-2:]
     if h < ch or w < cw:

@@ -9,7 +9,7 @@ state dicts alone.
 """
 
 from .features import freeze_backbone, intermediate_layers, pre_logits, replace_head
-from .hf import from_hf, hf_config, load_hf, save_hf, to_hf
+from .hf import from_hf, hf_config, load_hf, preprocessing_from_hf, preprocessing_to_hf, save_hf, to_hf
 from .io import load_state_dict_file, save_state_dict_file
 from .keys import HEADS_BY_DIM
 from .resample import RESAMPLE_MODES, resample_pos_embed, resample_vit
@@ -30,6 +30,8 @@ __all__ = [
     "load_timm",
     "load_torchvision",
     "pre_logits",
+    "preprocessing_from_hf",
+    "preprocessing_to_hf",
     "replace_head",
     "resample_pos_embed",
     "resample_vit",
