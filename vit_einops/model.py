@@ -419,8 +419,9 @@ def read_config(model: ViT) -> ViTConfig:
     """The ViTConfig of ``model`` as it is now: what rebuilds the same structure and keys.
 
     That is the config it was built from, with what changes on a built model: ``num_classes`` (a classifier swap),
-    ``pool`` (``reset_classifier``), ``depth`` (blocks cut off, as timm's ``prune_intermediate_layers`` does) and
-    the dropout rates (set on its nn.Dropout modules). A model changed into something no ViTConfig describes (a
+    ``pool`` (``reset_classifier``), ``representation_size`` (the tanh ``pre_logits`` layer removed, as
+    :func:`vit_einops.interop.replace_head` does), ``depth`` (blocks cut off, as timm's ``prune_intermediate_layers``
+    does) and the dropout rates (set on its nn.Dropout modules). A model changed into something no ViTConfig describes (a
     stage added, a block that is not a TransformerEncoderBlock, dropout rates that differ between modules) is a
     ValueError saying what differs.
     """
@@ -444,6 +445,7 @@ def read_config(model: ViT) -> ViTConfig:
         model._built_config,
         num_classes=head.num_classes,
         pool=head.pool.mode,
+        representation_size=head.pre_logits.fc.out_features if "pre_logits" in head._modules else None,
         depth=len(blocks),
         dropout=_one("dropout", dropouts),
         attn_dropout=_one("attn_dropout", attn_dropouts),
