@@ -40,7 +40,8 @@ from vit_einops._io import atomic_write_bytes
 from vit_einops.bench.env import machine_info
 from vit_einops.bench.measure import time_interleaved
 from vit_einops.bench.noise import LoadProbe, NoiseVerdict, judge
-from vit_einops.chunked import _scores_buffer, chunked_attention, default_chunk_elements, plan_for
+from vit_einops.chunk_plan import default_chunk_elements, plan_for
+from vit_einops.chunked import chunked_attention
 
 
 def ints(text: str) -> tuple[int, ...]:
@@ -95,7 +96,7 @@ def forward_loop(q, k, v, budget: int):
     plan = plan_for(q, n, budget)
     q_, k_, v_ = (t.detach().reshape(b * h, n, d) for t in (q, k, v))
     out = torch.empty_like(q_)
-    buffer = _scores_buffer(q_, plan, n)
+    buffer = plan.scores_buffer(q_, n)
     blocks = list(
         zip(
             plan.query_blocks(q_),
@@ -118,7 +119,7 @@ def forward_loop(q, k, v, budget: int):
 
 def measure(b, n, mode, args, probe: LoadProbe) -> dict:
     h, d = args.heads, args.head_dim
-    block = default_chunk_elements()  # for the --threads set after chunked.py's import fixed CHUNK_ELEMENTS
+    block = default_chunk_elements()  # for the --threads set after chunk_plan.py's import fixed CHUNK_ELEMENTS
     g = torch.Generator().manual_seed(0)
     backward = mode == "forward_backward"
     q, k, v = (torch.randn(b, h, n, d, generator=g).requires_grad_(backward) for _ in range(3))

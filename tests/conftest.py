@@ -1,18 +1,43 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import settings
 
-# CI: a fixed, reproducible set of examples; locally: more of them, freshly drawn each run.
+import vit_einops
+
+# The same number of examples everywhere (the README's command finishes in time on 2 cores); CI's are fixed and
+# reproducible, a local run draws fresh ones each time.
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True, print_blob=True)
-settings.register_profile("dev", max_examples=40, deadline=None, print_blob=True)
+settings.register_profile("dev", max_examples=20, deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+# The folder holding the vit_einops under test: subprocesses import it from there, whatever their working directory.
+SOURCE_ROOT = str(Path(vit_einops.__file__).resolve().parent.parent)
+
+
+# torch's thread count when the session began: commands run in-process (``main(["train", "--threads", "1", ...])``,
+# in tests and in module-scoped fixtures) set it, and no test may inherit that.
+SESSION_THREADS = torch.get_num_threads()
 
 
 @pytest.fixture(autouse=True)
-def _seed():
+def _torch_state():
+    """Every test starts from seed 0 on the session's thread count."""
     torch.manual_seed(0)
+    torch.set_num_threads(SESSION_THREADS)
+    yield
+    torch.set_num_threads(SESSION_THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _own_working_directory(tmp_path_factory, monkeypatch):
+    """Each test runs in an empty folder of its own: nothing it writes by default (./bench-results, runs/) lands in,
+    and nothing already in the folder pytest was started from changes its outcome. Subprocesses find the package
+    under test through PYTHONPATH, not through the working directory."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [SOURCE_ROOT, os.environ.get("PYTHONPATH")])))
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ The layers, lowest first. A module imports from its own unit or from a lower lay
 layer of tools never import each other (what two tools share moves down into the core).
 
     base      helpers with no model in them: checks, atomic I/O, lazy exports, init, Sequential, plotting
-    core      the model and what every tool needs of it: config, layers, ViT, presets, preprocessing, predictions,
-              the state-dict checks and the model file
+    core      the model and what every tool needs of it: config, layers, ViT, presets, preprocessing, images,
+              predictions, the state-dict checks and the model file
     tools     interop (weights from and to other libraries), train, inspect, bench: each its own unit
     views     explore, the interactive page of what inspect computes
     door      sources: the one front door that loads a model in any form, above the converters and the checkpoints
@@ -31,6 +31,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "config",
         "patch_embed",
         "attention",
+        "chunk_plan",
         "chunked",
         "blocks",
         "head",
@@ -39,6 +40,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "reference",
         "summary",
         "preprocess",
+        "images",
         "predict",
         "statedict",
         "modelfile",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 
@@ -34,31 +35,23 @@ def assert_refused(result: subprocess.CompletedProcess, message: str) -> None:
     assert result.stdout == ""  # no header: nothing was measured
 
 
+# argv -> a pattern for the error line after "vit-einops bench: error: ": the option, the field and the offending
+# value (the wording itself is _checks.py's).
 OPTION_CASES = {
-    "--min-run-time inf": (
-        "argument --min-run-time: min_run_time inf is out of range: expected a finite number from 0.0001 to 60"
-    ),
-    "--min-run-time nan": (
-        "argument --min-run-time: min_run_time nan is out of range: expected a finite number from 0.0001 to 60"
-    ),
-    "--min-run-time -1": (
-        "argument --min-run-time: min_run_time -1.0 is out of range: expected a finite number from 0.0001 to 60"
-    ),
-    "--min-run-time 0": (
-        "argument --min-run-time: min_run_time 0.0 is out of range: expected a finite number from 0.0001 to 60"
-    ),
-    "--min-run-time 1e9": (
-        "argument --min-run-time: min_run_time 1000000000.0 is out of range: expected a finite number from 0.0001 to 60"
-    ),
-    "--min-run-time soon": "argument --min-run-time: expected a number, got 'soon'",
-    "--rounds 0": "argument --rounds: rounds 0 is out of range: expected an integer from 1 to 1000",
-    "--rounds 2.5": "argument --rounds: expected an integer, got '2.5'",
-    "--retries -1": "argument --retries: retries -1 is out of range: expected an integer from 0 to 10",
-    "--batches 1,0": "argument --batches: batches 0 is out of range: expected an integer from 1 to 4096",
-    "--tokens 50,99999": "argument --tokens: tokens 99999 is out of range: expected an integer from 1 to 16384",
-    "--heads nan": "argument --heads: expected an integer, got 'nan'",
-    "--model-batch inf": "argument --model-batch: expected an integer, got 'inf'",
-    "--threads 0": f"argument --threads: threads 0 is out of range: expected 1 to {os.cpu_count()} (this machine's CPUs)",
+    "--min-run-time inf": r"argument --min-run-time: min_run_time must be .*, got inf",
+    "--min-run-time nan": r"argument --min-run-time: min_run_time must be .*, got nan",
+    "--min-run-time -1": r"argument --min-run-time: min_run_time must be .*, got -1.0",
+    "--min-run-time 0": r"argument --min-run-time: min_run_time must be .*, got 0.0",
+    "--min-run-time 1e9": r"argument --min-run-time: min_run_time must be .*, got 1000000000.0",
+    "--min-run-time soon": r"argument --min-run-time: expected a number, got 'soon'",
+    "--rounds 0": r"argument --rounds: rounds must be .*, got 0",
+    "--rounds 2.5": r"argument --rounds: expected an integer, got '2.5'",
+    "--retries -1": r"argument --retries: retries must be .*, got -1",
+    "--batches 1,0": r"argument --batches: batches must be .*, got 0",
+    "--tokens 50,99999": r"argument --tokens: tokens must be .*, got 99999",
+    "--heads nan": r"argument --heads: expected an integer, got 'nan'",
+    "--model-batch inf": r"argument --model-batch: expected an integer, got 'inf'",
+    "--threads 0": rf"argument --threads: threads 0 is out of range: expected 1 to {os.cpu_count()} .*",
 }
 
 
@@ -69,7 +62,9 @@ SUBPROCESS_CASES = [argv for argv in OPTION_CASES if argv.startswith("--min-run-
 
 @pytest.mark.parametrize("argv", SUBPROCESS_CASES)
 def test_bad_min_run_time_fails_at_entry_without_hanging(argv):
-    assert_refused(bench(*argv.split()), OPTION_CASES[argv])
+    result = bench(*argv.split())
+    assert result.returncode == 2 and "Traceback" not in result.stderr and result.stdout == "", result.stderr
+    assert re.fullmatch(f"vit-einops bench: error: {OPTION_CASES[argv]}", result.stderr.rstrip("\n").splitlines()[-1])
 
 
 @pytest.mark.parametrize("argv", [argv for argv in OPTION_CASES if argv not in SUBPROCESS_CASES])
@@ -79,7 +74,7 @@ def test_bad_numeric_options_fail_at_entry(argv, capsys):
     assert exit_info.value.code == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "Traceback" not in captured.err
-    assert captured.err.rstrip("\n").splitlines()[-1] == f"vit-einops bench: error: {OPTION_CASES[argv]}"
+    assert re.fullmatch(f"vit-einops bench: error: {OPTION_CASES[argv]}", captured.err.rstrip("\n").splitlines()[-1])
 
 
 def digest(path) -> str:
@@ -133,13 +128,13 @@ def test_a_directory_named_like_a_result_file_is_refused_even_with_force(tmp_pat
 @pytest.mark.parametrize(
     "overrides, error, words",
     [
-        (dict(min_run_time=float("inf")), ValueError, "min_run_time inf is out of range"),
-        (dict(min_run_time=float("nan")), ValueError, "min_run_time nan is out of range"),
-        (dict(rounds=0), ValueError, "rounds 0 is out of range"),
-        (dict(rounds=True), TypeError, "rounds must be an integer, got True"),
-        (dict(tokens=(50, 2.5)), TypeError, "tokens must be an integer, got 2.5"),
+        (dict(min_run_time=float("inf")), ValueError, "min_run_time must be .*, got inf"),
+        (dict(min_run_time=float("nan")), ValueError, "min_run_time must be .*, got nan"),
+        (dict(rounds=0), ValueError, "rounds must be .*, got 0"),
+        (dict(rounds=True), TypeError, "rounds must be an int, got True"),
+        (dict(tokens=(50, 2.5)), TypeError, "tokens must be an int, got 2.5"),
         (dict(batches=()), ValueError, "batches is empty"),
-        (dict(retries=-1), ValueError, "retries -1 is out of range"),
+        (dict(retries=-1), ValueError, "retries must be .*, got -1"),
         (dict(modes=("sideways",)), ValueError, "modes: unknown sideways"),
         (dict(dtype="float16"), ValueError, "dtype 'float16' is not float32 or bfloat16"),
     ],

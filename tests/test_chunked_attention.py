@@ -2,8 +2,10 @@
 
 The generic equivalence (MultiHeadAttention against nn.MultiheadAttention, every impl against the others) runs for
 "chunked" in test_attention.py through ATTN_IMPLS. Here: block boundaries (N not a multiple of the block, a block
-larger than N, one query row per block, uneven groups of images), masks whose pattern crosses blocks, gradients
-from the recomputing backward, dropout redrawn identically in backward, and that A is never stored for backward.
+larger than N, one query row per block, uneven groups of images and heads, at several thread counts, and random
+shapes and budgets), masks whose pattern crosses blocks, gradients from the recomputing backward, dropout redrawn
+identically in backward, that A is never stored for backward, and the planner's promises (every query once, no more
+scores at once than q's size or one default block).
 
 Reference: torch's own F.scaled_dot_product_attention, and our full-matrix "einsum" path. Tolerances are those of
 tests/_equiv.py: float64 at rtol 1e-9 / atol 1e-10 (the paths differ only in summation order), float32 at rtol
@@ -19,9 +21,17 @@ from _equiv import F32_TOL, F64_TOL, assert_close
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vit_einops import chunked as chunked_module
 from vit_einops.attention import Attend
-from vit_einops.chunked import attention_blocks, chunked_attention
+from vit_einops.chunk_plan import (
+    CHUNK_ELEMENTS,
+    FALLBACK_L2_BYTES,
+    attention_blocks,
+    default_chunk_elements,
+    even_parts,
+    l2_cache_bytes,
+    plan_for,
+)
+from vit_einops.chunked import chunked_attention
 
 
 def qkv(b, h, n, d, dtype=torch.float64, m=None, seed=0):
@@ -43,32 +53,16 @@ def assert_matches(actual, expected, tol, what):
         assert_close(g, rg, tol, f"{what}: grad {name}")
 
 
-# (b, h, n, d, max_elements, what the first block must be): the blocks the tiling produces for these budgets, which
-# chunked_attention further caps at q's own size, b*h*n*d, or CHUNK_ELEMENTS if larger (set to 100 here). Each case
-# puts a block boundary somewhere else (images, heads, query rows), and the values must not see it.
+# (b, h, n, d, max_elements): each case puts a block boundary somewhere else (images, heads, query rows), and the
+# values must not see it. Budgets below CHUNK_ELEMENTS (at least 2**12) are used as given on every machine.
 BIG = 2**30
 BOUNDARY_CASES = {
-    "n not a multiple of the block (17 rows in blocks of 5, 4, 4, 4)": (
-        2,
-        3,
-        17,
-        8,
-        17 * 5,
-        dict(images=1, heads=1, rows=5),
-    ),
-    "block larger than n (one block for everything)": (2, 3, 17, 40, BIG, dict(images=2, heads=3, rows=17)),
-    "capped at q's size (2*3*17*8 = 816 numbers: 2 heads of 289 scores)": (
-        2,
-        3,
-        17,
-        8,
-        BIG,
-        dict(images=1, heads=2, rows=17),
-    ),
-    "a budget below the default block is used as given": (2, 3, 17, 8, 17 * 17, dict(images=1, heads=1, rows=17)),
-    "budget below one row: one query row per block": (2, 3, 17, 8, 1, dict(images=1, heads=1, rows=1)),
-    "uneven groups of images (3 images, 2 per block)": (3, 2, 9, 8, 2 * 2 * 9 * 9, dict(images=2, heads=2, rows=9)),
-    "uneven groups of heads (3 heads, 2 per block)": (2, 3, 9, 8, 2 * 9 * 9, dict(images=1, heads=2, rows=9)),
+    "n not a multiple of the block (17 rows in blocks of at most 5)": (2, 3, 17, 8, 17 * 5),
+    "block larger than n (one block for everything)": (2, 3, 17, 40, BIG),
+    "a block of one head's scores": (2, 3, 17, 8, 17 * 17),
+    "budget below one row: one query row per block": (2, 3, 17, 8, 1),
+    "uneven groups of images (3 images, room for 2 per block)": (3, 2, 9, 8, 2 * 2 * 9 * 9),
+    "uneven groups of heads (3 heads, room for 2 per block)": (2, 3, 9, 8, 2 * 9 * 9),
 }
 
 
@@ -76,29 +70,53 @@ def extent(s: slice) -> int:
     return s.stop - s.start
 
 
+@pytest.fixture
+def restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3], ids=lambda t: f"{t} threads")
 @pytest.mark.parametrize("case", list(BOUNDARY_CASES))
-def test_block_boundaries_match_sdpa_and_einsum_float64(case, monkeypatch):
-    b, h, n, d, budget, plan = BOUNDARY_CASES[case]
-    plans = []  # the blocks planned for this shape: once, shared by the forward and the backward pass
-
-    def recording(*args):
-        plans.append(list(attention_blocks(*args)))
-        return iter(plans[-1])
-
-    monkeypatch.setattr(chunked_module, "attention_blocks", recording)
-    chunked_module.block_plan.cache_clear()  # plan this shape afresh, through the recording tiling
-    # The cap is max(q's size, CHUNK_ELEMENTS); a small default block makes q's size the cap on every machine.
-    monkeypatch.setattr(chunked_module, "CHUNK_ELEMENTS", 100)
+def test_block_boundaries_match_sdpa_and_einsum_float64(case, threads, restore_threads):
+    """The plan depends on torch's thread count (head groups a multiple of it); every plan gives the same values."""
+    torch.set_num_threads(threads)
+    b, h, n, d, budget = BOUNDARY_CASES[case]
     q, k, v = qkv(b, h, n, d)
     upstream = torch.randn_like(q)
     scale = d**-0.5
     chunked = value_and_grads(lambda *t: chunked_attention(*t, scale=scale, max_elements=budget), q, k, v, upstream)
-    assert len(plans) == 1
-    images, heads, rows = plans[0][0]
-    assert (extent(images), extent(heads), extent(rows)) == (plan["images"], plan["heads"], plan["rows"])
     assert_matches(chunked, value_and_grads(F.scaled_dot_product_attention, q, k, v, upstream), F64_TOL, "vs sdpa")
     einsum_path = Attend(d, impl="einsum").double()
     assert_matches(chunked, value_and_grads(einsum_path, q, k, v, upstream), F64_TOL, "vs einsum")
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    h=st.integers(1, 4),
+    n=st.integers(1, 12),
+    m=st.integers(1, 12),
+    d=st.integers(1, 4),
+    budget=st.integers(1, 600),
+    threads=st.integers(1, 4),
+)
+def test_every_plan_matches_sdpa_float64(b, h, n, m, d, budget, threads):
+    """Random shapes, block budgets from one score up and thread counts 1 to 4: whichever blocks the planner
+    chooses, values and gradients are SDPA's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q, k, v = qkv(b, h, n, d, m=m, seed=b * 1000 + n * 10 + m)
+        upstream = torch.randn_like(q)
+        chunked = value_and_grads(
+            lambda *t: chunked_attention(*t, scale=d**-0.5, max_elements=budget), q, k, v, upstream
+        )
+        reference = value_and_grads(F.scaled_dot_product_attention, q, k, v, upstream)
+        assert_matches(chunked, reference, F64_TOL, f"b {b} h {h} n {n} m {m} budget {budget} threads {threads}")
+    finally:
+        torch.set_num_threads(before)
 
 
 @settings(max_examples=60, deadline=None)
@@ -111,63 +129,43 @@ def test_block_boundaries_match_sdpa_and_einsum_float64(case, monkeypatch):
     parallel=st.integers(1, 4),
 )
 def test_blocks_tile_every_image_head_and_query_exactly_once(b, h, n, m, budget, parallel):
+    """The plan covers every (image, head, query) exactly once, within the budget; the path's correctness and its
+    memory bound rest on this, whatever the thread count."""
     covered = torch.zeros(b, h, n, dtype=torch.int64)
     for images, heads, queries in attention_blocks(b, h, n, m, budget, parallel):
         g, hh, c = extent(images), extent(heads), extent(queries)
         # Within budget, or the smallest block there is (one image, one head, one query row).
         assert g * hh * c * m <= budget or (g, hh, c) == (1, 1, 1)
-        # One contiguous range of the flattened (b h) axis: several images only with all their heads, several
-        # heads only with all their queries.
-        assert g == 1 or hh == h
-        assert hh == 1 or c == n
         covered[images, heads, queries] += 1
     assert torch.equal(covered, torch.ones(b, h, n, dtype=torch.int64))
 
 
-@pytest.mark.parametrize(
-    "parallel, heads_per_block",
-    [(1, [3, 3, 3, 3]), (2, [2] * 6), (3, [3, 3, 3, 3]), (4, [3, 3, 3, 3])],
-    ids=["1 thread", "2 threads", "3 threads", "4 threads"],
+@settings(max_examples=40, deadline=None)
+@given(
+    b=st.integers(1, 8),
+    h=st.integers(1, 12),
+    n=st.integers(1, 1100),
+    d=st.integers(1, 128),
+    budget=st.sampled_from([2**14, 2**20, BIG]),
 )
-def test_head_groups_are_a_multiple_of_the_thread_count(parallel, heads_per_block):
-    """ViT-B at N 577 with a budget of 3 heads: a batched product of 3 heads on 2 threads leaves one thread idle a
-    third of the time, so 2 threads get blocks of 2 heads. 4 heads would exceed the budget, so 4 threads get the
-    plain even parts."""
-    blocks = list(attention_blocks(1, 12, 577, 577, 3 * 577 * 577, parallel))
-    assert [heads.stop - heads.start for _, heads, _ in blocks] == heads_per_block
+def test_scores_at_once_stay_within_q_or_one_default_block(b, h, n, d, budget):
+    """The memory promise of chunked_attention: no block holds more scores than q holds numbers or CHUNK_ELEMENTS,
+    whichever is larger (or one query row, the smallest block). Planned on the meta device: shapes only."""
+    q = torch.empty(b, h, n, d, device="meta")
+    plan = plan_for(q, n, budget)
+    cap = max(1, min(budget, max(q.numel(), CHUNK_ELEMENTS)))
+    assert all(g * c * n <= cap or c == 1 for g, c in zip(plan.rows, plan.queries, strict=True))
+    assert sum(g * c for g, c in zip(plan.rows, plan.queries, strict=True)) == b * h * n  # every query once
 
 
 @given(total=st.integers(0, 300), most=st.integers(1, 60))
 def test_even_parts_are_the_fewest_parts_within_one_of_each_other(total, most):
-    parts = chunked_module.even_parts(total, most)
+    """Why even parts: a short last block would cost a whole block's fixed cost for a sliver of work."""
+    parts = even_parts(total, most)
     sizes = [p.stop - p.start for p in parts]
     assert [p.start for p in parts] == [sum(sizes[:i]) for i in range(len(parts))] and sum(sizes) == total
     assert len(parts) == -(-total // most)  # the fewest parts of at most ``most``
     assert all(0 < s <= most for s in sizes) and (not sizes or max(sizes) - min(sizes) <= 1)
-
-
-@settings(max_examples=40, deadline=None)
-@given(
-    b=st.integers(1, 4), h=st.integers(1, 3), n=st.integers(1, 30), m=st.integers(1, 30), budget=st.integers(1, 2000)
-)
-def test_plan_views_are_the_blocks_slices_of_the_same_memory(b, h, n, m, budget):
-    """BlockPlan cuts a tensor into its blocks with one split; each piece must be exactly attention_blocks' slice
-    of the flattened (b h) tensor, and a view of it (outputs are written through these views)."""
-    plan = chunked_module.block_plan(b, h, n, m, budget)
-    assert plan.blocks == tuple(attention_blocks(b, h, n, m, budget))
-    queries, keys = torch.randn(b * h, n, 3), torch.randn(b * h, m, 2)
-    key_views, query_views = plan.key_blocks(keys), plan.query_blocks(queries)
-    assert len(key_views) == len(query_views) == len(plan.blocks)
-    for (images, heads, rows), query_view, key_view in zip(plan.blocks, query_views, key_views, strict=True):
-        flat = slice(images.start * h + heads.start, (images.stop - 1) * h + heads.stop)
-        assert torch.equal(query_view, queries[flat, rows]) and torch.equal(key_view, keys[flat])
-        assert query_view.untyped_storage().data_ptr() == queries.untyped_storage().data_ptr()
-    # The transposed keys (k^T for q k^T) are cut the same way, still without a copy.
-    for (images, heads, _), view in zip(plan.blocks, plan.key_blocks(keys.transpose(1, 2)), strict=True):
-        flat = slice(images.start * h + heads.start, (images.stop - 1) * h + heads.stop)
-        assert torch.equal(view, keys[flat].transpose(1, 2))
-    # Dk and dv are overwritten, not accumulated, exactly when every block holds all its rows' queries.
-    assert plan.whole == all(rows == slice(0, n) for _, _, rows in plan.blocks)
 
 
 @pytest.mark.parametrize(
@@ -205,18 +203,20 @@ def test_empty_inputs_behave_like_einsum_and_sdpa(q_shape, kv_shape):
             512 * 1024,
         ),
         ({"index2": ("2", "Instruction", "64K"), "index3": ("2", "Unified", "2M")}, 2 * 2**20),
-        ({"index0": ("1", "Data", "48K")}, chunked_module.FALLBACK_L2_BYTES),
-        ({"index2": ("2", "Unified", "lots")}, chunked_module.FALLBACK_L2_BYTES),
-        ({}, chunked_module.FALLBACK_L2_BYTES),
+        ({"index0": ("1", "Data", "48K")}, FALLBACK_L2_BYTES),
+        ({"index2": ("2", "Unified", "lots")}, FALLBACK_L2_BYTES),
+        ({}, FALLBACK_L2_BYTES),
     ],
     ids=["AMD EPYC layout", "instruction L2 skipped, size in M", "no L2", "unreadable size", "no sysfs"],
 )
-def test_l2_cache_size_is_read_from_sysfs(tmp_path, files, expected):
+def test_l2_cache_size_is_read_from_sysfs_or_falls_back(tmp_path, files, expected):
+    """The one input the planner reads from outside the process: every layout the kernel may show (or none, or
+    one we cannot parse) gives a size, never an error at import."""
     for index, (level, kind, size) in files.items():
         (tmp_path / index).mkdir()
         for name, text in (("level", level), ("type", kind), ("size", size)):
             (tmp_path / index / name).write_text(text + "\n")
-    assert chunked_module.l2_cache_bytes(tmp_path) == expected
+    assert l2_cache_bytes(tmp_path) == expected
 
 
 MASKS = {
@@ -271,8 +271,9 @@ def test_cross_attention_queries_and_keys_of_different_lengths_float64():
 
 @pytest.mark.parametrize("masked", [False, True])
 def test_vit_b_shape_float32_many_blocks_match_sdpa(masked):
-    """ViT-B's attention at 197 tokens in float32, cut into blocks of 50 query rows of one head."""
-    b, h, n, d = 2, 12, 197, 64
+    """ViT-B's attention at 197 tokens in float32 (one image: its 12 heads are already 48 blocks), cut into blocks
+    of 50 query rows of one head."""
+    b, h, n, d = 1, 12, 197, 64
     q, k, v = qkv(b, h, n, d, dtype=torch.float32, seed=4)
     mask = MASKS["random (b, h, n, n)"](b, h, n, torch.Generator().manual_seed(5)) if masked else None
     upstream = torch.randn_like(q)
@@ -369,10 +370,9 @@ def test_chunk_elements_is_validated_and_shown():
     assert "chunk_elements=1024" in repr(Attend(8, impl="chunked", chunk_elements=1024))
 
 
-def test_default_block_is_as_many_scores_per_thread_as_the_l2_cache_has_bytes(monkeypatch):
-    monkeypatch.setattr(chunked_module, "l2_cache_bytes", lambda: 512 * 1024)
-    assert chunked_module.default_chunk_elements(threads=1) == 524288  # 2 MiB of float32: four 512 KiB L2s
-    assert chunked_module.default_chunk_elements(threads=2) == 1048576
-    assert chunked_module.default_chunk_elements(threads=64) == 2**22  # capped: 16 MiB of scores at most
-    monkeypatch.setattr(chunked_module, "l2_cache_bytes", lambda: 1024)
-    assert chunked_module.default_chunk_elements(threads=1) == 2**12  # never below 4096 scores
+def test_default_block_grows_with_threads_within_its_bounds():
+    """Four L2s of scores per thread, never below 2**12 scores nor above 2**22 (16 MiB of float32)."""
+    sizes = [default_chunk_elements(threads=t) for t in range(1, 129)]
+    assert all(2**12 <= s <= 2**22 for s in sizes)
+    assert sizes == sorted(sizes)
+    assert CHUNK_ELEMENTS == default_chunk_elements()  # the default for torch's thread count at import

@@ -1,4 +1,5 @@
-"""Feature extraction as the ViT course does it: pre-head representation, intermediate tokens, frozen backbone."""
+"""Feature extraction as the ViT course does it, with the model's own methods: pre-head representation,
+intermediate tokens, frozen backbone under a new head; and the deprecated functional names that still give them."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import torch
 import torch.nn.functional as F
 from _hooks import block_outputs, classifier_input
 
-from vit_einops import ViT
-from vit_einops import load_vit, save_vit
-from vit_einops.interop import freeze_backbone, intermediate_layers, pre_logits, replace_head
+import vit_einops.interop
+from vit_einops import ViT, load_vit, save_vit
 
 TINY = dict(image_size=32, patch_size=8, dim=48, depth=3, heads=4, mlp_dim=96, num_classes=5)
+
+
+def pre_logits(model: ViT, x: torch.Tensor) -> torch.Tensor:
+    return model.forward_head(model.forward_features(x), pre_logits=True)
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"pool": "mean"}, {"representation_size": 7}, {"num_classes": 0}])
@@ -36,67 +40,68 @@ def test_pre_logits_is_eq_4():
 
 
 @torch.no_grad()
-def test_intermediate_layers_match_hooks():
+def test_intermediate_tokens_match_hooks():
     model = ViT(**TINY).eval()
     x = torch.randn(2, 3, 32, 32)
     hooked = block_outputs(model, x)
-    got = intermediate_layers(model, x, [2, 0, -2])
-    assert len(got) == 3 and all(t.shape == (2, 17, 48) for t in got)
-    for tokens, i in zip(got, [2, 0, 1], strict=True):
-        assert torch.equal(tokens, hooked[i])
-    normed = intermediate_layers(model, x, [-1], norm=True)[0]
-    assert torch.equal(normed, model.head.norm(hooked[2]))
+    pairs = model.forward_intermediates(
+        x, [2, 0, -2], return_prefix_tokens=True, output_fmt="NLC", intermediates_only=True
+    )
+    assert len(pairs) == 3  # block order: 0, 1, 2
+    for (patches, prefix), i in zip(pairs, [0, 1, 2], strict=True):
+        assert torch.equal(torch.cat([prefix, patches], dim=1), hooked[i])
+    normed = model.forward_intermediates(x, [-1], norm=True, output_fmt="NLC", intermediates_only=True)[0]
+    assert torch.equal(normed, model.head.norm(hooked[2])[:, 1:])
 
 
 def test_blocks_after_the_deepest_layer_are_not_run():
     model = ViT(**TINY).eval()
     calls = []
     model.blocks[2].register_forward_hook(lambda *a: calls.append(1))
-    intermediate_layers(model, torch.randn(1, 3, 32, 32), [0, 1])
+    model.get_intermediate_layers(torch.randn(1, 3, 32, 32), [0, 1])
     assert calls == []
 
 
 @pytest.mark.parametrize(
-    "layers, error, match",
+    "indices, error, match",
     [
-        ([3], ValueError, r"layer index 3 out of range for a ViT of depth 3 \(valid: -3..2\)"),
-        ([-4], ValueError, "layer index -4 out of range"),
-        ([True], TypeError, "layer index must be an int, got True"),
-        ([], TypeError, "non-empty sequence"),
-        (1, TypeError, "non-empty sequence"),
+        ([3], ValueError, "block index 3 out of range"),
+        ([-4], ValueError, "block index -4 out of range"),
+        ([True], TypeError, "block index must be an int, got True"),
+        ([], ValueError, "indices is empty"),
     ],
 )
-def test_intermediate_layers_bad_indices(layers, error, match):
+def test_intermediate_bad_indices(indices, error, match):
     with pytest.raises(error, match=match):
-        intermediate_layers(ViT(**TINY), torch.randn(1, 3, 32, 32), layers)
+        ViT(**TINY).forward_intermediates(torch.randn(1, 3, 32, 32), indices)
 
 
 def test_features_check_the_input():
     with pytest.raises(ValueError, match=r"expected height, width \(32, 32\)"):
         pre_logits(ViT(**TINY), torch.randn(1, 3, 16, 16))
-    with pytest.raises(TypeError, match="expected a vit_einops.ViT"):
-        pre_logits(torch.nn.Linear(2, 2), torch.randn(1, 2))
 
 
-def test_replace_head_as_the_paper_fine_tunes(tmp_path):
+def test_a_new_head_as_the_paper_fine_tunes(tmp_path):
+    """Section 3.2: remove the pre-trained head (the tanh pre_logits layer too), attach a zero-initialised D x K."""
     model = ViT(**TINY, representation_size=7).eval()
     x = torch.randn(2, 3, 32, 32)
     before = pre_logits(model, x)
-    assert replace_head(model, 3) is model
-    assert not hasattr(model.head, "pre_logits")
+    del model.head.pre_logits
+    model.reset_classifier(3)
     assert model.head.fc.weight.shape == (3, 48)
     assert (model.config.num_classes, model.config.representation_size) == (3, None)
     assert torch.equal(model(x), torch.zeros(2, 3))  # zero-initialised D x K layer
     assert not torch.equal(pre_logits(model, x), before)  # the tanh layer went with the old head
     loaded = load_vit(save_vit(model, tmp_path / "m.safetensors"))  # config and weights still agree
     assert loaded.config == model.config
-    replace_head(model, 0)
+    model.reset_classifier(0)
     assert torch.equal(model(x), pre_logits(model, x))
 
 
 def test_frozen_backbone_trains_only_the_new_head():
-    model = replace_head(ViT(**TINY), 3)
-    assert freeze_backbone(model) == ["head.fc.weight", "head.fc.bias"]
+    model = ViT(**TINY)
+    model.reset_classifier(3)
+    assert model.freeze_backbone() == ["head.fc.weight", "head.fc.bias"]
     before = {k: v.clone() for k, v in model.state_dict().items()}
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     loss = F.cross_entropy(model(torch.randn(4, 3, 32, 32)), torch.tensor([0, 1, 2, 0]))
@@ -108,6 +113,21 @@ def test_frozen_backbone_trains_only_the_new_head():
     assert all(p.grad is None for n, p in model.named_parameters() if not n.startswith("head.fc."))
 
 
-def test_replace_head_validates_num_classes():
-    with pytest.raises(ValueError, match="num_classes must be >= 0"):
-        replace_head(ViT(**TINY), -1)
+def test_the_deprecated_functional_names_warn_and_give_the_methods_values():
+    """pre_logits(model, x), intermediate_layers(model, x, [3, -1]), replace_head(model, 10) and
+    freeze_backbone(model), which the README showed, work for one release; each warns, naming the method to use."""
+    x = torch.randn(2, 3, 32, 32)
+    model = ViT(**TINY, representation_size=7).eval()
+    hooked = block_outputs(model, x)
+
+    def deprecated(name):
+        with pytest.warns(DeprecationWarning, match=rf"vit_einops\.interop\.{name} is deprecated.*use model\."):
+            return getattr(vit_einops.interop, name)
+
+    with torch.no_grad():
+        assert torch.equal(deprecated("pre_logits")(model, x), pre_logits(model, x))
+        tokens = deprecated("intermediate_layers")(model, x, [2, 0, -1])
+    assert [torch.equal(t, hooked[i]) for t, i in zip(tokens, [2, 0, 2], strict=True)] == [True] * 3
+    assert deprecated("replace_head")(model, 3) is model
+    assert not hasattr(model.head, "pre_logits") and torch.equal(model(x), torch.zeros(2, 3))
+    assert deprecated("freeze_backbone")(model) == ["head.fc.weight", "head.fc.bias"]

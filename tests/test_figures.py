@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from _tiny import TINY_RGB, tiny_vit
 from matplotlib.figure import Figure
 
 from vit_einops import ViT
@@ -26,13 +27,9 @@ from vit_einops.train import plot_curves
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def vit(heads: int = 3, **kw) -> ViT:
-    return ViT(
-        **{
-            **dict(image_size=16, patch_size=4, dim=8 * heads, depth=2, heads=heads, mlp_dim=32, num_classes=4),
-            **kw,
-        }
-    ).eval()
+def vit(heads: int = 3) -> ViT:
+    """16x16 images in a 4x4 grid of patches, ``heads`` heads of 8: the head grid's layout depends on ``heads``."""
+    return tiny_vit(TINY_RGB, image_size=16, patch_size=4, dim=8 * heads, heads=heads, num_classes=4)
 
 
 def image_axes(fig: Figure) -> list:

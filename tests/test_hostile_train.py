@@ -1,8 +1,10 @@
 """Hostile input and faults against training: every case asserts its exact outcome.
 
-CLI cases run `python -m vit_einops train` in a subprocess with a timeout (the bound on hangs) and check: exit status 2,
-stderr exactly one line `vit-einops train: error: ...` naming the bad value (no traceback), and the files that were
-there before unchanged (SHA-256 of every file under the directory, before and after).
+CLI cases call the command's main() in this process (one case runs `python -m vit_einops train` to show the same at the
+process boundary) and check: exit status 2, stderr exactly one line `vit-einops train: error: ...` naming the field and
+the bad value (no traceback: an exception would fail the test), and the files that were there before unchanged (SHA-256
+of every file under the directory, before and after). Where the process boundary is the point (a lock held by another
+process, kill -9 at a write point) a forked child plays the other process: it shares the imports, so costs no start-up.
 """
 
 import hashlib
@@ -13,17 +15,21 @@ import signal
 import struct
 import subprocess
 import sys
-import textwrap
+import time
+import traceback
 import zlib
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from io import StringIO
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from _tiny import TINY_DIGITS, model_flags
 from PIL import Image
 
 from vit_einops import ViT
+from vit_einops.cli import main
 from vit_einops.modelfile import load_vit
 from vit_einops.train.checkpoint import CheckpointError, load_checkpoint
 from vit_einops.train.config import TrainConfig
@@ -31,28 +37,40 @@ from vit_einops.train.data import ImageDataset, load_image, load_image_folder
 from vit_einops.train.loop import TIMING_FIELDS, TrainingDivergedError, train
 from vit_einops.train.rundir import LOCK_NAME, RunDir
 
-TINY = dict(
-    image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=1, heads=2, mlp_dim=16, dropout=0.1
-)
-TINY_FLAGS = ["--dim", "16", "--depth", "1", "--heads", "2", "--mlp-dim", "16", "--no-progress"]
-TIMEOUT = 120  # seconds: a bound on every subprocess; a hang fails the test instead of blocking the suite
+# Depth 1: the cheapest model that still writes every file of a run; dropout, so that resuming must restore its RNG.
+TINY = dict(TINY_DIGITS, depth=1, mlp_dim=16, dropout=0.1)
+TINY_FLAGS = [*model_flags(TINY), "--no-progress"]
+TIMEOUT = 120  # seconds: a bound on every subprocess and child; a hang fails the test instead of blocking the suite
 
 
 @pytest.fixture(autouse=True)
-def _one_thread(one_thread):
-    """Every test here on one thread (conftest's one_thread)."""
+def _one_thread(one_thread, monkeypatch):
+    """Every test here on one thread (conftest's one_thread), and errors as the user sees them (no traceback)."""
+    monkeypatch.delenv("VIT_EINOPS_TRACEBACK", raising=False)
 
 
-def cli(*args, timeout=TIMEOUT):
+def cli(*args):
+    """`vit-einops train ARGS` through the command's main() in this process: exit status, stdout and stderr."""
+    out, err = StringIO(), StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = main(["train", *map(str, args)])
+        except SystemExit as exit_:  # argparse's own errors
+            code = exit_.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def cli_process(*args):
+    """`python -m vit_einops train ARGS` in a subprocess, bounded by TIMEOUT."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("VIT_EINOPS_TRACEBACK", None)
-    return subprocess.run(
-        [sys.executable, "-m", "vit_einops", "train", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    command = [sys.executable, "-m", "vit_einops", "train", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+
+
+def named(field, value):
+    """A message naming ``field`` and, after it, the offending ``value`` as Python prints it; not its wording."""
+    return rf".*(?<![\w-]){re.escape(field)}(?![\w-]).*(?<![\w.+-]){re.escape(value)}(?![\w.]).*"
 
 
 def assert_cli_error(done, message):
@@ -62,6 +80,27 @@ def assert_cli_error(done, message):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert re.fullmatch(r"vit-einops train: error: " + message, lines[0]), lines[0]
+
+
+def fork(child):
+    """Run ``child()`` in a forked process and return its pid: the child shares this process's imports, so it starts
+    at once, and ends with os._exit(3) after ``child`` (never returning into pytest), or by SIGALRM after TIMEOUT."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(TIMEOUT)
+            child()
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(3)
+    return pid
+
+
+def exit_code(pid):
+    """Wait for child ``pid``; its exit status, or minus the signal that ended it."""
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def tree_hashes(root):
@@ -97,59 +136,65 @@ def bounded(seconds):
 
 # --- numbers and paths checked at entry, before any work ----------------------------------------------------------
 
-NUMERIC = [
-    (["--threads", "0"], r"--threads must be a positive int, got 0"),
-    (["--threads=-2"], r"--threads must be a positive int, got -2"),
-    (["--limit", "0"], r"--limit must be a positive int, got 0"),
-    (["--save-interval", "nan"], r"--save-interval must be a finite number >= 0, got nan"),
-    (["--save-interval=-1"], r"--save-interval must be a finite number >= 0, got -1.0"),
-    (["--test-fraction", "0"], r"--test-fraction must be in \(0, 1\), got 0.0"),
-    (["--test-fraction", "nan"], r"--test-fraction must be in \(0, 1\), got nan"),
-    (["--test-fraction", "1"], r"--test-fraction must be in \(0, 1\), got 1.0"),
-    (["--lr", "nan"], r"lr must be a finite number > 0, got nan"),
-    (["--lr", "inf"], r"lr must be a finite number > 0, got inf"),
-    (["--lr=-1e-3"], r"lr must be a finite number > 0, got -0.001"),
-    (["--lr", "0"], r"lr must be a finite number > 0, got 0.0"),
-    (["--weight-decay", "inf"], r"weight_decay must be a finite number >= 0, got inf"),
-    (["--weight-decay", "nan"], r"weight_decay must be a finite number >= 0, got nan"),
-    (["--weight-decay=-0.1"], r"weight_decay must be a finite number >= 0, got -0.1"),
-    (["--clip-norm", "0"], r"clip_norm must be a finite number > 0, got 0.0"),
-    (["--clip-norm", "inf"], r"clip_norm must be a finite number > 0, got inf"),
-    (["--label-smoothing", "nan"], r"label_smoothing must be a float in \[0, 1\), got nan"),
-    (["--label-smoothing", "1"], r"label_smoothing must be in \[0, 1\), got 1.0"),
-    (["--epochs", "0"], r"epochs must be a positive int, got 0"),
-    (["--batch-size", "0"], r"batch_size must be a positive int, got 0"),
-    (["--warmup-epochs=-1"], r"warmup_epochs must be >= 0, got -1"),
-    (["--shift=-1"], r"shift must be >= 0, got -1"),
-    (["--seed=-1"], r"seed must be >= 0, got -1"),
-    (["--seed", str(2**63)], r"seed must be < 2\*\*63 .*, got 9223372036854775808"),
-    (["--dropout", "nan"], r"dropout must be a float in \[0, 1\), got nan"),
-    (["--dropout", "1"], r"dropout must be in \[0, 1\), got 1.0"),
-    (["--dim", "0"], r"dim must be a positive int, got 0"),
-    (["--image-size", "0"], r"image_size must be a positive int, got 0"),
-    (["--resume", "--overwrite"], r"resume continues the run .* and overwrite starts a new one: pick one"),
-    (["--data", "/nonexistent/photos"], r"--data '/nonexistent/photos' does not exist or is not a directory"),
+NUMERIC = [  # (arguments, the field the error names, the value it names)
+    (["--threads", "0"], "--threads", "0"),
+    (["--threads=-2"], "--threads", "-2"),
+    (["--limit", "0"], "--limit", "0"),
+    (["--save-interval", "nan"], "--save-interval", "nan"),
+    (["--save-interval=-1"], "--save-interval", "-1.0"),
+    (["--test-fraction", "0"], "--test-fraction", "0.0"),
+    (["--test-fraction", "nan"], "--test-fraction", "nan"),
+    (["--test-fraction", "1"], "--test-fraction", "1.0"),
+    (["--lr", "nan"], "lr", "nan"),
+    (["--lr", "inf"], "lr", "inf"),
+    (["--lr=-1e-3"], "lr", "-0.001"),
+    (["--lr", "0"], "lr", "0.0"),
+    (["--weight-decay", "inf"], "weight_decay", "inf"),
+    (["--weight-decay", "nan"], "weight_decay", "nan"),
+    (["--weight-decay=-0.1"], "weight_decay", "-0.1"),
+    (["--clip-norm", "0"], "clip_norm", "0.0"),
+    (["--clip-norm", "inf"], "clip_norm", "inf"),
+    (["--label-smoothing", "nan"], "label_smoothing", "nan"),
+    (["--label-smoothing", "1"], "label_smoothing", "1.0"),
+    (["--epochs", "0"], "epochs", "0"),
+    (["--batch-size", "0"], "batch_size", "0"),
+    (["--warmup-epochs=-1"], "warmup_epochs", "-1"),
+    (["--shift=-1"], "shift", "-1"),
+    (["--seed=-1"], "seed", "-1"),
+    (["--seed", str(2**63)], "seed", "9223372036854775808"),
+    (["--dropout", "nan"], "dropout", "nan"),
+    (["--dropout", "1"], "dropout", "1.0"),
+    (["--dim", "0"], "dim", "0"),
+    (["--image-size", "0"], "image_size", "0"),
+    (["--data", "/nonexistent/photos"], "--data", "'/nonexistent/photos'"),
 ]
 
 
-@pytest.mark.parametrize("args, message", NUMERIC, ids=[" ".join(a) for a, _ in NUMERIC])
-def test_bad_numbers_and_flags_are_refused_before_any_work(tmp_path, args, message):
+@pytest.mark.parametrize("args, field, value", NUMERIC, ids=[" ".join(a) for a, _, _ in NUMERIC])
+def test_bad_numbers_and_flags_are_refused_before_any_work(tmp_path, args, field, value):
     out = tmp_path / "run"
-    assert_cli_error(cli(*args, "--out", out), message)
+    assert_cli_error(cli(*args, "--out", out), named(field, value))
     assert not out.exists()  # nothing created
+
+
+def test_resume_and_overwrite_together_are_refused(tmp_path):
+    assert_cli_error(cli("--resume", "--overwrite", "--out", tmp_path / "run"), r".*\bresume\b.*\boverwrite\b.*")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_refusal_is_one_line_without_a_traceback_at_the_process_boundary_too(tmp_path):
+    """The in-process cases above, checked once through `python -m vit_einops` (the interpreter's own exit path)."""
+    assert_cli_error(cli_process("--epochs", "0", "--out", tmp_path / "run"), named("epochs", "0"))
+    assert not (tmp_path / "run").exists()
 
 
 def test_an_output_that_is_a_file_or_under_a_file_is_refused_before_the_first_epoch(tmp_path):
     target = tmp_path / "results.txt"
     target.write_text("my notes")
     before = tree_hashes(tmp_path)
-    assert_cli_error(
-        cli("--out", target), re.escape(f"output directory '{target}' is a file, expected a directory") + ".*"
-    )
-    assert_cli_error(
-        cli("--out", target / "run"),
-        re.escape(f"cannot create output directory '{target / 'run'}': '{target}' is a file"),
-    )
+    assert_cli_error(cli("--out", target), re.escape(f"output directory '{target}' is a file") + ".*")
+    under = target / "run"
+    assert_cli_error(cli("--out", under), re.escape(f"cannot create output directory '{under}'") + ".*")
     assert tree_hashes(tmp_path) == before
 
 
@@ -179,16 +224,14 @@ def copy_tree(src, dst):
 def test_an_output_that_holds_a_run_or_any_file_is_refused_without_resume(tmp_path, finished_run):
     run = copy_tree(finished_run, tmp_path / "run")
     before = tree_hashes(run)
-    message = (
-        r"output directory '.*' already holds files \(checkpoint, curves.png, metrics.jsonl, model.safetensors, "
-        r"summary.json\); continue that run with --resume .*"
-    )
+    files = r"\(checkpoint, curves.png, metrics.jsonl, model.safetensors, summary.json\)"
+    message = rf".*'{re.escape(str(run))}'.*{files}.*--resume.*"
     assert_cli_error(cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run), message)
     assert tree_hashes(run) == before
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "todo.txt").write_text("mine")
-    assert_cli_error(cli("--epochs", "1", "--out", notes), r"output directory '.*' already holds files \(todo.txt\).*")
+    assert_cli_error(cli("--epochs", "1", "--out", notes), rf".*'{re.escape(str(notes))}'.*\(todo\.txt\).*")
     assert (notes / "todo.txt").read_text() == "mine" and sorted(p.name for p in notes.iterdir()) == ["todo.txt"]
 
 
@@ -213,41 +256,37 @@ def test_overwrite_replaces_only_what_training_wrote(tmp_path, finished_run):
 
 def test_overwrite_over_a_fifo_in_checkpoint_json_does_not_hang(tmp_path):
     """Deciding whether an existing run is ours reads checkpoint.json: a FIFO there is not ours, and is not waited on
-    (the subprocess timeout bounds the test)."""
+    (SIGALRM bounds the test)."""
     run = tmp_path / "run"
     (run / "checkpoint").mkdir(parents=True)
     os.mkfifo(run / "checkpoint" / "checkpoint.json")
-    done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, "--overwrite", timeout=60)
+    with bounded(60):
+        done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, "--overwrite")
     assert done.returncode == 0, done.stderr[-2000:]
     assert load_checkpoint(run / "checkpoint").train_state["epoch"] == 1
 
-HOLD_LOCK = textwrap.dedent(
-    """
-    import sys, time
-    from vit_einops.train.rundir import RunDir
-    run = RunDir.open(sys.argv[1], resume=True)
-    print("locked", flush=True)
-    time.sleep(600)
-    """
-)
-
-
 def test_a_second_run_is_locked_out_and_a_killed_holder_does_not_block(tmp_path, finished_run):
     run = copy_tree(finished_run, tmp_path / "run")
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run)], stdout=subprocess.PIPE, text=True)
+    ready, told = os.pipe()
+
+    def hold_the_lock():
+        RunDir.open(run, resume=True)
+        os.write(told, b"locked")
+        time.sleep(TIMEOUT)
+
+    holder = fork(hold_the_lock)
+    os.close(told)
     try:
-        assert holder.stdout.readline().strip() == "locked"
+        with bounded(TIMEOUT):
+            assert os.read(ready, 6) == b"locked"
         before = tree_hashes(run)
         done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, "--resume")
-        assert_cli_error(
-            done,
-            rf"output directory '{re.escape(str(run))}' is in use by another training run \(pid {holder.pid}\); "
-            r"wait for it to end or choose another directory",
-        )
+        assert_cli_error(done, rf"output directory '{re.escape(str(run))}' is in use .*\(pid {holder}\).*")
         assert tree_hashes(run) == before
     finally:
-        holder.kill()  # SIGKILL: the lock file stays, the kernel drops the lock
-        holder.wait(timeout=TIMEOUT)
+        os.close(ready)
+        os.kill(holder, signal.SIGKILL)  # the lock file stays, the kernel drops the lock
+        assert exit_code(holder) == -signal.SIGKILL
     assert (run / LOCK_NAME).exists()
     done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, "--resume")  # the run is complete
     assert done.returncode == 0, done.stderr[-2000:]
@@ -257,7 +296,7 @@ def test_a_second_run_is_locked_out_and_a_killed_holder_does_not_block(tmp_path,
 
 def test_the_lock_is_exclusive_within_one_process_too(tmp_path):
     with RunDir.open(tmp_path / "run"):
-        with pytest.raises(OSError, match=rf"is in use by another training run \(pid {os.getpid()}\)"):
+        with pytest.raises(OSError, match=rf"in use .*\(pid {os.getpid()}\)"):
             RunDir.open(tmp_path / "run", resume=True)
     with RunDir.open(tmp_path / "run", resume=True):  # released on exit
         pass
@@ -289,12 +328,10 @@ def test_a_non_finite_loss_stops_the_cli_run_and_keeps_the_last_finite_checkpoin
     done = cli("--limit", "32", "--epochs", "3", *TINY_FLAGS, "--lr", "1e30", "--save-interval", "0", "--out", out)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(
-        r"vit-einops train: error: training diverged in epoch 2: the mean loss is nan and the weights are not finite "
-        rf"\(learning rate 1e\+30 at the end of the epoch\); the checkpoint in {re.escape(str(out / 'checkpoint'))} "
-        r"still holds epoch 1\. Lower the learning rate \(--lr\), or check the data for NaN or infinite values",
-        last,
-    ), last
+    # what diverged and when, the learning rate, and which epoch the checkpoint still holds
+    checkpoint = re.escape(str(out / "checkpoint"))
+    expected = rf"vit-einops train: error: .*epoch 2\b.*\bnan\b.*1e\+30.*{checkpoint}.*epoch 1\b.*"
+    assert re.fullmatch(expected, last), last
     assert load_checkpoint(out / "checkpoint").train_state["epoch"] == 1
     assert [r["epoch"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [1]
     assert not (out / "summary.json").exists()  # the run did not end as if it had succeeded
@@ -324,11 +361,8 @@ def test_a_non_finite_loss_keeps_the_last_good_checkpoint_untouched(tmp_path):
     with pytest.raises(TrainingDivergedError) as caught:
         train(model, PoisonedAfter(data, clean=64), data, config, out_dir=tmp_path, save_interval=0, progress=False)
     # Epoch 1 was committed; epoch 2 stopped the run before its checkpoint and left every file as epoch 1 wrote it.
-    assert re.fullmatch(
-        rf"training diverged in epoch 2: the mean loss is nan and the weights are not finite \(learning rate .*\); the "
-        rf"checkpoint in {re.escape(str(tmp_path / 'checkpoint'))} still holds epoch 1\. Lower the learning rate .*",
-        str(caught.value),
-    )
+    checkpoint = re.escape(str(tmp_path / "checkpoint"))
+    assert re.fullmatch(rf".*epoch 2\b.*\bnan\b.*{checkpoint}.*epoch 1\b.*", str(caught.value))
     assert load_checkpoint(tmp_path / "checkpoint").train_state["epoch"] == 1
     assert [r["epoch"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())] == [1]
     assert all(torch.isfinite(t).all() for t in load_vit(tmp_path / "model.safetensors").state_dict().values())
@@ -380,7 +414,7 @@ def test_hostile_image_files_in_a_folder_are_refused_by_name_without_hanging(tmp
     if kind == "bomb":
         png_header_only(bad, 20000, 20000)
         # PIL's own guard (2 x MAX_IMAGE_PIXELS) or open_image's cap, whichever looks first; never a traceback
-        message = r"(20000x20000 = 400000000 pixels, over the limit|Image size \(400000000 pixels\) exceeds limit)"
+        message = r"400000000 pixels"
     elif kind == "fifo":
         os.mkfifo(bad)
         message = "not a regular file"
@@ -399,20 +433,33 @@ def test_the_cli_refuses_a_fifo_image_in_its_data_without_hanging(tmp_path):
     os.mkfifo(tmp_path / "data" / "cat" / "stuck.png")
     out = tmp_path / "run"
     done = cli("--data", tmp_path / "data", "--image-size", "8", "--patch-size", "4", *TINY_FLAGS, "--out", out)
-    assert_cli_error(done, r"cannot read image '.*stuck.png': not a regular file")
+    assert_cli_error(done, r"cannot read image '.*stuck\.png'.*not a regular file")
     assert not (out / "checkpoint").exists()
 
 
 # --- checkpoint.json that lies ------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def run_dir(tmp_path):
-    """A 1-epoch run of 3 (so that resume has work to do), trained through the Python API."""
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A 1-epoch run of 3 (so that resume has work to do), trained through the Python API once for the module."""
     torch.manual_seed(1)
     data = ImageDataset(torch.rand(48, 1, 8, 8), torch.randint(0, 10, (48,)), [str(i) for i in range(10)])
-    run_tiny(data, tmp_path, stop_after=1)
-    return tmp_path, data
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_tiny(data, out, stop_after=1)
+    finally:
+        torch.set_num_threads(threads)
+    return out, data
+
+
+@pytest.fixture
+def run_dir(tmp_path, stopped_run):
+    """A copy of stopped_run's files, for the test to edit."""
+    out, data = stopped_run
+    return copy_tree(out, tmp_path / "run"), data
 
 
 def run_tiny(data, out, **kwargs):
@@ -455,44 +502,44 @@ def setter(keys, value):
 
 LYING_FIELDS = [
     # (edit, the words the error must contain) -- read by load_checkpoint
-    (delete("config"), r"has no field 'config'"),
-    (setter("config", "vit_b_16"), r"field 'config' is str 'vit_b_16', expected dict"),
-    (setter("config.dim", "16"), r"field 'config' is invalid: dim must be an int"),
-    (delete("files"), r"has no field 'files'"),
-    (setter("files", []), r"field 'files' is list \[\], expected dict"),
-    (delete("files.model"), r"has no field 'files.model'"),
-    (setter("files.model", "model.safetensors"), r"field 'files.model' is 'model.safetensors', expected"),
-    (setter("files.model.name", 7), r"field 'files.model' is .*, expected"),
-    (setter("train_state", []), r"field 'train_state' is list \[\], expected dict"),
-    (setter("optimizer", [1, 2]), r"field 'optimizer' is list \[1, 2\], expected dict"),
-    (delete("optimizer"), r"has no field 'optimizer'"),
-    (setter("optimizer.state", {"__tensor__": "nowhere"}), r"field 'optimizer' is malformed: KeyError"),
-    (setter("scheduler", 5), r"field 'scheduler' is int 5, expected dict"),
-    (setter("version", "1"), r"has checkpoint version '1'"),
+    (delete("config"), r"no field 'config'"),
+    (setter("config", "vit_b_16"), r"'config'.*'vit_b_16'"),
+    (setter("config.dim", "16"), r"'config'.*\bdim\b.*'16'"),
+    (delete("files"), r"no field 'files'"),
+    (setter("files", []), r"'files'.*\[\]"),
+    (delete("files.model"), r"no field 'files\.model'"),
+    (setter("files.model", "model.safetensors"), r"'files\.model'.*'model\.safetensors'"),
+    (setter("files.model.name", 7), r"'files\.model'.*\b7\b"),
+    (setter("train_state", []), r"'train_state'.*\[\]"),
+    (setter("optimizer", [1, 2]), r"'optimizer'.*\[1, 2\]"),
+    (delete("optimizer"), r"no field 'optimizer'"),
+    (setter("optimizer.state", {"__tensor__": "nowhere"}), r"'optimizer'.*KeyError"),
+    (setter("scheduler", 5), r"'scheduler'.*\b5\b"),
+    (setter("version", "1"), r"version '1'"),
     # read by resume
-    (setter("train_state.epoch", "1"), r"field 'train_state.epoch' is '1', expected an int in 0..3"),
-    (setter("train_state.epoch", 7), r"field 'train_state.epoch' is 7, expected an int in 0..3"),
-    (delete("train_state.records"), r"field 'train_state.records' must be the list of the 1 epoch records"),
-    (setter("train_state.records", [{"epoch": 2}]), r"field 'train_state.records' must be the list"),
+    (setter("train_state.epoch", "1"), r"'train_state\.epoch'.*'1'"),
+    (setter("train_state.epoch", 7), r"'train_state\.epoch'.*\b7\b"),
+    (delete("train_state.records"), r"'train_state\.records'.*\b1\b"),
+    (setter("train_state.records", [{"epoch": 2}]), r"'train_state\.records'"),
     # the learning-rate schedule: a function of (recipe, step), so any edit shows
     (
         setter("scheduler.base_lrs", lambda v: [x * 10 for x in v]),
-        r"scheduler.base_lrs.0 is 0.02, but this recipe gives 0.002 at optimizer step 3",
+        r"scheduler\.base_lrs\.0\b.*\b0\.02\b.*\b0\.002\b",
     ),
-    (setter("scheduler.last_epoch", 1), r"scheduler.last_epoch is 1, but this recipe gives 3"),
-    (setter("scheduler._last_lr", [1.0, 1.0]), r"scheduler._last_lr.0 is 1.0, but this recipe gives"),
+    (setter("scheduler.last_epoch", 1), r"scheduler\.last_epoch\b.*\b1\b.*\b3\b"),
+    (setter("scheduler._last_lr", [1.0, 1.0]), r"scheduler\._last_lr\.0\b.*\b1\.0\b"),
     (
         setter("scheduler.lr_lambdas.0.total_steps", 3000),
-        r"scheduler.lr_lambdas.0.total_steps is 3000, but this recipe gives 9",
+        r"lr_lambdas\.0\.total_steps\b.*\b3000\b.*\b9\b",
     ),
-    (setter("optimizer.param_groups.0.lr", 0.5), r"optimizer.param_groups.0.lr is 0.5, but this recipe gives"),
+    (setter("optimizer.param_groups.0.lr", 0.5), r"param_groups\.0\.lr\b.*\b0\.5\b"),
     (
         setter("optimizer.param_groups.1.weight_decay", 0.3),
-        r"optimizer.param_groups.1.weight_decay is 0.3, but this recipe gives 0.0",
+        r"param_groups\.1\.weight_decay\b.*\b0\.3\b.*\b0\.0\b",
     ),
     (
         setter("optimizer.param_groups.0.betas", {"__tuple__": [0.5, 0.999]}),
-        r"optimizer.param_groups.0.betas.0 is 0.5, but",
+        r"param_groups\.0\.betas\.0\b.*\b0\.5\b",
     ),
 ]
 
@@ -529,21 +576,21 @@ TENSOR_EDITS = [
     (
         "model",
         lambda t: {**t, first_key(t): t[first_key(t)].to(torch.int64)},
-        r"weights must be floating point; 1 tensors are not, e.g. .* \(torch.int64\)",
+        r"floating point.*torch\.int64",
     ),
-    ("model", lambda t: {**t, first_key(t): t[first_key(t)] > 0}, r"weights must be floating point.*\(torch.bool\)"),
+    ("model", lambda t: {**t, first_key(t): t[first_key(t)] > 0}, r"floating point.*torch\.bool"),
     (
         "model",
         lambda t: {k: v.half() for k, v in t.items()},
-        r"holds torch.float16 tensors .*; a training checkpoint holds torch.float32 only",
+        r"torch\.float16.*torch\.float32",
     ),
-    ("model", lambda t: {**t, first_key(t): t[first_key(t)].to(torch.bfloat16)}, r"holds torch.bfloat16 tensors"),
+    ("model", lambda t: {**t, first_key(t): t[first_key(t)].to(torch.bfloat16)}, r"torch\.bfloat16"),
     (
         "model",
         lambda t: {**t, first_key(t): torch.full_like(t[first_key(t)], float("nan"))},
-        r"non-finite values \(nan or inf\) in 1 tensors",
+        r"non-finite.*\b1 tensors",
     ),
-    ("optimizer", lambda t: {k: v.double() for k, v in t.items()}, r"holds torch.float64 tensors"),
+    ("optimizer", lambda t: {k: v.double() for k, v in t.items()}, r"torch\.float64"),
 ]
 
 
@@ -561,42 +608,38 @@ def test_a_fifo_or_a_directory_in_a_checkpoint_files_place_is_refused_without_ha
     model_file = run / "checkpoint" / json.loads(meta.read_text())["files"]["model"]["name"]
     model_file.unlink()
     os.mkfifo(model_file)
-    with bounded(30), pytest.raises(CheckpointError, match=r"cannot read .* is a FIFO, not a regular file"):
+    with bounded(30), pytest.raises(CheckpointError, match=r"cannot read .*\bFIFO\b"):
         load_checkpoint(run / "checkpoint")
     meta.unlink()
     meta.mkdir()
-    with bounded(30), pytest.raises(CheckpointError, match=r"cannot read .*checkpoint.json: .* is a directory, not a"):
+    with bounded(30), pytest.raises(CheckpointError, match=r"cannot read .*checkpoint\.json.*\bdirectory\b"):
         load_checkpoint(run / "checkpoint")
 
 
 # --- kill -9 at every write point, then resume ---------------------------------------------------------------------
 
-KILL_CHILD = textwrap.dedent(
-    """
-    import os, signal, sys
-    from pathlib import Path
-    import torch
-    torch.set_num_threads(1)
-    target, when, nth, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    real_replace, seen = os.replace, [0]
+def killed_at(target, when, nth, out):
+    """fault_run(out) in a forked child that SIGKILLs itself at the ``nth`` os.replace onto a name starting with
+    ``target``: ``when`` "temp written" (the temporary complete and fsynced, the rename not done) or "renamed" (the
+    directory not yet fsynced, nothing after it done). Returns the child's exit code."""
 
-    def replace(src, dst):
-        hit = Path(dst).name.startswith(target)
-        if hit:
-            seen[0] += 1
-        if hit and seen[0] == nth and when == "temp written":
-            os.kill(os.getpid(), signal.SIGKILL)  # the temporary is complete and fsynced, the rename not done
-        real_replace(src, dst)
-        if hit and seen[0] == nth and when == "renamed":
-            os.kill(os.getpid(), signal.SIGKILL)  # renamed, the directory not yet fsynced, nothing after it done
+    def child():
+        real_replace, seen = os.replace, [0]
 
-    os.replace = replace
-    sys.path.insert(0, sys.argv[5])
-    from test_hostile_train import fault_run
-    fault_run(out)
-    sys.exit(3)  # never reached: the kill comes first
-    """
-)
+        def replace(src, dst):
+            hit = Path(dst).name.startswith(target)
+            if hit:
+                seen[0] += 1
+            if hit and seen[0] == nth and when == "temp written":
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_replace(src, dst)
+            if hit and seen[0] == nth and when == "renamed":
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        os.replace = replace  # in the child only
+        fault_run(out)
+
+    return exit_code(fork(child))
 
 
 def fault_data():
@@ -633,13 +676,7 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.mark.parametrize("target, when", WRITE_POINTS, ids=[f"{t} {w}" for t, w in WRITE_POINTS])
 def test_kill_at_each_write_point_then_resume_loses_and_repeats_nothing(tmp_path, uninterrupted, target, when):
-    child = subprocess.run(
-        [sys.executable, "-c", KILL_CHILD, target, when, "2", str(tmp_path), str(Path(__file__).parent)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]  # killed in epoch 2's writes
+    assert killed_at(target, when, 2, tmp_path) == -signal.SIGKILL  # killed in epoch 2's writes
     model, result = fault_run(tmp_path, resume=True)
     whole_model, whole, whole_metrics = uninterrupted
     for (name, a), b in zip(whole_model.state_dict().items(), model.state_dict().values(), strict=True):
@@ -674,18 +711,18 @@ def api_cases(tmp_path):
             (
                 dict(model=model.double()),
                 TypeError,
-                r"training keeps the weights in torch.float32, but parameter .* is torch.float64; call model.float\(\)",
+                r"torch\.float32.*torch\.float64",
             ),
-            (dict(model=torch.nn.Linear(2, 2)), TypeError, "model must be a vit_einops ViT, got Linear"),
-            (dict(config={"epochs": 1}), TypeError, "config must be a TrainConfig, got dict"),
-            (dict(stop_after=0), ValueError, "stop_after must be a positive int, got 0"),
-            (dict(resume=True), ValueError, "resume and overwrite need out_dir"),
-            (dict(device="tpu"), ValueError, "unknown device 'tpu'"),
-            (dict(out_dir=busy), ValueError, r"output directory '.*busy' already holds files \(thesis.tex\)"),
+            (dict(model=torch.nn.Linear(2, 2)), TypeError, r"\bmodel\b.*\bLinear\b"),
+            (dict(config={"epochs": 1}), TypeError, r"\bconfig\b.*\bdict\b"),
+            (dict(stop_after=0), ValueError, r"\bstop_after\b.*\b0\b"),
+            (dict(resume=True), ValueError, r"\bresume\b.*\bout_dir\b"),
+            (dict(device="tpu"), ValueError, r"\bdevice\b.*'tpu'"),
+            (dict(out_dir=busy), ValueError, r"'.*busy'.*\bthesis\.tex\b"),
             (
                 dict(out_dir=busy / "thesis.tex"),
                 ValueError,
-                r"output directory '.*thesis.tex' is a file, expected a directory",
+                r"'.*thesis\.tex' is a file",
             ),
         ],
         data,

@@ -24,9 +24,9 @@ from vit_einops.inspect import (
     patch_distances,
     position_similarity,
     record_attention,
+    show_attention,
     write_report,
 )
-from vit_einops.inspect.report import predicted_name
 from vit_einops.reference import torch_mha_from
 
 TINY = dict(image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=3, heads=2, mlp_dim=32)
@@ -293,7 +293,7 @@ def test_report_batches_other_distance_images_to_the_same_mean(tmp_path):
     )
 
 
-def test_predicted_names_fall_back_to_the_index_beyond_the_recorded_classes():
-    assert predicted_name(2, ["cat", "dog", "bird"]) == "bird"
-    assert predicted_name(7, ["cat", "dog", "bird"]) == "7 (no class name)"
-    assert predicted_name(7, None) == "7"
+def test_an_unnamed_prediction_is_titled_by_class_name():
+    model = tiny_vit()
+    model.reset_classifier(10)  # zero-initialised: uniform probabilities, the first class wins
+    assert "predicted class 0 (p 0.10)" in show_attention(model, torch.rand(1, 8, 8)).get_suptitle()

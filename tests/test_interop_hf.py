@@ -27,8 +27,9 @@ from PIL import Image
 
 from vit_einops import ViT
 from vit_einops.inspect import record_attention
-from vit_einops.interop import load_hf, save_hf
-from vit_einops.preprocess import Preprocessing, open_image
+from vit_einops.images import open_image
+from vit_einops.interop import load_hf, preprocessing_from_hf, save_hf
+from vit_einops.preprocess import Preprocessing
 
 REASON = "{} is not installed: it needs torch 2.14.1; .ci/run-interop runs these tests in a venv of their own"
 
@@ -184,7 +185,8 @@ def test_preprocessing_matches_torchvision_timm_and_hf(tmp_path):
         ),
     }
     processor = transformers.ViTImageProcessor()
-    ours_hf = Preprocessing.from_hf(processor.to_dict())
+    ours_hf = preprocessing_from_hf(processor.to_dict())
+    assert ours_hf == Preprocessing.hf()  # the hf convention is ViTImageProcessor's defaults
     for name, mine, theirs in _images(tmp_path):
         for lib, (ours, ref) in refs.items():
             diff = (ours(mine) - ref(theirs)).abs().max().item()

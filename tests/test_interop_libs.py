@@ -23,10 +23,8 @@ from _interop import assert_same_state, perturbed, report_diffs
 
 from vit_einops.interop import (
     from_torchvision,
-    intermediate_layers,
     load_timm,
     load_torchvision,
-    pre_logits,
     resample_pos_embed,
     resample_vit,
     timm_kwargs,
@@ -139,7 +137,8 @@ def test_torchvision_feature_extractor_as_in_the_course():
     tv.heads = torch.nn.Identity()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        DIFFS["torchvision pre-logits"] = assert_close(pre_logits(model, x), tv(x), F32_TOL, "pre-logits")
+        ours = model.forward_head(model.forward_features(x), pre_logits=True)
+        DIFFS["torchvision pre-logits"] = assert_close(ours, tv(x), F32_TOL, "pre-logits")
 
 
 # ---- timm ----
@@ -213,12 +212,13 @@ def test_timm_features():
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         expected = tm.forward_head(tm.forward_features(x), pre_logits=True)
-        DIFFS["timm pre-logits"] = assert_close(pre_logits(model, x), expected, F32_TOL, "pre-logits")
-        theirs = tm.forward_intermediates(x, indices=[0, 2], norm=True, output_fmt="NLC", intermediates_only=True,
-                                          return_prefix_tokens=True)  # fmt: skip
-        ours = intermediate_layers(model, x, [0, 2], norm=True)
-    for (patches, prefix), tokens in zip(theirs, ours, strict=True):
-        assert_close(tokens, torch.cat([prefix, patches], dim=1), F32_TOL, "intermediate tokens")
+        ours = model.forward_head(model.forward_features(x), pre_logits=True)
+        DIFFS["timm pre-logits"] = assert_close(ours, expected, F32_TOL, "pre-logits")
+        kwargs = dict(indices=[0, 2], norm=True, output_fmt="NLC", intermediates_only=True, return_prefix_tokens=True)
+        theirs, ours = tm.forward_intermediates(x, **kwargs), model.forward_intermediates(x, **kwargs)
+    for (patches, prefix), (our_patches, our_prefix) in zip(theirs, ours, strict=True):
+        assert_close(our_patches, patches, F32_TOL, "intermediate patch tokens")
+        assert_close(our_prefix, prefix, F32_TOL, "intermediate class token")
 
 
 # ---- resampling against the libraries' own functions ----

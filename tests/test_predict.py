@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -15,8 +16,9 @@ from vit_einops.cli import main
 from vit_einops.interop import save_state_dict_file, to_torchvision
 from vit_einops import load_model
 from vit_einops.modelfile import save_vit
-from vit_einops.predict import Prediction, predict
-from vit_einops.preprocess import Preprocessing, open_image
+from vit_einops.images import open_image
+from vit_einops.predict import Prediction, class_name, predict
+from vit_einops.preprocess import Preprocessing
 
 
 @pytest.fixture
@@ -64,9 +66,27 @@ def test_predict_accepts_pil_images_tensors_and_single_paths(model, images):
     assert len(predict(model, images, top_k=99)[0]) == 5  # capped at the number of classes
 
 
-def test_indices_when_the_model_has_no_names(model, images):
+def test_class_name_is_the_recorded_name_or_class_and_index():
+    assert class_name(2, ["cat", "dog", "bird"]) == "bird"
+    assert class_name(7, ["cat", "dog", "bird"]) == "class 7"  # more outputs than names: a preset on the digits
+    assert class_name(-1, ["cat", "dog", "bird"]) == "class -1"
+    assert class_name(7, None) == "class 7"
+
+
+def test_unnamed_classes_in_predictions_and_the_table(model, images, tmp_path, capsys):
     model.class_names = None
-    assert all(p.label == str(p.index) for p in predict(model, images[:1])[0])
+    assert all(p.label == f"class {p.index}" for p in predict(model, images[:1])[0])
+    save_vit(model, tmp_path / "m.safetensors")
+    assert main(["predict", str(tmp_path / "m.safetensors"), str(images[0]), "--top-k", "1"]) == 0
+    top = predict(model, images[0], top_k=1)[0][0]
+    assert capsys.readouterr().out.splitlines()[1].split() == [f"{top.probability:.2%}", "class", str(top.index)]
+
+
+def test_named_classes_in_the_table_carry_their_index(model, images, tmp_path, capsys):
+    save_vit(model, tmp_path / "m.safetensors")
+    assert main(["predict", str(tmp_path / "m.safetensors"), str(images[0]), "--top-k", "1"]) == 0
+    top = predict(model, images[0], top_k=1)[0][0]
+    assert capsys.readouterr().out.splitlines()[1].split() == [f"{top.probability:.2%}", top.label, f"({top.index})"]
 
 
 @pytest.mark.parametrize(
@@ -125,6 +145,36 @@ def test_cli_preprocessing_flags_override_the_record(model, images, tmp_path, ca
     assert [p["index"] for p in plain] == [p.index for p in predict(model, images[0])[0]]
     assert main([*args, "--crop", "16"]) == 2
     assert "preprocessing produces (16, 16) images; the model takes (32, 32)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("convention", ["torchvision", "timm", "hf", "plain"])
+def test_cli_preprocessing_convention_and_crop_pct(model, images, tmp_path, capsys, convention):
+    """--preprocessing NAME is Preprocessing.convention(NAME) at the model's size; --crop-pct applies timm's resize
+    and crop to it (so --preprocessing timm --crop-pct P is Preprocessing.timm(crop_pct=P))."""
+    save_vit(model, tmp_path / "m.safetensors")
+    args = ["predict", str(tmp_path / "m.safetensors"), str(images[0]), "--json", "--preprocessing", convention]
+
+    def same_as(argv, preprocessing):
+        assert main(argv) == 0
+        printed = json.loads(capsys.readouterr().out)[0]["top"]
+        model.preprocessing = preprocessing
+        expected = predict(model, images[0])[0]
+        assert [p["index"] for p in printed] == [p.index for p in expected]
+        assert [p["probability"] for p in printed] == pytest.approx([p.probability for p in expected], abs=1e-6)
+
+    base = Preprocessing.convention(convention, (32, 32))
+    same_as(args, base)
+    timm = Preprocessing.timm(crop=32, crop_pct=0.5)
+    same_as([*args, "--crop-pct", "0.5"], dataclasses.replace(base, resize=timm.resize, crop=timm.crop))
+
+
+@pytest.mark.parametrize("crop_pct", ["0", "1.5", "nan"])
+def test_cli_bad_crop_pct_is_named(model, images, tmp_path, capsys, crop_pct):
+    save_vit(model, tmp_path / "m.safetensors")
+    for convention in ("timm", "plain"):
+        argv = ["predict", str(tmp_path / "m.safetensors"), str(images[0]), "--preprocessing", convention]
+        assert main([*argv, "--crop-pct", crop_pct]) == 2
+        assert f"crop_pct must be in (0, 1], got {float(crop_pct)}" in capsys.readouterr().err
 
 
 def test_cli_errors_are_one_line(tmp_path, model, capsys):

@@ -1,18 +1,17 @@
-"""Preprocessing and image reading without the reference libraries (those comparisons are in test_interop_hf.py):
-the geometry of the resize and crop, normalisation, every image mode, and files that are not sane images."""
+"""Preprocessing without the reference libraries (those comparisons are in test_interop_hf.py): the geometry of the
+resize and crop, normalisation, the conventions by name, and the Hugging Face preprocessor_config round trip."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import re
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from vit_einops.preprocess import MAX_PIXELS, Preprocessing, open_image, to_model_mode
+from vit_einops.interop.hf import preprocessing_from_hf, preprocessing_to_hf
+from vit_einops.preprocess import CONVENTIONS, Preprocessing
 
 
 def test_shorter_side_resize_and_centre_crop_geometry():
@@ -70,63 +69,57 @@ def test_record_round_trips_through_json_dict():
         Preprocessing.from_dict({**p.to_dict(), "colour": "yes"})
 
 
-def test_sixteen_bit_images_are_scaled_not_clipped(tmp_path):
-    deep = np.array([[0, 257, 32896, 65535]], dtype=np.uint16)
-    Image.fromarray(deep).save(tmp_path / "deep.png")
-    img = open_image(tmp_path / "deep.png")
-    assert img.mode.startswith("I")
-    out = Preprocessing(resize=(1, 4), mean=(0.0,), std=(1.0,))(img)
-    assert torch.equal(out, torch.tensor([[[0.0, 1.0, 128.0, 255.0]]]) / 255)  # PIL's convert would give 0, 1, 1, 1
-
-
-@pytest.mark.parametrize("mode", ["RGBA", "LA", "P", "1", "CMYK", "I;16", "F"])
-def test_every_mode_becomes_rgb_or_grey(mode):
-    img = Image.new("RGB", (5, 3), (200, 100, 50)).convert(mode)
-    for channels, target in ((3, "RGB"), (1, "L")):
-        assert to_model_mode(img, channels).mode == target
-    assert Preprocessing.plain((3, 5))(img).shape == (3, 3, 5)
-
-
-def test_transparency_is_dropped_as_torchvision_loaders_do():
-    img = Image.new("RGBA", (2, 2), (10, 20, 30, 0))
-    assert to_model_mode(img, 3).getpixel((0, 0)) == (10, 20, 30)
-
-
 def test_not_a_pil_image():
     with pytest.raises(TypeError, match="takes a PIL image, got Tensor; read files with"):
         Preprocessing.plain(8)(torch.zeros(3, 8, 8))
 
 
-def test_files_that_are_not_sane_images(tmp_path):
-    with pytest.raises(ValueError, match="absent.png.*No such file"):
-        open_image(tmp_path / "absent.png")
-    with pytest.raises(ValueError, match="not a regular file"):
-        open_image(tmp_path)
-    (tmp_path / "notes.png").write_text("not an image")
-    with pytest.raises(ValueError, match="notes.png.*not an image PIL can decode"):
-        open_image(tmp_path / "notes.png")
-    Image.new("RGB", (64, 64)).save(tmp_path / "ok.png")
-    data = (tmp_path / "ok.png").read_bytes()
-    (tmp_path / "cut.png").write_bytes(data[: len(data) // 2])
-    with pytest.raises(ValueError, match="cut.png"):
-        open_image(tmp_path / "cut.png")
+def test_each_convention_is_built_by_name_at_the_models_size():
+    expected = {
+        "torchvision": Preprocessing.torchvision(crop=(32, 48)),
+        "timm": Preprocessing.timm(crop=(32, 48)),
+        "hf": Preprocessing.hf((32, 48)),
+        "plain": Preprocessing.plain((32, 48)),
+    }
+    assert sorted(CONVENTIONS) == sorted(expected)
+    for name in CONVENTIONS:
+        p = Preprocessing.convention(name, (32, 48))
+        assert p == expected[name] and p(Image.new("RGB", (70, 50))).shape == (3, 32, 48)
 
 
-def test_a_fifo_is_refused_without_blocking(tmp_path):
-    os.mkfifo(tmp_path / "pipe.png")
-    code = (
-        "from vit_einops.preprocess import open_image\ntry:\n    open_image(%r)\nexcept ValueError as e:\n    print(e)"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code % str(tmp_path / "pipe.png")], capture_output=True, text=True, timeout=60
-    )
-    assert "not a regular file" in out.stdout
+def test_an_unknown_convention_is_named():
+    with pytest.raises(ValueError, match="preprocessing convention 'keras'"):
+        Preprocessing.convention("keras", 32)
 
 
-def test_a_decompression_bomb_is_a_clear_error_before_decoding(tmp_path):
-    # A 20000 x 20000 PNG of one colour compresses to a few hundred KB; decoding it would take 1.2 GB.
-    side = 20000
-    assert side * side > MAX_PIXELS
-    Image.new("L", (side, 1)).resize((side, side)).save(tmp_path / "bomb.png", optimize=False)
-    with pytest.raises(ValueError, match=r"bomb.png.*400000000 pixels.*(over the )?limit"):
-        open_image(tmp_path / "bomb.png")
+def test_hf_processor_config_round_trips_and_its_defaults_are_the_hf_convention():
+    p = Preprocessing.hf((32, 48), channels=1)
+    config = preprocessing_to_hf(p)
+    assert config["size"] == {"height": 32, "width": 48} and config["image_mean"] == [0.5]
+    assert preprocessing_from_hf(config, channels=1) == p
+    assert preprocessing_from_hf({}) == Preprocessing.hf(224)  # ViTImageProcessor's defaults
+    shorter = preprocessing_from_hf({"size": {"shortest_edge": 40}, "do_center_crop": True, "crop_size": 32})
+    assert (shorter.resize, shorter.crop) == (40, (32, 32))
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ({"size": "big"}, "'size' must be an object or an int, got 'big'"),
+        ({"size": {"wide": 3}}, "'size' {'wide': 3}"),
+        ({"do_resize": False}, "do_resize false"),
+        ({"resample": 1}, "resample 1 is not supported"),
+        ({"rescale_factor": 0.5}, "rescale_factor 0.5"),
+        ({"do_center_crop": True, "crop_size": {"h": 2}}, "'crop_size' {'h': 2}"),
+    ],
+)
+def test_bad_hf_processor_configs(config, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        preprocessing_from_hf(config)
+
+
+def test_what_vit_image_processor_cannot_express():
+    with pytest.raises(ValueError, match="ViTImageProcessor cannot express"):
+        preprocessing_to_hf(Preprocessing.torchvision())
+    with pytest.raises(TypeError, match="got dict"):
+        preprocessing_to_hf({"resize": 224})

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from _tiny import TINY_DIGITS, tiny_vit
 
 from vit_einops import ViT
 from vit_einops.config import ATTN_IMPLS
@@ -21,11 +22,8 @@ from vit_einops.inspect import (
     token_norms,
 )
 
-TINY = dict(image_size=8, patch_size=2, in_channels=1, num_classes=5, dim=16, depth=3, heads=2, mlp_dim=32)
-
-
-def tiny_vit(**overrides) -> ViT:
-    return ViT(**{**TINY, **overrides}).eval()
+# Three blocks: rollout and relevance compose over layers, and a middle layer is neither first nor last.
+TINY = dict(TINY_DIGITS, num_classes=5, depth=3)
 
 
 # --- entropy ---------------------------------------------------------------------------------------------------
@@ -55,7 +53,7 @@ def test_entropy_of_masked_rows_counts_only_the_allowed_keys_and_is_never_nan():
 
 
 def test_entropy_of_recorded_maps_equals_torch_distributions():
-    _, maps = record_attention(tiny_vit(), torch.rand(2, 1, 8, 8))
+    _, maps = record_attention(tiny_vit(TINY), torch.rand(2, 1, 8, 8))
     expected = torch.distributions.Categorical(probs=maps).entropy()
     torch.testing.assert_close(attention_entropy(maps), expected, rtol=1e-5, atol=1e-6)
     assert ((0 <= expected) & (expected <= math.log(maps.shape[-1]) + 1e-5)).all()
@@ -98,7 +96,7 @@ def test_class_token_share_rejects_rows_that_are_not_square_maps():
 
 
 def test_token_norms_are_the_lengths_of_each_block_output():
-    model = tiny_vit()
+    model = tiny_vit(TINY)
     x = torch.rand(2, 1, 8, 8)
     out, norms = token_norms(model, x)
     assert torch.equal(out, model(x))  # the hooks leave the output alone, and are gone afterwards
@@ -112,7 +110,7 @@ def test_token_norms_are_the_lengths_of_each_block_output():
 
 
 def test_head_statistics_per_image_match_the_shared_functions():
-    model = tiny_vit()
+    model = tiny_vit(TINY)
     _, maps = record_attention(model, torch.rand(3, 1, 8, 8))
     stats = head_statistics(maps, (4, 4), 2)
     assert {k: v.shape for k, v in stats.items()} == {k: (3, 3, 2) for k in ("distance", "entropy", "class_share")}
@@ -127,7 +125,7 @@ def test_head_statistics_per_image_match_the_shared_functions():
 
 def test_relevance_is_the_same_on_every_attention_impl():
     torch.manual_seed(3)
-    model = tiny_vit().double()
+    model = tiny_vit(TINY).double()
     x = torch.rand(3, 1, 8, 8, dtype=torch.float64)
     targets = torch.tensor([[0, 4], [1, 2], [3, 3]])
     got = {}
@@ -172,7 +170,7 @@ def chefer_reference(model: ViT, x: torch.Tensor, target: torch.Tensor) -> torch
 @pytest.mark.parametrize("impl", ATTN_IMPLS)
 def test_relevance_matches_chefers_recipe_on_the_einsum_softmax(impl):
     torch.manual_seed(4)
-    model = tiny_vit().double()
+    model = tiny_vit(TINY).double()
     x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
     target = torch.tensor([2, 0])
     expected = chefer_reference(model, x, target)
@@ -185,7 +183,7 @@ def test_attention_gradients_match_central_finite_differences():
     """dy_t/dA_l[i, j] for a few entries: nudge that entry of A (a hook on the einsum softmax) by +-eps, rerun,
     and difference the logit. Later layers react to the nudge in both computations."""
     torch.manual_seed(5)
-    model = tiny_vit(depth=2).double().set_attn_impl("sdpa")
+    model = tiny_vit(TINY, depth=2).double().set_attn_impl("sdpa")
     x = torch.rand(1, 1, 8, 8, dtype=torch.float64)
     logits, _, grads, targets = attention_gradients(model, x, 3)
     assert targets.tolist() == [[3]]
@@ -236,7 +234,7 @@ def test_uniform_attention_over_identical_patches_gives_uniform_relevance():
     """q = k = 0 makes every row of A uniform. Relevance weighs A by its gradient, which depends on each key's
     value, so uniform relevance also needs the patch tokens to be alike: a constant image, no position embedding."""
     torch.manual_seed(6)
-    model = tiny_vit().double()
+    model = tiny_vit(TINY).double()
     with torch.no_grad():
         for block in model.blocks:
             qkv = block.attn.fn.mha.qkv
@@ -253,7 +251,7 @@ def test_uniform_attention_over_identical_patches_gives_uniform_relevance():
 
 
 def test_relevance_works_with_frozen_parameters():
-    model = tiny_vit().double()
+    model = tiny_vit(TINY).double()
     x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
     expected = attention_relevance(model, x)
     model.requires_grad_(False)
@@ -272,7 +270,7 @@ def test_relevance_works_with_frozen_parameters():
 )
 def test_bad_targets_are_named(target, error, match):
     with pytest.raises(error, match=match):
-        attention_relevance(tiny_vit(), torch.rand(2, 1, 8, 8), target)
+        attention_relevance(tiny_vit(TINY), torch.rand(2, 1, 8, 8), target)
 
 
 def test_relevance_from_gradients_checks_shapes():

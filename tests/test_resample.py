@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _tiny import TINY_RGB, tiny_vit
 from einops import rearrange, repeat
 
-from vit_einops import ViT
 from vit_einops.interop import RESAMPLE_MODES, resample_pos_embed, resample_vit
 
 MODES = sorted(RESAMPLE_MODES)
@@ -94,12 +94,9 @@ def test_bad_arguments():
         resample_pos_embed(pos_embed((2, 2)), 0)
 
 
-TINY = dict(image_size=32, patch_size=8, dim=48, depth=1, heads=4, mlp_dim=96, num_classes=5)
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_resample_vit(mode):
-    model = ViT(**TINY).eval()
+    model = tiny_vit(TINY_RGB, depth=1)  # one block: resampling touches only the position embedding
     same = resample_vit(model, 32, mode=mode).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():

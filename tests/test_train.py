@@ -1,11 +1,13 @@
 """Training: the schedule, augmentation, data loading, a short run that learns, exact resume, and the CLI."""
 
 import json
+import re
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _tiny import TINY_DIGITS, model_flags
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
@@ -24,9 +26,7 @@ from vit_einops.train.data import (
 )
 from vit_einops.train.loop import TIMING_FIELDS, WarmupCosine, batch_totals, random_shift, resolve_device, train
 
-TINY = dict(
-    image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=2, heads=2, mlp_dim=32, dropout=0.1
-)
+TINY = dict(TINY_DIGITS, dropout=0.1)  # dropout: resuming must restore its random state too
 
 
 @pytest.fixture(autouse=True)
@@ -49,19 +49,21 @@ def test_warmup_then_cosine():
 
 
 def test_train_config_rejects_bad_values():
+    # the error names the field and the value
     for bad, match in [
-        (dict(epochs=0), "epochs"),
-        (dict(lr=0.0), "lr"),
-        (dict(warmup_epochs=-1), "warmup_epochs"),
-        (dict(label_smoothing=1.0), "label_smoothing"),
-        (dict(shift=-1), "shift"),
-        (dict(seed=-2), "seed"),
-        (dict(weight_decay=-0.1), "weight_decay"),
+        (dict(epochs=0), r"\bepochs\b.* 0\b"),
+        (dict(lr=0.0), r"\blr\b.* 0\.0\b"),
+        (dict(warmup_epochs=-1), r"\bwarmup_epochs\b.* -1\b"),
+        (dict(label_smoothing=1.0), r"\blabel_smoothing\b.* 1\.0\b"),
+        (dict(shift=-1), r"\bshift\b.* -1\b"),
+        (dict(seed=-2), r"\bseed\b.* -2\b"),
+        (dict(weight_decay=-0.1), r"\bweight_decay\b.* -0\.1\b"),
+        (dict(betas=(0.9, 1.0)), r"\bbetas\[1\].* 1\.0\b"),
     ]:
         with pytest.raises(ValueError, match=match):
             TrainConfig(**bad)
     for name in ("epochs", "batch_size", "warmup_epochs", "shift", "seed"):
-        with pytest.raises(TypeError, match=f"{name} must be an int"):
+        with pytest.raises(TypeError, match=rf"\b{name}\b.*\bint\b.* 2\.0\b"):
             TrainConfig(**{name: 2.0})
 
 
@@ -158,7 +160,7 @@ def run_tiny(digits, out=None, **kwargs):
 
 
 def test_one_short_epoch_lowers_the_loss(digits):
-    # A ViT's loss sits near ln(10) for its first few dozen steps; 64 steps at a high rate get past that.
+    # A ViT's loss sits near ln(10) for its first few dozen steps; 64 steps at a high rate get past that, at dim 32.
     train_set = digits[0].subset(range(1024))
     torch.manual_seed(0)
     model = ViT(**{**TINY, "dim": 32})
@@ -202,8 +204,7 @@ def test_resume_refuses_a_different_recipe(digits, tmp_path):
 
 def test_cli_train_then_inspect(tmp_path, capsys):
     out = tmp_path / "run"
-    tiny = ["--dim", "16", "--depth", "2", "--heads", "2", "--mlp-dim", "32"]
-    assert main(["train", "--limit", "96", "--epochs", "1", "--out", str(out), "--no-progress", *tiny]) == 0
+    assert main(["train", "--limit", "96", "--epochs", "1", "--out", str(out), "--no-progress", *model_flags()]) == 0
     assert "test accuracy" in capsys.readouterr().out
     assert (
         main(["inspect", "--checkpoint", str(out / "checkpoint"), "--num-images", "3", "--distance-images", "32"]) == 0
@@ -251,7 +252,7 @@ def test_cli_trains_on_a_folder_and_inspects_a_given_image(tmp_path):
 def test_cli_preset_on_the_digits_needs_a_fitting_patch_size(tmp_path, capsys):
     assert main(["train", "--preset", "vit_ti_16", "--epochs", "1", "--out", str(tmp_path), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "vit-einops train: error: --preset vit_ti_16: patch size 16 does not divide image size 8" in err
+    assert re.search(r"vit-einops train: error: --preset vit_ti_16\b.*\b16\b.*\b8\b", err), err
     assert "pass --patch-size 1, 2, 4 or 8" in err
     assert not (tmp_path / "checkpoint").exists()
 
@@ -304,7 +305,7 @@ def test_a_tensor_dataset_and_a_dataloader_over_it_train_exactly_as_the_in_memor
 def test_a_shuffling_dataloader_resumes_exactly(small, tmp_path):
     # train() reseeds the global RNG before each epoch's iter(loader); RandomSampler draws its order from it.
     tensors, test = TensorDataset(*small[0][:]), small[1]
-    whole, _ = train_tiny(DataLoader(tensors, batch_size=32, shuffle=True), test, tmp_path / "whole")
+    whole, _ = train_tiny(DataLoader(tensors, batch_size=32, shuffle=True), test)  # no files: the same weights
     train_tiny(DataLoader(tensors, batch_size=32, shuffle=True), test, tmp_path / "split", stop_after=1)
     resumed, _ = train_tiny(DataLoader(tensors, batch_size=32, shuffle=True), test, tmp_path / "split", resume=True)
     assert same_weights(resumed, whole)
@@ -319,7 +320,7 @@ def test_a_dataloader_with_its_own_generator_warns_on_resume_and_does_not_repeat
     def loader():
         return DataLoader(tensors, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(7))
 
-    whole, _ = train_tiny(loader(), test, tmp_path / "whole")
+    whole, _ = train_tiny(loader(), test)
     train_tiny(loader(), test, tmp_path / "split", stop_after=1)
     with pytest.warns(UserWarning, match="own generator=.*will not repeat"):
         resumed, _ = train_tiny(loader(), test, tmp_path / "split", resume=True)
@@ -351,7 +352,7 @@ def test_train_on_a_folder_dataset_and_a_dataloader_over_it(tmp_path):
     assert same_weights(as_dataset, reference) and untimed(got.records) == untimed(ref.records)
     as_loader, got = train_tiny(DataLoader(folder, batch_size=4, shuffle=True), folder, model_kwargs=rgb)
     assert as_loader.class_names == ["cat", "dog"] and [r["epoch"] for r in got.records] == [1, 2]
-    with pytest.raises(ValueError, match=r"has 2 classes \(cat, dog\) but the model's head has 3 outputs"):
+    with pytest.raises(ValueError, match=r"\b2 classes \(cat, dog\).*\b3 outputs"):
         train_tiny(folder, folder, model_kwargs={**rgb, "num_classes": 3})
 
 
@@ -373,7 +374,7 @@ def test_device_auto_is_cuda_when_available_else_cpu():
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert resolve_device("auto") == torch.device(expected)
     assert resolve_device("cpu") == torch.device("cpu") and resolve_device(torch.device("cpu")).type == "cpu"
-    with pytest.raises(ValueError, match="unknown device 'gpu0'"):
+    with pytest.raises(ValueError, match=r"\bdevice\b.*'gpu0'"):
         resolve_device("gpu0")
     with pytest.raises(TypeError, match="device must be"):
         resolve_device(0)
@@ -394,5 +395,5 @@ def test_stratified_subset_takes_every_class_in_its_share(digits):
     labels = torch.tensor([0] * 90 + [1] * 10)
     assert np.bincount(labels[stratified_subset(labels, 10)].numpy()).tolist() == [9, 1]
     assert list(stratified_subset(labels, 500)) == list(range(100))
-    with pytest.raises(ValueError, match="limit must be a positive int, got 0"):
+    with pytest.raises(ValueError, match=r"\blimit\b.*\b0$"):
         stratified_subset(labels, 0)

@@ -31,7 +31,7 @@ _EXPORTS = {
     "conv_to_linear_weight": "patch_embed",
     "linear_to_conv_weight": "patch_embed",
     "Preprocessing": "preprocess",
-    "open_image": "preprocess",
+    "open_image": "images",
     "SOURCES": "sources",
     "load_model": "sources",
     "load_vit": "modelfile",

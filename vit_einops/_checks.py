@@ -36,6 +36,14 @@ def check_nonnegative_int(name: str, value: Any) -> int:
     return value
 
 
+def check_int_in_range(name: str, value: Any, low: int, high: int) -> int:
+    """Return ``value`` (as a Python int) if it is an int in [low, high], else raise naming ``name`` and the value."""
+    value = check_int(name, value)
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be an int in [{low}, {high}], got {value}")
+    return value
+
+
 def check_index(name: str, value: Any, length: int, container: str | None = None) -> int:
     """A Python-style index into ``length`` items (negative counts from the end), returned as 0..length-1.
 
@@ -67,8 +75,25 @@ def check_positive_float(name: str, value: Any) -> float:
     return value
 
 
+def check_nonnegative_float(name: str, value: Any) -> float:
+    """A finite float >= 0 (a weight decay, an interval in seconds)."""
+    value = check_real(name, value, "a finite float >= 0")
+    if value < 0:
+        raise ValueError(f"{name} must be a finite float >= 0, got {value}")
+    return value
+
+
+def check_real_in_range(name: str, value: Any, low: float, high: float) -> float:
+    """A finite float in [low, high] (a time limit: inf would never return)."""
+    expected = f"a finite float in [{low:g}, {high:g}]"
+    value = check_real(name, value, expected)
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be {expected}, got {value}")
+    return value
+
+
 def check_probability(name: str, value: Any) -> float:
-    """Dropout rates live in [0, 1): a rate of 1 would zero every activation."""
+    """A rate in [0, 1): dropout (a rate of 1 would zero every activation), label smoothing, Adam's betas."""
     value = check_real(name, value, "a float in [0, 1)")
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value}")

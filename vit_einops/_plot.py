@@ -37,7 +37,10 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
     not pile them up; a bare Figure needs no closing and stays usable.
     """
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    # A figure under a layout engine (ours are constrained) already fits its canvas; "tight" would draw it a second
+    # time only to measure it. A figure without one (plt.subplots' default) is cropped to what it draws.
+    fits = fig.get_layout_engine() is not None
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches=None if fits else "tight")
     if getattr(fig.canvas, "manager", None) is not None:  # made by pyplot, which keeps it until closed
         pyplot().close(fig)
     atomic_write_bytes(path, buf.getvalue())

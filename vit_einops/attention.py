@@ -25,7 +25,8 @@ from einops.layers.torch import Rearrange
 from torch import nn
 
 from ._checks import check_choice, check_positive_int
-from .chunked import CHUNK_ELEMENTS, chunked_attention
+from .chunk_plan import CHUNK_ELEMENTS
+from .chunked import chunked_attention
 from .config import ATTN_IMPLS, ViTConfig, check_config
 
 

@@ -4,72 +4,42 @@ from vit_einops import load_model, predict
 model = load_model("vit_b_16.safetensors")
 for top in predict(model, ["photo.jpg"], top_k=5):
     print([(p.label, round(p.probability, 3)) for p in top])
+
+:func:`class_name` is how every command and tool names a class.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 from ._checks import check_positive_int
+from .images import load_images
 from .model import ViT
-from .preprocess import open_image
 
 
 class Prediction(NamedTuple):
     index: int  # the logit's index
-    label: str  # its class name, or the index as text when the model has none
+    label: str  # its class name: class_name(index, model.class_names)
     probability: float  # softmax over all logits
 
 
-def load_images(model: ViT, images: Any) -> torch.Tensor:
-    """(b, C, H, W) float32 for ``images``: one or a list of paths, PIL images or preprocessed (C, H, W) tensors,
-    or a (b, C, H, W) batch. Paths and PIL images go through ``model.transforms()``."""
-    from PIL import Image
-
-    if isinstance(images, torch.Tensor):
-        batch = images.unsqueeze(0) if images.ndim == 3 else images
-        model.check_input(batch)
-        return batch
-    if isinstance(images, (str, os.PathLike, Image.Image)):
-        images = [images]
-    if not isinstance(images, Sequence) or not images:
-        raise TypeError(
-            f"images must be a path, a PIL image, a tensor, or a non-empty list of them; got {type(images).__name__}"
-        )
-    tensors = []
-    for item in images:
-        if isinstance(item, (str, os.PathLike)):
-            item = open_image(item)
-        if isinstance(item, Image.Image):
-            item = model.transforms()(item)
-        if not isinstance(item, torch.Tensor) or item.ndim != 3:
-            raise TypeError(f"each image must be a path, a PIL image or a (C, H, W) tensor, got {type(item).__name__}")
-        tensors.append(item)
-    batch = torch.stack(tensors)
-    model.check_input(batch)
-    return batch
-
-
-def labels_for(model: ViT, indices: torch.Tensor) -> list[str]:
-    """Class names for logit indices; the index as text when the model records no names."""
-    names = model.class_names
-    if names is not None and len(names) != model.num_classes:
-        raise ValueError(
-            f"model.class_names has {len(names)} names but the classifier has {model.num_classes} outputs (was "
-            f"head.fc replaced?); set model.class_names to {model.num_classes} names, or None for indices"
-        )
-    return [names[i] if names is not None else str(i) for i in indices.tolist()]
+def class_name(index: int, class_names: Sequence[str] | None) -> str:
+    """The name of output ``index``: ``class_names[index]``, or "class 3" where none is known (no names, or fewer
+    names than outputs: a 1000-way preset trained on the ten digits)."""
+    if class_names is not None and 0 <= index < len(class_names):
+        return str(class_names[index])
+    return f"class {index}"
 
 
 @torch.no_grad()
 def predict(model: ViT, images: Any, top_k: int = 5, batch_size: int = 64) -> list[list[Prediction]]:
     """The ``top_k`` most probable classes of each image, most probable first.
 
-    ``images``: as :func:`load_images`. The model is run in eval mode (and put back in the mode it had).
+    ``images``: as :func:`vit_einops.images.load_images`. The model is run in eval mode (and put back in the mode
+    it had).
     """
     if not isinstance(model, ViT):
         raise TypeError(f"predict expects a vit_einops.ViT, got {type(model).__name__}")
@@ -77,6 +47,12 @@ def predict(model: ViT, images: Any, top_k: int = 5, batch_size: int = 64) -> li
     check_positive_int("batch_size", batch_size)
     if model.config.num_classes == 0:
         raise ValueError("this model has no classifier (num_classes 0): it returns features, not classes")
+    names = model.class_names
+    if names is not None and len(names) != model.num_classes:
+        raise ValueError(
+            f"model.class_names has {len(names)} names but the classifier has {model.num_classes} outputs (was "
+            f"head.fc replaced?); set model.class_names to {model.num_classes} names, or None for indices"
+        )
     top_k = min(top_k, model.config.num_classes)
     batch = load_images(model, images)
     was_training = model.training
@@ -91,6 +67,6 @@ def predict(model: ViT, images: Any, top_k: int = 5, batch_size: int = 64) -> li
         model.train(was_training)
     values, indices = probs.topk(top_k, dim=-1)
     return [
-        [Prediction(i, label, p) for i, label, p in zip(row_i.tolist(), labels_for(model, row_i), row_v.tolist())]
+        [Prediction(i, class_name(i, names), p) for i, p in zip(row_i.tolist(), row_v.tolist())]
         for row_v, row_i in zip(values, indices)
     ]

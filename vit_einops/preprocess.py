@@ -10,37 +10,34 @@ bring weights from disagree on those inputs:
   ``floor(224 / crop_pct)`` = 248 for crop_pct 0.9 (bicubic, PIL), centre-crop 224, normalise with mean = std = 0.5.
 - Hugging Face (``ViTImageProcessor`` from ``preprocessor_config.json``): resize to exactly 224 x 224 (bilinear, on a
   uint8 tensor with antialiasing: transformers 5 resizes with torch, not PIL), no crop, scale by 1/255, normalise
-  (mean = std = 0.5 for google/vit-*).
+  (mean = std = 0.5 for google/vit-*). Reading its ``preprocessor_config.json`` is
+  :func:`vit_einops.interop.hf.preprocessing_from_hf`.
 
 :class:`Preprocessing` records one such recipe; ``model.transforms()`` returns it, and it is a callable from a PIL
 image to a tensor. Only PIL and torch are used: each step reproduces the library's own to float32 rounding.
-:func:`open_image` reads a file into an 8-bit PIL image of any mode, safely (regular files only, a pixel cap,
-16-bit images scaled rather than clipped).
+:data:`CONVENTIONS` names the recipes (``Preprocessing.convention(name, image_size)``); torch is imported only
+when an image is transformed, so the command line's ``--help`` can list them. Files are opened by
+:func:`vit_einops.images.open_image`.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import stat
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ._checks import check_choice, check_positive_int, to_pair
+
+if TYPE_CHECKING:
+    import torch
 
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 BACKENDS = ("pil", "torch")  # who resizes: PIL (torchvision and timm on PIL images) or torch (HF's processors)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # torchvision's and timm's IMAGENET_DEFAULT_MEAN
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INCEPTION_MEAN = INCEPTION_STD = (0.5, 0.5, 0.5)  # timm's augreg ViTs and google/vit-* on the hub
-
-# An image larger than this many pixels is refused before it is decoded. PIL's own guard (MAX_IMAGE_PIXELS,
-# ~89M, an error at twice that) is global state we must not change; ours is a per-call limit with a clear error.
-MAX_PIXELS = 128 * 1024 * 1024
-MAX_FILE_BYTES = 1 << 30  # 1 GiB: no image a ViT is shown needs more
+CONVENTIONS = ("torchvision", "timm", "hf", "plain")  # the recipes by name: Preprocessing.convention
 
 
 @dataclass(frozen=True)
@@ -113,9 +110,34 @@ class Preprocessing:
         return cls(resize=resize, crop=(h, w), interpolation=interpolation, mean=mean, std=std)
 
     @classmethod
+    def hf(cls, image_size: int | tuple[int, int] = 224, channels: int = 3) -> "Preprocessing":
+        """transformers' ``ViTImageProcessor`` defaults (google/vit-*): resize to exactly ``image_size`` with torch
+        (bilinear, antialiased), no crop, mean = std = 0.5."""
+        return cls(
+            resize=to_pair("image_size", image_size),
+            interpolation="bilinear",
+            mean=(0.5,) * channels,
+            std=(0.5,) * channels,
+            backend="torch",
+        )
+
+    @classmethod
     def plain(cls, image_size: int | tuple[int, int], channels: int = 3) -> "Preprocessing":
         """Resize to the model's size and scale to [0, 1], no normalisation: what ``vit-einops train`` feeds."""
         return cls(resize=to_pair("image_size", image_size), mean=(0.0,) * channels, std=(1.0,) * channels)
+
+    @classmethod
+    def convention(cls, name: str, image_size: int | tuple[int, int], channels: int = 3) -> "Preprocessing":
+        """The convention ``name`` (one of :data:`CONVENTIONS`) for a model of ``image_size`` (its crop, or the
+        exact size it resizes to), with its defaults. torchvision's and timm's normalise three channels."""
+        check_choice("preprocessing convention", name, CONVENTIONS)
+        if name == "torchvision":
+            return cls.torchvision(crop=image_size)
+        if name == "timm":
+            return cls.timm(crop=image_size)
+        if name == "hf":
+            return cls.hf(image_size, channels)
+        return cls.plain(image_size, channels)
 
     # --- use --------------------------------------------------------------------------------------------------
 
@@ -132,12 +154,15 @@ class Preprocessing:
 
     def __call__(self, image: Any) -> torch.Tensor:
         """A PIL image (any mode) -> (C, H, W) float32."""
+        import torch
         from PIL import Image
+
+        from .images import to_model_mode
 
         if not isinstance(image, Image.Image):
             raise TypeError(
                 f"preprocessing takes a PIL image, got {type(image).__name__}; "
-                f"read files with vit_einops.preprocess.open_image(path)"
+                f"read files with vit_einops.open_image(path)"
             )
         image = to_model_mode(image, self.channels)
         if self.backend == "pil":
@@ -171,6 +196,8 @@ class Preprocessing:
         return image.resize((w, h), resample)
 
     def _resize_torch(self, x: torch.Tensor) -> torch.Tensor:
+        import torch
+
         h, w = self._target_size(x.shape[-2], x.shape[-1])
         if (h, w) == tuple(x.shape[-2:]):
             return x
@@ -208,68 +235,6 @@ class Preprocessing:
             raise ValueError("a preprocessing record needs 'resize'")
         return cls(**d)
 
-    @classmethod
-    def from_hf(cls, processor_config: dict[str, Any], channels: int = 3) -> "Preprocessing":
-        """From a Hugging Face ``preprocessor_config.json`` (ViTImageProcessor and the ones shaped like it)."""
-        if not isinstance(processor_config, dict):
-            raise TypeError(f"preprocessor_config must be a JSON object, got {type(processor_config).__name__}")
-        cfg = processor_config
-        size = cfg.get("size", {"height": 224, "width": 224})
-        if isinstance(size, int):
-            size = {"height": size, "width": size}
-        if not isinstance(size, dict):
-            raise ValueError(f"preprocessor_config 'size' must be an object or an int, got {size!r}")
-        if "shortest_edge" in size:
-            resize: int | tuple[int, int] = size["shortest_edge"]
-        elif {"height", "width"} <= set(size):
-            resize = (size["height"], size["width"])
-        else:
-            raise ValueError(f"preprocessor_config 'size' {size!r}: expected height and width, or shortest_edge")
-        if cfg.get("do_resize", True) is False:
-            raise ValueError("preprocessor_config has do_resize false: images of any size would reach the model")
-        crop = None
-        if cfg.get("do_center_crop"):
-            c = cfg.get("crop_size", {})
-            c = {"height": c, "width": c} if isinstance(c, int) else c
-            if not isinstance(c, dict) or not {"height", "width"} <= set(c):
-                raise ValueError(f"preprocessor_config 'crop_size' {c!r}: expected height and width")
-            crop = (c["height"], c["width"])
-        # PIL's resample codes: 0 nearest, 2 bilinear, 3 bicubic (others have no torch counterpart).
-        resample = cfg.get("resample", 2)
-        names = {0: "nearest", 2: "bilinear", 3: "bicubic"}
-        if resample not in names:
-            raise ValueError(f"preprocessor_config resample {resample!r} is not supported; expected 0, 2 or 3")
-        scale = cfg.get("rescale_factor", 1 / 255) if cfg.get("do_rescale", True) else 1.0
-        if not math.isclose(scale, 1 / 255, rel_tol=1e-6):
-            raise ValueError(f"preprocessor_config rescale_factor {scale!r}: only 1/255 (uint8 to [0, 1]) is supported")
-        if cfg.get("do_normalize", True):
-            mean, std = cfg.get("image_mean", INCEPTION_MEAN), cfg.get("image_std", INCEPTION_STD)
-        else:
-            mean, std = (0.0,) * channels, (1.0,) * channels
-        mean = tuple(mean) if isinstance(mean, (list, tuple)) else (mean,) * channels
-        std = tuple(std) if isinstance(std, (list, tuple)) else (std,) * channels
-        return cls(resize=resize, crop=crop, interpolation=names[resample], mean=mean, std=std, backend="torch")
-
-    def to_hf(self) -> dict[str, Any]:
-        """A ``preprocessor_config.json`` for transformers' ViTImageProcessor (exact resize, no crop, torch backend)."""
-        if not isinstance(self.resize, tuple) or self.crop is not None or self.backend != "torch":
-            raise ValueError(
-                f"{self} resizes the shorter side and/or crops with PIL, which ViTImageProcessor cannot express "
-                f"(it resizes to an exact size with torch, and has no crop)"
-            )
-        codes = {"nearest": 0, "bilinear": 2, "bicubic": 3}
-        return {
-            "image_processor_type": "ViTImageProcessor",
-            "do_resize": True,
-            "size": {"height": self.resize[0], "width": self.resize[1]},
-            "resample": codes[self.interpolation],
-            "do_rescale": True,
-            "rescale_factor": 1 / 255,
-            "do_normalize": True,
-            "image_mean": list(self.mean),
-            "image_std": list(self.std),
-        }
-
 
 def _floats(name: str, values: Any) -> tuple[float, ...]:
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
@@ -287,6 +252,7 @@ def _floats(name: str, values: Any) -> tuple[float, ...]:
 def _to_uint8_tensor(image: Any) -> torch.Tensor:
     """An 8-bit PIL image (L or RGB) -> (C, H, W) uint8."""
     import numpy as np
+    import torch
 
     array = np.array(image, dtype=np.uint8, copy=True)
     x = torch.from_numpy(array)
@@ -314,6 +280,8 @@ def _center_crop(image: Any, crop: tuple[int, int]) -> Any:
 
 
 def _center_crop_tensor(x: torch.Tensor, crop: tuple[int, int]) -> torch.Tensor:
+    import torch
+
     ch, cw = crop
     h, w = x.shape[-2:]
     if h < ch or w < cw:
@@ -322,81 +290,3 @@ def _center_crop_tensor(x: torch.Tensor, crop: tuple[int, int]) -> torch.Tensor:
         h, w = x.shape[-2:]
     top, left = _crop_box(h, w, crop)
     return x[..., top : top + ch, left : left + cw]
-
-
-# --- reading images -------------------------------------------------------------------------------------------
-
-
-def to_model_mode(image: Any, channels: int) -> Any:
-    """An 8-bit "L" (channels 1) or "RGB" (channels 3) copy of a PIL image of any mode.
-
-    Transparency is dropped, not composited (``convert("RGB")``, as torchvision's and timm's loaders do); palette
-    images are expanded; 16-bit and 32-bit integer images ("I;16", "I") are scaled from 0..65535 to 0..255 rather than
-    clipped at 255 (which would turn every pixel above 255 white).
-    """
-    if channels not in (1, 3):
-        raise ValueError(f"images are read as grey (1 channel) or RGB (3 channels), not {channels} channels")
-    target = "L" if channels == 1 else "RGB"
-    if image.mode.startswith("I") or image.mode == "F":
-        image = _eight_bit(image)
-    if image.mode == target:
-        return image
-    if image.mode in ("P", "PA") and target == "L":
-        image = image.convert("RGBA")
-    try:
-        return image.convert(target)
-    except ValueError as err:
-        raise ValueError(f"cannot convert a {image.mode} image to {target}: {err}") from err
-
-
-def _eight_bit(image: Any) -> Any:
-    import numpy as np
-    from PIL import Image
-
-    array = np.asarray(image, dtype=np.float64)
-    if image.mode == "F":
-        if not np.isfinite(array).all():
-            raise ValueError("a floating-point image holds non-finite pixels (nan or inf)")
-        full = 1.0 if array.size and array.max() <= 1.0 and array.min() >= 0.0 else 65535.0
-    else:
-        full = 65535.0  # 16-bit PNG/TIFF, whichever integer mode Pillow reads it as
-    return Image.fromarray(np.clip(np.rint(array * (255.0 / full)), 0, 255).astype(np.uint8), mode="L")
-
-
-def open_image(path: str | os.PathLike) -> Any:
-    """Read an image file into a PIL image (decoded, file closed), refusing what is not a sane image file.
-
-    Raises ValueError naming the file: a missing path, a directory, a FIFO or device (opening one would block or
-    never end), a file over 1 GiB, a format PIL cannot read, or more than :data:`MAX_PIXELS` pixels (checked from
-    the header, before decoding). The image keeps its mode; :class:`Preprocessing` converts it.
-    """
-    import warnings
-
-    from PIL import Image, UnidentifiedImageError
-
-    path = Path(path)
-    try:
-        st = os.stat(path)
-    except OSError as err:
-        raise ValueError(f"cannot read image {str(path)!r}: {err.strerror or err}") from err
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"cannot read image {str(path)!r}: not a regular file")
-    if st.st_size > MAX_FILE_BYTES:
-        raise ValueError(f"cannot read image {str(path)!r}: {st.st_size} bytes, over the limit of {MAX_FILE_BYTES}")
-    try:
-        with warnings.catch_warnings():
-            # PIL warns above its own pixel guard; ours below is the check that counts, with a clear message.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
-                pixels = img.width * img.height
-                if pixels > MAX_PIXELS:
-                    raise ValueError(
-                        f"cannot read image {str(path)!r}: {img.width}x{img.height} = {pixels} pixels, "
-                        f"over the limit of {MAX_PIXELS}"
-                    )
-                img.load()
-                return img.copy()
-    except Image.DecompressionBombError as err:
-        raise ValueError(f"cannot read image {str(path)!r}: {err}") from err
-    except (UnidentifiedImageError, OSError, SyntaxError) as err:
-        raise ValueError(f"cannot read image {str(path)!r}: not an image PIL can decode ({err})") from err

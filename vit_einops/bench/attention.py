@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import Attend, MultiHeadAttention
-from ..chunked import default_chunk_elements
+from ..chunk_plan import default_chunk_elements
 from ..config import ViTConfig
 from ..reference import torch_mha_from
 from .measure import peak_memory_bytes, time_interleaved
@@ -104,7 +104,7 @@ def _forwards(point, dtype, paths, compiled, q, k, v, x) -> dict[tuple[str, str]
             if compiled is not None and compiled.skip_reason is None:
                 calls["core", path] = (lambda: compiled.fn(q, k, v), [q, k, v])
         else:
-            # The chunked block for the thread count of this run (--threads is set after chunked.py was imported).
+            # The chunked block for the thread count of this run (--threads is set after chunk_plan.py was imported).
             attend = Attend(point.head_dim, impl=path, chunk_elements=default_chunk_elements())
             calls["core", path] = (lambda attend=attend: attend(q, k, v), [q, k, v])
     if paths.get("layer"):

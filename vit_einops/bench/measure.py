@@ -121,7 +121,7 @@ def trim_heap() -> None:
 
 def release_memory() -> None:
     """Give memory freed by the last job back to the OS before the next one: collect garbage, then trim the heap
-    (a smaller model measured before vit_b_16 added 0.4 GB to the run's peak RSS otherwise)."""
+    (otherwise what a smaller model freed stays resident while the next, larger one runs, raising the peak RSS)."""
     gc.collect()
     trim_heap()
 
@@ -131,10 +131,10 @@ def peak_memory_bytes(fns: dict[str, Callable[[], object]]) -> dict[str, int]:
 
     Measured, not estimated: torch's profiler with ``profile_memory=True`` records every allocation and free of
     torch's CPU allocator, in order. The callables run one after the other, each inside its own labelled range,
-    under one profiler (starting one costs ~0.2 s); the running sum of the records inside a range, maximised, is
-    that callable's peak. Tensors that existed before the call (inputs, weights) are not counted; the result and
-    everything the call keeps alive are. Memory a library allocates outside torch's allocator (BLAS scratch
-    space) is not seen.
+    under one profiler (starting one per callable would cost more than the small ones take); the running sum of the
+    records inside a range, maximised, is that callable's peak. Tensors that existed before the call (inputs,
+    weights) are not counted; the result and everything the call keeps alive are. Memory a library allocates outside
+    torch's allocator (BLAS scratch space) is not seen.
 
     The heap is trimmed before each call (outside its range), so that what the calls before it freed is not
     resident while it runs: the profiler's records, allocated between the tensors, fragment the heap, and

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+from .._checks import check_int_in_range, check_real_in_range
 
 CORE_PATHS = ("einsum", "chunked", "sdpa", "einsum_compiled")
 LAYER_PATHS = ("mha_sdpa", "mha_chunked", "torch_mha")
@@ -27,13 +27,7 @@ RANGES: dict[str, tuple[float, float]] = {
 }
 
 
-def check_in_range(name: str, value, kind: type) -> None:
-    """``value`` is a finite ``kind`` (int: not bool) within RANGES[name]; else a ValueError/TypeError naming both."""
-    low, high = RANGES[name]
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or not low <= value <= high:
-        expected = "an integer" if kind is int else "a finite number"
-        raise ValueError(f"{name} {value!r} is out of range: expected {expected} from {low:g} to {high:g}")
+def check_in_range(name: str, value, kind: type) -> int | float:
+    """``value`` as an int (``kind`` int) or a finite float within RANGES[name]; else an error naming both."""
+    check = check_int_in_range if kind is int else check_real_in_range
+    return check(name, value, *RANGES[name])

@@ -9,8 +9,8 @@
    tick per CPU at each end of a window of w seconds is cpu_count / (100 w) cores, and the verdict gives the other
    processes that benefit of the doubt, so a window of milliseconds (the smoke grid) cannot call the machine busy.
    Why not the load average: it counts threads that are runnable *or* in uninterruptible sleep, and on some
-   virtual machines it never falls to 0 (the 2-core one this was built on reads about 1.0 while /proc/stat,
-   vmstat and ps show an idle machine), so "load above the thread count" would mark every row of an idle run. Where
+   virtual machines it never falls to 0 (it can read about 1.0 while /proc/stat, vmstat and ps show an idle
+   machine; benchmarks/README.md), so "load above the thread count" would mark every row of an idle run. Where
    /proc/stat cannot be read (not Linux), the load average is the fallback: the 1-minute average counts the
    benchmark's own threads too, damped with a 60 s time constant, so t seconds into a run with ``threads`` busy
    threads our own share is threads*(1-e^(-t/60)); what remains of each sample is the other processes' load,
@@ -31,17 +31,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
+from .._checks import check_nonnegative_float, check_positive_float
+
 # torch.utils.benchmark's own threshold: Measurement.meets_confidence() and the "may be unreliable" warning of
 # its __repr__ use IQR/median > 0.1 (0.25 for "gross" noise). A 10% spread also decides a 1.3x comparison.
 IQR_THRESHOLD = 0.10
-# The load-average fallback: a process runnable half of the time. An idle machine's daemons and shells add
-# 0.0 to 0.3 to the load, but some virtual machines' load never falls under ~1: why CPU time decides where it can.
+# The load-average fallback: a process runnable half of the time, above what an idle machine's daemons and shells
+# add; but some virtual machines' load never falls under ~1: why CPU time decides where it can.
 LOAD_MARGIN = 0.5
 # The CPU-time verdict: a fifth of a core taken from the benchmark's cores. CPU time counts what the other
 # processes *got*, not what they wanted: on a full machine two spinners beside a 1-thread run on 2 cores get only
 # 4/3 cores (three runnable threads share two), 1/3 of a core over the free one, so the margin must be under 1/3
-# to see them; one spinner beside 2 threads gets 2/3. An idle machine's daemons use 0.00 to 0.02 cores (measured on
-# a 2-core AMD EPYC virtual machine over 0.5 s to 10 s windows).
+# to see them; one spinner beside 2 threads gets 2/3. An idle machine's daemons use far less (benchmarks/README.md).
 CPU_MARGIN = 0.2
 
 ADVICE = (
@@ -103,12 +104,9 @@ class CpuUse:
     resolution_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.wall_s) and self.wall_s > 0):
-            raise ValueError(f"CpuUse: wall_s {self.wall_s!r} is not a positive number of seconds")
+        check_positive_float("CpuUse.wall_s", self.wall_s)
         for name in ("busy_s", "own_s", "resolution_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"CpuUse: {name} {value!r} is not a finite number of seconds >= 0")
+            check_nonnegative_float(f"CpuUse.{name}", getattr(self, name))
 
     def __add__(self, other: CpuUse) -> CpuUse:
         """Two windows as one: their seconds added (the run's check before and after the grid)."""

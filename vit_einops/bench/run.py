@@ -74,12 +74,11 @@ class BenchOptions:
 
 
 GRIDS: dict[str, BenchOptions] = {
-    # About two minutes on an idle 2-core machine (2 min 12 s on an AMD EPYC, 1.54 GiB peak RSS): ~75 s of it the
-    # models, ~50 s the attention grid with 6 s of compiling from inductor's warm cache (~40 s when it is cold).
+    # A few minutes on an idle 2-core machine, most of it the models; benchmarks/README.md has the time and memory.
     "default": BenchOptions(),
     "quick": BenchOptions(
         tokens=(50, 197, 577),
-        compile_skip_reason="skipped in --quick: a cold torch.compile takes ~40 s on 2 cores (run the default grid)",
+        compile_skip_reason="skipped in --quick: a cold torch.compile takes tens of seconds (run the default grid)",
         models=("vit_ti_16",),
         rounds=2,
         min_run_time=0.05,

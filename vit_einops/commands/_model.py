@@ -12,9 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..preprocess import CONVENTIONS
+
 # The model sources (vit_einops.sources.SOURCES), named here so that --help does not import torch.
 SOURCE_NAMES = ("vit-einops", "torchvision", "timm", "hf")
-PRESETS = ("torchvision", "timm", "hf", "plain")
 
 
 def parse_size(text: str) -> int | tuple[int, int]:
@@ -58,7 +59,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
         "--global-pool", choices=("token", "avg"), default="token", help="timm MODEL's global_pool (default token)"
     )
     prep = parser.add_argument_group("preprocessing (default: what MODEL records)")
-    prep.add_argument("--preprocessing", choices=PRESETS, help="a library's convention at the model's size")
+    prep.add_argument("--preprocessing", choices=CONVENTIONS, help="a library's convention at the model's size")
     prep.add_argument("--resize", type=parse_size, metavar="N|HxW", help="shorter side N, or exactly HxW")
     prep.add_argument("--crop", type=parse_size, metavar="N|HxW", help="centre crop")
     prep.add_argument("--crop-pct", type=float, help="timm's crop_pct: resize the shorter side to crop / crop_pct")
@@ -96,19 +97,12 @@ def preprocessing_from_args(args: argparse.Namespace, model: Any) -> Any:
     config = model.config
     crop = config.image_size
     base = model.preprocessing
-    if args.preprocessing == "torchvision":
-        base = Preprocessing.torchvision(crop=crop)
-    elif args.preprocessing == "timm":
-        base = Preprocessing.timm(crop=crop, crop_pct=args.crop_pct or 0.9)
-    elif args.preprocessing == "hf":
-        base = Preprocessing.from_hf({"size": {"height": crop[0], "width": crop[1]}})
-    elif args.preprocessing == "plain":
-        base = Preprocessing.plain(crop, config.in_channels)
+    if args.preprocessing is not None:
+        base = Preprocessing.convention(args.preprocessing, crop, config.in_channels)
     changes: dict[str, Any] = {}
-    if args.crop_pct is not None and args.preprocessing != "timm":  # Preprocessing.timm checks crop_pct
-        target = args.crop or crop
-        target = (target, target) if isinstance(target, int) else target
-        changes |= {"resize": Preprocessing.timm(crop=target, crop_pct=args.crop_pct).resize, "crop": target}
+    if args.crop_pct is not None:  # timm's resize and crop, on any convention; Preprocessing.timm checks crop_pct
+        timm = Preprocessing.timm(crop=args.crop or crop, crop_pct=args.crop_pct)
+        changes |= {"resize": timm.resize, "crop": timm.crop}
     for name in ("resize", "crop", "interpolation", "mean", "std"):
         value = getattr(args, name)
         if value is not None:
@@ -138,38 +132,23 @@ def default_images(model: Any, files: list[str] | None, num_digits: int, distanc
     ``files`` given: those files. Otherwise test digits (one per class first) for a digits model, and scikit-learn's
     two sample photos for any other model. No training data is read from where a checkpoint says it was.
     """
-    import dataclasses
-
-    import torch
-
-    from ..predict import load_images
-    from ..preprocess import open_image
+    from ..images import display_images, load_images, open_image, sample_images
 
     if not files and is_digits_model(model):
         from ..train.data import load_digits
 
         test = load_digits()[1]
         chosen = [int((test.labels == c).nonzero()[0]) for c in range(len(test.classes))][:num_digits]
-        images = test.images[chosen]  # already in [0, 1], as the model was trained on them
-        return {
-            "inputs": images,
-            "display": images,
-            "titles": [f"test digit, label {test.classes[int(test.labels[i])]}" for i in chosen],
-            "distance": test.images[:distance_digits] if distance_digits else None,
-        }
-    if files:
-        pictures, titles = [open_image(f) for f in files], [Path(f).name for f in files]
+        pictures = test.images[chosen]  # already in [0, 1], as the model was trained on them
+        titles = [f"test digit, label {test.classes[int(test.labels[i])]}" for i in chosen]
+        distance = test.images[:distance_digits] if distance_digits else None
+    elif files:
+        pictures, titles, distance = [open_image(f) for f in files], [Path(f).name for f in files], None
     else:
-        from PIL import Image
-        from sklearn.datasets import load_sample_images
-
-        sample = load_sample_images()
-        pictures, titles = [Image.fromarray(a) for a in sample.images], [Path(f).name for f in sample.filenames]
-    prep = model.transforms()
-    shown = dataclasses.replace(prep, mean=(0.0,) * prep.channels, std=(1.0,) * prep.channels)
+        (pictures, titles), distance = sample_images(), None
     return {
         "inputs": load_images(model, pictures),
-        "display": torch.stack([shown(p) for p in pictures]),
+        "display": display_images(model, pictures),
         "titles": titles,
-        "distance": None,
+        "distance": distance,
     }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._model import add_model_arguments, default_images, is_digits_model, load_model_from_args
+from ._model import add_model_arguments, default_images, load_model_from_args
 
 DIGIT_IMAGES = 4  # test digits 0..3: a small model, a small page
 
@@ -33,23 +33,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from ..explore import write_explorer
+    from ..images import to_uint8
 
     model = load_model_from_args(args).eval()
     images = default_images(model, args.image, DIGIT_IMAGES)
-    inputs, titles = images["inputs"], images["titles"]
-    pictures = None
-    if args.image or not is_digits_model(model):  # photos: draw what the model saw, as 8-bit pictures
-        pictures = [np.asarray(d.mul(255).round().byte().permute(1, 2, 0).squeeze(-1)) for d in images["display"]]
+    inputs = images["inputs"]
     path = write_explorer(
         model,
         inputs,
         args.out,
-        titles=titles,
+        titles=images["titles"],
         class_names=model.class_names,
-        pictures=pictures,
+        pictures=[to_uint8(picture) for picture in images["display"]],
         top_k=args.top_k,
         bits=args.bits,
         overwrite=args.force,

@@ -34,5 +34,5 @@ def run(args: argparse.Namespace) -> int:
     for image, top in zip(args.images, results):
         print(image)
         for p in top:
-            print(f"  {p.probability:7.2%}  {p.label}" + ("" if p.label == str(p.index) else f"  ({p.index})"))
+            print(f"  {p.probability:7.2%}  {p.label}" + ("" if model.class_names is None else f"  ({p.index})"))
     return 0

@@ -146,13 +146,13 @@ def _check_patches_fit(args: argparse.Namespace, size: int, patch: int) -> None:
 
 def _check_run_arguments(args: argparse.Namespace) -> Path:
     """Everything checkable before any work: numbers, data folders, the output directory. Returns the output path."""
-    from .._checks import check_positive_int
+    from .._checks import check_nonnegative_float, check_positive_int
     from ..config import ViTConfig
-    from ..train.config import TrainConfig, finite_number
+    from ..train.config import TrainConfig
     from ..train.rundir import check_out_dir
 
     check_positive_int("--threads", args.threads)
-    finite_number("--save-interval", args.save_interval, minimum=0.0)
+    check_nonnegative_float("--save-interval", args.save_interval)
     if args.limit is not None:
         check_positive_int("--limit", args.limit)
     if not 0.0 < args.test_fraction < 1.0:  # false for nan too

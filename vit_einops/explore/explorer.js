@@ -127,7 +127,8 @@ function formatValue(value, bound, digits) {
 }
 
 function className(c) {
-  return c.name && c.name !== String(c.index) ? `${c.name} (class ${c.index})` : `class ${c.index}`;
+  // c.name is class_name()'s: the recorded name, or "class i" where none is known.
+  return c.name === `class ${c.index}` ? c.name : `${c.name} (class ${c.index})`;
 }
 
 function tokenName(token) {

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from .._io import atomic_write_bytes, refuse_existing
-from .payload import DEFAULT_BITS, build_payload, check_bits, picture_from_input
+from ..images import to_display, to_uint8
+from .payload import DEFAULT_BITS, build_payload, check_bits
 
 
 def _asset(name: str) -> str:
@@ -59,9 +60,9 @@ def write_explorer(
         model: a vit-einops ViT (any attention impl); run in eval mode, its mode is restored afterwards.
         images: (b, C, H, W), the model's inputs (already preprocessed).
         titles: one label per image (default "image 0", ...).
-        class_names: names of the model's outputs (default ``model.class_names`` if set, else "class i").
+        class_names: names of the model's outputs (default ``model.class_names``); unnamed ones are "class i".
         pictures: what to show for each image, PIL images or uint8 arrays (e.g. the photo before normalising);
-            default: each input with every channel stretched to 0..255.
+            default: each input as :func:`vit_einops.images.to_display` draws it.
         top_k: how many top classes get a prediction line and a relevance map.
         bits: bits per stored attention weight, 2..8; each weight is within 1 / (2 (2^bits - 1)) of its row's
             maximum of the recorded A (the page states it).
@@ -91,7 +92,7 @@ def write_explorer(
     if len(titles) != b:
         raise ValueError(f"got {len(titles)} titles for {b} images")
     if pictures is None:
-        shown = [picture_from_input(image) for image in images]
+        shown = [to_uint8(to_display(image)) for image in images]
     else:
         if len(pictures) != b:
             raise ValueError(f"got {len(pictures)} pictures for {b} images")

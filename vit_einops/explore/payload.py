@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._checks import check_int_in_range
 from ..inspect import (
     attention_relevance,
     attention_rollout,
@@ -36,6 +37,7 @@ from ..inspect import (
     record_attention,
     token_norms,
 )
+from ..predict import class_name
 
 DEFAULT_BITS = 8
 HALF_RELATIVE = 2.0**-11  # float16: 10 stored mantissa bits, rounding to nearest
@@ -49,9 +51,8 @@ def pack(array: np.ndarray) -> str:
 
 
 def check_bits(bits: Any) -> int:
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
-        raise ValueError(f"attention bits must be an int from 2 to 8, got {bits!r}")
-    return bits
+    """Bits per stored attention weight: 2 to 8, each code one uint8."""
+    return check_int_in_range("bits", bits, 2, 8)
 
 
 def quantise_rows(maps: np.ndarray, bits: int = DEFAULT_BITS) -> tuple[np.ndarray, np.ndarray]:
@@ -81,23 +82,6 @@ def png_base64(picture: np.ndarray) -> str:
     buf = io.BytesIO()
     Image.fromarray(picture).save(buf, format="PNG", optimize=True)
     return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def picture_from_input(image: torch.Tensor) -> np.ndarray:
-    """A model input (C, H, W) as a displayable uint8 picture: each channel stretched to [0, 255] (inputs may be
-    normalised with a mean and std, so their range is unknown)."""
-    x = image.detach().double().cpu()
-    low = x.amin(dim=(1, 2), keepdim=True)
-    span = (x.amax(dim=(1, 2), keepdim=True) - low).clamp_min(1e-12)
-    pixels = ((x - low) / span * 255).round().to(torch.uint8)
-    return pixels[0].numpy() if pixels.shape[0] == 1 else pixels[:3].permute(1, 2, 0).numpy()  # (H, W, C)
-
-
-def class_label(index: int, class_names: Sequence[str] | None) -> str:
-    """The name of output ``index``, or "" where none is known (the page then shows only the index)."""
-    if class_names is not None and index < len(class_names):
-        return str(class_names[index])
-    return ""
 
 
 def _as_list(t: torch.Tensor, digits: int = 6) -> Any:
@@ -142,7 +126,7 @@ def build_payload(
             classes.append(
                 {
                     "index": index,
-                    "name": class_label(index, class_names),
+                    "name": class_name(index, class_names),
                     "probability": float(top.values[i, c]),
                     "logit": float(logits[i, index]),
                     "relevance": pack(rel16),

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 
 from .._checks import check_index
 from .._plot import new_figure
+from ..images import to_display
+from ..predict import class_name
 from .record import record_attention
 from .rollout import attention_rollout, class_attention_grid
 
@@ -31,18 +33,9 @@ def grid_shape(panels: int) -> tuple[int, int]:
     return math.ceil(panels / cols), cols
 
 
-def _display(image: torch.Tensor) -> torch.Tensor:
-    """(C, H, W) -> what imshow draws: as is when in [0, 1], else min-max scaled (a normalised model input)."""
-    image = image.detach().float().cpu()
-    lo, hi = image.min(), image.max()
-    if lo < 0 or hi > 1:
-        image = (image - lo) / (hi - lo).clamp_min(1e-12)
-    return image
-
-
 def _show_image(ax, image: torch.Tensor) -> None:
     """(C, H, W) -> grey or RGB panel without ticks."""
-    image = _display(image)
+    image = to_display(image)
     if image.shape[0] == 1:
         ax.imshow(image[0].numpy(), cmap="gray", vmin=0, vmax=1)
     else:
@@ -158,8 +151,8 @@ def show_attention(model: Any, image: Any, layer: int = -1):
     title = f"layer {layer} of 0..{depth - 1}"
     if logits.ndim == 2 and model.num_classes:
         index = int(logits[0].argmax())
-        names = getattr(model, "class_names", None)
-        title += f"; predicted {names[index] if names else index} (p {logits[0].softmax(-1)[index].item():.2f})"
+        name = class_name(index, getattr(model, "class_names", None))
+        title += f"; predicted {name} (p {logits[0].softmax(-1)[index].item():.2f})"
     heads = head_maps.shape[0]
     rows, cols = grid_shape(heads + 2)
     fig = new_figure(figsize=(cols * PANEL_INCHES + 0.9, rows * (PANEL_INCHES + 0.25) + 0.4))

@@ -13,19 +13,12 @@ from .._checks import check_index
 from .._io import atomic_write_bytes
 from .._plot import save_figure
 from ..model import ViT
+from ..predict import class_name
 from .distance import mean_attention_distance, patch_distances
 from .embeddings import embedding_filter_components, position_similarity
 from .figures import plot_attention_distance, plot_attention_overlays, plot_filters, plot_position_similarity
 from .record import AttentionRecorder
 from .rollout import attention_rollout, class_attention_grid
-
-
-def predicted_name(index: int, classes: Sequence[str] | None) -> str:
-    """The class name of output ``index``, or the index where none is recorded: a model may have more outputs
-    than its training data had classes (a 1000-way preset trained on the ten digits)."""
-    if classes is None:
-        return str(index)
-    return classes[index] if index < len(classes) else f"{index} (no class name)"
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -54,7 +47,7 @@ def write_report(
         distance_images: the images the mean attention distance averages over (default ``images``); the paper
             averages over many, e.g. a test set.
         titles: one label per drawn image (e.g. "label 3"); the model's prediction is added below each.
-        classes: the class names of the model's outputs, to name the predictions (default: their indices).
+        classes: the class names of the model's outputs, to name the predictions (default: "class 3").
         layer: the block whose heads' class-token attention is drawn (0 is the first, -1 the last); the figures
             number layers and heads from 0, as this index does.
 
@@ -75,7 +68,7 @@ def write_report(
     rollout = attention_rollout(maps)
     rollout_grid = class_attention_grid(rollout, cfg.grid_size)
     titles = titles or [f"image {i}" for i in range(len(images))]
-    predicted = [predicted_name(p, classes) for p in logits.argmax(-1).tolist()]
+    predicted = [class_name(p, classes) for p in logits.argmax(-1).tolist()]
     titles = [f"{title}\npredicted {name}" for title, name in zip(titles, predicted, strict=True)]
 
     if distance_images is None or _same(distance_images, images):

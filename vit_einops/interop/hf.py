@@ -1,7 +1,8 @@
 """Hugging Face transformers ViTs (ViTForImageClassification, ViTModel) into vit-einops and back.
 
 A ``save_pretrained`` directory holds ``config.json`` (sizes, ``layer_norm_eps`` 1e-12, ``id2label``), the weights
-(``model.safetensors`` or ``pytorch_model.bin``) and, beside them on the hub, ``preprocessor_config.json``. The
+(``model.safetensors`` or ``pytorch_model.bin``) and, beside them on the hub, ``preprocessor_config.json``
+(:func:`preprocessing_from_hf`, :func:`preprocessing_to_hf`). The
 weights use the hub's key names, which transformers 5 still writes::
 
     vit.embeddings.cls_token                                (1, 1, D)
@@ -25,6 +26,7 @@ with ``num_classes=0``, so the model returns the ``pooler_output``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -46,7 +48,7 @@ from ..statedict import (
     expected_shapes,
     safetensors_bytes,
 )
-from ..preprocess import Preprocessing
+from ..preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocessing
 from .io import load_state_dict_file
 
 SOURCE = "hf"
@@ -55,6 +57,7 @@ CONFIG_NAME, PROCESSOR_NAME = "config.json", "preprocessor_config.json"
 # transformers names its untitled labels LABEL_0, LABEL_1...: those are no class names.
 _PLACEHOLDER = re.compile(r"LABEL_\d+")
 _LAYER = "vit.encoder.layer.{i}."
+_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's resample codes; the others have no torch twin
 MAX_JSON_BYTES = 16 << 20  # config.json with 21k ImageNet labels is ~1 MB
 
 
@@ -248,6 +251,74 @@ def _locate(path: Path) -> tuple[Path, Path]:
     return path, path.parent
 
 
+def preprocessing_from_hf(processor_config: dict[str, Any], channels: int = 3) -> Preprocessing:
+    """The :class:`~vit_einops.preprocess.Preprocessing` of a Hugging Face ``preprocessor_config.json``
+    (ViTImageProcessor and the ones shaped like it): resized with torch, as transformers 5 does."""
+    if not isinstance(processor_config, dict):
+        raise TypeError(f"preprocessor_config must be a JSON object, got {type(processor_config).__name__}")
+    cfg = processor_config
+    size = cfg.get("size", {"height": 224, "width": 224})
+    if isinstance(size, int):
+        size = {"height": size, "width": size}
+    if not isinstance(size, dict):
+        raise ValueError(f"preprocessor_config 'size' must be an object or an int, got {size!r}")
+    if "shortest_edge" in size:
+        resize: int | tuple[int, int] = size["shortest_edge"]
+    elif {"height", "width"} <= set(size):
+        resize = (size["height"], size["width"])
+    else:
+        raise ValueError(f"preprocessor_config 'size' {size!r}: expected height and width, or shortest_edge")
+    if cfg.get("do_resize", True) is False:
+        raise ValueError("preprocessor_config has do_resize false: images of any size would reach the model")
+    crop = None
+    if cfg.get("do_center_crop"):
+        c = cfg.get("crop_size", {})
+        c = {"height": c, "width": c} if isinstance(c, int) else c
+        if not isinstance(c, dict) or not {"height", "width"} <= set(c):
+            raise ValueError(f"preprocessor_config 'crop_size' {c!r}: expected height and width")
+        crop = (c["height"], c["width"])
+    resample = cfg.get("resample", 2)
+    if resample not in _RESAMPLE:
+        raise ValueError(f"preprocessor_config resample {resample!r} is not supported; expected 0, 2 or 3")
+    scale = cfg.get("rescale_factor", 1 / 255) if cfg.get("do_rescale", True) else 1.0
+    if not math.isclose(scale, 1 / 255, rel_tol=1e-6):
+        raise ValueError(f"preprocessor_config rescale_factor {scale!r}: only 1/255 (uint8 to [0, 1]) is supported")
+    if cfg.get("do_normalize", True):
+        mean, std = cfg.get("image_mean", INCEPTION_MEAN), cfg.get("image_std", INCEPTION_STD)
+    else:
+        mean, std = (0.0,) * channels, (1.0,) * channels
+    mean = tuple(mean) if isinstance(mean, (list, tuple)) else (mean,) * channels
+    std = tuple(std) if isinstance(std, (list, tuple)) else (std,) * channels
+    return Preprocessing(
+        resize=resize, crop=crop, interpolation=_RESAMPLE[resample], mean=mean, std=std, backend="torch"
+    )
+
+
+def preprocessing_to_hf(preprocessing: Preprocessing) -> dict[str, Any]:
+    """A ``preprocessor_config.json`` for transformers' ViTImageProcessor (exact resize, no crop, torch backend);
+    ValueError for a preprocessing it cannot express."""
+    if not isinstance(preprocessing, Preprocessing):
+        raise TypeError(f"preprocessing must be a vit_einops Preprocessing, got {type(preprocessing).__name__}")
+    p = preprocessing
+    if not isinstance(p.resize, tuple) or p.crop is not None or p.backend != "torch":
+        raise ValueError(
+            f"{p} resizes the shorter side and/or crops with PIL, which ViTImageProcessor cannot express "
+            f"(it resizes to an exact size with torch, and has no crop)"
+        )
+    codes = {name: code for code, name in _RESAMPLE.items()}
+    return {
+        "image_processor_type": "ViTImageProcessor",
+        "do_resize": True,
+        "size": {"height": p.resize[0], "width": p.resize[1]},
+        "resample": codes[p.interpolation],
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(p.mean),
+        "image_std": list(p.std),
+    }
+
+
 def load_hf(
     path: str | os.PathLike,
     *,
@@ -275,9 +346,9 @@ def load_hf(
         model.class_names = names
     processor = directory / PROCESSOR_NAME
     if processor.exists() or processor.is_symlink():  # a FIFO or broken link is an error, not "absent"
-        model.preprocessing = Preprocessing.from_hf(_read_json(processor), channels=config.in_channels)
+        model.preprocessing = preprocessing_from_hf(_read_json(processor), channels=config.in_channels)
     else:  # ViTImageProcessor's defaults, at the model's own size
-        model.preprocessing = Preprocessing.from_hf({"size": dict(zip(("height", "width"), config.image_size))})
+        model.preprocessing = Preprocessing.hf(config.image_size, config.in_channels)
     model.source = {"library": "hf", "file": str(weights), "architecture": hf.get("architectures", [None])[0]}
     return model
 
@@ -296,7 +367,7 @@ def save_hf(model: ViT, directory: str | os.PathLike, *, overwrite: bool = False
     processor = None
     if model.preprocessing is not None:
         try:
-            processor = model.preprocessing.to_hf()
+            processor = preprocessing_to_hf(model.preprocessing)
         except ValueError:
             processor = None  # torchvision/timm-style resize + crop: no ViTImageProcessor equivalent
     directory.mkdir(parents=True, exist_ok=True)

@@ -100,11 +100,12 @@ def load_image(path: str | Path, image_size: int | tuple[int, int], in_channels:
     """One image file -> (C, H, W) float32 in [0, 1]: grey (C=1) or RGB (C=3), resized bilinearly to image_size.
 
     Exactly ``Preprocessing.plain(image_size, in_channels)`` (what a trained model records, so predicting on a file
-    later feeds it the same numbers) on :func:`~vit_einops.preprocess.open_image`, which refuses what is not a sane
+    later feeds it the same numbers) on :func:`~vit_einops.images.open_image`, which refuses what is not a sane
     image file (a directory or FIFO named like an image, a decompression bomb, an unreadable format) with a
-    ValueError naming it, and scales 16-bit images instead of clipping them.
+    ValueError naming it; 16-bit images are scaled instead of clipped.
     """
-    from ..preprocess import Preprocessing, open_image
+    from ..images import open_image
+    from ..preprocess import Preprocessing
 
     return Preprocessing.plain(image_size, in_channels)(open_image(path))
 

@@ -35,12 +35,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from .._checks import check_positive_int
+from .._checks import check_nonnegative_float, check_positive_int
 from .._io import atomic_write_bytes
 from ..model import ViT
 from ..modelfile import save_vit
 from .checkpoint import DTYPE, CheckpointError, load_checkpoint, restore_training, save_checkpoint, weights_bytes
-from .config import SAVE_INTERVAL, TrainConfig, finite_number
+from .config import SAVE_INTERVAL, TrainConfig
 from .data import Batches, class_names_of, eval_batches
 from .rundir import CHECKPOINT_DIR, CURVES_NAME, METRICS_NAME, MODEL_NAME, SUMMARY_NAME, RunDir
 
@@ -234,7 +234,7 @@ def train(
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     if stop_after is not None:
         check_positive_int("stop_after", stop_after)
-    finite_number("save_interval", save_interval, minimum=0.0)
+    check_nonnegative_float("save_interval", save_interval)
     ctx = _context(ctx, device)
     _check_model(model)
     classes = class_names_of(train_data)
@@ -336,7 +336,8 @@ def _run(
                 f"train acc {record['train_acc']:.4f}{test}  ({record['seconds']:.1f} s)",
                 file=sys.stderr,
             )
-            # A checkpoint costs ~0.1 s of fsyncs here: after every epoch of the 0.7 s digits epochs that was 13%.
+            # At most one checkpoint per save_interval: its fsyncs after every epoch of a sub-second epoch would be a
+            # large share of the run (docs/performance.md).
             if out is not None and (epoch + 1 == last_epoch or time.perf_counter() - last_save >= save_interval):
                 # The checkpoint holds the records: it is the one commit point, and metrics.jsonl is rewritten from
                 # it, so a kill between the two loses no epoch (resume rewrites the file from the checkpoint).
