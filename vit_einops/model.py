@@ -419,11 +419,11 @@ def read_config(model: ViT) -> ViTConfig:
     """The ViTConfig of ``model`` as it is now: what rebuilds the same structure and keys.
 
     That is the config it was built from, with what changes on a built model: ``num_classes`` (a classifier swap),
-    ``pool`` (``reset_classifier``), ``representation_size`` (the tanh ``pre_logits`` layer removed, as
-    :func:`vit_einops.interop.replace_head` does), ``depth`` (blocks cut off, as timm's ``prune_intermediate_layers``
-    does) and the dropout rates (set on its nn.Dropout modules). A model changed into something no ViTConfig describes (a
-    stage added, a block that is not a TransformerEncoderBlock, dropout rates that differ between modules) is a
-    ValueError saying what differs.
+    ``pool`` (``reset_classifier``), ``representation_size`` (``del model.head.pre_logits``: the paper's fine-tuning
+    drops the tanh layer), ``depth`` (blocks cut off, as timm's ``prune_intermediate_layers`` does) and the dropout
+    rates (set on its nn.Dropout modules). A model changed into something no ViTConfig describes (a stage added, a
+    block that is not a TransformerEncoderBlock, dropout rates that differ between modules) is a ValueError saying
+    what differs.
     """
     stages = list(model._modules)
     if stages != ["patch_embed", "blocks", "head"]:
