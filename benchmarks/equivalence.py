@@ -19,6 +19,7 @@ from vit_einops import (
     PatchEmbedding,
     TransformerEncoderBlock,
     ViT,
+    ViTConfig,
     conv_to_linear_weight,
 )
 from vit_einops._io import atomic_write_bytes
@@ -35,7 +36,7 @@ def attention_rows(dtype: torch.dtype, b=2, n=197, heads=12, head_dim=64):
     g = torch.Generator().manual_seed(0)
     x, up = torch.randn(b, n, dim, generator=g, dtype=dtype), torch.randn(b, n, dim, generator=g, dtype=dtype)
     mask = (torch.rand(b, heads, n, n, generator=g) < 0.5) | torch.eye(n, dtype=torch.bool)
-    mha = MultiHeadAttention(dim, heads).to(dtype)
+    mha = MultiHeadAttention(ViTConfig(dim=dim, heads=heads)).to(dtype)
     ref = torch_mha_from(mha)
     for masked in (False, True):
         m = mask if masked else None
@@ -53,7 +54,7 @@ def attention_rows(dtype: torch.dtype, b=2, n=197, heads=12, head_dim=64):
 def block_rows(dtype: torch.dtype, b=2, n=197, dim=768, heads=12):
     g = torch.Generator().manual_seed(1)
     x, up = torch.randn(b, n, dim, generator=g, dtype=dtype), torch.randn(b, n, dim, generator=g, dtype=dtype)
-    block = TransformerEncoderBlock(dim, heads, 4 * dim).to(dtype)
+    block = TransformerEncoderBlock(ViTConfig(dim=dim, heads=heads, mlp_dim=4 * dim)).to(dtype)
     ref = torch_encoder_layer_from(block)
     r_out, r_grads = forward_backward(ref, x, [ref.linear1.weight], up)
     for impl in ATTN_IMPLS:
@@ -79,8 +80,8 @@ def model_rows(dtype: torch.dtype):
 
 
 def patchify_rows(dtype: torch.dtype):
-    conv = PatchEmbedding(224, 16, 3, 768).to(dtype)
-    linear = PatchEmbedding(224, 16, 3, 768, patchify="linear").to(dtype)
+    conv = PatchEmbedding(ViTConfig()).to(dtype)  # 224 px, P 16, C 3, D 768: ViT-B/16's
+    linear = PatchEmbedding(ViTConfig(patchify="linear")).to(dtype)
     state = dict(conv.state_dict())
     state["proj.weight"] = conv_to_linear_weight(state["proj.weight"])
     linear.load_state_dict(state)

@@ -12,7 +12,7 @@ from _equiv import F32_TOL, F64_TOL, assert_close, forward_backward
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vit_einops import ATTN_IMPLS, MultiHeadAttention, ViT, set_attn_impl
+from vit_einops import ATTN_IMPLS, MultiHeadAttention, ViT, ViTConfig, set_attn_impl
 from vit_einops.reference import torch_mha_from
 
 MASK_SHAPES = {
@@ -47,7 +47,7 @@ def build_case(case, dtype):
     b, n, h = case["b"], case["n"], case["heads"]
     dim = h * case["head_dim"]
     torch.manual_seed(case["seed"])
-    mha = MultiHeadAttention(dim, h).to(dtype)
+    mha = MultiHeadAttention(ViTConfig(dim=dim, heads=h)).to(dtype)
     # Non-zero biases, so a wrongly laid-out bias would show.
     with torch.no_grad():
         for p in (mha.qkv.bias, mha.proj.bias):
@@ -114,7 +114,7 @@ def test_equation_6_scale_is_inside_the_softmax_and_uses_head_size():
     """A = softmax(q k^T / sqrt(D_h)): rows sum to 1, and the scale is D_h's, written here with plain matmuls."""
     torch.manual_seed(0)
     dim, heads, n = 64, 4, 9
-    mha = MultiHeadAttention(dim, heads).double()
+    mha = MultiHeadAttention(ViTConfig(dim=dim, heads=heads)).double()
     x = torch.randn(2, n, dim, dtype=torch.float64)
     seen = []
     mha.attend.softmax.register_forward_hook(lambda m, i, o: seen.append(o))
@@ -145,9 +145,9 @@ def test_attention_rows_sum_to_one_and_respect_the_mask(case):
 
 def test_attention_dropout_acts_only_in_training():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(32, 4, attn_dropout=0.5)
+    mha = MultiHeadAttention(ViTConfig(dim=32, heads=4, attn_dropout=0.5))
     x = torch.randn(2, 10, 32)
-    plain = MultiHeadAttention(32, 4)
+    plain = MultiHeadAttention(ViTConfig(dim=32, heads=4))
     plain.load_state_dict(mha.state_dict())
     for impl in ATTN_IMPLS:
         mha.impl = plain.impl = impl
@@ -159,7 +159,7 @@ def test_attention_dropout_acts_only_in_training():
 
 def test_output_dropout_after_proj():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(32, 4, dropout=0.5).train()
+    mha = MultiHeadAttention(ViTConfig(dim=32, heads=4, dropout=0.5)).train()
     out = mha(torch.randn(4, 10, 32))
     # Dropout after proj zeroes whole output entries; nothing else in the layer produces exact zeros.
     assert 0.3 < (out == 0).float().mean().item() < 0.7
@@ -173,7 +173,7 @@ def test_impl_is_a_plain_attribute_and_the_model_helper_sets_every_layer():
     assert [m.impl for m in layers] == ["einsum", "sdpa", "einsum"]
     for impl in ATTN_IMPLS:
         assert model.set_attn_impl(impl) is model
-        assert all(m.impl == impl for m in layers) and model.config.attn_impl == impl
+        assert all(m.impl == impl for m in layers) and model.attn_impl == impl
     set_attn_impl(model, "einsum")
     assert all(m.impl == "einsum" for m in layers)
 
@@ -188,7 +188,8 @@ def test_sdpa_path_calls_torch_sdpa(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    mha = MultiHeadAttention(16, 2, impl="sdpa")
+    mha = MultiHeadAttention(ViTConfig(dim=16, heads=2))
+    mha.impl = "sdpa"
     mha(torch.randn(3, 5, 16))
     assert calls == [torch.Size([3, 2, 5, 8])]
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vit_einops import ViT
+from vit_einops import ViT, load_model
 from vit_einops.train import checkpoint as ckpt_module
 from vit_einops.train.checkpoint import (
     CheckpointError,
@@ -217,6 +217,25 @@ def test_config_that_does_not_match_the_weights_is_reported(saved):
     record["config"]["depth"] = 3
     meta.write_text(json.dumps(record))
     with pytest.raises(CheckpointError, match=r"do not match the config.*missing \['blocks\.2\..*shape mismatches"):
+        load_checkpoint(meta)
+
+
+def test_a_checkpoint_that_records_its_attn_impl_starts_the_model_on_it(saved):
+    """Checkpoints written while attn_impl was a config field still load; the caller's impl wins."""
+    meta, model, _, _ = saved
+    assert "attn_impl" not in json.loads(meta.read_text())["config"]
+    record = json.loads(meta.read_text())
+    record["config"]["attn_impl"] = ["sdpa", "chunked"]
+    meta.write_text(json.dumps(record))
+    ckpt = load_checkpoint(meta)
+    assert ckpt.config == model.config and ckpt.build_model().attn_impl == ("sdpa", "chunked")
+    assert ckpt.build_model("einsum").attn_impl == "einsum"
+    x = torch.rand(2, 1, 8, 8)
+    torch.testing.assert_close(ckpt.build_model()(x), model.eval()(x), rtol=1e-5, atol=1e-6)
+    assert load_model(meta.parent, attn_impl="chunked").attn_impl == "chunked"
+    record["config"]["attn_impl"] = "flash"
+    meta.write_text(json.dumps(record))
+    with pytest.raises(CheckpointError, match="attn_impl 'flash'"):
         load_checkpoint(meta)
 
 

@@ -63,11 +63,6 @@ BAD_CONFIG = [
     ("pool", "max", ValueError, "unknown pool 'max'; expected one of 'cls', 'mean'"),
     ("pool", None, ValueError, "unknown pool None"),
     ("pool", ["cls"], ValueError, "unknown pool ['cls']"),
-    ("attn_impl", "flash", ValueError, "unknown attn_impl 'flash'; expected one of 'einsum', 'chunked', 'sdpa'"),
-    ("attn_impl", ["einsum"], ValueError, "attn_impl lists 1 impls for a model of depth 2; expected one per layer"),
-    ("attn_impl", ["einsum", "flash"], ValueError, "unknown attn_impl[1] 'flash'"),
-    ("attn_impl", 3, TypeError, "attn_impl must be one of 'einsum', 'chunked', 'sdpa' or a sequence of them"),
-    ("attn_impl", None, TypeError, "got None of type NoneType"),
     ("patchify", "unfold", ValueError, "unknown patchify 'unfold'; expected one of 'conv', 'linear'"),
     ("representation_size", 0, ValueError, "representation_size must be a positive int, got 0"),
     ("representation_size", True, TypeError, "representation_size must be an int, got True"),
@@ -86,6 +81,28 @@ def test_bad_config_field_is_refused_where_it_enters(field, value, error, words)
         assert words in str(err.value)
     with pytest.raises(error):  # the same check when a stored config is read back (a file, a checkpoint)
         ViTConfig.from_dict({**TINY, field: value})
+
+
+# The attention path is runtime state, not a config field: (value, error type, words in the message).
+BAD_ATTN_IMPL = [
+    ("flash", ValueError, "unknown attn_impl 'flash'; expected one of 'einsum', 'chunked', 'sdpa'"),
+    (["einsum"], ValueError, "attn_impl lists 1 impls for a model of depth 2"),
+    (["einsum", "flash"], ValueError, "attn_impl[1] 'flash'"),
+    (3, TypeError, "attn_impl must be one of 'einsum', 'chunked', 'sdpa' or a sequence of them"),
+    (None, TypeError, "got None of type NoneType"),
+]
+
+
+@pytest.mark.parametrize("value, error, words", BAD_ATTN_IMPL, ids=[repr(c[0]) for c in BAD_ATTN_IMPL])
+def test_bad_attn_impl_is_refused_where_it_enters(value, error, words):
+    model = ViT(**TINY)
+    for enter in (lambda: ViT(**TINY, attn_impl=value), lambda: model.set_attn_impl(value)):
+        with pytest.raises(error) as err:
+            enter()
+        assert words in str(err.value)
+    assert model.attn_impl == "einsum"  # a refused impl changes no layer
+    with pytest.raises(TypeError, match="unexpected keyword argument 'attn_impl'"):
+        ViTConfig(**TINY, attn_impl="einsum")
 
 
 def test_numpy_and_torch_scalars_are_accepted_as_plain_numbers():
@@ -110,12 +127,8 @@ def test_config_from_something_that_is_not_a_mapping():
 @pytest.mark.parametrize(
     "build, error, words",
     [
-        (
-            lambda: TransformerEncoderBlock(8, 2, 16, layer_norm_eps=NAN),
-            ValueError,
-            "layer_norm_eps must be a positive finite float, got nan",
-        ),
-        (lambda: ClassificationHead(8, 3, layer_norm_eps=INF), ValueError, "got inf"),
+        (lambda: TransformerEncoderBlock(8), TypeError, "TransformerEncoderBlock is built from a ViTConfig"),
+        (lambda: ClassificationHead(dict(TINY)), TypeError, "ClassificationHead is built from a ViTConfig"),
         (lambda: create_vit("vit_ti_16", layer_norm_eps=NAN), ValueError, "got nan"),
         (lambda: create_vit("vit_ti_16", widht=3), TypeError, "unexpected keyword argument 'widht'"),
         (lambda: create_vit(None), TypeError, "a preset name is a str, got None"),
@@ -282,8 +295,6 @@ METHOD_CASES = [
         ValueError,
         "unknown output_fmt 'NHWC'; expected one of 'NCHW', 'NLC'",
     ),
-    (lambda m: m.set_attn_impl("flash"), ValueError, "unknown attention impl 'flash'"),
-    (lambda m: m.set_attn_impl(None), ValueError, "unknown attention impl None"),
 ]
 
 

@@ -67,7 +67,7 @@ def test_vit_file_overrides_free_fields(tmp_path):
     model = ViT(**TINY).eval()
     path = save_vit(model, tmp_path / "m.safetensors")
     loaded = load_vit(path, patchify="linear", attn_impl="sdpa").eval()
-    assert (loaded.config.patchify, loaded.config.attn_impl) == ("linear", "sdpa")
+    assert (loaded.config.patchify, loaded.attn_impl) == ("linear", "sdpa")
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x), rtol=1e-5, atol=1e-5)  # float32, other kernels

@@ -29,13 +29,15 @@ def tiny(**kw) -> ViT:
 # --- the signature ----------------------------------------------------------------------------------------
 
 
-def test_signature_is_every_config_field_keyword_only_with_the_same_defaults():
+def test_signature_is_every_config_field_then_attn_impl_keyword_only_with_the_same_defaults():
     params = inspect.signature(ViT).parameters
     config_fields = dataclasses.fields(ViTConfig)
-    assert list(params) == [f.name for f in config_fields]
-    for f in config_fields:
-        assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY, f.name
-        assert params[f.name].default == f.default, f.name
+    assert list(params) == [f.name for f in config_fields] + ["attn_impl"]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+    assert {name: p.default for name, p in params.items()} == {
+        **{f.name: f.default for f in config_fields},
+        "attn_impl": "einsum",
+    }
     with pytest.raises(TypeError, match="positional"):
         ViT(224)
 
@@ -242,34 +244,37 @@ def test_course_fc_swap_keeps_the_config_true(tmp_path):
 
 def test_config_cannot_be_assigned_or_edited():
     model = tiny()
-    with pytest.raises(AttributeError, match="model.config is read off the model's modules"):
+    with pytest.raises(AttributeError, match="model.config describes the model and cannot be assigned"):
         model.config = ViTConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
         model.config.num_classes = 3
 
 
-# --- per-layer attention impls ----------------------------------------------------------------------------
+# --- the attention path: runtime state, not config -------------------------------------------------------
 
 
-def test_one_layer_switched_is_in_the_config_and_survives_save_and_load(tmp_path):
+def test_per_layer_impls_are_read_off_the_model_and_are_no_part_of_its_config(tmp_path):
     model = tiny()
+    config = model.config
     model.blocks[0].attn.fn.mha.impl = "sdpa"
     model.blocks[2].attn.fn.mha.impl = "chunked"
-    assert model.config.attn_impl == ("sdpa", "einsum", "chunked")
-    assert model.config.to_dict()["attn_impl"] == ["sdpa", "einsum", "chunked"]
-    rebuilt = ViT.from_config(model.config)
-    assert [b.attn.fn.mha.impl for b in rebuilt.blocks] == ["sdpa", "einsum", "chunked"]
-    loaded = load_vit(save_vit(model, tmp_path / "m.safetensors"))
-    assert loaded.config == model.config
-    torch.testing.assert_close(loaded.eval()(X), model(X), rtol=1e-5, atol=1e-6)
-    model.set_attn_impl("sdpa")
-    assert model.config.attn_impl == "sdpa"  # uniform again: one str, as a model built with it reports
+    assert model.attn_impl == ("sdpa", "einsum", "chunked")
+    assert model.config == config and "attn_impl" not in config.to_dict()
+    path = save_vit(model, tmp_path / "m.safetensors")
+    assert load_vit(path).attn_impl == "einsum"  # a file holds the architecture, not how it last ran
+    loaded = load_vit(path, attn_impl=["sdpa", "einsum", "chunked"]).eval()
+    assert loaded.attn_impl == ("sdpa", "einsum", "chunked") and loaded.config == model.config
+    torch.testing.assert_close(loaded(X), model(X), rtol=1e-5, atol=1e-6)
+    assert model.set_attn_impl("sdpa") is model and model.attn_impl == "sdpa"  # uniform again: one str
 
 
 def test_per_layer_impls_as_an_argument():
     model = tiny(attn_impl=["einsum", "sdpa", "sdpa"])
     assert [b.attn.fn.mha.impl for b in model.blocks] == ["einsum", "sdpa", "sdpa"]
-    assert tiny(attn_impl=("sdpa",) * 3).config == tiny(attn_impl="sdpa").config
+    assert tiny(attn_impl=("sdpa",) * 3).attn_impl == "sdpa"
+    rebuilt = ViT.from_config(model.config, attn_impl=["chunked", "sdpa", "einsum"])
+    assert rebuilt.attn_impl == ("chunked", "sdpa", "einsum")
+    assert create_vit("vit_ti_16", image_size=32, depth=2, attn_impl="chunked").attn_impl == "chunked"
 
 
 def test_a_model_no_config_describes_says_what_differs():

@@ -4,6 +4,7 @@ a torch-built encoder, conv vs einops-linear patchify (and torch's own unfold), 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -20,8 +21,10 @@ from vit_einops import (
     ResidualAdd,
     TransformerEncoderBlock,
     ViT,
+    ViTConfig,
     conv_to_linear_weight,
     linear_to_conv_weight,
+    set_attn_impl,
 )
 from vit_einops.head import TokenPool
 from vit_einops.reference import torch_encoder_layer_from, torch_reference_vit
@@ -49,7 +52,9 @@ def randomize_norms(module: torch.nn.Module, seed: int) -> None:
 def test_block_matches_torch_transformer_encoder_layer(impl, b, n, heads, head_dim, mlp_mult, seed):
     torch.manual_seed(seed)
     dim = heads * head_dim
-    block = TransformerEncoderBlock(dim, heads, mlp_mult * dim, attn_impl=impl).double()
+    block = set_attn_impl(
+        TransformerEncoderBlock(ViTConfig(dim=dim, heads=heads, mlp_dim=mlp_mult * dim)), impl
+    ).double()
     randomize_norms(block, seed)
     ref = torch_encoder_layer_from(block).train()  # train(): torch's eval fast path is covered by the model test
     x = torch.randn(b, n, dim, dtype=torch.float64)
@@ -90,8 +95,9 @@ def test_whole_model_matches_torch_built_encoder_in_eval(impl, pool):
 def test_conv_and_einops_linear_patchify_are_the_same_map(b, c, ph, pw, gh, gw, dim, seed):
     torch.manual_seed(seed)
     size, patch = (gh * ph, gw * pw), (ph, pw)
-    conv = PatchEmbedding(size, patch, c, dim, patchify="conv").double()
-    linear = PatchEmbedding(size, patch, c, dim, patchify="linear").double()
+    config = ViTConfig(image_size=size, patch_size=patch, in_channels=c, dim=dim, heads=1)
+    conv = PatchEmbedding(config).double()
+    linear = PatchEmbedding(replace(config, patchify="linear")).double()
     state = dict(conv.state_dict())
     state["proj.weight"] = conv_to_linear_weight(state["proj.weight"])
     linear.load_state_dict(state)
@@ -109,7 +115,7 @@ def test_conv_and_einops_linear_patchify_are_the_same_map(b, c, ph, pw, gh, gw, 
 
 def test_patch_order_is_row_major():
     """Token t+1 is the patch at grid row t // gw, column t % gw (what position embeddings and rollout assume)."""
-    embed = PatchEmbedding((6, 8), 2, 1, 1, patchify="linear")
+    embed = PatchEmbedding(ViTConfig(image_size=(6, 8), patch_size=2, in_channels=1, dim=1, heads=1, patchify="linear"))
     with torch.no_grad():
         embed.proj.weight.zero_()
         embed.proj.weight[0, 0] = 1.0  # picks the top-left pixel of each patch
@@ -132,9 +138,10 @@ def test_fc_norm_moves_the_final_layer_norm_after_pooling():
     torch.manual_seed(0)
     x = torch.randn(3, 7, 16, dtype=torch.float64)
     for pool in ("cls", "mean"):
-        before = ClassificationHead(16, 4, pool=pool).double()
+        config = ViTConfig(dim=16, heads=1, num_classes=4, pool=pool)
+        before = ClassificationHead(config).double()
         randomize_norms(before, 0)
-        after = ClassificationHead(16, 4, pool=pool, fc_norm=True).double()
+        after = ClassificationHead(replace(config, fc_norm=True)).double()
         after.load_state_dict(before.state_dict())
         assert list(after._modules) == ["pool", "norm", "fc"]
         pooled = x[:, 0] if pool == "cls" else x[:, 1:].mean(1)
@@ -147,7 +154,7 @@ def test_fc_norm_moves_the_final_layer_norm_after_pooling():
 
 def test_feed_forward_uses_exact_erf_gelu():
     torch.manual_seed(0)
-    ff = FeedForwardBlock(8, 16).double()
+    ff = FeedForwardBlock(ViTConfig(dim=8, heads=1, mlp_dim=16)).double()
     x = torch.randn(4, 8, dtype=torch.float64) * 3
     h = x @ ff.fc1.weight.T + ff.fc1.bias
     expected = (0.5 * h * (1 + torch.erf(h / math.sqrt(2)))) @ ff.fc2.weight.T + ff.fc2.bias
@@ -167,7 +174,7 @@ def test_residual_add_is_out_of_place():
 
 def test_position_embedding_is_added_after_class_token_and_dropout_follows():
     """Eq. 1 order: the class token gets E_pos row 0; dropout (train) acts after the addition."""
-    embed = PatchEmbedding(4, 2, 1, 3, dropout=0.5)
+    embed = PatchEmbedding(ViTConfig(image_size=4, patch_size=2, in_channels=1, dim=3, heads=1, dropout=0.5))
     x = torch.randn(2, 1, 4, 4)
     embed.eval()
     out = embed(x)

@@ -70,6 +70,37 @@ def test_version_1_files_still_load(tmp_path):
         loaded.transforms()
 
 
+def _old_file(path, model, config: dict) -> None:
+    """A model file as vit-einops wrote it while attn_impl was a config field: its metadata built by hand."""
+    meta = {"format": "vit-einops", "format_version": "2", "vit_einops_config": json.dumps(config)}
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path, metadata=meta)
+
+
+def test_files_that_record_their_attn_impl_still_load_and_start_on_it(tmp_path):
+    model = perturbed(ViT(**TINY)).eval()
+    depth = model.config.depth
+    recorded = ["sdpa"] + ["chunked"] * (depth - 1)
+    path = tmp_path / "old.safetensors"
+    _old_file(path, model, {**model.config.to_dict(), "attn_impl": recorded})
+    loaded = load_vit(path)
+    assert loaded.attn_impl == tuple(recorded) and loaded.config == model.config
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(loaded.eval()(x), model(x), rtol=1e-5, atol=1e-5)
+    assert load_vit(path, attn_impl="einsum").attn_impl == "einsum"  # the caller's choice wins
+    assert load_model(path, attn_impl="sdpa").attn_impl == "sdpa"
+    _old_file(path, model, {**model.config.to_dict(), "attn_impl": "flash"})
+    with pytest.raises(ValueError, match="attn_impl 'flash'") as info:
+        load_vit(path)
+    assert str(path) in str(info.value)
+
+
+def test_new_files_record_no_attn_impl(tmp_path):
+    path = save_vit(perturbed(ViT(**TINY)).set_attn_impl("sdpa"), tmp_path / "m.safetensors")
+    with safe_open(path, framework="pt") as f:
+        assert "attn_impl" not in json.loads(f.metadata()["vit_einops_config"])
+    assert load_vit(path).attn_impl == "einsum"
+
+
 def test_existing_output_is_refused_unless_asked(tmp_path):
     path = tmp_path / "m.safetensors"
     path.write_bytes(b"user data")

@@ -2,7 +2,8 @@
 
 Axes used throughout: b batch, n tokens (i queries, j keys), h heads, d head size D_h.
 
-Three implementations of the same Eq. 6-7 (``Attend.impl``):
+Three implementations of the same Eq. 6-7 (``Attend.impl``), chosen at run time (``ViT(attn_impl=...)``,
+:func:`set_attn_impl`), never part of the architecture or its config:
 - "einsum": the paper literally; materialises the whole (b, h, n, n) matrix A.
 - "chunked": the same einsums over blocks of queries, each with its exact softmax (a query's row of A needs
   every key, never another query), so only one block of A exists at a time; the backward pass recomputes each
@@ -14,6 +15,8 @@ Three implementations of the same Eq. 6-7 (``Attend.impl``):
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,10 +24,37 @@ from einops import einsum
 from einops.layers.torch import Rearrange
 from torch import nn
 
-from ._checks import check_choice, check_positive_int, check_probability
+from ._checks import check_choice, check_positive_int
 from .chunk_plan import CHUNK_ELEMENTS
 from .chunked import chunked_attention
-from .config import ATTN_IMPLS
+from .config import ATTN_IMPLS, ViTConfig, check_config
+
+
+def check_attn_impl(value: Any, name: str = "attn_impl") -> str:
+    """``value`` if it names an attention path (one of ATTN_IMPLS): the one check of an impl, wherever one enters."""
+    return check_choice(name, value, ATTN_IMPLS)
+
+
+def per_layer_impls(value: Any, depth: int) -> tuple[str, ...]:
+    """One impl per layer, from one impl for every layer (a str) or a sequence of ``depth`` of them."""
+    if isinstance(value, str):
+        return (check_attn_impl(value),) * depth
+    if not isinstance(value, Sequence):
+        raise TypeError(
+            f"attn_impl must be one of {', '.join(map(repr, ATTN_IMPLS))} or a sequence of them (one per layer), "
+            f"got {value!r} of type {type(value).__name__}"
+        )
+    impls = tuple(check_attn_impl(v, f"attn_impl[{i}]") for i, v in enumerate(value))
+    if len(impls) != depth:
+        raise ValueError(f"attn_impl lists {len(impls)} impls for a model of depth {depth}; expected one per layer")
+    return impls
+
+
+def stored_attn_impl(stored_config: Mapping[str, Any], depth: int) -> str | tuple[str, ...]:
+    """The impl a stored config dict (a model file's, a checkpoint's) starts its model on: the one recorded by files
+    written while ``attn_impl`` was a config field, else "einsum"."""
+    impl = stored_config.get("attn_impl")
+    return "einsum" if impl is None else per_layer_impls(impl, depth)
 
 
 def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -67,7 +97,7 @@ class Attend(nn.Module):
 
     Args:
         head_dim: D_h, the size of one head.
-        dropout: dropout on A (attention dropout), active in training only.
+        dropout: dropout on A (attention dropout, ``ViTConfig.attn_dropout``), active in training only.
         impl: "einsum" (written out here), "chunked" (the same einsums over blocks of queries, see
             :func:`chunked_attention`) or "sdpa" (torch.nn.functional.scaled_dot_product_attention).
         chunk_elements: on the "chunked" path, the most scores held at once (one block of A); a plain
@@ -83,7 +113,7 @@ class Attend(nn.Module):
         super().__init__()
         self.scale = check_positive_int("head_dim", head_dim) ** -0.5
         self.softmax = nn.Softmax(dim=-1)
-        self.dropout = nn.Dropout(check_probability("attn_dropout", dropout))
+        self.dropout = nn.Dropout(dropout)
         self.impl = impl
         self.chunk_elements = check_positive_int("chunk_elements", chunk_elements)
         self._warned_hook = False  # warn_skipped_softmax_hook once per layer, not on every forward
@@ -94,7 +124,7 @@ class Attend(nn.Module):
 
     @impl.setter
     def impl(self, value: str) -> None:
-        self._impl = check_choice("attention impl", value, ATTN_IMPLS)
+        self._impl = check_attn_impl(value)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
@@ -124,32 +154,24 @@ class MultiHeadAttention(nn.Module):
     rows [i*D_h:(i+1)*D_h] in each. That is exactly ``nn.MultiheadAttention.in_proj_weight`` and timm's
     ``attn.qkv.weight``, so weights copy across without permutation.
 
-    Args:
-        dim: D, the model width; must be divisible by ``heads``.
-        heads: h.
-        dropout: dropout after the output projection ``proj`` (Appendix B.1).
-        attn_dropout: dropout on the attention matrix.
-        impl: "einsum", "chunked" or "sdpa"; a plain attribute that may be changed after construction.
+    Built from a :class:`ViTConfig`, it reads ``dim`` (D), ``heads`` (h), ``dropout`` (after the output projection
+    ``proj``, Appendix B.1) and ``attn_dropout`` (on the attention matrix). ``impl`` ("einsum", the default,
+    "chunked" or "sdpa") is a plain attribute, set at run time.
 
     Shapes: x (b, n, D); mask None or bool broadcastable to (b, h, n, n), True = may attend;
     output (b, n, D).
     """
 
-    def __init__(
-        self, dim: int, heads: int, dropout: float = 0.0, attn_dropout: float = 0.0, impl: str = "einsum"
-    ) -> None:
+    def __init__(self, config: ViTConfig) -> None:
         super().__init__()
-        check_positive_int("dim", dim)
-        check_positive_int("heads", heads)
-        if dim % heads:
-            raise ValueError(f"dim {dim} is not divisible by heads {heads}")
-        self.dim, self.heads = dim, heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.split_heads = Rearrange("b n (qkv h d) -> qkv b h n d", qkv=3, h=heads)
-        self.attend = Attend(dim // heads, attn_dropout, impl)
+        check_config(config, "MultiHeadAttention")
+        self.dim, self.heads = config.dim, config.heads
+        self.qkv = nn.Linear(config.dim, 3 * config.dim)
+        self.split_heads = Rearrange("b n (qkv h d) -> qkv b h n d", qkv=3, h=config.heads)
+        self.attend = Attend(config.head_dim, config.attn_dropout)
         self.merge_heads = Rearrange("b h n d -> b n (h d)")
-        self.proj = nn.Linear(dim, dim)
-        self.dropout = nn.Dropout(check_probability("dropout", dropout))
+        self.proj = nn.Linear(config.dim, config.dim)
+        self.dropout = nn.Dropout(config.dropout)
 
     @property
     def impl(self) -> str:
@@ -183,3 +205,18 @@ class MultiHeadAttention(nn.Module):
             # softmax over an all -inf row is NaN on the einsum path and silently 0 or NaN in SDPA kernels.
             raise ValueError("mask leaves at least one query row with no key to attend to")
         return mask
+
+
+def set_attn_impl(model: nn.Module, impl: str | Sequence[str]) -> nn.Module:
+    """Switch the MultiHeadAttention layers inside ``model`` to ``impl`` ("einsum", "chunked" or "sdpa"), or to one
+    impl per layer in order (a sequence); returns the model. A refused ``impl`` changes no layer."""
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    for layer, layer_impl in zip(layers, per_layer_impls(impl, len(layers)), strict=True):
+        layer.impl = layer_impl
+    return model
+
+
+def attn_impl_of(model: nn.Module) -> str | tuple[str, ...]:
+    """The impl of the MultiHeadAttention layers inside ``model``: one str when they all agree, else one per layer."""
+    impls = tuple(m.impl for m in model.modules() if isinstance(m, MultiHeadAttention))
+    return impls[0] if len(set(impls)) == 1 else impls

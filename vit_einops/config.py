@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -15,37 +15,26 @@ from ._checks import (
     to_pair,
 )
 
+# The attention paths a model can run (runtime state, not architecture: ViT(attn_impl=...), model.set_attn_impl).
 ATTN_IMPLS = ("einsum", "chunked", "sdpa")
 POOLS = ("cls", "mean")
 PATCHIFY = ("conv", "linear")
-
-
-def normalize_attn_impl(value: Any, depth: int) -> str | tuple[str, ...]:
-    """One impl for every layer (a str), or one per layer (a sequence of ``depth`` str).
-
-    A per-layer sequence whose entries are all equal becomes that one str, so that a model switched layer by
-    layer back to one impl reports the same config as a model built with it.
-    """
-    if isinstance(value, str):
-        return check_choice("attn_impl", value, ATTN_IMPLS)
-    if not isinstance(value, Sequence):
-        raise TypeError(
-            f"attn_impl must be one of {', '.join(map(repr, ATTN_IMPLS))} or a sequence of them (one per layer), "
-            f"got {value!r} of type {type(value).__name__}"
-        )
-    impls = tuple(check_choice(f"attn_impl[{i}]", v, ATTN_IMPLS) for i, v in enumerate(value))
-    if len(impls) != depth:
-        raise ValueError(f"attn_impl lists {len(impls)} impls for a model of depth {depth}; expected one per layer")
-    return impls[0] if len(set(impls)) == 1 else impls
+# Configs written before the attention path became runtime state list it among their fields; a stored config that
+# does still loads, and its model starts on that impl (vit_einops.attention.stored_attn_impl).
+FORMER_FIELDS = ("attn_impl",)
 
 
 @dataclass(frozen=True)
 class ViTConfig:
-    """Every hyper-parameter of a :class:`~vit_einops.ViT`; frozen, so a config in hand cannot drift from the
-    model it describes (``model.config`` is read off the model's modules each time it is asked for).
+    """Every hyper-parameter of a :class:`~vit_einops.ViT`, validated here once: the modules read it and check
+    nothing again. Frozen, so a config in hand cannot drift from the model it describes (``model.config`` reports
+    what the model's own methods changed since it was built).
+
+    Which attention kernel runs is not part of it: that is a choice about running the model (``ViT(attn_impl=...)``,
+    ``model.set_attn_impl``), as timm keeps its fused flag out of its model config.
 
     Change a copy with ``dataclasses.replace(config, num_classes=10)``, or the model with its own methods
-    (``reset_classifier``, ``set_attn_impl``).
+    (``reset_classifier``).
     """
 
     # Defaults are ViT-B/16 at 224 px with the 1000 ImageNet classes (Table 1).
@@ -60,9 +49,6 @@ class ViTConfig:
     dropout: float = 0.0  # Appendix B.1: 0.1 for ImageNet runs, 0 for JFT pre-training
     attn_dropout: float = 0.0  # dropout on the attention matrix A (not in the paper; timm's attn_drop)
     pool: str = "cls"  # "cls": Eq. 4 reads z_L^0; "mean": average of the patch tokens
-    # "einsum": Eq. 6 written out; "chunked": the same per block of queries; "sdpa": torch's fused kernel.
-    # A sequence of `depth` of them sets each layer's (what a model switched layer by layer reports).
-    attn_impl: str | tuple[str, ...] = "einsum"
     patchify: str = "conv"  # "conv": Conv2d(k=s=P); "linear": einops patches times E (Eq. 1 literally)
     representation_size: int | None = None  # the pre-training head's hidden layer (tanh), None at fine-tuning
     fc_norm: bool = False  # final LayerNorm after pooling (timm's fc_norm) rather than on every token before it
@@ -89,7 +75,6 @@ class ViTConfig:
         store("dropout", check_probability("dropout", self.dropout))
         store("attn_dropout", check_probability("attn_dropout", self.attn_dropout))
         check_choice("pool", self.pool, POOLS)
-        store("attn_impl", normalize_attn_impl(self.attn_impl, self.depth))
         check_choice("patchify", self.patchify, PATCHIFY)
         if not isinstance(self.fc_norm, bool):
             raise TypeError(f"fc_norm must be a bool, got {self.fc_norm!r} of type {type(self.fc_norm).__name__}")
@@ -123,10 +108,21 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ViTConfig:
+        """The config of :meth:`to_dict`'s mapping; a former field (``attn_impl``) is skipped."""
         if not isinstance(d, Mapping):
             raise TypeError(f"a ViTConfig is read from a mapping of its fields, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known, key=str)
+        unknown = sorted(set(d) - known - set(FORMER_FIELDS), key=str)
         if unknown:
             raise ValueError(f"unknown ViTConfig fields {unknown}; expected a subset of {sorted(known)}")
-        return cls(**d)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def check_config(config: Any, module: str) -> ViTConfig:
+    """``config`` if it is a ViTConfig: every module of a ViT is built from one (``module`` names the builder)."""
+    if not isinstance(config, ViTConfig):
+        raise TypeError(
+            f"{module} is built from a ViTConfig, e.g. {module}(ViTConfig(dim=64, heads=4)); "
+            f"got {type(config).__name__}"
+        )
+    return config

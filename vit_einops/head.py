@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._checks import check_choice, check_nonnegative_int, check_positive_float, check_positive_int
+from ._checks import check_choice
 from ._sequential import Sequential
-from .config import POOLS
+from .config import POOLS, ViTConfig, check_config
 
 
 def head_swap_help(dim: int, features: int) -> str:
@@ -40,7 +40,8 @@ class TokenPool(nn.Module):
 
 class ClassificationHead(Sequential):
     """``norm`` (the final LayerNorm of Eq. 4), ``pool``, optional ``pre_logits`` (Linear + tanh, the paper's
-    pre-training head), then ``fc`` to ``num_classes`` (nn.Identity when num_classes is 0).
+    pre-training head, when the :class:`ViTConfig` has a ``representation_size``), then ``fc`` to ``num_classes``
+    (nn.Identity when num_classes is 0).
 
     With ``fc_norm`` the LayerNorm comes after the pooling (timm's ``fc_norm``, its default for average pooling).
     For "cls" pooling the order makes no difference (LayerNorm acts on each token alone); for "mean" it does.
@@ -51,26 +52,17 @@ class ClassificationHead(Sequential):
     Shapes: (b, n, D) -> (b, num_classes), or (b, D or representation_size) when num_classes is 0.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        num_classes: int,
-        pool: str = "cls",
-        representation_size: int | None = None,
-        layer_norm_eps: float = 1e-6,
-        fc_norm: bool = False,
-    ) -> None:
-        dim = check_positive_int("dim", dim)
-        num_classes = check_nonnegative_int("num_classes", num_classes)  # 0: no classifier
-        layer_norm_eps = check_positive_float("layer_norm_eps", layer_norm_eps)
-        stages = [("norm", nn.LayerNorm(dim, eps=layer_norm_eps)), ("pool", TokenPool(pool))]
-        if fc_norm:
+    def __init__(self, config: ViTConfig) -> None:
+        check_config(config, "ClassificationHead")
+        stages = [("norm", nn.LayerNorm(config.dim, eps=config.layer_norm_eps)), ("pool", TokenPool(config.pool))]
+        if config.fc_norm:
             stages.reverse()
-        features = dim
-        if representation_size is not None:
-            features = check_positive_int("representation_size", representation_size)
-            stages.append(("pre_logits", nn.Sequential(OrderedDict(fc=nn.Linear(dim, features), act=nn.Tanh()))))
-        stages.append(("fc", nn.Linear(features, num_classes) if num_classes else nn.Identity()))
+        features = config.dim
+        if config.representation_size is not None:
+            features = config.representation_size
+            pre_logits = nn.Sequential(OrderedDict(fc=nn.Linear(config.dim, features), act=nn.Tanh()))
+            stages.append(("pre_logits", pre_logits))
+        stages.append(("fc", nn.Linear(features, config.num_classes) if config.num_classes else nn.Identity()))
         super().__init__(OrderedDict(stages))
 
     @property

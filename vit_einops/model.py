@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import torch
@@ -14,9 +14,9 @@ from torch import nn
 from ._checks import check_choice, check_index, check_nonnegative_int, check_positive_int
 from ._init import trunc_normal_
 from ._sequential import Sequential
-from .attention import MultiHeadAttention
-from .blocks import FeedForwardBlock, TransformerEncoder, TransformerEncoderBlock
-from .config import ATTN_IMPLS, ViTConfig
+from .attention import attn_impl_of, per_layer_impls, set_attn_impl
+from .blocks import TransformerEncoder, TransformerEncoderBlock
+from .config import ViTConfig
 from .head import ClassificationHead, head_swap_help
 from .patch_embed import PatchEmbedding
 from .preprocess import Preprocessing
@@ -31,11 +31,14 @@ OUTPUT_FORMATS = ("NCHW", "NLC")
 class ViT(Sequential):
     """Vision Transformer (Dosovitskiy et al. 2021), children ``patch_embed``, ``blocks``, ``head``.
 
-    Every argument is keyword-only and is a field of :class:`ViTConfig` (see there for the defaults' sources).
-    ``model.config`` is read off the modules each time it is asked for, so it describes the model as it is
-    after any change (``reset_classifier``, ``model.head.fc = nn.Linear(...)``, one layer's
-    ``attn.fn.mha.impl = "sdpa"``, which makes ``config.attn_impl`` a per-layer tuple) and always rebuilds it:
-    ``ViT.from_config(model.config)`` has the same structure and state-dict keys.
+    Every argument is keyword-only and is a field of :class:`ViTConfig` (see there for the defaults' sources),
+    but ``attn_impl``: the attention path each layer runs ("einsum", "chunked", "sdpa"; one for all, or one per
+    layer), which is runtime state, not architecture. Switch it with :meth:`set_attn_impl` or one layer's
+    ``blocks[i].attn.fn.mha.impl``; ``model.attn_impl`` reads it.
+
+    ``model.config`` describes the model as it is after the changes a built model takes (``reset_classifier``,
+    ``model.head.fc = nn.Linear(...)``, blocks cut off) and always rebuilds it: ``ViT.from_config(model.config)``
+    has the same structure and state-dict keys.
 
     timm's interface is here too: ``forward_features``, ``forward_head``, ``reset_classifier``,
     ``get_classifier``, ``num_classes``, ``num_features``, ``no_weight_decay``, ``forward_intermediates``,
@@ -63,60 +66,23 @@ class ViT(Sequential):
         dropout: float = 0.0,
         attn_dropout: float = 0.0,
         pool: str = "cls",
-        attn_impl: str | Sequence[str] = "einsum",
         patchify: str = "conv",
         representation_size: int | None = None,
         fc_norm: bool = False,
         layer_norm_eps: float = 1e-6,
+        attn_impl: str | Sequence[str] = "einsum",
     ) -> None:
-        config = ViTConfig(
-            image_size=image_size,
-            patch_size=patch_size,
-            in_channels=in_channels,
-            num_classes=num_classes,
-            dim=dim,
-            depth=depth,
-            heads=heads,
-            mlp_dim=mlp_dim,
-            dropout=dropout,
-            attn_dropout=attn_dropout,
-            pool=pool,
-            attn_impl=attn_impl,
-            patchify=patchify,
-            representation_size=representation_size,
-            fc_norm=fc_norm,
-            layer_norm_eps=layer_norm_eps,
-        )
+        arguments = locals()  # the keywords above: ViTConfig's fields (tests hold them equal), then attn_impl
+        config = ViTConfig(**{f.name: arguments[f.name] for f in fields(ViTConfig)})
+        impls = per_layer_impls(attn_impl, config.depth)
         super().__init__(
             OrderedDict(
-                patch_embed=PatchEmbedding(
-                    config.image_size,
-                    config.patch_size,
-                    config.in_channels,
-                    config.dim,
-                    config.dropout,
-                    config.patchify,
-                ),
-                blocks=TransformerEncoder(
-                    config.depth,
-                    config.dim,
-                    config.heads,
-                    config.mlp_dim,
-                    dropout=config.dropout,
-                    attn_dropout=config.attn_dropout,
-                    attn_impl=config.attn_impl,
-                    layer_norm_eps=config.layer_norm_eps,
-                ),
-                head=ClassificationHead(
-                    config.dim,
-                    config.num_classes,
-                    config.pool,
-                    config.representation_size,
-                    config.layer_norm_eps,
-                    config.fc_norm,
-                ),
+                patch_embed=PatchEmbedding(config),
+                blocks=TransformerEncoder(config),
+                head=ClassificationHead(config),
             )
         )
+        self._built_config = config  # model.config starts here (see read_config)
         # What a model file carries beside the weights (vit_einops.modelfile): plain attributes, set by the loaders
         # and by training, None when unknown.
         self.preprocessing: Preprocessing | None = None  # how an image becomes this model's input
@@ -127,24 +93,31 @@ class ViT(Sequential):
                 if isinstance(m, nn.Linear):
                     trunc_normal_(m.weight, LINEAR_INIT_STD)
                     nn.init.zeros_(m.bias)
+        set_attn_impl(self, impls)
 
     @classmethod
-    def from_config(cls, config: ViTConfig) -> ViT:
+    def from_config(cls, config: ViTConfig, *, attn_impl: str | Sequence[str] = "einsum") -> ViT:
+        """The ViT of ``config``, running attention ``attn_impl`` (one for every layer, or one per layer)."""
         if not isinstance(config, ViTConfig):
             raise TypeError(f"from_config expects a ViTConfig, got {type(config).__name__}")
-        return cls(**{f.name: getattr(config, f.name) for f in fields(config)})
+        return cls(**{f.name: getattr(config, f.name) for f in fields(config)}, attn_impl=attn_impl)
 
     @property
     def config(self) -> ViTConfig:
-        """The ViTConfig of the model as it is now, read off its modules (see :func:`read_config`)."""
+        """The ViTConfig of the model as it is now (see :func:`read_config`)."""
         return read_config(self)
 
     @config.setter
     def config(self, value: Any) -> None:
         raise AttributeError(
-            "model.config is read off the model's modules and cannot be assigned; change the model instead "
-            "(model.reset_classifier(K), model.set_attn_impl(impl)), or build a new one: ViT.from_config(config)"
+            "model.config describes the model and cannot be assigned; change the model instead "
+            "(model.reset_classifier(K)), or build a new one: ViT.from_config(config)"
         )
+
+    @property
+    def attn_impl(self) -> str | tuple[str, ...]:
+        """The attention path the layers run: one str when they all agree, else a tuple with one per layer."""
+        return attn_impl_of(self)
 
     # -- input -------------------------------------------------------------------------------------------
 
@@ -379,8 +352,9 @@ class ViT(Sequential):
             )
         return self.preprocessing
 
-    def set_attn_impl(self, impl: str) -> ViT:
-        """Switch every attention layer to ``impl`` ("einsum", "chunked" or "sdpa"); returns the model."""
+    def set_attn_impl(self, impl: str | Sequence[str]) -> ViT:
+        """Switch every attention layer to ``impl`` ("einsum", "chunked" or "sdpa"), or each layer to its own (a
+        sequence of ``depth`` impls); returns the model. The weights and ``model.config`` are unchanged."""
         set_attn_impl(self, impl)
         return self
 
@@ -442,11 +416,14 @@ def _one(name: str, values: dict[str, Any]) -> Any:
 
 
 def read_config(model: ViT) -> ViTConfig:
-    """The ViTConfig of ``model`` as its modules are now: what rebuilds the same structure and keys.
+    """The ViTConfig of ``model`` as it is now: what rebuilds the same structure and keys.
 
-    Per-layer attention impls that differ become a tuple (one per layer). A model changed into something no
-    ViTConfig describes (a stage added, blocks of different sizes, dropout rates that differ between modules)
-    is a ValueError saying what differs.
+    That is the config it was built from, with what changes on a built model: ``num_classes`` (a classifier swap),
+    ``pool`` (``reset_classifier``), ``representation_size`` (``del model.head.pre_logits``: the paper's fine-tuning
+    drops the tanh layer), ``depth`` (blocks cut off, as timm's ``prune_intermediate_layers`` does) and the dropout
+    rates (set on its nn.Dropout modules). A model changed into something no ViTConfig describes (a stage added, a
+    block that is not a TransformerEncoderBlock, dropout rates that differ between modules) is a ValueError saying
+    what differs.
     """
     stages = list(model._modules)
     if stages != ["patch_embed", "blocks", "head"]:
@@ -462,41 +439,14 @@ def read_config(model: ViT) -> ViTConfig:
     if strangers:
         raise ValueError(f"{', '.join(strangers)} not TransformerEncoderBlock; a ViTConfig describes no other block")
     named = list(model.named_modules())
-    mhas = {n: m for n, m in named if isinstance(m, MultiHeadAttention)}
     dropouts = {n: m.p for n, m in named if isinstance(m, nn.Dropout) and not n.endswith(".attend.dropout")}
     attn_dropouts = {n: m.p for n, m in named if isinstance(m, nn.Dropout) and n.endswith(".attend.dropout")}
-    pre_logits = head.pre_logits.fc.out_features if "pre_logits" in head._modules else None
-    return ViTConfig(
-        image_size=pe.image_size,
-        patch_size=pe.patch_size,
-        in_channels=pe.in_channels,
+    return replace(
+        model._built_config,
         num_classes=head.num_classes,
-        dim=_one(
-            "dim",
-            {
-                "patch_embed.cls_token": pe.cls_token.weight.shape[-1],
-                **{n: m.dim for n, m in mhas.items()},
-                "head": head.dim,
-            },
-        ),
-        depth=len(blocks),
-        heads=_one("heads", {n: m.heads for n, m in mhas.items()}),
-        mlp_dim=_one("mlp_dim", {n: m.fc1.out_features for n, m in named if isinstance(m, FeedForwardBlock)}),
-        dropout=_one("dropout", dropouts),
-        attn_dropout=_one("attn_dropout", attn_dropouts) if attn_dropouts else 0.0,
         pool=head.pool.mode,
-        attn_impl=tuple(m.impl for m in mhas.values()),
-        patchify=pe.patchify,
-        representation_size=pre_logits,
-        fc_norm=not head.token_norm,
-        layer_norm_eps=_one("layer_norm_eps", {n: m.eps for n, m in named if isinstance(m, nn.LayerNorm)}),
+        representation_size=head.pre_logits.fc.out_features if "pre_logits" in head._modules else None,
+        depth=len(blocks),
+        dropout=_one("dropout", dropouts),
+        attn_dropout=_one("attn_dropout", attn_dropouts),
     )
-
-
-def set_attn_impl(model: nn.Module, impl: str) -> nn.Module:
-    """Set ``impl`` on every MultiHeadAttention inside ``model``; returns the model."""
-    check_choice("attention impl", impl, ATTN_IMPLS)
-    for m in model.modules():
-        if isinstance(m, MultiHeadAttention):
-            m.impl = impl
-    return model

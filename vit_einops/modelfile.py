@@ -5,7 +5,8 @@ string metadata holds, as JSON:
 
     format            "vit-einops"
     format_version    "2" (version 1 files, config only, still load)
-    vit_einops_config the ViTConfig, which rebuilds the architecture
+    vit_einops_config the ViTConfig, which rebuilds the architecture (files written while the attention path was a
+                      config field also name their attn_impl there: the loaded model starts on it)
     preprocessing     the Preprocessing record (resize, crop, interpolation, mean, std), if known
     class_names       one name per logit, if known
     source            where the weights came from, e.g. {"library": "torchvision", "file": "vit_b_16.pth"}
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ._io import atomic_write_bytes, check_regular_file, refuse_existing
+from .attention import stored_attn_impl
 from .config import ViTConfig
 from .model import ViT, check_class_names
 from .preprocess import Preprocessing
@@ -98,7 +100,8 @@ def _json_field(metadata: Mapping[str, str], key: str, path: Path) -> Any:
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """The decoded metadata of a model file: config (ViTConfig), preprocessing, class_names, source."""
+    """The decoded metadata of a model file: config (ViTConfig), attn_impl (the one a file written while it was a
+    config field records, else "einsum"), preprocessing, class_names, source."""
     from safetensors import SafetensorError, safe_open
 
     path = check_regular_file(path, "model file")
@@ -120,9 +123,16 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"{path}: the stored config is not a JSON object: {raw_config!r:.200}")
     try:
         config = ViTConfig.from_dict(raw_config)
+        impl = stored_attn_impl(raw_config, config.depth)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{path}: the stored vit-einops config is invalid: {err}") from err
-    info: dict[str, Any] = {"config": config, "preprocessing": None, "class_names": None, "source": None}
+    info: dict[str, Any] = {
+        "config": config,
+        "attn_impl": impl,
+        "preprocessing": None,
+        "class_names": None,
+        "source": None,
+    }
     if PREPROCESSING_KEY in metadata:
         try:
             info["preprocessing"] = Preprocessing.from_dict(_json_field(metadata, PREPROCESSING_KEY, path))
@@ -150,10 +160,17 @@ def read_vit_config(path: str | os.PathLike) -> ViTConfig:
     return read_metadata(path)["config"]
 
 
-def load_vit(path: str | os.PathLike, *, dtype: torch.dtype | None = torch.float32, **overrides: Any) -> ViT:
+def load_vit(
+    path: str | os.PathLike,
+    *,
+    dtype: torch.dtype | None = torch.float32,
+    attn_impl: str | Sequence[str] | None = None,
+    **overrides: Any,
+) -> ViT:
     """Rebuild the ViT stored by :func:`save_vit`, with its preprocessing, class names and source.
 
-    ``overrides`` change config fields that hold no tensor (e.g. ``attn_impl="sdpa"``, ``dropout=0.1``).
+    ``attn_impl`` is the attention path to run, as in :class:`ViT` (None: "einsum", or the impl a file written while
+    it was a config field records). ``overrides`` change config fields that hold no tensor (e.g. ``dropout=0.1``).
     ``dtype`` casts the weights (default float32, the dtype images arrive in; None keeps the file's, which must then
     be one dtype). Keys and shapes are checked against the stored config; non-float or non-finite weights are refused.
     """
@@ -171,6 +188,7 @@ def load_vit(path: str | os.PathLike, *, dtype: torch.dtype | None = torch.float
     check_keys(state_dict, expected_shapes(stored), str(path))
     state_dict = cast_weights(state_dict, str(path), dtype)
     config = ViTConfig.from_dict({**stored.to_dict(), **overrides})
-    model = build_vit(config, convert_patchify(state_dict, config, stored.patchify, config.patchify))
+    impl = info["attn_impl"] if attn_impl is None else attn_impl
+    model = build_vit(config, convert_patchify(state_dict, config, stored.patchify, config.patchify), impl)
     model.preprocessing, model.class_names, model.source = info["preprocessing"], info["class_names"], info["source"]
     return model

@@ -9,10 +9,9 @@ from einops import rearrange, repeat
 from einops.layers.torch import Rearrange
 from torch import nn
 
-from ._checks import check_choice, check_positive_int, check_probability, to_pair
 from ._init import trunc_normal_
 from ._sequential import Sequential
-from .config import PATCHIFY
+from .config import ViTConfig, check_config
 
 # ViT's own init for the class token and positions (timm, torchvision): a small truncated normal.
 EMBED_INIT_STD = 0.02
@@ -26,7 +25,7 @@ class ClassToken(nn.Module):
 
     def __init__(self, dim: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(1, 1, check_positive_int("dim", dim)))
+        self.weight = nn.Parameter(torch.empty(1, 1, dim))
         trunc_normal_(self.weight, EMBED_INIT_STD)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -39,9 +38,7 @@ class PositionEmbedding(nn.Module):
 
     def __init__(self, num_tokens: int, dim: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(
-            torch.empty(1, check_positive_int("num_tokens", num_tokens), check_positive_int("dim", dim))
-        )
+        self.weight = nn.Parameter(torch.empty(1, num_tokens, dim))
         trunc_normal_(self.weight, EMBED_INIT_STD)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -64,39 +61,29 @@ class PatchEmbedding(Sequential):
     patchify="conv": ``proj`` = Conv2d(C, D, kernel=stride=P), then ``flatten`` 'b d h w -> b (h w) d'.
     patchify="linear": ``to_patches`` 'b c (h p1) (w p2) -> b (h w) (p1 p2 c)', then ``proj`` = Linear(P^2 C, D),
     the matrix E of Eq. 1 literally. Both compute the same map (see :func:`conv_to_linear_weight`).
-    Then ``cls_token`` prepends x_class, ``pos_embed`` adds E_pos, ``dropout`` follows the addition.
+    Then ``cls_token`` prepends x_class, ``pos_embed`` adds E_pos, ``dropout`` follows the addition. Reads
+    ``image_size``, ``patch_size``, ``in_channels``, ``dim``, ``dropout`` and ``patchify`` of its :class:`ViTConfig`.
 
     Shapes: (b, C, H, W) -> (b, N' + 1, D).
     """
 
-    def __init__(
-        self,
-        image_size: int | tuple[int, int],
-        patch_size: int | tuple[int, int],
-        in_channels: int,
-        dim: int,
-        dropout: float = 0.0,
-        patchify: str = "conv",
-    ) -> None:
-        image_size, patch_size = to_pair("image_size", image_size), to_pair("patch_size", patch_size)
-        if image_size[0] % patch_size[0] or image_size[1] % patch_size[1]:
-            raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
-        in_channels, dim = check_positive_int("in_channels", in_channels), check_positive_int("dim", dim)
-        (ph, pw), (gh, gw) = patch_size, (image_size[0] // patch_size[0], image_size[1] // patch_size[1])
-        if check_choice("patchify", patchify, PATCHIFY) == "conv":
-            proj = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
+    def __init__(self, config: ViTConfig) -> None:
+        check_config(config, "PatchEmbedding")
+        c, dim, (ph, pw) = config.in_channels, config.dim, config.patch_size
+        if config.patchify == "conv":
+            proj = nn.Conv2d(c, dim, kernel_size=config.patch_size, stride=config.patch_size)
             stages = [("proj", proj), ("flatten", Rearrange("b d h w -> b (h w) d"))]
         else:
-            proj = nn.Linear(in_channels * ph * pw, dim)
+            proj = nn.Linear(c * ph * pw, dim)
             stages = [("to_patches", Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=ph, p2=pw)), ("proj", proj)]
         # LeCun normal on the patch projection, as torchvision does (fan_in = C * P^2), in either form.
-        trunc_normal_(proj.weight, (in_channels * ph * pw) ** -0.5)
+        trunc_normal_(proj.weight, (c * ph * pw) ** -0.5)
         nn.init.zeros_(proj.bias)
         stages += [
             ("cls_token", ClassToken(dim)),
-            ("pos_embed", PositionEmbedding(gh * gw + 1, dim)),
-            ("dropout", nn.Dropout(check_probability("dropout", dropout))),
+            ("pos_embed", PositionEmbedding(config.num_tokens, dim)),
+            ("dropout", nn.Dropout(config.dropout)),
         ]
         super().__init__(OrderedDict(stages))
-        self.image_size, self.patch_size, self.grid_size, self.patchify = image_size, patch_size, (gh, gw), patchify
-        self.in_channels = in_channels
+        self.image_size, self.patch_size, self.grid_size = config.image_size, config.patch_size, config.grid_size
+        self.patchify, self.in_channels = config.patchify, c

@@ -8,7 +8,7 @@ Every command that takes a model, and the README, load through here.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,8 @@ def load_model(path: str | os.PathLike, *, source: str | None = None, **kwargs: 
       :func:`vit_einops.interop.load_torchvision` / :func:`~vit_einops.interop.load_timm`), with that library's
       preprocessing convention;
     - with ``source="hf"``: a Hugging Face ``save_pretrained`` directory, or its weights file next to config.json.
+
+    Every source takes ``attn_impl=`` (the attention path to run, as in :class:`~vit_einops.ViT`) and ``dtype=``.
     """
     source = "vit-einops" if source is None else check_choice("source", source, SOURCES)
     path = Path(path)
@@ -73,10 +75,10 @@ def load_model(path: str | os.PathLike, *, source: str | None = None, **kwargs: 
     return SOURCES[source](path, **kwargs)
 
 
-def _load_from_run(path: Path, **kwargs: Any) -> ViT:
+def _load_from_run(path: Path, *, attn_impl: str | Sequence[str] | None = None, **overrides: Any) -> ViT:
     """A training run directory (its model.safetensors, else its checkpoint) or a checkpoint directory."""
     if path.is_dir() and (path / "model.safetensors").exists():
-        return load_vit(path / "model.safetensors", **kwargs)
+        return load_vit(path / "model.safetensors", attn_impl=attn_impl, **overrides)
     candidates = [path] if path.name == "checkpoint.json" else [path / "checkpoint.json", path / "checkpoint"]
     found = next((c for c in candidates if c.exists()), None)
     if found is None:
@@ -89,10 +91,11 @@ def _load_from_run(path: Path, **kwargs: Any) -> ViT:
     from .train.checkpoint import load_checkpoint
 
     checkpoint = load_checkpoint(found)
-    model = checkpoint.build_model()
-    if kwargs:
-        check_free_fields(kwargs)
-        model = build_vit(ViTConfig.from_dict({**model.config.to_dict(), **kwargs}), model.state_dict())
+    model = checkpoint.build_model(attn_impl)
+    if overrides:
+        check_free_fields(overrides)
+        config = ViTConfig.from_dict({**model.config.to_dict(), **overrides})
+        model = build_vit(config, model.state_dict(), model.attn_impl)
     data = checkpoint.train_state.get("data") or {}
     classes = data.get("classes") if isinstance(data, dict) else None
     model.class_names = checked_class_names(classes, model.config.num_classes, f"{checkpoint.path} classes")

@@ -7,7 +7,7 @@ Model files (:mod:`vit_einops.modelfile`), the converters (:mod:`vit_einops.inte
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ from .model import ViT
 from .patch_embed import conv_to_linear_weight, linear_to_conv_weight
 
 # The ViTConfig fields a state dict cannot pin down and that change no tensor: callers may set them freely.
-FREE_FIELDS = ("dropout", "attn_dropout", "attn_impl", "patchify", "layer_norm_eps")
+FREE_FIELDS = ("dropout", "attn_dropout", "patchify", "layer_norm_eps")
 PATCH_WEIGHT = "patch_embed.proj.weight"
 
 
@@ -104,13 +104,16 @@ def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
     return {k: v.shape for k, v in model.state_dict().items()}
 
 
-def build_vit(config: ViTConfig, state_dict: Mapping[str, torch.Tensor]) -> ViT:
-    """A ViT for ``config`` holding copies of ``state_dict``'s tensors, in their dtype and on their device.
+def build_vit(
+    config: ViTConfig, state_dict: Mapping[str, torch.Tensor], attn_impl: str | Sequence[str] = "einsum"
+) -> ViT:
+    """A ViT for ``config`` holding copies of ``state_dict``'s tensors, in their dtype and on their device, running
+    attention ``attn_impl``.
 
     Built on the meta device: the random init that loading would overwrite is never computed (seconds for ViT-H).
     """
     with torch.device("meta"):
-        model = ViT.from_config(config)
+        model = ViT.from_config(config, attn_impl=attn_impl)
     model.load_state_dict({k: v.detach().clone() for k, v in state_dict.items()}, assign=True)
     return model
 

@@ -124,7 +124,6 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
     for field in ("image_size", "patch_size", "dim", "depth", "heads", "mlp_dim", "dropout"):
         if getattr(args, field) is not None:
             kwargs[field] = getattr(args, field)
-    kwargs["attn_impl"] = args.attn_impl
     _check_patches_fit(args, kwargs["image_size"], kwargs["patch_size"])
     return kwargs
 
@@ -192,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
             test_set = test_set.subset(stratified_subset(test_set.labels, args.limit))
         kwargs["num_classes"] = len(train_set.classes)  # a preset's 1000 ImageNet classes would not fit the data
         torch.manual_seed(config.seed)  # the same initial weights on every rank and every rerun
-        model = ViT(**kwargs)
+        model = ViT(**kwargs, attn_impl=args.attn_impl)
         # What the images went through (the digits: 8x8 grey already in [0, 1]), saved with the model.
         model.preprocessing = Preprocessing.plain(kwargs["image_size"], kwargs.get("in_channels", 3))
         model.source = {"library": "vit-einops", "trained_on": info["name"], "seed": config.seed}

@@ -29,7 +29,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -319,12 +319,19 @@ def preprocessing_to_hf(preprocessing: Preprocessing) -> dict[str, Any]:
     }
 
 
-def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | None = torch.float32, **overrides: Any) -> ViT:
+def load_hf(
+    path: str | os.PathLike,
+    *,
+    dtype: torch.dtype | None = torch.float32,
+    attn_impl: str | Sequence[str] = "einsum",
+    **overrides: Any,
+) -> ViT:
     """A ViT from a Hugging Face ``save_pretrained`` directory, or a weights file with config.json beside it.
 
     Reads heads, sizes, ``layer_norm_eps`` (HF's 1e-12), ``id2label`` (real names become ``model.class_names``) and,
     when present, ``preprocessor_config.json`` (``model.preprocessing``; else ViTImageProcessor's defaults).
-    ``overrides`` set fields no tensor holds (attn_impl, dropout...); ``dtype`` as in :func:`~vit_einops.load_vit`.
+    ``overrides`` set fields no tensor holds (dropout...); ``dtype`` as in :func:`~vit_einops.load_vit`;
+    ``attn_impl`` as in :class:`~vit_einops.ViT`.
     """
     weights, directory = _locate(Path(path))
     if not (directory / CONFIG_NAME).exists():
@@ -332,7 +339,7 @@ def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | None = torch.float3
     hf = _read_json(directory / CONFIG_NAME)
     config = hf_config(hf, **overrides)
     state_dict = cast_weights(load_state_dict_file(weights), str(weights), dtype)
-    model = build_vit(config, from_hf(state_dict, config))
+    model = build_vit(config, from_hf(state_dict, config), attn_impl)
     labels = hf.get("id2label") or {}
     names = [str(labels.get(str(i), labels.get(i, ""))) for i in range(config.num_classes)]
     if config.num_classes and not all(_PLACEHOLDER.fullmatch(n) for n in names):

@@ -89,4 +89,4 @@ def resample_vit(model: ViT, image_size: int | tuple[int, int], *, mode: str = "
     state_dict = model.state_dict()
     key = "patch_embed.pos_embed.weight"
     state_dict[key] = resample_pos_embed(state_dict[key], config.grid_size, model.config.grid_size, mode=mode)
-    return build_vit(config, state_dict).train(model.training)
+    return build_vit(config, state_dict, model.attn_impl).train(model.training)

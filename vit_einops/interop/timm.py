@@ -17,7 +17,7 @@ Not readable: the heads h (Table 1's by D unless given) and the pooling (``globa
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -76,7 +76,7 @@ def timm_config(
         image_size: the checkpoint's (H, W); by default a square grid is assumed.
         global_pool: the timm model's ``global_pool``, "token" or "avg"; the state dicts of both have the same
             keys, so it cannot be inferred.
-        **overrides: fields no tensor holds: dropout, attn_dropout, attn_impl, patchify, layer_norm_eps.
+        **overrides: fields no tensor holds: dropout, attn_dropout, patchify, layer_norm_eps.
     """
     check_free_fields(overrides)
     check_choice("global_pool", global_pool, GLOBAL_POOLS)
@@ -155,18 +155,20 @@ def load_timm(
     image_size: int | tuple[int, int] | None = None,
     global_pool: str = "token",
     dtype: torch.dtype | None = torch.float32,
+    attn_impl: str | Sequence[str] = "einsum",
     **overrides: Any,
 ) -> ViT:
     """A ViT holding timm weights: from a file (safetensors, .pth, .bin) or a state dict.
 
-    Args: as :func:`timm_config`; ``dtype`` casts the weights (None keeps theirs). The model records timm's eval
+    Args: as :func:`timm_config`; ``dtype`` casts the weights (None keeps theirs); ``attn_impl`` as in
+    :class:`~vit_einops.ViT`. The model records timm's eval
     preprocessing for the augreg ViTs (``model.transforms()``: crop_pct 0.9, bicubic, mean = std = 0.5); set
     ``model.preprocessing`` for checkpoints trained otherwise (DeiT: ImageNet mean/std, crop_pct 0.875). Resample to another resolution afterwards with
     :func:`vit_einops.interop.resample_vit` (``mode="timm"`` matches timm's own).
     """
     state_dict = source if isinstance(source, Mapping) else load_state_dict_file(source)
     config = timm_config(state_dict, heads=heads, image_size=image_size, global_pool=global_pool, **overrides)
-    model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype), config))
+    model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype), config), attn_impl)
     model.preprocessing = Preprocessing.timm(crop=config.image_size)  # the augreg ViTs' crop_pct 0.9, bicubic, 0.5
     model.source = {"library": SOURCE, "file": None if isinstance(source, Mapping) else str(source)}
     return model

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -83,7 +83,7 @@ def torchvision_config(
         heads: h; not stored in any shape, so by default Table 1's value for the width D
             (768 -> 12, 1024 -> 16, 1280 -> 16; 192 -> 3 and 384 -> 6 for the DeiT sizes).
         image_size: the checkpoint's (H, W); by default a square grid is assumed.
-        **overrides: fields no tensor holds: dropout, attn_dropout, attn_impl, patchify, layer_norm_eps.
+        **overrides: fields no tensor holds: dropout, attn_dropout, patchify, layer_norm_eps.
     """
     check_free_fields(overrides)
     state_dict = upgrade_legacy_keys(state_dict)
@@ -161,18 +161,20 @@ def load_torchvision(
     heads: int | None = None,
     image_size: int | tuple[int, int] | None = None,
     dtype: torch.dtype | None = torch.float32,
+    attn_impl: str | Sequence[str] = "einsum",
     **overrides: Any,
 ) -> ViT:
     """A ViT holding torchvision weights: from a file (safetensors, .pth, .bin) or a state dict.
 
-    Args: as :func:`torchvision_config`; ``dtype`` casts the weights (None keeps theirs). The model records
+    Args: as :func:`torchvision_config`; ``dtype`` casts the weights (None keeps theirs); ``attn_impl`` as in
+    :class:`~vit_einops.ViT`. The model records
     torchvision's preprocessing (``model.transforms()``: shorter side to 256, centre crop 224 at 224 px, ImageNet
     mean and std). Resample to another resolution afterwards with
     :func:`vit_einops.interop.resample_vit` (``mode="torchvision"`` matches torchvision's own).
     """
     state_dict = source if isinstance(source, Mapping) else load_state_dict_file(source)
     config = torchvision_config(state_dict, heads=heads, image_size=image_size, **overrides)
-    model = build_vit(config, from_torchvision(cast_weights(state_dict, SOURCE, dtype), config))
+    model = build_vit(config, from_torchvision(cast_weights(state_dict, SOURCE, dtype), config), attn_impl)
     model.preprocessing = Preprocessing.torchvision(crop=config.image_size)
     model.source = {"library": SOURCE, "file": None if isinstance(source, Mapping) else str(source)}
     return model

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from safetensors.torch import load as safetensors_load
 from torch import nn
 
 from .._io import atomic_write_bytes, read_regular_file
+from ..attention import stored_attn_impl
 from ..config import ViTConfig
 from ..model import ViT
 from ..statedict import StateDictMismatchError, check_keys, check_weights, expected_shapes, safetensors_bytes
@@ -181,7 +183,11 @@ def _is_our_tensor_file(path: Path, previous: set[str]) -> bool:
 
 @dataclass
 class Checkpoint:
-    """What :func:`load_checkpoint` read: the config, the model's state dict, and the training state."""
+    """What :func:`load_checkpoint` read: the config, the model's state dict, and the training state.
+
+    ``attn_impl`` is the impl the model starts on: the one a checkpoint written while it was a config field
+    records, else "einsum".
+    """
 
     path: Path
     config: ViTConfig
@@ -189,10 +195,12 @@ class Checkpoint:
     train_state: dict[str, Any] = field(default_factory=dict)
     optimizer_state: dict[str, Any] | None = None
     scheduler_state: dict[str, Any] | None = None
+    attn_impl: str | tuple[str, ...] = "einsum"
 
-    def build_model(self) -> ViT:
-        """A ViT of the saved config with the saved weights, in eval mode."""
-        model = ViT.from_config(self.config)
+    def build_model(self, attn_impl: str | Sequence[str] | None = None) -> ViT:
+        """A ViT of the saved config with the saved weights, in eval mode, running ``attn_impl`` (None: the
+        checkpoint's ``attn_impl``)."""
+        model = ViT.from_config(self.config, attn_impl=self.attn_impl if attn_impl is None else attn_impl)
         model.load_state_dict(self.state_dict)
         return model.eval()
 
@@ -282,7 +290,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             f"{meta_path} has checkpoint version {meta.get('version')!r}; this vit-einops reads version {VERSION}"
         )
     try:
-        config = ViTConfig.from_dict(_field(meta, "config", dict, meta_path))
+        stored = _field(meta, "config", dict, meta_path)
+        config = ViTConfig.from_dict(stored)
+        attn_impl = stored_attn_impl(stored, config.depth)
     except (KeyError, TypeError, ValueError) as err:
         if isinstance(err, CheckpointError):
             raise
@@ -301,7 +311,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     scheduler_state = None
     if "scheduler" in meta:
         scheduler_state = _decode(_field(meta, "scheduler", dict, meta_path), {}, meta_path, "scheduler")
-    return Checkpoint(meta_path, config, state_dict, train_state, optimizer_state, scheduler_state)
+    return Checkpoint(meta_path, config, state_dict, train_state, optimizer_state, scheduler_state, attn_impl)
 
 
 def _decode(tree: dict[str, Any], tensors: dict[str, torch.Tensor], meta_path: Path, field: str) -> Any:
