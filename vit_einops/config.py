@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -102,6 +103,12 @@ class ViTConfig:
         """D_h = D / h."""
         return self.dim // self.heads
 
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for a name the config does not have: say where a former field went.
+        if name in FORMER_FIELDS:
+            raise AttributeError(f"ViTConfig has no {name}: {MOVED}; read model.{name}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: tuples become lists."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -116,6 +123,24 @@ class ViTConfig:
         if unknown:
             raise ValueError(f"unknown ViTConfig fields {unknown}; expected a subset of {sorted(known)}")
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+MOVED = (
+    "the attention path is runtime state, not architecture: pass attn_impl= to ViT(...), ViT.from_config(config, "
+    "attn_impl=...), create_vit, load_vit or load_model, or call model.set_attn_impl(impl)"
+)
+_dataclass_init = ViTConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init(self: ViTConfig, *args: Any, **kwargs: Any) -> None:
+    former = sorted(set(kwargs) & set(FORMER_FIELDS))
+    if former:
+        raise TypeError(f"ViTConfig has no field {former[0]}: {MOVED}")
+    _dataclass_init(self, *args, **kwargs)
+
+
+ViTConfig.__init__ = _init  # a former field gets a message saying where it went, not "unexpected keyword argument"
 
 
 def check_config(config: Any, module: str) -> ViTConfig:
