@@ -1,6 +1,7 @@
 """Measured maximum errors of every equivalence the tests assert, at ViT shapes, in float32 and float64.
 
     python benchmarks/equivalence.py            # prints a table; --json FILE also writes it
+    python benchmarks/equivalence.py --smoke    # the same rows on tiny shapes, in seconds (tests/ runs it)
 
 Errors are max |ours - torch| (absolute) and that divided by max |torch| (relative to the tensor's scale).
 """
@@ -8,6 +9,7 @@ Errors are max |ours - torch| (absolute) and that divided by max |torch| (relati
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -26,12 +28,30 @@ from vit_einops._io import atomic_write_bytes
 from vit_einops.reference import forward_backward, torch_encoder_layer_from, torch_mha_from, torch_reference_vit
 
 
+# The shapes of each row: ViT-B/16's attention and block and ViT-Ti/16 whole at 224 px, or (--smoke) the same code
+# on shapes small enough that the whole table takes a second or two: every impl, mask and dtype, tiny tensors.
+SHAPES = {
+    "vit": dict(
+        attention=dict(b=2, n=197, heads=12, head_dim=64),
+        block=dict(b=2, n=197, dim=768, heads=12),
+        model=dict(name="ViT-Ti/16", image_size=224, patch_size=16, dim=192, depth=12, heads=3, mlp_dim=768),
+        patchify=dict(image_size=224, patch_size=16, dim=768),
+    ),
+    "smoke": dict(
+        attention=dict(b=2, n=17, heads=2, head_dim=8),
+        block=dict(b=2, n=17, dim=16, heads=2),
+        model=dict(name="tiny ViT/8", image_size=32, patch_size=8, dim=48, depth=2, heads=4, mlp_dim=96),
+        patchify=dict(image_size=32, patch_size=8, dim=48),
+    ),
+}
+
+
 def errors(ours: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     diff = (ours - ref).abs().max().item()
     return diff, diff / ref.abs().max().item()
 
 
-def attention_rows(dtype: torch.dtype, b=2, n=197, heads=12, head_dim=64):
+def attention_rows(dtype: torch.dtype, b: int, n: int, heads: int, head_dim: int):
     dim = heads * head_dim
     g = torch.Generator().manual_seed(0)
     x, up = torch.randn(b, n, dim, generator=g, dtype=dtype), torch.randn(b, n, dim, generator=g, dtype=dtype)
@@ -51,7 +71,7 @@ def attention_rows(dtype: torch.dtype, b=2, n=197, heads=12, head_dim=64):
             yield name, dtype, errors(out, r_out), errors(grads[0], r_grads[0]), errors(grads[1], r_grads[1])
 
 
-def block_rows(dtype: torch.dtype, b=2, n=197, dim=768, heads=12):
+def block_rows(dtype: torch.dtype, b: int, n: int, dim: int, heads: int):
     g = torch.Generator().manual_seed(1)
     x, up = torch.randn(b, n, dim, generator=g, dtype=dtype), torch.randn(b, n, dim, generator=g, dtype=dtype)
     block = TransformerEncoderBlock(ViTConfig(dim=dim, heads=heads, mlp_dim=4 * dim)).to(dtype)
@@ -69,25 +89,27 @@ def block_rows(dtype: torch.dtype, b=2, n=197, dim=768, heads=12):
         )
 
 
-def model_rows(dtype: torch.dtype):
-    model = ViT(image_size=224, patch_size=16, dim=192, depth=12, heads=3, mlp_dim=768).to(dtype).eval()
-    x = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(2), dtype=dtype)
+def model_rows(dtype: torch.dtype, name: str, image_size: int, **size):
+    model = ViT(image_size=image_size, **size).to(dtype).eval()
+    x = torch.randn(4, 3, image_size, image_size, generator=torch.Generator().manual_seed(2), dtype=dtype)
     with torch.inference_mode():
         ref = torch_reference_vit(model).eval()(x)
         for impl in ATTN_IMPLS:
             model.set_attn_impl(impl)
-            yield f"ViT-Ti/16[{impl}] logits vs torch encoder layers (eval)", dtype, errors(model(x), ref), None, None
+            yield f"{name}[{impl}] logits vs torch encoder layers (eval)", dtype, errors(model(x), ref), None, None
 
 
-def patchify_rows(dtype: torch.dtype):
-    conv = PatchEmbedding(ViTConfig()).to(dtype)  # 224 px, P 16, C 3, D 768: ViT-B/16's
-    linear = PatchEmbedding(ViTConfig(patchify="linear")).to(dtype)
+def patchify_rows(dtype: torch.dtype, image_size: int, patch_size: int, dim: int):
+    config = ViTConfig(image_size=image_size, patch_size=patch_size, dim=dim, heads=1, mlp_dim=dim)
+    conv = PatchEmbedding(config).to(dtype)
+    linear = PatchEmbedding(dataclasses.replace(config, patchify="linear")).to(dtype)
     state = dict(conv.state_dict())
     state["proj.weight"] = conv_to_linear_weight(state["proj.weight"])
     linear.load_state_dict(state)
-    x = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(3), dtype=dtype)
+    x = torch.randn(4, 3, image_size, image_size, generator=torch.Generator().manual_seed(3), dtype=dtype)
+    name = f"PatchEmbedding linear vs conv ({image_size} px, P {patch_size}, D {dim})"
     with torch.no_grad():
-        yield "PatchEmbedding linear vs conv (224 px, P 16, D 768)", dtype, errors(linear(x), conv(x)), None, None
+        yield name, dtype, errors(linear(x), conv(x)), None, None
 
 
 def fmt(e):
@@ -98,14 +120,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the rows to this JSON file")
     parser.add_argument("--force", action="store_true", help="replace an existing --json file")
+    parser.add_argument("--smoke", action="store_true", help="every row on tiny shapes (seconds; what CI runs)")
     args = parser.parse_args(argv)
     if args.json and os.path.lexists(args.json) and not args.force:
         parser.error(f"--json {args.json} already exists; pass --force to replace it")
     torch.manual_seed(0)
+    shapes = SHAPES["smoke" if args.smoke else "vit"]
     rows = []
     for dtype in (torch.float64, torch.float32):
-        for gen in (attention_rows, block_rows, model_rows, patchify_rows):
-            rows.extend(gen(dtype))
+        for part, gen in (("attention", attention_rows), ("block", block_rows), ("model", model_rows),
+                          ("patchify", patchify_rows)):  # fmt: skip
+            rows.extend(gen(dtype, **shapes[part]))
     header = (
         f"{'equivalence':<66} {'dtype':<8} {'output abs (rel)':<20} {'grad x abs (rel)':<20} {'grad W abs (rel)':<20}"
     )

@@ -336,10 +336,10 @@ def test_judge_and_summary_take_the_cpu_time():
 @pytest.mark.parametrize(
     "kwargs, words",
     [
-        (dict(wall_s=0.0, busy_s=1.0, own_s=1.0), "wall_s must be .*, got 0.0"),
-        (dict(wall_s=math.inf, busy_s=1.0, own_s=1.0), "wall_s must be .*, got inf"),
-        (dict(wall_s=1.0, busy_s=math.nan, own_s=1.0), "busy_s must be .*, got nan"),
-        (dict(wall_s=1.0, busy_s=1.0, own_s=-1.0), "own_s must be .*, got -1.0"),
+        (dict(wall_s=0.0, busy_s=1.0, own_s=1.0), "wall_s.*got 0.0"),
+        (dict(wall_s=math.inf, busy_s=1.0, own_s=1.0), "wall_s.*got inf"),
+        (dict(wall_s=1.0, busy_s=math.nan, own_s=1.0), "busy_s.*got nan"),
+        (dict(wall_s=1.0, busy_s=1.0, own_s=-1.0), "own_s.*got -1.0"),
     ],
 )
 def test_cpu_use_refuses_impossible_windows(kwargs, words):

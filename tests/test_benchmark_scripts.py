@@ -1,8 +1,9 @@
 """The benchmark scripts in benchmarks/ run in CI in a smoke mode, so they cannot rot unseen.
 
 benchmarks/chunked.py on tiny shapes and one short round: every grid point gets a row with finite ratios to SDPA
-(medians and fastest blocks), the floor's parts and the forward rows' loop. benchmarks/equivalence.py whole (about
-5 s): every row within its dtype's tolerance. Both keep an existing output file unless --force.
+(medians and fastest blocks), the floor's parts and the forward rows' loop. benchmarks/equivalence.py --smoke (every
+row of the full table, on tiny shapes): every row within its dtype's tolerance. Both keep an existing output file
+unless --force.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from vit_einops import ATTN_IMPLS
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "chunked.py"
 TINY = [
@@ -73,16 +76,21 @@ def test_chunked_benchmark_keeps_an_existing_out_file_unless_forced(tmp_path, ca
 
 
 def test_equivalence_benchmark_rows_are_within_their_tolerances(tmp_path, capsys):
-    """benchmarks/equivalence.py's table (attention, block, ViT-Ti/16 and patch embedding against torch's modules):
-    every float64 row within 1e-9 relative, every float32 row within 1e-4 relative; the JSON kept unless --force."""
+    """benchmarks/equivalence.py's table in its smoke mode (attention, block, a whole ViT and patch embedding against
+    torch's modules, every impl, on tiny shapes): every float64 row within 1e-9 relative, every float32 row within
+    1e-4 relative; the JSON kept unless --force. The full shapes are a benchmark command (benchmarks/README.md)."""
     spec = importlib.util.spec_from_file_location("equivalence_benchmark", SCRIPT.parent / "equivalence.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out = tmp_path / "equivalence.json"
-    module.main(["--json", str(out)])
+    module.main(["--smoke", "--json", str(out)])
     records = json.loads(out.read_text())
     assert {r["dtype"] for r in records} == {"torch.float64", "torch.float32"}
-    assert any("ViT-Ti/16[chunked]" in r["name"] for r in records)
+    # Every impl in each of the four kinds of row, in both dtypes.
+    for kind in ("MultiHeadAttention", "TransformerEncoderBlock", "ViT/8"):
+        for impl in ATTN_IMPLS:
+            assert sum(f"{kind}[{impl}]" in r["name"] for r in records) == (4 if kind == "MultiHeadAttention" else 2)
+    assert sum(r["name"].startswith("PatchEmbedding linear vs conv") for r in records) == 2
     for r in records:
         bound = 1e-9 if r["dtype"] == "torch.float64" else 1e-4
         for key in ("output", "grad_x", "grad_weight"):
@@ -90,6 +98,6 @@ def test_equivalence_benchmark_rows_are_within_their_tolerances(tmp_path, capsys
                 assert r[key][1] <= bound, (r["name"], r["dtype"], key, r[key])
     before = out.read_bytes()
     with pytest.raises(SystemExit) as exit_info:
-        module.main(["--json", str(out)])
+        module.main(["--smoke", "--json", str(out)])
     assert exit_info.value.code == 2 and "already exists; pass --force" in capsys.readouterr().err
     assert out.read_bytes() == before

@@ -12,9 +12,9 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from _tiny import TINY_DIGITS, TINY_RGB, tiny_vit
 from PIL import Image
 
-from vit_einops import ViT
 from vit_einops.cli import main
 from vit_einops.explore import write_explorer
 from vit_einops.images import to_uint8
@@ -28,12 +28,8 @@ from vit_einops.inspect import (
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing
 
-CONFIG = {"image_size": 16, "patch_size": 4, "num_classes": 7, "dim": 32, "depth": 2, "heads": 2, "mlp_dim": 64}
-
-
-def tiny_vit(**overrides) -> ViT:
-    torch.manual_seed(0)
-    return ViT(**{**CONFIG, **overrides}).eval()
+# 16 px in 4 px patches: a 4x4 grid of maps on 16 px inputs; 7 classes, more than the page's top 5.
+EXPLORED = dict(TINY_RGB, image_size=16, patch_size=4, num_classes=7)
 
 
 def embedded(page) -> dict:
@@ -51,14 +47,14 @@ def decode(text: str, dtype, shape) -> np.ndarray:
 
 @pytest.mark.parametrize("bits", [8, 4])
 def test_embedded_arrays_are_the_recorded_numbers_within_the_stated_precision(tmp_path, bits):
-    model = tiny_vit()
+    model = tiny_vit(EXPLORED)
     images = torch.rand(2, 3, 16, 16)
     page = write_explorer(model, images, tmp_path / "e.html", titles=["a", "b"], bits=bits)
     data = embedded(page)
     logits, maps = record_attention(model, images)
     maps = maps.double().numpy()
     depth, _, heads, n, _ = maps.shape
-    assert (data["depth"], data["heads"], data["tokens"], data["grid"], data["patch"]) == (2, 2, 17, [4, 4], [4, 4])
+    assert (data["depth"], data["heads"], data["tokens"], data["grid"], data["patch"]) == (2, 4, 17, [4, 4], [4, 4])
     levels = 2**bits - 1
     assert data["attention_levels"] == levels
     top = logits.softmax(-1).topk(5, dim=-1)
@@ -91,7 +87,7 @@ def test_embedded_arrays_are_the_recorded_numbers_within_the_stated_precision(tm
 
 
 def test_page_is_self_contained_and_states_its_precision(tmp_path):
-    page = write_explorer(tiny_vit(), torch.rand(1, 3, 16, 16), tmp_path / "e.html")
+    page = write_explorer(tiny_vit(EXPLORED), torch.rand(1, 3, 16, 16), tmp_path / "e.html")
     text = page.read_text(encoding="utf-8")
     assert not re.search(r"https?://", text)
     assert not re.search(r"""(?:src|href)\s*=\s*["']?(?!data:)[^"'\s>]""", text)  # only data: URLs, if any
@@ -102,14 +98,14 @@ def test_page_is_self_contained_and_states_its_precision(tmp_path):
 
 def test_titles_cannot_break_out_of_the_page(tmp_path):
     hostile = "</script><script>alert(1)</script>"
-    page = write_explorer(tiny_vit(), torch.rand(1, 3, 16, 16), tmp_path / "e.html", titles=[hostile])
+    page = write_explorer(tiny_vit(EXPLORED), torch.rand(1, 3, 16, 16), tmp_path / "e.html", titles=[hostile])
     text = page.read_text(encoding="utf-8")
     assert text.count("</script>") == 2  # the data block's and the code's own
     assert embedded(page)["images"][0]["title"] == hostile
 
 
 def test_class_names_and_pictures_are_used(tmp_path):
-    model = tiny_vit()
+    model = tiny_vit(EXPLORED)
     model.class_names = [f"name{i}" for i in range(7)]
     picture = np.full((40, 40, 3), 200, dtype=np.uint8)
     page = write_explorer(model, torch.rand(1, 3, 16, 16), tmp_path / "e.html", pictures=[picture], top_k=3)
@@ -121,7 +117,7 @@ def test_class_names_and_pictures_are_used(tmp_path):
 
 
 def test_existing_output_is_refused_unless_overwrite_and_a_failed_run_keeps_it(tmp_path):
-    model, images = tiny_vit(), torch.rand(1, 3, 16, 16)
+    model, images = tiny_vit(EXPLORED), torch.rand(1, 3, 16, 16)
     out = tmp_path / "e.html"
     out.write_text("mine")
     with pytest.raises(FileExistsError, match="--force"):
@@ -148,12 +144,12 @@ def test_existing_output_is_refused_unless_overwrite_and_a_failed_run_keeps_it(t
 
 
 def test_bad_arguments_are_named(tmp_path):
-    model, images = tiny_vit(), torch.rand(2, 3, 16, 16)
+    model, images = tiny_vit(EXPLORED), torch.rand(2, 3, 16, 16)
     with pytest.raises(IsADirectoryError, match="directory"):
         write_explorer(model, images, tmp_path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         write_explorer(model, images, tmp_path / "missing" / "e.html")
-    with pytest.raises(ValueError, match="bits must be .*, got 9"):
+    with pytest.raises(ValueError, match="bits.*got 9"):
         write_explorer(model, images, tmp_path / "e.html", bits=9)
     with pytest.raises(ValueError, match="1 titles for 2 images"):
         write_explorer(model, images, tmp_path / "e.html", titles=["x"])
@@ -167,7 +163,7 @@ def test_bad_arguments_are_named(tmp_path):
 
 
 def test_model_mode_is_restored(tmp_path):
-    model = tiny_vit().train()
+    model = tiny_vit(EXPLORED).train()
     write_explorer(model, torch.rand(1, 3, 16, 16), tmp_path / "e.html")
     assert model.training
 
@@ -176,8 +172,7 @@ def test_model_mode_is_restored(tmp_path):
 
 
 def digits_model_file(tmp_path):
-    torch.manual_seed(0)
-    model = ViT(image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=2, heads=2, mlp_dim=32)
+    model = tiny_vit(TINY_DIGITS)
     model.class_names = [str(i) for i in range(10)]
     model.preprocessing = Preprocessing.plain(8, channels=1)
     return save_vit(model, tmp_path / "digits.safetensors")
@@ -201,8 +196,7 @@ def test_explore_command_on_a_digits_model_file(tmp_path, capsys):
 
 
 def test_explore_command_with_image_files_and_sample_photos(tmp_path, capsys):
-    torch.manual_seed(0)
-    model = ViT(**{**CONFIG, "image_size": 32, "patch_size": 8})
+    model = tiny_vit(TINY_RGB)
     model.preprocessing = Preprocessing.plain(32)
     model_file = save_vit(model, tmp_path / "rgb.safetensors")
     photo = tmp_path / "photo.png"
@@ -220,7 +214,7 @@ def test_explore_command_with_image_files_and_sample_photos(tmp_path, capsys):
 
 
 def test_explore_command_errors_are_one_line(tmp_path, capsys):
-    fresh = ViT(**CONFIG)  # no preprocessing recorded
+    fresh = tiny_vit(EXPLORED)  # no preprocessing recorded
     model_file = save_vit(fresh, tmp_path / "fresh.safetensors")
     assert main(["explore", str(model_file), "--out", str(tmp_path / "e.html")]) == 2
     err = capsys.readouterr().err

@@ -5,15 +5,16 @@ one the model saw (resized and cropped, not normalised)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+import struct
+import threading
+import zlib
 
 import numpy as np
 import pytest
 import torch
+from _tiny import TINY_RGB, tiny_vit
 from PIL import Image
 
-from vit_einops import ViT
 from vit_einops.images import (
     MAX_PIXELS,
     display_images,
@@ -25,8 +26,6 @@ from vit_einops.images import (
     to_uint8,
 )
 from vit_einops.preprocess import Preprocessing
-
-TINY = dict(image_size=16, patch_size=8, dim=16, depth=1, heads=2, mlp_dim=32, num_classes=3)
 
 
 def test_sixteen_bit_images_are_scaled_not_clipped(tmp_path):
@@ -51,8 +50,6 @@ def test_transparency_is_dropped_as_torchvision_loaders_do():
     assert to_model_mode(img, 3).getpixel((0, 0)) == (10, 20, 30)
 
 
-
-
 def test_files_that_are_not_sane_images(tmp_path):
     with pytest.raises(ValueError, match="absent.png.*No such file"):
         open_image(tmp_path / "absent.png")
@@ -69,28 +66,50 @@ def test_files_that_are_not_sane_images(tmp_path):
 
 
 def test_a_fifo_is_refused_without_blocking(tmp_path):
-    os.mkfifo(tmp_path / "pipe.png")
-    code = (
-        "from vit_einops.images import open_image\ntry:\n    open_image(%r)\nexcept ValueError as e:\n    print(e)"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code % str(tmp_path / "pipe.png")], capture_output=True, text=True, timeout=60
-    )
-    assert "not a regular file" in out.stdout
+    """Opening a FIFO blocks until a writer comes: the check runs in a thread, and a writer is sent to release it
+    if it blocks (the failure is then the test's, not a hung suite)."""
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(refusal(fifo)), daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("open_image blocked on a FIFO")
+    assert outcome and "not a regular file" in outcome[0]
 
 
-def test_a_decompression_bomb_is_a_clear_error_before_decoding(tmp_path):
-    # A 20000 x 20000 PNG of one colour compresses to a few hundred KB; decoding it would take 1.2 GB.
-    side = 20000
+def refusal(path) -> str:
+    """open_image's ValueError message for ``path`` (which it must refuse)."""
+    with pytest.raises(ValueError) as error:
+        open_image(path)
+    return str(error.value)
+
+
+def png_header(path, width: int, height: int) -> None:
+    """A PNG whose header declares width x height over one row of pixel data: what a decompression bomb shows
+    before decoding (a decoder would fail on the missing rows; the check must refuse it first)."""
+    Image.new("L", (1, 1)).save(path)
+    data = bytearray(path.read_bytes())
+    data[16:24] = struct.pack(">II", width, height)  # IHDR: 8-byte signature, length, type, then width, height
+    data[29:33] = struct.pack(">I", zlib.crc32(data[12:29]))  # the chunk's CRC over its type and data
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("side", [12000, 20000], ids=["over MAX_PIXELS", "over PIL's own guard"])
+def test_a_decompression_bomb_is_a_clear_error_before_decoding(tmp_path, side):
+    # 12000^2 is over MAX_PIXELS and under PIL's error (which it only warns about); 20000^2 is over both.
     assert side * side > MAX_PIXELS
-    Image.new("L", (side, 1)).resize((side, side)).save(tmp_path / "bomb.png", optimize=False)
-    with pytest.raises(ValueError, match=r"bomb.png.*400000000 pixels.*(over the )?limit"):
+    png_header(tmp_path / "bomb.png", side, side)
+    with pytest.raises(ValueError, match=rf"bomb.png.*{side * side} pixels.*(over the )?limit"):
         open_image(tmp_path / "bomb.png")
 
 
 @pytest.fixture
 def model():
-    m = ViT(**TINY)
+    # 16 px: the 30x40 photos resized to 20 px and centre-cropped lose a margin on both axes.
+    m = tiny_vit(TINY_RGB, image_size=16)
     m.preprocessing = Preprocessing(resize=20, crop=(16, 16), mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
     return m
 

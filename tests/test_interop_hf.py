@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import torch
 from _interop import assert_same_state, perturbed, report_diffs
+from _tiny import TINY_RGB, tiny_vit
 from PIL import Image
 
-from vit_einops import ViT
-from vit_einops.inspect import record_attention
 from vit_einops.images import open_image
+from vit_einops.inspect import record_attention
 from vit_einops.interop import load_hf, preprocessing_from_hf, save_hf
 from vit_einops.preprocess import Preprocessing
 
@@ -45,9 +45,13 @@ torchvision = _library("torchvision")
 timm = _library("timm")
 sklearn_datasets = _library("sklearn.datasets")
 
-SMALL = dict(
-    hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, image_size=32, patch_size=8
-)
+# transformers.ViTConfig's names for our fields.
+HF_NAMES = {
+    "dim": "hidden_size", "depth": "num_hidden_layers", "heads": "num_attention_heads",
+    "mlp_dim": "intermediate_size", "image_size": "image_size", "patch_size": "patch_size",
+}  # fmt: skip
+# The Hugging Face models built here: TINY_RGB's size (its classes are each test's num_labels).
+SMALL = {hf: TINY_RGB[ours] for ours, hf in HF_NAMES.items()}
 
 
 def _report(name: str, value: float) -> None:
@@ -119,7 +123,7 @@ def test_save_hf_round_trips_bit_for_bit_and_loads_in_transformers(tmp_path):
 
 
 def test_save_hf_of_our_model_loads_in_transformers_with_equal_logits(tmp_path):
-    ours = perturbed(ViT(image_size=32, patch_size=8, dim=48, depth=2, heads=4, mlp_dim=96, num_classes=5))
+    ours = perturbed(tiny_vit(TINY_RGB))
     ours.class_names = list("abcde")
     save_hf(ours, tmp_path / "hf")
     hf = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
@@ -130,13 +134,13 @@ def test_save_hf_of_our_model_loads_in_transformers_with_equal_logits(tmp_path):
 
 
 def test_save_hf_refuses_what_hf_cannot_express_and_existing_dirs(tmp_path):
-    mean_pool = ViT(image_size=32, patch_size=8, dim=48, depth=1, heads=4, mlp_dim=96, num_classes=5, pool="mean")
+    mean_pool = tiny_vit(TINY_RGB, pool="mean")
     with pytest.raises(ValueError, match="pool 'mean'"):
         save_hf(mean_pool, tmp_path / "x")
-    ok = ViT(image_size=32, patch_size=8, dim=48, depth=1, heads=4, mlp_dim=96, num_classes=5)
+    ok = tiny_vit(TINY_RGB)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "mine.txt").write_text("keep")
-    with pytest.raises(FileExistsError, match="already exists"):
+    with pytest.raises(FileExistsError, match="full already exists"):
         save_hf(ok, tmp_path / "full")
     assert (tmp_path / "full" / "mine.txt").read_text() == "keep"
 

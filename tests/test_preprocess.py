@@ -41,20 +41,20 @@ def test_normalisation_is_per_channel():
 def test_timm_crop_pct_rule():
     assert Preprocessing.timm(crop=224, crop_pct=0.9).resize == 248  # floor(224 / 0.9)
     assert Preprocessing.timm(crop=224, crop_pct=0.875).resize == 256
-    with pytest.raises(ValueError, match="crop_pct must be in"):
+    with pytest.raises(ValueError, match="crop_pct.*got 1.5"):
         Preprocessing.timm(crop_pct=1.5)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "error", "words"),
     [
-        ({"resize": 0}, ValueError, "resize"),
-        ({"resize": 8, "interpolation": "lanczos"}, ValueError, "interpolation"),
-        ({"resize": 8, "mean": (0.1, 0.2)}, ValueError, "1 \\(grey\\) or 3 \\(RGB\\) values"),
-        ({"resize": 8, "std": (0.0, 1.0, 1.0)}, ValueError, "std must be positive"),
-        ({"resize": 8, "mean": (float("nan"),) * 3}, ValueError, "finite numbers"),
-        ({"resize": 8, "mean": "0.5"}, TypeError, "sequence of numbers"),
-        ({"resize": 8, "backend": "cv2"}, ValueError, "backend"),
+        ({"resize": 0}, ValueError, r"resize.*got 0"),
+        ({"resize": 8, "interpolation": "lanczos"}, ValueError, r"interpolation 'lanczos'"),
+        ({"resize": 8, "mean": (0.1, 0.2)}, ValueError, r"mean.*got 2: \[0.1, 0.2\]"),
+        ({"resize": 8, "std": (0.0, 1.0, 1.0)}, ValueError, r"std.*got \(0.0, 1.0, 1.0\)"),
+        ({"resize": 8, "mean": (float("nan"),) * 3}, ValueError, r"mean.*got \[nan, nan, nan\]"),
+        ({"resize": 8, "mean": "0.5"}, TypeError, r"mean.*got '0.5'"),
+        ({"resize": 8, "backend": "cv2"}, ValueError, r"backend 'cv2'"),
     ],
 )
 def test_bad_records(kwargs, error, words):
@@ -65,12 +65,12 @@ def test_bad_records(kwargs, error, words):
 def test_record_round_trips_through_json_dict():
     p = Preprocessing.timm(crop=(32, 48), crop_pct=0.9)
     assert Preprocessing.from_dict(p.to_dict()) == p
-    with pytest.raises(ValueError, match="unknown preprocessing fields"):
+    with pytest.raises(ValueError, match=r"fields \['colour'\]"):
         Preprocessing.from_dict({**p.to_dict(), "colour": "yes"})
 
 
 def test_not_a_pil_image():
-    with pytest.raises(TypeError, match="takes a PIL image, got Tensor; read files with"):
+    with pytest.raises(TypeError, match="PIL image, got Tensor"):
         Preprocessing.plain(8)(torch.zeros(3, 8, 8))
 
 
@@ -88,7 +88,7 @@ def test_each_convention_is_built_by_name_at_the_models_size():
 
 
 def test_an_unknown_convention_is_named():
-    with pytest.raises(ValueError, match="preprocessing convention 'keras'"):
+    with pytest.raises(ValueError, match="convention 'keras'"):
         Preprocessing.convention("keras", 32)
 
 
@@ -108,7 +108,7 @@ def test_hf_processor_config_round_trips_and_its_defaults_are_the_hf_convention(
         ({"size": "big"}, "'size' must be an object or an int, got 'big'"),
         ({"size": {"wide": 3}}, "'size' {'wide': 3}"),
         ({"do_resize": False}, "do_resize false"),
-        ({"resample": 1}, "resample 1 is not supported"),
+        ({"resample": 1}, "resample 1"),
         ({"rescale_factor": 0.5}, "rescale_factor 0.5"),
         ({"do_center_crop": True, "crop_size": {"h": 2}}, "'crop_size' {'h': 2}"),
     ],
@@ -119,7 +119,7 @@ def test_bad_hf_processor_configs(config, words):
 
 
 def test_what_vit_image_processor_cannot_express():
-    with pytest.raises(ValueError, match="ViTImageProcessor cannot express"):
+    with pytest.raises(ValueError, match=r"resize=256, crop=\(224, 224\).*ViTImageProcessor cannot express"):
         preprocessing_to_hf(Preprocessing.torchvision())
-    with pytest.raises(TypeError, match="got dict"):
+    with pytest.raises(TypeError, match="preprocessing.*got dict"):
         preprocessing_to_hf({"resize": 224})

@@ -142,7 +142,7 @@ def measure_model(
     """One row per (mode, path): images/s, achieved GFLOP/s, peak memory,
     and each path's largest output difference from the einsum path on one image (the same function, checked).
 
-    ``overrides`` (ViT keywords, e.g. depth=2 for the smoke run) change the preset; the row's model name says so.
+    ``overrides`` (ViT keywords, e.g. depth=1 for the smoke run) change the preset; the row's model name says so.
     """
     probe = probe or LoadProbe()  # the run's: the load fallback needs to know how long the run has gone on
     overrides = dict(overrides or {}, image_size=image_size)

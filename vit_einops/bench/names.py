@@ -23,6 +23,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "rounds": (1, 1000),
     "min_run_time": (1e-4, 60.0),  # seconds per round and path: inf would never return
     "ceiling_size": (16, 16384),
+    "ceiling_run_time": (1e-4, 60.0),  # seconds of each matmul ceiling, as min_run_time
     "retries": (0, 10),
 }
 

@@ -128,7 +128,7 @@ def attention_table(rows: list[dict]) -> str:
 
 
 def model_table(rows: list[dict]) -> str:
-    # The model column is as wide as its longest name (a preset with overrides, e.g. vit_ti_16+depth=2) plus a
+    # The model column is as wide as its longest name (a preset with overrides, e.g. vit_ti_16+depth=1) plus a
     # space, so it never runs into the mode column.
     width = max(len("model"), *(len(r["model"]) for r in rows)) + 1
     optimizers = sorted({r["optimizer"] for r in rows if r["optimizer"]})
