@@ -3,6 +3,7 @@ computation (torch's own MultiheadAttention, closed forms, scikit-learn's PCA)."
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,7 +28,9 @@ from vit_einops.inspect import (
     show_attention,
     write_report,
 )
+import vit_einops.inspect.report as report_module
 from vit_einops.reference import torch_mha_from
+
 
 TINY = dict(image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=3, heads=2, mlp_dim=32)
 
@@ -267,8 +270,15 @@ def test_filter_components_match_scikit_learn_pca(patchify):
 # --- report -----------------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def unrendered(monkeypatch):
+    """write_report builds its figures but does not render them to PNG: these tests are about the model's calls and
+    the arrays, and rendering is most of a report's time (test_figures.py renders a whole report, checking each PNG)."""
+    monkeypatch.setattr(report_module, "save_figure", lambda fig, path, dpi=120: Path(path))
+
+
 @pytest.mark.parametrize("same", [None, "same", "equal"])
-def test_report_runs_the_model_once_when_distance_images_are_the_drawn_ones(tmp_path, same):
+def test_report_runs_the_model_once_when_distance_images_are_the_drawn_ones(tmp_path, same, unrendered):
     model = tiny_vit()
     images = torch.rand(3, 1, 8, 8)
     distance_images = {None: None, "same": images, "equal": images.clone()}[same]
@@ -281,7 +291,7 @@ def test_report_runs_the_model_once_when_distance_images_are_the_drawn_ones(tmp_
     np.testing.assert_allclose(arrays["mean_attention_distance"], expected.numpy(), rtol=1e-6)
 
 
-def test_report_batches_other_distance_images_to_the_same_mean(tmp_path):
+def test_report_batches_other_distance_images_to_the_same_mean(tmp_path, unrendered):
     model = tiny_vit()
     images, others = torch.rand(2, 1, 8, 8), torch.rand(5, 1, 8, 8)
     write_report(model, images, tmp_path, distance_images=others, batch_size=2)

@@ -67,9 +67,12 @@ def torchsummary_total(model: ViT) -> int:
     return int(line.split(":")[1].replace(",", ""))
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
+# torchsummary runs a forward (batch 2) through real weights: the Large and Huge presets differ from these only in
+# their sizes, which test_parameter_count checks against the formula, and `vit-einops summary vit_h_14` counts
+# ViT-H through torchsummary without allocating its 632M weights (tests/test_model_cli.py).
+@pytest.mark.parametrize("name", [name for name, preset in PRESETS.items() if preset["dim"] <= 768])
 def test_torchsummary_total_equals_true_total_small_input(name):
-    # A 4x4 patch grid keeps even ViT-H's forward (torchsummary runs one, batch 2) to a fraction of a second.
+    # A 4x4 patch grid keeps the forward to a fraction of a second.
     model = zeroed_vit(name, image_size=4 * PRESETS[name]["patch_size"])
     assert torchsummary_total(model) == count_parameters(model)
 
