@@ -19,6 +19,11 @@ SOURCE_ROOT = str(Path(vit_einops.__file__).resolve().parent.parent)
 
 # torch's thread count when the session began: commands run in-process (``main(["train", "--threads", "1", ...])``,
 # in tests and in module-scoped fixtures) set it, and no test may inherit that.
+# Under pytest-xdist the cores are shared between the workers: each gets its share, so no torch thread spin-waits
+# for a core another worker holds.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, torch.get_num_threads() // _WORKERS))
 SESSION_THREADS = torch.get_num_threads()
 
 

@@ -27,11 +27,14 @@ def test_a_default_output_lands_in_the_tests_own_folder(capsys):
     assert (Path.cwd() / "runs" / "digits" / "model.safetensors").is_file()
 
 
-def test_outputs_left_where_pytest_starts_change_no_outcome(pytester):
+def test_outputs_left_where_pytest_starts_change_no_outcome(pytester, monkeypatch, tmp_path_factory):
     """The README's first command leaves ./bench-results (and a training run ./runs/digits) where pytest is then
     started: the test above still writes its default output, into a folder of its own, and the starting folder's
     files stay as they were."""
     start = pytester.path
+    # pytester points HOME at the starting folder; matplotlib, imported first here in a fresh xdist worker, would
+    # put its font cache under that HOME. That cache is the harness's, not a test's output.
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path_factory.mktemp("matplotlib")))
     for name in ("bench-results/results.json", "runs/digits/checkpoint/checkpoint.json", "runs/digits/notes.txt"):
         (start / name).parent.mkdir(parents=True, exist_ok=True)
         (start / name).write_text("an earlier run's file\n")
