@@ -14,6 +14,9 @@ TINY_DIGITS = dict(image_size=8, patch_size=2, in_channels=1, num_classes=10, di
 # RGB, as the libraries' ViTs are (torchvision, timm): 32x32 in 8x8 patches, 4 heads of 12, every part present.
 TINY_RGB = dict(image_size=32, patch_size=8, dim=48, depth=2, heads=4, mlp_dim=96, num_classes=5)
 
+# The model-API and error tests' RGB model: 16x16 in 4x4 patches (a 4x4 grid, 17 tokens), width 32 in 4 heads of 8.
+TINY_RGB16 = dict(TINY_RGB, image_size=16, patch_size=4, dim=32, mlp_dim=64)
+
 
 def tiny_vit(base: dict = TINY_DIGITS, **overrides) -> ViT:
     """A ViT of ``base``'s size with ``overrides``, in eval mode (inspection; ``train()`` sets its own mode)."""

@@ -7,6 +7,7 @@ import pickle
 import pytest
 import torch
 from hypothesis import given
+from _tiny import TINY_DIGITS
 from hypothesis import strategies as st
 
 from vit_einops import ViT, load_model
@@ -21,7 +22,7 @@ from vit_einops.train.checkpoint import (
 )
 from vit_einops.train.loop import WarmupCosine, parameter_groups
 
-TINY = dict(image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=2, heads=2, mlp_dim=32)
+TINY = TINY_DIGITS
 
 
 def trained_state():

@@ -8,10 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from _tiny import TINY_RGB16
 
 from vit_einops import ClassificationHead, TransformerEncoderBlock, ViT, ViTConfig, create_vit
 
-TINY = dict(image_size=16, patch_size=4, dim=32, depth=2, heads=4, mlp_dim=64, num_classes=5)
+TINY = TINY_RGB16
 NAN, INF = float("nan"), float("inf")
 
 # (field, value, error type, words in the message)

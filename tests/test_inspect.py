@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _tiny import TINY_DIGITS
+from _tiny import tiny_vit as shared_tiny_vit
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
@@ -32,11 +34,11 @@ import vit_einops.inspect.report as report_module
 from vit_einops.reference import torch_mha_from
 
 
-TINY = dict(image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=3, heads=2, mlp_dim=32)
+TINY = dict(TINY_DIGITS, depth=3)  # three blocks: rollout and per-layer statistics have a middle layer
 
 
 def tiny_vit(**overrides) -> ViT:
-    return ViT(**{**TINY, **overrides}).eval()
+    return shared_tiny_vit(TINY, **overrides)
 
 
 def test_recording_leaves_outputs_unchanged_on_every_impl():

@@ -12,18 +12,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _hooks import block_outputs, classifier_input
+from _tiny import TINY_RGB16, tiny_vit
 from einops import rearrange
 from torch import nn
 
 from vit_einops import ViT, ViTConfig, create_vit
 from vit_einops import load_vit, save_vit
 
-TINY = dict(image_size=16, patch_size=4, dim=32, depth=3, heads=4, mlp_dim=64, num_classes=5)
+TINY = dict(TINY_RGB16, depth=3)  # three blocks: intermediate layers have a first, a middle and a last
 X = torch.randn(2, 3, 16, 16)
 
 
 def tiny(**kw) -> ViT:
-    return ViT(**{**TINY, **kw}).eval()
+    return tiny_vit(TINY, **kw)
 
 
 # --- the signature ----------------------------------------------------------------------------------------

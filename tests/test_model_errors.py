@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _tiny import TINY_RGB16
 
 from vit_einops import MultiHeadAttention, PatchEmbedding, ViT, ViTConfig, create_vit, set_attn_impl
 
-TINY = dict(image_size=16, patch_size=4, dim=32, depth=1, heads=4, mlp_dim=64, num_classes=5)
+TINY = dict(TINY_RGB16, depth=1)
 
 
 @pytest.mark.parametrize(

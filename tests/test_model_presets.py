@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _tiny import TINY_RGB16
 
 from vit_einops import PRESETS, TIMM_NAMES, ViT, ViTConfig, create_vit, list_presets
 from vit_einops.summary import count_parameters, meta_vit, summarize, zeroed_vit
@@ -89,7 +90,7 @@ def test_preset_overrides():
 
 
 def tiny(**kw) -> ViT:
-    return ViT(image_size=16, patch_size=4, dim=32, depth=2, heads=4, mlp_dim=64, num_classes=5, **kw)
+    return ViT(**TINY_RGB16, **kw)
 
 
 @pytest.mark.parametrize(
