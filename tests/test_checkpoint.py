@@ -80,9 +80,10 @@ def test_train_load_model_is_a_deprecated_alias(saved):
     """The README of 0.1.0 showed ``from vit_einops.train import load_model``: it keeps working for one release."""
     import vit_einops.train
 
-    with pytest.warns(DeprecationWarning, match=r"vit_einops\.train\.load_model .*vit_einops\.load_model"):
+    with pytest.warns(DeprecationWarning, match=r"vit_einops\.train\.load_model .*vit_einops\.load_model") as warned:
         old = vit_einops.train.load_model
     assert old is load_checkpoint_model
+    assert warned[0].filename == __file__  # the warning points at the line that used the old name
     with pytest.warns(DeprecationWarning):
         from vit_einops.train import load_model  # noqa: F401  the README's old import line warns too
 

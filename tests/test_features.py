@@ -124,8 +124,10 @@ def test_the_deprecated_functional_names_warn_and_give_the_methods_values():
     hooked = block_outputs(model, x)
 
     def deprecated(name):
-        with pytest.warns(DeprecationWarning, match=rf"vit_einops\.interop\.{name} is deprecated.*use model\."):
-            return getattr(vit_einops.interop, name)
+        with pytest.warns(DeprecationWarning, match=rf"vit_einops\.interop\.{name} is deprecated.*use model\.") as w:
+            function = getattr(vit_einops.interop, name)
+        assert w[0].filename == __file__  # the warning points at the line that used the old name
+        return function
 
     with torch.no_grad():
         assert torch.equal(deprecated("pre_logits")(model, x), pre_logits(model, x))

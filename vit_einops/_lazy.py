@@ -9,6 +9,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
+def warn_deprecated(name: str, instead: str, stacklevel: int = 2) -> None:
+    """The one wording of a deprecated public name's warning: what goes, when, and what to use instead.
+    ``stacklevel`` counts from the caller of this function, as warnings.warn's counts from its own caller."""
+    warnings.warn(
+        f"{name} is deprecated and will be removed in the next release; use {instead}",
+        DeprecationWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
 def lazy_exports(
     package: str,
     exports: dict[str, str],
@@ -26,11 +36,7 @@ def lazy_exports(
     def __getattr__(name: str) -> Any:
         if name in deprecated:
             module, new, instead = deprecated[name]
-            warnings.warn(
-                f"{package}.{name} is deprecated and will be removed in the next release; use {instead}",
-                DeprecationWarning,
-                stacklevel=2,
-            )
+            warn_deprecated(f"{package}.{name}", instead, stacklevel=2)
             return getattr(importlib.import_module(f".{module}", package), new)
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")

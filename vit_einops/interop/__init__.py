@@ -10,13 +10,13 @@ methods, as in timm: ``forward_head(..., pre_logits=True)``, ``forward_intermedi
 ``reset_classifier``.
 """
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from .._checks import check_index, check_nonnegative_int
+from .._lazy import warn_deprecated
 from ..model import ViT
 from .hf import from_hf, hf_config, load_hf, preprocessing_from_hf, preprocessing_to_hf, save_hf, to_hf
 from .io import load_state_dict_file, save_state_dict_file
@@ -111,9 +111,5 @@ def __getattr__(name: str) -> Any:
     if name not in _DEPRECATED_WRAPPERS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     function, instead = _DEPRECATED_WRAPPERS[name]
-    warnings.warn(
-        f"{__name__}.{name} is deprecated and will be removed in the next release; use {instead}",
-        DeprecationWarning,
-        stacklevel=2,
-    )
+    warn_deprecated(f"{__name__}.{name}", instead, stacklevel=2)
     return function
