@@ -76,6 +76,19 @@ def test_loading_never_unpickles(saved, monkeypatch):
     load_checkpoint_model(saved[0])
 
 
+def test_load_model_of_a_checkpoint_takes_the_free_fields_and_the_impl(saved):
+    """load_model(checkpoint, ...) as load_vit(file, ...): the patch projection moves to its Linear form, dropout and
+    the attention path change, and the model computes what the saved one does."""
+    meta, model, _, _ = saved
+    loaded = load_model(meta.parent, patchify="linear", dropout=0.2, attn_impl="sdpa")
+    assert loaded.config.patchify == "linear" and loaded.config.dropout == 0.2 and loaded.attn_impl == "sdpa"
+    assert not loaded.training
+    x = torch.rand(2, 1, 8, 8)
+    torch.testing.assert_close(loaded(x), model.eval()(x), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"\['dim'\] are read from the state dict"):
+        load_model(meta.parent, dim=8)
+
+
 def test_train_load_model_is_a_deprecated_alias(saved):
     """The README of 0.1.0 showed ``from vit_einops.train import load_model``: it keeps working for one release."""
     import vit_einops.train

@@ -17,7 +17,7 @@ from .config import ViTConfig
 from .model import ViT
 from .modelfile import checked_class_names, load_vit
 from .preprocess import Preprocessing
-from .statedict import build_vit, check_free_fields
+from .statedict import build_vit, check_free_fields, convert_patchify
 
 
 def _load_vit_einops(path: Path, **kwargs: Any) -> ViT:
@@ -91,11 +91,10 @@ def _load_from_run(path: Path, *, attn_impl: str | Sequence[str] | None = None, 
     from .train.checkpoint import load_checkpoint
 
     checkpoint = load_checkpoint(found)
-    model = checkpoint.build_model(attn_impl)
-    if overrides:
-        check_free_fields(overrides)
-        config = ViTConfig.from_dict({**model.config.to_dict(), **overrides})
-        model = build_vit(config, model.state_dict(), model.attn_impl)
+    check_free_fields(overrides)
+    config = ViTConfig.from_dict({**checkpoint.config.to_dict(), **overrides})
+    state_dict = convert_patchify(dict(checkpoint.state_dict), config, checkpoint.config.patchify, config.patchify)
+    model = build_vit(config, state_dict, checkpoint.attn_impl if attn_impl is None else attn_impl).eval()
     data = checkpoint.train_state.get("data") or {}
     classes = data.get("classes") if isinstance(data, dict) else None
     model.class_names = checked_class_names(classes, model.config.num_classes, f"{checkpoint.path} classes")
