@@ -2,7 +2,8 @@
 
 This module sits above the tools: it imports the converters (:mod:`vit_einops.interop`) and the checkpoint reader
 (:mod:`vit_einops.train.checkpoint`) inside the loaders that need them, so loading a model file pays for neither.
-Every command that takes a model, and the README, load through here.
+Every command that takes a model, and the README, load through here. Importing it imports no torch (every loader
+imports what it needs), so the command line's ``--help`` lists the sources from here.
 """
 
 from __future__ import annotations
@@ -10,20 +11,20 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._checks import check_choice
-from .config import ViTConfig
-from .model import ViT
-from .modelfile import checked_class_names, load_vit
-from .preprocess import Preprocessing
-from .statedict import build_vit, check_free_fields, convert_patchify
+
+if TYPE_CHECKING:
+    from .model import ViT
 
 
 def _load_vit_einops(path: Path, **kwargs: Any) -> ViT:
     """A model file, a training run directory (its model.safetensors, else its checkpoint), or a checkpoint."""
     if path.is_dir() or path.name == "checkpoint.json":
         return _load_from_run(path, **kwargs)
+    from .modelfile import load_vit
+
     return load_vit(path, **kwargs)
 
 
@@ -77,6 +78,11 @@ def load_model(path: str | os.PathLike, *, source: str | None = None, **kwargs: 
 
 def _load_from_run(path: Path, *, attn_impl: str | Sequence[str] | None = None, **overrides: Any) -> ViT:
     """A training run directory (its model.safetensors, else its checkpoint) or a checkpoint directory."""
+    from .config import ViTConfig
+    from .modelfile import checked_class_names, load_vit
+    from .preprocess import Preprocessing
+    from .statedict import build_vit, check_free_fields, convert_patchify
+
     if path.is_dir() and (path / "model.safetensors").exists():
         return load_vit(path / "model.safetensors", attn_impl=attn_impl, **overrides)
     candidates = [path] if path.name == "checkpoint.json" else [path / "checkpoint.json", path / "checkpoint"]
@@ -88,7 +94,7 @@ def _load_from_run(path: Path, *, attn_impl: str | Sequence[str] | None = None, 
             f"{path}: a directory without model.safetensors or a training checkpoint (checkpoint.json); "
             f"expected a vit-einops model file, a training run or checkpoint directory"
         )
-    from .train.checkpoint import load_checkpoint
+    from .train.checkpoint import load_checkpoint  # the tools' layer: imported only for a run
 
     checkpoint = load_checkpoint(found)
     check_free_fields(overrides)

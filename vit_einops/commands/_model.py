@@ -13,9 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..preprocess import CONVENTIONS
-
-# The model sources (vit_einops.sources.SOURCES), named here so that --help does not import torch.
-SOURCE_NAMES = ("vit-einops", "torchvision", "timm", "hf")
+from ..sources import SOURCES
 
 
 def parse_size(text: str) -> int | tuple[int, int]:
@@ -46,7 +44,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
         )
     group = parser.add_argument_group("reading MODEL")
     group.add_argument(
-        "--from", dest="source", choices=SOURCE_NAMES, default="vit-einops", help="MODEL's format (default vit-einops)"
+        "--from", dest="source", choices=list(SOURCES), default="vit-einops", help="MODEL's format (default vit-einops)"
     )
     group.add_argument("--heads", type=int, help="attention heads of a torchvision/timm MODEL (default: Table 1's)")
     group.add_argument(

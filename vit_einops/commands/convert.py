@@ -13,7 +13,8 @@ import json
 import os
 from pathlib import Path
 
-from ._model import SOURCE_NAMES, add_model_arguments, load_model_from_args, parse_size
+from ..sources import SOURCES
+from ._model import add_model_arguments, load_model_from_args, parse_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dst", help="where to write; a vit-einops file ends in .safetensors, --to hf is a directory")
     add_model_arguments(parser, positional=False)
     parser.add_argument(
-        "--to", dest="target", choices=SOURCE_NAMES, default="vit-einops", help="format of DST (default vit-einops)"
+        "--to", dest="target", choices=list(SOURCES), default="vit-einops", help="format of DST (default vit-einops)"
     )
     parser.add_argument(
         "--resample-to", type=parse_size, metavar="N|HxW", help="resample the position embedding to this image size"
