@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from vit_einops import cli
-from vit_einops.bench import report
+from vit_einops.bench import plots, report
 from vit_einops.bench.attention import Point, add_ratios
 from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
 from vit_einops.bench.model import OPTIMIZER, counted_flops, make_optimizer
@@ -208,7 +208,7 @@ def test_csv_matches_json(smoke, name, fields, key):
                 assert row[field] == str(want[field])
 
 
-@pytest.mark.parametrize("name", report.PLOTS)
+@pytest.mark.parametrize("name", plots.PLOTS)
 def test_plots_are_real_pngs(smoke, name):
     data = (smoke["out"] / name).read_bytes()
     assert data.startswith(PNG_SIGNATURE)
@@ -274,7 +274,7 @@ def test_bad_options_are_rejected_by_name(argv, capsys):
 
 
 def test_figures_are_returned_with_error_bars_and_measured_ticks(smoke):
-    """report.figures draws without writing or showing: Figure objects, every panel's x ticks exactly the measured
+    """plots.figures draws without writing or showing: Figure objects, every panel's x ticks exactly the measured
     N, and error bars (p25 to p75) on the time and ratio figures; the matplotlib backend is left as it was."""
     import matplotlib
     from matplotlib.container import ErrorbarContainer
@@ -282,8 +282,8 @@ def test_figures_are_returned_with_error_bars_and_measured_ticks(smoke):
 
     backend = matplotlib.get_backend()
     results = smoke["results"]
-    figs = report.figures(results["attention"], results["model"])
-    assert list(figs) == list(report.PLOTS)
+    figs = plots.figures(results["attention"], results["model"])
+    assert list(figs) == list(plots.PLOTS)
     assert all(isinstance(f, Figure) for f in figs.values())
     tokens = sorted({r["tokens"] for r in results["attention"]})
     for name in ("attention_time.png", "attention_memory.png", "attention_ratio.png"):

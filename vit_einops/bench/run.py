@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import report
+from . import plots, report
 from .attention import CompiledEinsum, add_ratios, grid, measure_point
 from .env import machine_info
 from .measure import matmul_ceiling, release_memory
@@ -107,7 +107,7 @@ GRIDS: dict[str, BenchOptions] = {
 
 def result_files() -> tuple[str, ...]:
     """The files a run writes into ``out``: the only files it may replace (and only with ``force``)."""
-    return ("table.txt", "results.json", "attention.csv", "model.csv", *report.PLOTS)
+    return ("table.txt", "results.json", "attention.csv", "model.csv", *plots.PLOTS)
 
 
 def check_out(out: Path, force: bool) -> Path:
@@ -280,11 +280,11 @@ def run(options: BenchOptions, stdout=None) -> dict:
         report.write_csv(out / "attention.csv", attention_rows, report.ATTENTION_FIELDS)
     if model_rows:
         report.write_csv(out / "model.csv", model_rows, report.MODEL_FIELDS)
-    plots = report.save_figures(out, report.figures(attention_rows, model_rows))
+    written_plots = plots.save_figures(out, plots.figures(attention_rows, model_rows))
     written = ", ".join(sorted(name for name in result_files() if (out / name).exists()))
     if noise["noisy"]:
         print("\n" + report.noise_text(noise), file=stdout)
-    print(f"\nwrote {written} to {out}/ (wall {meta['wall_s']:.0f} s, {len(plots)} plots)", file=stdout)
+    print(f"\nwrote {written} to {out}/ (wall {meta['wall_s']:.0f} s, {len(written_plots)} plots)", file=stdout)
     return results
 
 
