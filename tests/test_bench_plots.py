@@ -1,8 +1,8 @@
-"""The bench's figures on synthetic rows: no timing anywhere here.
+"""The bench's figures and the %ceil column on synthetic rows: no timing anywhere here.
 
 The figures must read right for one N as for many: no overlapping panels, an x axis that spans the measured N, log
 axes labelled with plain numbers (never 10^k or 1.14x10^1), and throughput bars from zero on a linear axis, each
-labelled with its value.
+labelled with its value. A share of the matmul ceiling above 100% is flagged, never printed as a number.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vit_einops.bench import plots
+from vit_einops.bench import plots, report
 from vit_einops.bench.attention import add_ratios
 
 PATHS = ("einsum", "chunked", "sdpa")
@@ -164,3 +164,41 @@ def test_log_steps_for_values_on_one_step():
     assert plots.log_steps(1.0, 1.0) == [0.5, 1.0, 2.0]
     assert plots.log_steps(11.4, 12.0) == [10.0, 20.0]
     assert plots.log_steps(0.001, 1000.0) == [0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0]  # 6 decades: powers of 10
+
+
+# --- %ceil: a share of the matmul ceiling over 100% is flagged ---------------------------------------------------
+
+CEILING = dict(size=2048, median_s=0.2, iqr_s=0.001, gflop_per_s=85.9, start_gflop_per_s=85.9, end_gflop_per_s=71.0)
+
+
+@pytest.mark.parametrize(
+    "fraction, text", [(None, "-"), (0.5, "50%"), (1.0, "100%"), (1.001, ">100% (!)"), (1.29, ">100% (!)")]
+)
+def test_ceiling_share_flags_over_100_percent(fraction, text):
+    assert report.ceiling_share(fraction) == text
+
+
+def test_tables_flag_a_share_over_the_ceiling_and_explain_it():
+    rows = attention_rows((50,))[:3]
+    for r, fraction in zip(rows, (0.42, 1.25, 1.29), strict=True):
+        r.update(gflop_per_s=fraction * CEILING["gflop_per_s"], ceiling_fraction=fraction, noise="")
+    lines = report.attention_table(rows).splitlines()[3:]
+    assert ["42%" in lines[0], ">100% (!)" in lines[1], ">100% (!)" in lines[2]] == [True, True, True]
+    assert not any(share in line for line in lines for share in ("125%", "129%"))
+    models = [dict(r, gflop_per_s=1.0, ceiling_fraction=f, optimizer=None, max_abs_diff_vs_einsum=0.0, noise="",
+                   peak_bytes=2**20, time_ratio=1.0, iqr_s=0.0) for r, f in zip(model_rows()[:2], (1.27, 0.3), strict=True)]  # fmt: skip
+    model_lines = report.model_table(models).splitlines()[3:]
+    assert ">100% (!)" in model_lines[0] and "127%" not in model_lines[0] and " 30%" in model_lines[1]
+    note = report.ceiling_note(rows + models, CEILING, "float32")
+    assert note == (
+        "\n>100% (!) in %ceil (3 rows): faster than the matmul ceiling, the median rate of torch.mm on two "
+        "2048x2048 float32 matrices (the better of 85.9 GFLOP/s at the run's start and 71.0 at its end). A share "
+        "over 100% is not a fact: the ceiling estimate read low (other processes used the cores while it was "
+        "measured) or the row's timing is off under load; a small ceiling size (--smoke, --quick) also reads below "
+        "the machine's peak. results.json and the CSV files keep the ratio as measured (ceiling_fraction)."
+    )
+
+
+def test_no_ceiling_note_when_every_share_is_real():
+    rows = [dict(r, ceiling_fraction=f) for r, f in zip(attention_rows((50,)), (0.3, 1.0, None, 0.9), strict=False)]
+    assert report.ceiling_note(rows, CEILING, "float32") is None

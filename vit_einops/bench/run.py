@@ -266,10 +266,12 @@ def run(options: BenchOptions, stdout=None) -> dict:
         schema=report.SCHEMA_VERSION, meta=meta, noisy=noise["noisy"], noise=noise, matmul_ceiling=ceiling,
         compile=compile_info, attention=attention_rows, model=model_rows,
     )  # fmt: skip
+    ceiling_note = report.ceiling_note(attention_rows + model_rows, ceiling, options.dtype)
     body = "\n".join(
         [_compile_text(compile_info)]
         + ([report.attention_table(attention_rows)] if attention_rows else [])
         + ([report.model_table(model_rows)] if model_rows else [])
+        + ([ceiling_note] if ceiling_note else [])
     )
     print(body, file=stdout)  # the header was printed before the progress bar
     # table.txt: the header as it stands at the end (the better ceiling, the load at the end), then the body.
