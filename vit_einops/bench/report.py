@@ -60,8 +60,16 @@ def noise_mark(row: dict) -> str:
     return "!" + ",".join(kinds)
 
 
+def early_noise_text(reasons: list[str]) -> str:
+    """The line a noisy run prints as soon as it knows, before its rows: what has been seen so far."""
+    return (
+        "NOISY RUN (so far): " + "; ".join(reasons) + ". Rows marked ! are not trustworthy; the verdict follows "
+        "the tables."
+    )
+
+
 def noise_text(noise: dict) -> str:
-    """The warning printed after the table and at the top of table.txt when the run was noisy."""
+    """The verdict printed after the tables and at the top of table.txt when the run was noisy."""
     return (
         "NOISY RUN: " + "; ".join(noise["reasons"]) + ". Rows marked ! are not trustworthy.\nAdvice: " + noise["advice"]
     )
