@@ -91,7 +91,7 @@ def _attention_figure(core: list[dict], kind: str):
         return r["batch"], r["mode"], r["tokens"], r["heads"], r["head_dim"]
 
     reference = {key(r): r for r in core if r["path"] == REFERENCE["core"]}
-    fig = new_figure(figsize=(5.2 * len(modes), 3.4 * len(batches)))
+    fig = new_figure(figsize=(5.2 * len(modes), 3.6 * len(batches)))
     axes = fig.subplots(len(batches), len(modes), squeeze=False, sharex=True)
     noisy_drawn = False
     for (i, b), (j, mode) in ((ib, jm) for ib in enumerate(batches) for jm in enumerate(modes)):
@@ -150,7 +150,8 @@ def _attention_figure(core: list[dict], kind: str):
             "time": "median time per call (ms)\nbars: p25 to p75",
             "memory": "peak memory (MiB)",
             "ratio": "over SDPA: time (solid, bars p25 to p75)\nand peak memory (dashed)",
-        }[kind]
+        }[kind],
+        fontsize=10,
     )
     return fig
 
@@ -191,7 +192,7 @@ def _model_figure(model_rows: list[dict]):
         ax.set_title(f"{model}, {mode}", fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
     fig.supylabel(f"images/s (batch {model_rows[0]['batch']}), from zero")
-    fig.suptitle("bars: p25 to p75 of the time per call; hatched: noisy (! in the table)", fontsize=9)
+    fig.suptitle("bars: p25 to p75 of the time per call\nhatched: noisy (! in the table)", fontsize=9)
     return fig
 
 
