@@ -177,7 +177,10 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
     start_cpu = probe.cpu_use(before, after)
     meta["others_cores"] = None if start_cpu is None else round(start_cpu.others_cores, 2)
     start_busy = machine_verdict(
-        (meta["load_average"][0], after.load), threads, probe.cpu_count, running_s=(0.0, after.running_s),
+        (meta["load_average"][0], after.load),
+        threads,
+        probe.cpu_count,
+        running_s=(0.0, after.running_s),
         cpu=start_cpu,
     )
     print(report.header_text(meta, start_ceiling), file=stdout, flush=True)
