@@ -14,6 +14,12 @@ Rollout and relevance (one n x n matrix per image and class) are stored as float
 two that brings their largest magnitude into (1/2, 1]: a relative error of at most 2^-11, or 2^-25 of that power
 of two for values too small for a normal float16. Every binary array is compressed with zlib (the page inflates
 it with the browser's own DecompressionStream) and written as base64.
+
+Every number is finite: non-finite logits, maps, norms or relevance (a model with nan, inf or huge weights) are a
+ValueError naming the array, never a page of nan. The one undefined statistic, the mean attention distance of a
+head that sends no attention between patches (it attends only to the class token), is written as null beside its
+patch mass 0. A class whose relevance is exactly the identity (its logit gives no gradient, e.g. a
+zero-initialised head) is flagged ``relevance_identity`` so the page can say why its map is blank.
 """
 
 from __future__ import annotations
