@@ -166,7 +166,9 @@ def viridis(t: np.ndarray) -> np.ndarray:
 
 
 def token_name(token: int) -> str:
-    return "token 0 (class token)" if token == 0 else f"token {token} (patch row {(token - 1) // 4}, col {(token - 1) % 4})"
+    if token == 0:
+        return "token 0 (class token)"
+    return f"token {token} (patch row {(token - 1) // 4}, col {(token - 1) % 4})"
 
 
 class Recorded:
@@ -298,8 +300,8 @@ def test_every_view_after_each_step_of_several_click_sequences(browser, tmp_path
 def test_strings_from_files_show_literally_and_run_nothing_and_identity_relevance_says_why(browser, tmp_path):
     model = tiny_vit(TINY_RGB16)
     model.reset_classifier(5, class_names=HOSTILE)  # zero-initialised: relevance is the identity
-    titles = HOSTILE[:3]
-    page = write_explorer(model, torch.rand(3, 3, 16, 16), tmp_path / "hostile.html", titles=titles)
+    titles = [*HOSTILE[:3], "<img src=x onerror='window.pwned = 1'>"]
+    page = write_explorer(model, torch.rand(4, 3, 16, 16), tmp_path / "hostile.html", titles=titles)
     _open(browser, page)
     shown = browser.execute_script(
         "return {options: Array.from(document.querySelectorAll('#image-select option'), (o) => o.textContent),"

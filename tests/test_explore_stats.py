@@ -6,7 +6,6 @@ would break out of the page's embedded JSON (the same JSON, written without the 
 import itertools
 import json
 import math
-import re
 
 import numpy as np
 import pytest
@@ -14,12 +13,21 @@ import torch
 from _tiny import TINY_RGB16, tiny_vit
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_explore import embedded
 
 from vit_einops.explore import write_explorer
 from vit_einops.explore.page import embed_json
 from vit_einops.inspect import head_statistics, mean_attention_distance, record_attention
 
-HOSTILE = ["<!--<script", "</script><script>window.pwned = 1</script>", "a\u2028b\u2029c", "&lt;&amp;", "<img src=x>"]
+# Each blanked or broke the page while only "</" was escaped: "<!--" then "<script" and a space, "/" or ">" leave
+# the HTML parser inside the data block past its "</script>".
+HOSTILE = [
+    "<!--<script>",
+    "</script><script>window.pwned = 1</script>",
+    "a\u2028b\u2029c",
+    "&lt;&amp;",
+    "x <!--<script y",
+]
 
 
 def class_sink(model, head=0):
@@ -119,13 +127,6 @@ def test_a_head_on_the_class_token_alone_has_patch_mass_0_no_distance_and_finite
     assert torch.isfinite(stats["distance"][others]).all() and (stats["patch_mass"][others] > 0.5).all()
     pooled = mean_attention_distance(maps, (4, 4), 4)
     assert pooled[0, 0].isnan() and torch.isfinite(pooled.flatten()[1:]).all()
-
-
-def embedded(page) -> dict:
-    text = page.read_text(encoding="utf-8")
-    match = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', text, re.S)
-    assert match, "no embedded data"
-    return json.loads(match.group(1))
 
 
 def test_the_page_marks_the_class_sink_heads_distance_as_null_beside_its_patch_mass(tmp_path):

@@ -259,10 +259,10 @@ function viewNote(row) {
   const cls = DATA.images[state.image].top[state.classRank];
   if (state.view === "relevance" && cls.relevance_identity) {
     notes.push(
-      "Relevance is the identity matrix for this class: no head's gradient-weighted attention (∂y/∂A ⊙ A)⁺ is " +
-        "positive, so every row holds its own token alone and the patches get 0. The class's logit does not " +
-        "depend on the attention: a zero-initialised classification head (a new or reset classifier, as the " +
-        "paper initialises it) gives ∂y/∂A = 0.",
+      "Relevance is the identity matrix for this class: no head's gradient-weighted attention " +
+        "(∂y/∂A ⊙ A)⁺ is positive, so every row holds its own token alone and the patches get 0. The class's " +
+        "logit does not depend on the attention: a zero-initialised classification head (a new or reset " +
+        "classifier, as the paper initialises it) gives ∂y/∂A = 0.",
     );
   } else if (state.view !== "norms" && patchPeak(row) <= 0) {
     notes.push("This row puts no weight on any patch (all of it on the class token), so the map is blank.");
@@ -340,8 +340,8 @@ function chartScale(points, reference) {
   }
   if (high - low < 1e-12) high = low + 1;
   const x = (layer) => PAD.left + ((layer + 0.5) / DATA.depth) * (CHART_W - PAD.left - PAD.right);
-  const y = (v) =>
-    v === null ? CHART_H - PAD.bottom : CHART_H - PAD.bottom - ((v - low) / (high - low)) * (CHART_H - PAD.top - PAD.bottom);
+  const plotH = CHART_H - PAD.top - PAD.bottom;
+  const y = (v) => CHART_H - PAD.bottom - (v === null ? 0 : ((v - low) / (high - low)) * plotH);
   return { x, y, low, high };
 }
 
