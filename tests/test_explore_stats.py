@@ -95,7 +95,7 @@ def attention_maps(draw):
     return maps, (gh, gw), (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(attention_maps())
 def test_mean_distance_matches_a_per_query_computation_and_is_nan_only_without_patch_attention(case):
     maps, (gh, gw), (ph, pw) = case
