@@ -34,11 +34,31 @@ def _picture(picture: Any, index: int) -> np.ndarray:
     return array
 
 
+# Characters that mean something to the HTML parser inside a <script> element ("</script", "<!--" with "<script",
+# which switch it into states where the element no longer ends where the JSON does), or to a JavaScript parser
+# that is not JSON's (U+2028, U+2029), written as the JSON escapes that stand for the same characters.
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def embed_json(payload: dict[str, Any]) -> str:
+    """``payload`` as JSON text that can sit inside a <script> element: the same JSON, whatever strings it holds.
+
+    Outside strings, JSON has none of the escaped characters; inside them, ``\\u003c`` is ``<`` to any JSON
+    parser. A non-finite number is a ValueError naming it (the payload marks undefined values as null)."""
+    try:
+        text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    except ValueError as err:
+        raise ValueError(
+            f"the explorer's data hold a non-finite number (nan or inf) where a value was expected: {err}"
+        ) from err
+    return text.translate(_SCRIPT_SAFE)
+
+
 def render_page(payload: dict[str, Any], title: str) -> str:
-    """The page as text. The JSON goes inside a <script> element, so "</" is written "<\\/" (the same JSON)."""
-    data = json.dumps(payload, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    """The page as text: the template with its CSS, JS and the payload (:func:`embed_json`); ``title`` is escaped
+    for HTML."""
     return Template(_asset("explorer.html")).substitute(
-        title=html.escape(title), css=_asset("explorer.css"), js=_asset("explorer.js"), data=data
+        title=html.escape(title), css=_asset("explorer.css"), js=_asset("explorer.js"), data=embed_json(payload)
     )
 
 

@@ -14,7 +14,7 @@ from .._io import atomic_write_bytes
 from .._plot import save_figure
 from ..model import ViT
 from ..predict import class_name
-from .distance import mean_attention_distance, patch_distances
+from .distance import distance_sums, mean_attention_distance, patch_distances, ratio_or_nan
 from .embeddings import embedding_filter_components, position_similarity
 from .figures import plot_attention_distance, plot_attention_overlays, plot_filters, plot_position_similarity
 from .record import AttentionRecorder
@@ -74,15 +74,17 @@ def write_report(
     if distance_images is None or _same(distance_images, images):
         distance = mean_attention_distance(maps, cfg.grid_size, cfg.patch_size)  # recorded above already
     else:
-        distance_sum = torch.zeros(cfg.depth, cfg.heads, dtype=torch.float64)
+        # The distance is a ratio of sums over images (see distance_sums): batches add their sums.
+        weighted = torch.zeros(cfg.depth, cfg.heads, dtype=torch.float64)
+        mass = torch.zeros(cfg.depth, cfg.heads, dtype=torch.float64)
         with AttentionRecorder(model) as recorder:
             for start in range(0, len(distance_images), batch_size):
                 recorder.clear()
-                batch = distance_images[start : start + batch_size]
-                model(batch)
-                batch_distance = mean_attention_distance(recorder.maps, cfg.grid_size, cfg.patch_size)
-                distance_sum += batch_distance.double() * len(batch)
-        distance = (distance_sum / len(distance_images)).float()
+                model(distance_images[start : start + batch_size])
+                batch_weighted, batch_mass = distance_sums(recorder.maps, cfg.grid_size, cfg.patch_size)
+                weighted += batch_weighted.sum(dim=1)
+                mass += batch_mass.sum(dim=1)
+        distance = ratio_or_nan(weighted, mass).float()
     uniform = patch_distances(cfg.grid_size, cfg.patch_size).mean().item()
 
     similarity = position_similarity(model.patch_embed.pos_embed.weight, cfg.grid_size)
