@@ -153,8 +153,10 @@ def test_bad_arguments_are_named(tmp_path):
         write_explorer(model, images, tmp_path / "e.html", bits=9)
     with pytest.raises(ValueError, match="1 titles for 2 images"):
         write_explorer(model, images, tmp_path / "e.html", titles=["x"])
-    with pytest.raises(ValueError, match=r"\(b, C, H, W\)"):
-        write_explorer(model, images[0], tmp_path / "e.html")
+    with pytest.raises(ValueError, match=r"images must be an image \(C, H, W\) or a batch \(B, C, H, W\)"):
+        write_explorer(model, images[0, 0], tmp_path / "e.html")
+    with pytest.raises(ValueError, match=r"images holds no image: shape \(0, 3, 16, 16\)"):
+        write_explorer(model, images[:0], tmp_path / "e.html")
     with pytest.raises(ValueError, match=r"pictures\[0\]"):
         write_explorer(model, images, tmp_path / "e.html", pictures=[np.zeros((4, 4, 3)), np.zeros((4, 4, 3))])
     with pytest.raises(TypeError, match="vit-einops ViT"):

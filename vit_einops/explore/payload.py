@@ -104,12 +104,12 @@ def build_payload(
     patches in row-major order).
     """
     cfg = model.config
-    logits, maps = record_attention(model, images)  # maps (l, b, h, n, n)
+    logits, maps = record_attention(model, images, preprocessed=True)  # maps (l, b, h, n, n)
     _, norms = token_norms(model, images)  # (l, b, n)
     probs = logits.double().softmax(dim=-1)
     k = min(top_k, logits.shape[-1])
     top = probs.topk(k, dim=-1)
-    relevance = attention_relevance(model, images, top.indices)  # (b, k, n, n)
+    relevance = attention_relevance(model, images, top.indices, preprocessed=True)  # (b, k, n, n)
     rollout = attention_rollout(maps.double())  # (b, n, n)
     stats = head_statistics(maps.double(), cfg.grid_size, cfg.patch_size)  # each (l, b, h)
     depth, b, heads, n, _ = maps.shape
