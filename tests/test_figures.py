@@ -140,7 +140,8 @@ def test_show_attention_head_draws_that_heads_map_alone(head):
     up = torch.nn.functional.interpolate(grid[None, None], size=(16, 16), mode="bilinear", align_corners=False)[0, 0]
     drawn = torch.from_numpy(np.asarray(panels[1].get_images()[-1].get_array()))
     torch.testing.assert_close(drawn, up / up.max())
-    assert float(panels[1].get_title().split("\n")[1].removeprefix("max ")) == pytest.approx(grid.max().item(), rel=1e-3)
+    maximum = float(panels[1].get_title().split("\n")[1].removeprefix("max "))
+    assert maximum == pytest.approx(grid.max().item(), rel=1e-3)
     every = [ax for ax in image_axes(show_attention(model, x, layer=0)) if ax.get_title().startswith("layer")]
     assert np.array_equal(np.asarray(every[k].get_images()[-1].get_array()), drawn.numpy())
 

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 from _interop import perturbed
+from hypothesis import example, given
+from hypothesis import strategies as st
 from _tiny import TINY_DIGITS, TINY_RGB, tiny_vit
 from PIL import Image
 
@@ -21,7 +23,7 @@ from vit_einops.images import sample_images, to_uint8
 from vit_einops.inputs import model_inputs, model_inputs_and_pictures
 from vit_einops.inspect import attention_relevance, record_attention, show_attention
 from vit_einops.predict import predict
-from vit_einops.preprocess import Preprocessing
+from vit_einops.preprocess import CONVENTIONS, Preprocessing
 
 
 def ambiguous(name: str, shape: tuple, lo: str, hi: str) -> str:
@@ -179,7 +181,8 @@ def test_a_list_names_the_float_tensor_it_cannot_read(photo, model):
 
 def test_a_list_mixes_forms_with_one_keyword_for_its_float_tensors(photo, model, tmp_path):
     photo.save(tmp_path / "photo.png")
-    images = [tmp_path / "photo.png", pixels(photo), pixels(photo).float() / 255, pixels(photo)[None].repeat(2, 1, 1, 1)]
+    u8 = pixels(photo)
+    images = [tmp_path / "photo.png", u8, u8.float() / 255, u8[None].repeat(2, 1, 1, 1)]
     batch = model_inputs(model, images, preprocessed=False)
     assert batch.shape == (5, 3, 32, 32) and all(torch.equal(row, model.transforms()(photo)) for row in batch)
 
@@ -200,6 +203,32 @@ def test_raw_pixels_to_resize_are_the_8_bit_image_they_encode(model):
     x = torch.rand(3, 40, 50)
     encoded = Image.fromarray(np.rint(x.permute(1, 2, 0).numpy() * 255).astype(np.uint8))
     assert torch.equal(model_inputs(model, x, preprocessed=False), model.transforms()(encoded)[None])
+
+
+# One 16 px RGB model for the property below; each example sets its preprocessing.
+SMALL = tiny_vit(TINY_RGB, image_size=16)
+
+
+@given(
+    height=st.integers(1, 40),
+    width=st.integers(1, 40),
+    channels=st.sampled_from([1, 3]),
+    convention=st.sampled_from(CONVENTIONS),
+    seed=st.integers(0, 2**32 - 1),
+)
+@example(height=16, width=16, channels=3, convention="plain", seed=0)  # floats at the model's size: only normalised
+@example(height=16, width=16, channels=3, convention="hf", seed=1)  # the same, with mean = std = 0.5
+def test_8_bit_pixels_are_one_input_in_every_form(height, width, channels, convention, seed):
+    """Any size (smaller than the crop too), grey or RGB, every named preprocessing: the uint8 tensor, its
+    ToTensor() floats (preprocessed=False) and its PIL image give bit-identical inputs (tolerance 0)."""
+    SMALL.preprocessing = Preprocessing.convention(convention, 16)
+    rng = np.random.default_rng(seed)
+    array = rng.integers(0, 256, (height, width, channels), dtype=np.uint8)
+    picture = Image.fromarray(array[..., 0] if channels == 1 else array)
+    u8 = torch.from_numpy(array).permute(2, 0, 1).contiguous()
+    expected = SMALL.transforms()(picture)[None]
+    assert torch.equal(model_inputs(SMALL, u8), expected)
+    assert torch.equal(model_inputs(SMALL, u8.float() / 255, preprocessed=False), expected)
 
 
 def test_pictures_are_what_the_model_saw_before_normalising(photo, model):
@@ -232,27 +261,42 @@ def test_where_both_readings_agree_no_keyword_is_needed():
         model_inputs(fresh, (x[0] * 255).to(torch.uint8))
 
 
+ACCEPTED = "a path, a PIL image, a uint8 or float tensor (C, H, W) or (B, C, H, W), or a non-empty list of them"
+FLOAT = "float (raw pixels in [0, 1] with preprocessed=False, or the model's input with preprocessed=True)"
+RAW = {"preprocessed": False}
+RAW_RANGE = (
+    "but raw pixels (preprocessed=False) are in [0, 1]: divide 0..255 floats by 255 (or pass a uint8 tensor), or "
+    "pass preprocessed=True for the model's input"
+)
+
+
 @pytest.mark.parametrize(
     ("images", "kwargs", "error", "message"),
     [
-        ([], {}, TypeError, "images must be a path, a PIL image, a uint8 or float tensor (C, H, W) or (B, C, H, W), "
-         "or a non-empty list of them; got list"),
-        (42, {}, TypeError, "images must be a path, a PIL image, a uint8 or float tensor (C, H, W) or (B, C, H, W), "
-         "or a non-empty list of them; got int"),
-        ([np.zeros((32, 32, 3))], {}, TypeError, "images must be a path, a PIL image, a uint8 or float tensor "
-         "(C, H, W) or (B, C, H, W), or a non-empty list of them; got ndarray of shape (32, 32, 3)"),
-        (torch.zeros(32, 32), {}, ValueError, "images must be an image (C, H, W) or a batch (B, C, H, W), got shape "
-         "(32, 32)"),
-        (torch.zeros(3, 32, 32, dtype=torch.int64), {}, TypeError, "images is a torch.int64 tensor; images are "
-         "uint8 (raw pixels 0..255) or float (raw pixels in [0, 1] with preprocessed=False, or the model's input "
-         "with preprocessed=True)"),
-        (torch.zeros(32, 40, 3, dtype=torch.uint8), {}, ValueError, "images has 32 channels in (C, H, W) "
-         "(32, 40, 3); expected 1 or 3 (channels last? use x.permute(2, 0, 1))"),
-        (torch.full((3, 8, 8), 255.0), {"preprocessed": False}, ValueError, "images holds values in [255, 255], "
-         "but raw pixels (preprocessed=False) are in [0, 1]: divide 0..255 floats by 255 (or pass a uint8 tensor), "
-         "or pass preprocessed=True for the model's input"),
-        (torch.full((3, 8, 8), float("nan")), {"preprocessed": False}, ValueError, "images holds non-finite values "
-         "(nan or inf)"),
+        ([], {}, TypeError, f"images must be {ACCEPTED}; got list"),
+        (42, {}, TypeError, f"images must be {ACCEPTED}; got int"),
+        ([np.zeros((32, 32, 3))], {}, TypeError, f"images must be {ACCEPTED}; got ndarray of shape (32, 32, 3)"),
+        (
+            torch.zeros(32, 32),
+            {},
+            ValueError,
+            "images must be an image (C, H, W) or a batch (B, C, H, W), got shape (32, 32)",
+        ),
+        (torch.zeros(0, 3, 32, 32, dtype=torch.uint8), {}, ValueError, "images holds no image: shape (0, 3, 32, 32)"),
+        (
+            torch.zeros(3, 32, 32, dtype=torch.int64),
+            {},
+            TypeError,
+            f"images is a torch.int64 tensor; images are uint8 (raw pixels 0..255) or {FLOAT}",
+        ),
+        (
+            torch.zeros(32, 40, 3, dtype=torch.uint8),
+            {},
+            ValueError,
+            "images has 32 channels in (C, H, W) (32, 40, 3); expected 1 or 3 (channels last? use x.permute(2, 0, 1))",
+        ),
+        (torch.full((3, 8, 8), 255.0), RAW, ValueError, f"images holds values in [255, 255], {RAW_RANGE}"),
+        (torch.full((3, 8, 8), float("nan")), RAW, ValueError, "images holds non-finite values (nan or inf)"),
         (torch.zeros(3, 8, 8), {"preprocessed": 1}, TypeError, "preprocessed must be True, False or None, got 1"),
         (torch.zeros(3, 16, 16), {"preprocessed": True}, ValueError, "expected height, width (32, 32)"),
     ],
@@ -264,7 +308,8 @@ def test_bad_images_are_named(model, images, kwargs, error, message):
 
 def test_files_open_through_open_image(model, tmp_path):
     (tmp_path / "photo.jpg").mkdir()  # a directory named like an image: refused by open_image, with its name
-    with pytest.raises(ValueError, match=re.escape(f"cannot read image {str(tmp_path / 'photo.jpg')!r}: not a regular")):
+    refusal = f"cannot read image {str(tmp_path / 'photo.jpg')!r}: not a regular file"
+    with pytest.raises(ValueError, match=re.escape(refusal)):
         predict(model, tmp_path / "photo.jpg")
 
 

@@ -47,11 +47,7 @@ def model_inputs(model: Any, images: Any, *, preprocessed: bool | None = None, n
     One float tensor with ``preprocessed`` true (or taken as the model's input) comes back as it is; everything
     else is stacked on the model's device, in its dtype. ``name`` names the argument in error messages.
     """
-    if _is_one_input(model, images, _checked_keyword(preprocessed), name):
-        batch = images if images.ndim == 4 else images[None]
-    else:
-        batch = _stack(model, [_input(model, item) for item in _read(model, images, preprocessed, name)])
-    return _checked(model, batch)
+    return _batch(model, images, _checked_keyword(preprocessed), name)
 
 
 def model_inputs_and_pictures(
@@ -60,12 +56,21 @@ def model_inputs_and_pictures(
     """(:func:`model_inputs`, the same images as the model saw them, (b, C, H, W) float32 in [0, 1] on the CPU):
     resized and cropped by its preprocessing but not normalised, for figures and the explorer. A preprocessed
     input is drawn by :func:`vit_einops.images.to_display` (min-max scaled where it leaves [0, 1])."""
-    items = _read(model, images, _checked_keyword(preprocessed), name)
+    preprocessed = _checked_keyword(preprocessed)
+    items = _read(model, images, preprocessed, name)
+    return _batch(model, images, preprocessed, name, items), torch.stack([_picture(model, item) for item in items])
+
+
+def _batch(
+    model: Any, images: Any, preprocessed: bool | None, name: str, items: list[_Item] | None = None
+) -> torch.Tensor:
+    """The checked (b, C, H, W) batch of ``images``; ``items``: the images already read, if they are."""
     if _is_one_input(model, images, preprocessed, name):
         batch = images if images.ndim == 4 else images[None]
     else:
+        items = _read(model, images, preprocessed, name) if items is None else items
         batch = _stack(model, [_input(model, item) for item in items])
-    return _checked(model, batch), torch.stack([_picture(model, item) for item in items])
+    return _checked(model, batch)
 
 
 def _checked_keyword(preprocessed: Any) -> bool | None:

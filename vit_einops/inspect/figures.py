@@ -125,7 +125,9 @@ def plot_attention_overlays(
 
 
 @torch.no_grad()
-def show_attention(model: Any, image: Any, layer: int = -1, head: int | None = None, *, preprocessed: bool | None = None):
+def show_attention(
+    model: Any, image: Any, layer: int = -1, head: int | None = None, *, preprocessed: bool | None = None
+):
     """One image's attention maps, for a notebook: the input as the model saw it, and the class token's attention
     in ``layer`` (a block index: 0 is the first, -1 the last): with ``head=None`` every head and the attention
     rollout through all layers, with ``head=k`` head k alone.
@@ -161,11 +163,10 @@ def show_attention(model: Any, image: Any, layer: int = -1, head: int | None = N
         index = int(logits[0].argmax())
         name = class_name(index, getattr(model, "class_names", None))
         title += f"; predicted {name} (p {logits[0].softmax(-1)[index].item():.2f})"
+    shown = range(heads) if head is None else range(head, head + 1)
     if head is not None:
-        head_maps, rollout, shown = head_maps[head : head + 1], None, range(head, head + 1)
-    else:
-        shown = range(heads)
-    rows, cols = grid_shape(len(shown) + (1 if head is not None else 2))
+        head_maps, rollout = head_maps[head : head + 1], None  # one head alone: no rollout beside it
+    rows, cols = grid_shape(len(shown) + (1 if rollout is None else 2))
     fig = new_figure(figsize=(cols * PANEL_INCHES + 0.9, rows * (PANEL_INCHES + 0.25) + 0.4))
     _draw_attention(fig, pictures[0], head_maps, rollout, title, layer, shown)
     return fig
