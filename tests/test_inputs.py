@@ -313,6 +313,21 @@ def test_files_open_through_open_image(model, tmp_path):
         predict(model, tmp_path / "photo.jpg")
 
 
+def test_a_module_without_preprocessing_takes_its_input_and_says_so_for_anything_else(photo):
+    """record_attention takes any module with Attend layers: a float tensor is its input, a picture needs more."""
+    encoder = tiny_vit(TINY_RGB).blocks
+    x = torch.rand(1, 17, 48)
+    _, maps = record_attention(encoder, x)
+    assert maps.shape == (2, 1, 4, 17, 17)
+    message = (
+        "a TransformerEncoder has no preprocessing (model.transforms()) to read images with; pass the model's input "
+        "as a float tensor with preprocessed=True"
+    )
+    for images, kwargs in ((photo, {}), (x, {"preprocessed": False})):
+        with pytest.raises(TypeError, match=re.escape(message)):
+            record_attention(encoder, images, **kwargs)
+
+
 def test_images_made_here_come_on_the_models_dtype(photo):
     model = photo_model().double()
     assert model_inputs(model, [photo, pixels(photo)]).dtype == torch.float64

@@ -45,7 +45,9 @@ def model_inputs(model: Any, images: Any, *, preprocessed: bool | None = None, n
     ``model.check_input`` where it has one.
 
     One float tensor with ``preprocessed`` true (or taken as the model's input) comes back as it is; everything
-    else is stacked on the model's device, in its dtype. ``name`` names the argument in error messages.
+    else is stacked on the model's device, in its dtype. A module that takes no images (one without
+    ``check_input``, such as ``model.blocks``) gets a tensor as it is. ``name`` names the argument in error
+    messages.
     """
     return _batch(model, images, _checked_keyword(preprocessed), name)
 
@@ -65,6 +67,8 @@ def _batch(
     model: Any, images: Any, preprocessed: bool | None, name: str, items: list[_Item] | None = None
 ) -> torch.Tensor:
     """The checked (b, C, H, W) batch of ``images``; ``items``: the images already read, if they are."""
+    if not hasattr(model, "check_input") and isinstance(images, torch.Tensor) and preprocessed is not False:
+        return images  # a module that takes no images (blocks on tokens): its input, whatever its shape
     if _is_one_input(model, images, preprocessed, name):
         batch = images if images.ndim == 4 else images[None]
     else:
@@ -149,7 +153,7 @@ def _tensor_items(model: Any, x: torch.Tensor, preprocessed: bool | None, label:
     kind = _float_kind(model, x, preprocessed, label)
     if kind == "input":
         return [_Item("input", image) for image in images]
-    prep = model.transforms()
+    prep = _transforms(model)
     keeps = x.shape[-3] == prep.channels and not prep.resizes(*x.shape[-2:])
     return [_Item("raw", image) if keeps else _Item("pil", _pil(image, label)) for image in images]
 
@@ -187,8 +191,18 @@ def _float_kind(model: Any, x: torch.Tensor, preprocessed: bool | None, label: s
             f"{label} holds values in [{lo:.4g}, {hi:.4g}], but raw pixels (preprocessed=False) are in [0, 1]: "
             "divide 0..255 floats by 255 (or pass a uint8 tensor), or pass preprocessed=True for the model's input"
         )
-    model.transforms()  # a model with no preprocessing says here what to set
+    _transforms(model)  # a model with no preprocessing says here what to set
     return "raw"
+
+
+def _transforms(model: Any) -> Any:
+    """The model's preprocessing (``model.transforms()``: its ValueError says what to set where none is recorded)."""
+    if not callable(getattr(model, "transforms", None)):
+        raise TypeError(
+            f"a {type(model).__name__} has no preprocessing (model.transforms()) to read images with; pass the "
+            "model's input as a float tensor with preprocessed=True"
+        )
+    return model.transforms()
 
 
 def _pil(x: torch.Tensor, label: str) -> Any:
@@ -204,15 +218,15 @@ def _pil(x: torch.Tensor, label: str) -> Any:
 
 def _input(model: Any, item: _Item) -> torch.Tensor:
     if item.kind == "pil":
-        return model.transforms()(item.value)
+        return _transforms(model)(item.value)
     if item.kind == "raw":
-        return model.transforms().normalise(item.value)
+        return _transforms(model).normalise(item.value)
     return item.value
 
 
 def _picture(model: Any, item: _Item) -> torch.Tensor:
     if item.kind == "pil":
-        prep = model.transforms()
+        prep = _transforms(model)
         return dataclasses.replace(prep, mean=(0.0,) * prep.channels, std=(1.0,) * prep.channels)(item.value)
     if item.kind == "raw":
         return item.value.detach().float().cpu()
