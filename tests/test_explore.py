@@ -199,7 +199,8 @@ def test_explore_command_on_a_digits_model_file(tmp_path, capsys):
 
 def test_explore_command_with_image_files_and_sample_photos(tmp_path, capsys):
     model = tiny_vit(TINY_RGB)
-    model.preprocessing = Preprocessing.plain(32)
+    # Normalising: the page is handed the model's inputs, which no longer look like pixels in [0, 1].
+    model.preprocessing = Preprocessing(resize=(32, 32), mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
     model_file = save_vit(model, tmp_path / "rgb.safetensors")
     photo = tmp_path / "photo.png"
     Image.fromarray(np.arange(48 * 64 * 3, dtype=np.uint8).reshape(48, 64, 3)).save(photo)
