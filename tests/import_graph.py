@@ -41,6 +41,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "summary",
         "preprocess",
         "images",
+        "inputs",
         "predict",
         "statedict",
         "modelfile",

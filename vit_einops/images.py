@@ -1,20 +1,16 @@
-"""Images in and out: every command and tool opens, batches and draws images here.
+"""Images in and out: every command and tool opens and draws images here.
 
 - :func:`open_image` reads a file into a PIL image, safely (regular files only, a size and a pixel cap);
   :func:`to_model_mode` turns a PIL image of any mode into 8-bit grey or RGB (16-bit images scaled, not clipped).
 - :func:`sample_images`: scikit-learn's two photos, for a model that is shown no files.
-- :func:`load_images`: paths, PIL images or tensors -> the (b, C, H, W) batch a model takes, through its own
-  preprocessing (``model.transforms()``).
-- :func:`display_images`: the same images as the model saw them (resized and cropped, not normalised), in [0, 1],
-  for figures and the explorer; :func:`to_display` and :func:`to_uint8` draw one model input.
+- :func:`to_display` and :func:`to_uint8` draw one model input. Images in any form become a model's batch in
+  :mod:`vit_einops.inputs`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import stat
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,52 +105,6 @@ def sample_images() -> tuple[list[Any], list[str]]:
 
     sample = load_sample_images()
     return [Image.fromarray(a) for a in sample.images], [Path(f).name for f in sample.filenames]
-
-
-def _items(images: Any) -> list[Any]:
-    """One or a list of paths, PIL images and (C, H, W) tensors -> a list of PIL images (files opened) and tensors."""
-    from PIL import Image
-
-    if isinstance(images, (str, os.PathLike, Image.Image, torch.Tensor)):
-        images = [images]
-    if not isinstance(images, Sequence) or not images:
-        raise TypeError(
-            f"images must be a path, a PIL image, a tensor, or a non-empty list of them; got {type(images).__name__}"
-        )
-    items = []
-    for item in images:
-        if isinstance(item, (str, os.PathLike)):
-            item = open_image(item)
-        if not isinstance(item, Image.Image) and not (isinstance(item, torch.Tensor) and item.ndim == 3):
-            raise TypeError(f"each image must be a path, a PIL image or a (C, H, W) tensor, got {type(item).__name__}")
-        items.append(item)
-    return items
-
-
-def load_images(model: Any, images: Any) -> torch.Tensor:
-    """(b, C, H, W) float32 model inputs for ``images``: one or a list of paths, PIL images or preprocessed
-    (C, H, W) tensors, or a (b, C, H, W) batch. Paths and PIL images go through ``model.transforms()``; the batch
-    is checked against the model's input size (``model.check_input``)."""
-    if isinstance(images, torch.Tensor) and images.ndim == 4:
-        batch = images
-    else:
-        batch = torch.stack([x if isinstance(x, torch.Tensor) else model.transforms()(x) for x in _items(images)])
-    model.check_input(batch)
-    return batch
-
-
-def display_images(model: Any, images: Any) -> torch.Tensor:
-    """(b, C, H, W) in [0, 1]: ``images`` (as :func:`load_images` takes them) as the model saw them. Paths and PIL
-    images are resized and cropped by the model's preprocessing but not normalised; tensors, already model inputs,
-    go through :func:`to_display`."""
-    items = list(images) if isinstance(images, torch.Tensor) and images.ndim == 4 else _items(images)
-    return torch.stack([to_display(x) if isinstance(x, torch.Tensor) else _unnormalised(model)(x) for x in items])
-
-
-def _unnormalised(model: Any) -> Any:
-    """The model's preprocessing without its mean and std: resize and crop, pixels scaled to [0, 1]."""
-    prep = model.transforms()
-    return dataclasses.replace(prep, mean=(0.0,) * prep.channels, std=(1.0,) * prep.channels)
 
 
 def to_display(image: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Classify images with any ViT: files or PIL images go through the model's own preprocessing.
+"""Classify images with any ViT: files, PIL images and pixel tensors go through the model's own preprocessing.
 
 from vit_einops import load_model, predict
 model = load_model("vit_b_16.safetensors")
@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ._checks import check_positive_int
-from .images import load_images
+from .inputs import model_inputs
 from .model import ViT
 
 
@@ -35,11 +35,14 @@ def class_name(index: int, class_names: Sequence[str] | None) -> str:
 
 
 @torch.no_grad()
-def predict(model: ViT, images: Any, top_k: int = 5, batch_size: int = 64) -> list[list[Prediction]]:
+def predict(
+    model: ViT, images: Any, top_k: int = 5, batch_size: int = 64, *, preprocessed: bool | None = None
+) -> list[list[Prediction]]:
     """The ``top_k`` most probable classes of each image, most probable first.
 
-    ``images``: as :func:`vit_einops.images.load_images`. The model is run in eval mode (and put back in the mode
-    it had).
+    ``images``: paths, PIL images, uint8 or float tensors, or a list of them; ``preprocessed`` says how a float
+    tensor is taken (False: raw pixels in [0, 1], True: the model's input); see :mod:`vit_einops.inputs`. The
+    model is run in eval mode (and put back in the mode it had).
     """
     if not isinstance(model, ViT):
         raise TypeError(f"predict expects a vit_einops.ViT, got {type(model).__name__}")
@@ -54,7 +57,7 @@ def predict(model: ViT, images: Any, top_k: int = 5, batch_size: int = 64) -> li
             f"head.fc replaced?); set model.class_names to {model.num_classes} names, or None for indices"
         )
     top_k = min(top_k, model.config.num_classes)
-    batch = load_images(model, images)
+    batch = model_inputs(model, images, preprocessed=preprocessed)
     was_training = model.training
     model.eval()
     try:

@@ -171,10 +171,20 @@ class Preprocessing:
         else:
             x = self._resize_torch(_to_uint8_tensor(image))
             x = x if self.crop is None else _center_crop_tensor(x, self.crop)
-        x = x.to(torch.float32).div(255)
-        mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
-        std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
-        return x.sub_(mean).div_(std)
+        return self.normalise(x.to(torch.float32).div(255))
+
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """(C, H, W) pixels in [0, 1] -> float32 ``(x - mean) / std`` per channel: the last step of ``__call__``."""
+        import torch
+
+        mean = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(-1, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(-1, 1, 1)
+        return x.to(torch.float32).sub(mean).div(std)
+
+    def resizes(self, height: int, width: int) -> bool:
+        """Whether an image of ``height`` x ``width`` is resized or cropped (False: only normalised)."""
+        size = (height, width)
+        return self._target_size(height, width) != size or (self.crop is not None and self.crop != size)
 
     def _target_size(self, height: int, width: int) -> tuple[int, int]:
         if isinstance(self.resize, tuple):

@@ -130,23 +130,28 @@ def default_images(model: Any, files: list[str] | None, num_digits: int, distanc
     ``files`` given: those files. Otherwise test digits (one per class first) for a digits model, and scikit-learn's
     two sample photos for any other model. No training data is read from where a checkpoint says it was.
     """
-    from ..images import display_images, load_images, open_image, sample_images
+    from ..images import sample_images
+    from ..inputs import model_inputs_and_pictures
 
     if not files and is_digits_model(model):
         from ..train.data import load_digits
 
         test = load_digits()[1]
         chosen = [int((test.labels == c).nonzero()[0]) for c in range(len(test.classes))][:num_digits]
-        pictures = test.images[chosen]  # already in [0, 1], as the model was trained on them
+        pictures = test.images[chosen]  # raw pixels in [0, 1], as the model was trained on them
         titles = [f"test digit, label {test.classes[int(test.labels[i])]}" for i in chosen]
         distance = test.images[:distance_digits] if distance_digits else None
     elif files:
-        pictures, titles, distance = [open_image(f) for f in files], [Path(f).name for f in files], None
+        pictures, titles, distance = list(files), [Path(f).name for f in files], None
     else:
         (pictures, titles), distance = sample_images(), None
+    # Only the digits are float tensors: raw pixels, unless the model records no preprocessing to put them through
+    # (training fed them to it as they are).
+    preprocessed = model.preprocessing is None
+    inputs, display = model_inputs_and_pictures(model, pictures, preprocessed=preprocessed)
     return {
-        "inputs": load_images(model, pictures),
-        "display": display_images(model, pictures),
+        "inputs": inputs,
+        "display": display,
         "titles": titles,
         "distance": distance,
     }

@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         model,
         inputs,
         args.out,
+        preprocessed=True,
         titles=images["titles"],
         class_names=model.class_names,
         pictures=[to_uint8(picture) for picture in images["display"]],

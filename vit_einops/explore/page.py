@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from .._io import atomic_write_bytes, refuse_existing
-from ..images import to_display, to_uint8
+from ..images import to_uint8
+from ..inputs import model_inputs, model_inputs_and_pictures
 from .payload import DEFAULT_BITS, build_payload, check_bits
 
 
@@ -64,9 +65,10 @@ def render_page(payload: dict[str, Any], title: str) -> str:
 
 def write_explorer(
     model: torch.nn.Module,
-    images: torch.Tensor,
+    images: Any,
     path: str | Path,
     *,
+    preprocessed: bool | None = None,
     titles: Sequence[str] | None = None,
     class_names: Sequence[str] | None = None,
     pictures: Sequence[Any] | None = None,
@@ -78,11 +80,15 @@ def write_explorer(
 
     Args:
         model: a vit-einops ViT (any attention impl); run in eval mode, its mode is restored afterwards.
-        images: (b, C, H, W), the model's inputs (already preprocessed).
+        images: paths, PIL images, uint8 or float tensors, or a list of them, as :func:`vit_einops.predict` takes
+            them.
+        preprocessed: how a float tensor is taken: False for raw pixels in [0, 1], True for the model's input
+            (see :mod:`vit_einops.inputs`).
         titles: one label per image (default "image 0", ...).
         class_names: names of the model's outputs (default ``model.class_names``); unnamed ones are "class i".
-        pictures: what to show for each image, PIL images or uint8 arrays (e.g. the photo before normalising);
-            default: each input as :func:`vit_einops.images.to_display` draws it.
+        pictures: what to show for each image, PIL images or uint8 arrays; default: each image as the model saw
+            it (resized and cropped, not normalised; a preprocessed input as :func:`vit_einops.images.to_display`
+            draws it).
         top_k: how many top classes get a prediction line and a relevance map.
         bits: bits per stored attention weight, 2..8; each weight is within 1 / (2 (2^bits - 1)) of its row's
             maximum of the recorded A (the page states it).
@@ -92,12 +98,14 @@ def write_explorer(
     :mod:`vit_einops.explore.payload`), so keep to a handful of images: ViT-B/16 costs a few MB per image.
     """
     path = Path(path)
-    if not isinstance(images, torch.Tensor) or images.ndim != 4 or len(images) == 0:
-        raise ValueError(f"images must be a (b, C, H, W) tensor with b >= 1, got {getattr(images, 'shape', images)!r}")
-    if not torch.isfinite(images).all():
-        raise ValueError("images contain non-finite values (nan or inf); the explorer needs real inputs")
     if not hasattr(model, "config") or not hasattr(model, "blocks"):
         raise TypeError(f"write_explorer needs a vit-einops ViT, got {type(model).__name__}")
+    if pictures is None:
+        images, seen = model_inputs_and_pictures(model, images, preprocessed=preprocessed)
+    else:
+        images, seen = model_inputs(model, images, preprocessed=preprocessed), None
+    if not torch.isfinite(images).all():
+        raise ValueError("images contain non-finite values (nan or inf); the explorer needs real inputs")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive int, got {top_k!r}")
     check_bits(bits)
@@ -111,8 +119,8 @@ def write_explorer(
     titles = list(titles) if titles is not None else [f"image {i}" for i in range(b)]
     if len(titles) != b:
         raise ValueError(f"got {len(titles)} titles for {b} images")
-    if pictures is None:
-        shown = [to_uint8(to_display(image)) for image in images]
+    if seen is not None:
+        shown = [to_uint8(picture) for picture in seen]
     else:
         if len(pictures) != b:
             raise ValueError(f"got {len(pictures)} pictures for {b} images")

@@ -130,7 +130,7 @@ def build_payload(
     """
     cfg = model.config
     weights = "check the model's weights (non-finite or huge values)"
-    logits, maps = record_attention(model, images)  # maps (l, b, h, n, n)
+    logits, maps = record_attention(model, images, preprocessed=True)  # maps (l, b, h, n, n)
     check_finite("model's logits", logits, weights)
     check_finite("attention maps", maps, weights)
     _, norms = token_norms(model, images)  # (l, b, n)
@@ -138,7 +138,7 @@ def build_payload(
     probs = logits.double().softmax(dim=-1)
     k = min(top_k, logits.shape[-1])
     top = probs.topk(k, dim=-1)
-    relevance = attention_relevance(model, images, top.indices)  # (b, k, n, n)
+    relevance = attention_relevance(model, images, top.indices, preprocessed=True)  # (b, k, n, n)
     check_finite("relevance maps", relevance, f"the gradients overflowed; {weights}")
     rollout = attention_rollout(maps.double())  # (b, n, n)
     # The distance is nan exactly where a head sends no attention between patches (patch_mass 0): stored as null.
