@@ -1,5 +1,6 @@
 """A real HTTP server on 127.0.0.1 for the download tests: it serves files made in the test, and nothing else is
-contacted. ``truncate`` sends a file's full Content-Length but only its first half, then closes the connection."""
+contacted. ``truncate`` sends a file's full Content-Length but only its first half, then closes the connection;
+``stall`` sends the first half, sets ``half_sent``, and waits for ``release`` before the rest."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ class Site:
     files: dict[str, bytes] = field(default_factory=dict)  # path (no leading "/") -> body
     headers: dict[str, dict[str, str]] = field(default_factory=dict)  # path -> extra response headers
     truncate: set[str] = field(default_factory=set)
+    stall: set[str] = field(default_factory=set)
+    half_sent: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
     requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path) in arrival order
 
 
@@ -45,9 +49,23 @@ def serve() -> Iterator[Site]:
             for key, value in site.headers.get(path, {}).items():
                 self.send_header(key, value)
             self.end_headers()
-            if body:
-                self.wfile.write(data[: len(data) // 2] if path in site.truncate else data)
-                self.close_connection = True
+            if not body:
+                return
+            self.close_connection = True
+            half = len(data) // 2
+            if path in site.truncate:
+                self.wfile.write(data[:half])
+            elif path in site.stall:
+                self.wfile.write(data[:half])
+                self.wfile.flush()
+                site.half_sent.set()
+                site.release.wait(60)
+                try:
+                    self.wfile.write(data[half:])
+                except OSError:  # the client was killed meanwhile
+                    pass
+            else:
+                self.wfile.write(data)
 
         def do_GET(self) -> None:
             self._respond(body=True)
@@ -65,6 +83,7 @@ def serve() -> Iterator[Site]:
     try:
         yield site
     finally:
+        site.release.set()
         server.shutdown()
         server.server_close()
 

@@ -1,6 +1,7 @@
 """The published weights' table (vit_einops.pretrained.PRETRAINED) and the shipped ImageNet-1k names, checked
 against torchvision's and timm's own, and the Hugging Face route of create_vit(pretrained=True) against a hub
-served on 127.0.0.1 through huggingface_hub. Runs in the interop environment (.ci/run-interop)."""
+served on 127.0.0.1 through huggingface_hub's own client. Runs in the interop environment (.ci/run-interop);
+elsewhere it skips with the reason."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import hashlib
 
 import pytest
 import torch
+from _interop import TINY, interop_library, perturbed
 
-pytest.importorskip("torchvision")
-timm = pytest.importorskip("timm")
-pytest.importorskip("huggingface_hub")
+interop_library("torchvision")
+timm = interop_library("timm")
+interop_library("huggingface_hub")
 
 import torchvision.models as tvm  # noqa: E402
-from _interop import TINY, perturbed  # noqa: E402
 from _loopback import closed_port_url, serve  # noqa: E402
 from safetensors.torch import save as safetensors_save  # noqa: E402
 from torchvision.models._meta import _IMAGENET_CATEGORIES  # noqa: E402

@@ -12,6 +12,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -132,6 +133,30 @@ def test_offline_command_line_ends_with_the_one_line(tmp_path, monkeypatch):
     assert last.startswith(f"vit_einops._download.DownloadError: create_vit('vit_b_16', pretrained=True) could not "
                            f"fetch {url}/vit_b_16-c867db91.pth")
     assert "During handling" not in done.stderr and "urllib" not in done.stderr  # no chain of library tracebacks
+
+
+def test_a_download_killed_midway_leaves_no_file_under_the_cached_name(tmp_path, monkeypatch):
+    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    cache = tmp_path / "hub" / "checkpoints"
+    file = PRETRAINED["vit_b_16"].file
+    with serve() as site:
+        site.files[file] = bytes(4 << 20)
+        site.stall.add(file)
+        env = {**os.environ, "TORCH_HOME": str(tmp_path), "VIT_EINOPS_WEIGHTS_URL": site.url}
+        code = "from vit_einops import create_vit; create_vit('vit_b_16', pretrained=True)"
+        process = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.DEVNULL)
+        try:
+            assert site.half_sent.wait(120)
+            deadline = time.monotonic() + 60
+            while not any(p.stat().st_size for p in cache.glob(f".{file}.*.tmp")) and time.monotonic() < deadline:
+                time.sleep(0.05)  # until the first bytes are on disk
+            assert any(p.stat().st_size for p in cache.glob(f".{file}.*.tmp"))
+        finally:
+            process.kill()
+            process.wait()
+    assert not (cache / file).exists()  # only a temporary, never the cached name, holds part of a download
+    assert [p.name for p in cache.iterdir() if not p.name.endswith(".tmp")] == []
 
 
 def test_names_without_published_weights_and_bad_arguments(cache):
