@@ -45,7 +45,7 @@ def tiny_model():
 def cache(tmp_path, monkeypatch):
     """TORCH_HOME in tmp_path (torch.hub's cache follows it), no proxy between us and 127.0.0.1, and the tiny preset."""
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
-    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "HF_ENDPOINT", "VIT_EINOPS_WEIGHTS_URL"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setitem(PRESETS, NAME, TINY_1K)
     return tmp_path / "torch" / "hub" / "checkpoints"
@@ -157,6 +157,15 @@ def test_a_download_killed_midway_leaves_no_file_under_the_cached_name(tmp_path,
             process.wait()
     assert not (cache / file).exists()  # only a temporary, never the cached name, holds part of a download
     assert [p.name for p in cache.iterdir() if not p.name.endswith(".tmp")] == []
+
+
+def test_timm_names_without_huggingface_hub_say_how_to_get_it(cache, monkeypatch):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # as when it is not installed; nothing is contacted
+    with pytest.raises(ImportError, match=r"vit_base_patch16_224's published weights are timm's, on the Hugging Face "
+                       r"hub \(https://huggingface.co/timm/vit_base_patch16_224.augreg2_in21k_ft_in1k/resolve/main/"
+                       r"model.safetensors\); install huggingface_hub \(pip install 'vit-einops\[hub\]'\) or pass "
+                       r"weights=PATH"):
+        create_vit("vit_base_patch16_224", pretrained=True)
 
 
 def test_names_without_published_weights_and_bad_arguments(cache):
