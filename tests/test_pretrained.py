@@ -94,7 +94,8 @@ def test_pretrained_with_num_classes_gets_a_new_head(tiny_model, cache, monkeypa
 def test_a_download_whose_hash_differs_is_refused_and_not_cached(tiny_model, cache, monkeypatch):
     with serve() as site:
         file = _publish(monkeypatch, site, _torchvision_bytes(tiny_model), prefix="00000000")
-        with pytest.raises(DownloadError, match=rf"refused {site.url}/{file}: its sha256 .* does not start with 00000000"):
+        refused = rf"refused {site.url}/{file}: its sha256 .* does not start with 00000000"
+        with pytest.raises(DownloadError, match=refused):
             create_vit(NAME, pretrained=True)
     assert list(cache.iterdir()) == []  # neither the file nor a temporary
 
@@ -104,7 +105,8 @@ def test_a_truncated_download_is_refused_and_not_cached(tiny_model, cache, monke
     with serve() as site:
         file = _publish(monkeypatch, site, data)
         site.truncate.add(file)
-        with pytest.raises(DownloadError, match=rf"received {len(data) // 2:,} of its {len(data):,} bytes \(cut short\)"):
+        cut = rf"refused {site.url}/{file}: received {len(data) // 2:,} of its {len(data):,} bytes \(cut short\)"
+        with pytest.raises(DownloadError, match=cut):
             create_vit(NAME, pretrained=True)
     assert list(cache.iterdir()) == []
 

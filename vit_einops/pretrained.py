@@ -156,12 +156,12 @@ def _load_published(name: str, overrides: dict[str, Any]) -> ViT:
             f"Use weights=PATH for a local file"
         )
     published = PRETRAINED[name]
+    kwargs: dict[str, Any] = {"heads": preset_config(name)["heads"]}  # a state dict cannot tell h; the name does
     if published.library == "torchvision":
         path, origin = _fetch_torchvision(name, published)
-        kwargs = {"heads": preset_config(name)["heads"]}
     else:
         path, origin = _fetch_hub(name, published)
-        kwargs = {"heads": preset_config(name)["heads"], "global_pool": "token"}
+        kwargs["global_pool"] = "token"  # every ViT in the table pools the class token
     model = load_model(path, source=published.library, **{**kwargs, **overrides})
     model.preprocessing = published.preprocessing
     model.source = {**(model.source or {}), "pretrained": name, "url": origin}
@@ -182,9 +182,9 @@ def weights_url(name: str) -> str:
 
 def _offline_hint(name: str, url: str, reason: str, file: str) -> str:
     return (
-        f"create_vit({name!r}, pretrained=True) could not fetch {url}: {reason.rstrip('.')}. Without network, download that "
-        f"file elsewhere and pass it: create_vit({name!r}, weights={file!r}), or convert it once with "
-        f"`vit-einops convert {file} {name}.safetensors`"
+        f"create_vit({name!r}, pretrained=True) could not fetch {url}: {reason.rstrip('.')}. Without network, "
+        f"download that file elsewhere and pass it: create_vit({name!r}, weights={file!r}), or convert it once "
+        f"with `vit-einops convert {file} {name}.safetensors`"
     )
 
 
