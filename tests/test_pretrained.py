@@ -256,13 +256,18 @@ def test_ambiguous_unknown_and_configless_files_are_errors_never_guesses(tiny_mo
         detect_source(tmp_path / "absent.pth")
 
 
-def test_predict_a_torchvision_file_without_from_prints_imagenet_names(tiny_model, tmp_path, capsys):
+def test_predict_a_torchvision_file_and_its_conversion_without_from_print_imagenet_names(tiny_model, tmp_path, capsys):
     path = save_state_dict_file(to_torchvision(tiny_model), tmp_path / "vit_tiny.pth")
-    Image.new("RGB", (40, 30), (200, 30, 30)).save(tmp_path / "photo.png")
-    assert main(["predict", str(path), str(tmp_path / "photo.png"), "--heads", "4", "--top-k", "3"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    expected = load_model(path, heads=4)
-    top = [p.label for p in predict(expected, [tmp_path / "photo.png"], top_k=3)[0]]
-    assert lines[0] == str(tmp_path / "photo.png") and len(lines) == 4
-    assert [line.split("%  ", 1)[1].rsplit("  (", 1)[0] for line in lines[1:]] == top
+    photo = tmp_path / "photo.png"
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(photo)
+    top = [p.label for p in predict(load_model(path, heads=4), [photo], top_k=3)[0]]
     assert set(top) <= set(imagenet1k_classes())
+    converted = tmp_path / "vit_tiny.safetensors"
+    assert main(["convert", str(path), str(converted), "--heads", "4"]) == 0
+    assert load_model(converted).source["class_names"] == ASSUMED
+    capsys.readouterr()
+    for model in ([str(path), "--heads", "4"], [str(converted)]):
+        assert main(["predict", *model, str(photo), "--top-k", "3"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == str(photo) and len(lines) == 4
+        assert [line.split("%  ", 1)[1].rsplit("  (", 1)[0] for line in lines[1:]] == top
