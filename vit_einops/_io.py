@@ -6,6 +6,7 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 # atomic_write_bytes's temporaries: "." + the target's name + "." + mkstemp's 8 random characters + ".tmp".
@@ -14,14 +15,24 @@ _TEMP = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    atomic_write_chunks(path, (data,))
+
+
+def atomic_write_chunks(path: str | Path, chunks: Iterable[bytes], check: Callable[[], None] | None = None) -> None:
+    """Write the concatenated ``chunks`` to ``path`` as :func:`atomic_write_bytes` does, streaming (a download need
+    not fit in memory). ``check`` runs once every chunk is on disk and before the rename: if it raises (a hash or
+    length that does not match), the temporary is deleted and ``path`` is left as it was."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # matches _TEMP
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the permissions open() would
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for chunk in chunks:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
+        if check is not None:
+            check()
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

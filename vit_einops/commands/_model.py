@@ -1,8 +1,9 @@
 """The MODEL argument every command that takes a model shares (predict, inspect, convert, summary, explore).
 
-MODEL is a vit-einops model file, a training run or checkpoint directory, or, with ``--from``, a torchvision or
-timm state-dict file or a Hugging Face ``save_pretrained`` directory. The preprocessing flags override what the
-model records (the library's convention for converted weights, the training recipe for models trained here).
+MODEL is a vit-einops model file, a training run or checkpoint directory, a torchvision or timm state-dict file,
+or a Hugging Face ``save_pretrained`` directory; its form is recognised from it (``--from`` names it instead). The
+preprocessing flags override what the model records (the library's convention for converted weights, the training
+recipe for models trained here).
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
             nargs="?" if optional else None,
             metavar="MODEL",
             help="a vit-einops model file (.safetensors), a training run or checkpoint directory, "
-            "or with --from a torchvision/timm weights file or a Hugging Face directory",
+            "a torchvision/timm weights file or a Hugging Face directory",
         )
     group = parser.add_argument_group("reading MODEL")
     group.add_argument(
-        "--from", dest="source", choices=list(SOURCES), default="vit-einops", help="MODEL's format (default vit-einops)"
+        "--from", dest="source", choices=list(SOURCES), help="MODEL's format (default: recognised from MODEL)"
     )
     group.add_argument("--heads", type=int, help="attention heads of a torchvision/timm MODEL (default: Table 1's)")
     group.add_argument(
@@ -68,20 +69,21 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
 
 def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> Any:
     """The ViT that ``args`` describe, its preprocessing overridden by the flags."""
-    from ..sources import load_model
+    from ..sources import detect_source, load_model
 
     path = path if path is not None else args.model
+    source = args.source or detect_source(path)
     kwargs: dict[str, Any] = {}
-    if args.source in ("torchvision", "timm"):
+    if source in ("torchvision", "timm"):
         kwargs = {"heads": args.heads, "image_size": args.image_size}
-        if args.source == "timm":
+        if source == "timm":
             kwargs["global_pool"] = args.global_pool
     elif args.heads is not None or args.image_size is not None or args.global_pool != "token":
         raise ValueError(
             "--heads, --image-size and --global-pool describe torchvision/timm files; "
             "a vit-einops or Hugging Face model states its own"
         )
-    model = load_model(path, source=None if args.source == "vit-einops" else args.source, **kwargs)
+    model = load_model(path, source=source, **kwargs)
     model.preprocessing = preprocessing_from_args(args, model)
     return model
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from .._io import atomic_write_bytes, check_regular_file, refuse_existing
@@ -52,7 +52,7 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         try:
             return load_file(path, device="cpu")
         except (SafetensorError, ValueError, OSError) as e:
-            raise ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from e
+            raise _unreadable_safetensors(path, e) from e
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -63,6 +63,29 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     except (RuntimeError, EOFError, OSError) as e:
         raise ValueError(f"{path}: not a readable torch file (truncated or corrupt?): {e}") from e
     return _unwrap(obj, path)
+
+
+def state_dict_keys(path: str | os.PathLike) -> list[str]:
+    """The keys of the state dict in a weights file (unwrapped as :func:`load_state_dict_file` does), reading no
+    tensor where the format allows: a safetensors header, or a zip-format torch file memory-mapped."""
+    path = Path(path)
+    suffix = _suffix(path)
+    check_regular_file(path, "weights file")
+    if suffix in SAFETENSORS_SUFFIXES:
+        try:
+            with safe_open(path, framework="pt") as f:
+                return list(f.keys())
+        except (SafetensorError, ValueError, OSError) as e:
+            raise _unreadable_safetensors(path, e) from e
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError):
+        return list(load_state_dict_file(path))  # not mappable (torch's legacy format), or unreadable: its own error
+    return list(_unwrap(obj, path))
+
+
+def _unreadable_safetensors(path: Path, error: Exception) -> ValueError:
+    return ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {error}")
 
 
 def _unwrap(obj: Any, path: Path) -> dict[str, torch.Tensor]:
