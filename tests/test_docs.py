@@ -1,16 +1,32 @@
 """Every Python block in the README and in docs/ runs, so no snippet can rot.
 
 The blocks of one file run in order in one namespace, as a reader would paste them into one session, in the
-test's own empty folder (conftest). A block that needs a big model says in a comment where it uses a small one.
-The README's own shape is held too: its two commands first, its links pointing at files that exist.
+test's own empty folder (conftest), which holds what the blocks name: ``photo.jpg`` (one of scikit-learn's two
+photos) and a tiny ``pizza_steak_sushi/{train,test}`` folder tree. A block that uses a big model where the test
+uses a small one says so in a comment: the README's ``create_vit("vit_b_16", pretrained=True)`` runs the real
+download, hash check, conversion and naming, against a server on 127.0.0.1 that serves a tiny stand-in of
+vit_b_16's published file (nothing else is contacted). The README's own shape is held too: its two commands
+first, its links pointing at files that exist.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import re
 from pathlib import Path
 
 import pytest
+import torch
+from _interop import TINY
+from _loopback import serve
+
+from vit_einops import ViT
+from vit_einops.images import sample_images
+from vit_einops.interop import to_torchvision
+from vit_einops.presets import PRESETS
+from vit_einops.pretrained import PRETRAINED, PublishedWeights
+from vit_einops.preprocess import Preprocessing
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
@@ -30,8 +46,43 @@ def test_blocks_are_found():
     assert [lang for lang in ("bash", "python") if blocks(ROOT / "README.md", lang)] == ["bash", "python"]
 
 
+@pytest.fixture
+def reader_files():
+    """photo.jpg and a class-per-folder tree of crops of the sample photos, in the test's own folder."""
+    photos, _ = sample_images()
+    photos[0].save("photo.jpg")
+    for split, count in (("train", 4), ("test", 2)):
+        for c, name in enumerate(["pizza", "steak", "sushi"]):
+            folder = Path("pizza_steak_sushi", split, name)
+            folder.mkdir(parents=True)
+            for i in range(count):
+                photos[c % 2].crop((40 * c + 10 * i, 0, 40 * c + 10 * i + 200, 200)).save(folder / f"{i}.jpg")
+
+
+@pytest.fixture
+def tiny_vit_b_16(monkeypatch, tmp_path):
+    """vit_b_16's published weights replaced by a tiny model's, served on 127.0.0.1 under the real file's form."""
+    config = {**TINY, "num_classes": 1000}
+    buffer = io.BytesIO()
+    torch.save(to_torchvision(ViT(**config)), buffer)
+    data = buffer.getvalue()
+    file = f"vit_b_16-{hashlib.sha256(data).hexdigest()[:8]}.pth"
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setitem(PRESETS, "vit_b_16", config)
+    size = config["image_size"]
+    monkeypatch.setitem(
+        PRETRAINED, "vit_b_16", PublishedWeights("torchvision", file, size, 1000, Preprocessing.torchvision(size))
+    )
+    with serve() as site:
+        site.files[file] = data
+        monkeypatch.setenv("VIT_EINOPS_WEIGHTS_URL", site.url)
+        yield site
+
+
 @pytest.mark.parametrize("path", [p for p in DOCS if blocks(p, "python")], ids=lambda p: str(p.relative_to(ROOT)))
-def test_python_blocks_run(path):
+def test_python_blocks_run(path, reader_files, request):
+    if path.name == "README.md" and path.parent == ROOT:
+        site = request.getfixturevalue("tiny_vit_b_16")
     namespace: dict = {"__name__": "__docs__"}
     for line, source in blocks(path, "python"):
         where = f"{path.relative_to(ROOT)}:{line}"
@@ -39,6 +90,8 @@ def test_python_blocks_run(path):
             exec(compile(source, where, "exec"), namespace)
         except Exception as err:
             pytest.fail(f"the Python block at {where} failed: {type(err).__name__}: {err}")
+    if path.name == "README.md" and path.parent == ROOT:
+        assert [p for _, p in site.requests] == [PRETRAINED["vit_b_16"].file]  # downloaded once, then cached
 
 
 def test_readme_begins_with_the_two_commands():
