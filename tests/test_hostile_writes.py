@@ -84,6 +84,15 @@ def digits_model(preprocessing=None) -> torch.nn.Module:
     return model
 
 
+@pytest.fixture(autouse=True)
+def unrendered(monkeypatch):
+    """inspect's figures are built but not rendered (most of its time): each is written as a few bytes, through the
+    same atomic write, so the report's files, write points and swap are the real ones."""
+    import vit_einops.inspect.report as report
+
+    monkeypatch.setattr(report, "save_figure", lambda fig, path, dpi=120: atomic_write_bytes(path, b"figure"))
+
+
 @pytest.fixture
 def model_file(tmp_path):
     return save_vit(digits_model(), tmp_path / "m.safetensors")
@@ -353,6 +362,30 @@ def test_explore_force_never_replaces_a_fifo(tmp_path, model_file, capsys):
     assert tree(tmp_path) == before
 
 
+def test_explore_force_never_replaces_a_fifo_that_appears_while_it_runs(tmp_path, model_file, monkeypatch, capsys):
+    import vit_einops.explore.page as page
+
+    out = tmp_path / "e.html"
+    appearing(monkeypatch, page, "render_page", lambda: os.mkfifo(out))
+    code, err = cli(capsys, "explore", model_file, "--out", out, "--force")
+    assert code == 2
+    assert err == (
+        f"vit-einops explore: error: {out} is a FIFO, not a regular file; it is never replaced, even with --force\n"
+    )
+    assert tree(tmp_path) == {"e.html": "fifo", **tree_of(model_file)}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev/null link", "directory"])
+def test_the_commit_itself_refuses_what_is_not_a_regular_file(tmp_path, kind):
+    path = tmp_path / "x"
+    {"fifo": os.mkfifo, "dev/null link": lambda p: p.symlink_to(os.devnull), "directory": os.mkdir}[kind](path)
+    before = tree(tmp_path)
+    says = {"fifo": "a FIFO", "dev/null link": "a device or socket", "directory": "a directory"}[kind]
+    with pytest.raises(ValueError, match=f"^{path} is {says}, not a regular file; it is never replaced"):
+        atomic_write_bytes(path, b"data", replace=True)
+    assert tree(tmp_path) == before
+
+
 @pytest.mark.parametrize("target", ["vit-einops", "timm"])
 def test_convert_force_never_replaces_dev_null_through_a_link(tmp_path, model_file, capsys, target):
     dst = tmp_path / "null.safetensors"
@@ -486,6 +519,7 @@ def test_inspect_force_replaces_an_earlier_report_whole(tmp_path, model_file, ca
         (out / name).write_text("old")
     assert cli(capsys, "inspect", model_file, "--out", out, "--force", *INSPECT)[0] == 0
     assert sorted(os.listdir(out)) == REPORT and all((out / n).read_bytes() != b"old" for n in REPORT)
+    assert (out / "attention.png").read_bytes() == b"figure"
     assert sorted(os.listdir(tmp_path)) == ["m.safetensors", "out"]
 
 

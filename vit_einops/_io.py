@@ -167,14 +167,14 @@ def _check_directory(path: Path, owned: Collection[str], replace: bool) -> None:
     if not stat.S_ISDIR(mode):
         raise ValueError(f"{path} exists and is {_kind(mode)}, not a directory")
     names = sorted(entry.name for entry in os.scandir(path))
+    if names and not replace:
+        raise FileExistsError(f"{path} already holds {', '.join(names)}; pass --force to replace them")
     foreign = [name for name in names if name not in owned or not os.path.isfile(path / name)]
     if foreign:
         raise ValueError(
             f"{path} holds {', '.join(foreign)}, which vit-einops does not write there; it is never replaced, "
             f"even with --force: choose another directory"
         )
-    if names and not replace:
-        raise FileExistsError(f"{path} already holds {', '.join(names)}; pass --force to replace them")
 
 
 def _commit_directory(staging: Path, path: Path, owned: Collection[str], replace: bool) -> None:
@@ -409,6 +409,18 @@ def _kind(mode: int) -> str:
     """What a path is, for error messages."""
     kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISREG, "a file"))
     return next((name for test, name in kinds if test(mode)), "a device or socket")
+
+
+def check_file_output(path: str | os.PathLike, replace: bool, hint: str) -> None:
+    """Before the work, what the commit will check: without ``replace``, :func:`refuse_existing`; with it, a
+    ValueError for a FIFO, device, socket or directory at ``path`` (or a link to one), which is never replaced."""
+    if not replace:
+        refuse_existing(path, hint)
+        return
+    try:
+        _refuse_special(Path(path), os.stat(path).st_mode)
+    except FileNotFoundError:
+        pass
 
 
 def refuse_existing(path: str | os.PathLike, hint: str) -> None:

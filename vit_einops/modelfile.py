@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ._io import check_regular_file, refuse_existing, write_file
+from ._io import check_file_output, check_regular_file, write_file
 from .attention import stored_attn_impl
 from .config import ViTConfig
 from .model import ViT, check_class_names
@@ -87,8 +87,7 @@ def save_vit(model: ViT, path: str | os.PathLike, *, overwrite: bool = False) ->
     path = Path(path)
     if path.suffix.lower() != ".safetensors":
         raise ValueError(f"{path}: a vit-einops model file is safetensors; use the suffix .safetensors")
-    if not overwrite:
-        refuse_existing(path, "pass overwrite=True (--force on the command line) to replace it")
+    check_file_output(path, overwrite, "pass overwrite=True (--force on the command line) to replace it")
     write_file(path, safetensors_bytes(model.state_dict(), model_metadata(model)), replace=overwrite)
     return path
 

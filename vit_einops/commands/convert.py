@@ -55,14 +55,14 @@ def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
         to_torchvision,
         torchvision_kwargs,
     )
-    from .._io import check_directory_output
+    from .._io import check_directory_output, check_file_output
     from ..interop.hf import HF_FILES
     from ..modelfile import save_vit
 
     if args.target == "hf":
         check_directory_output(dst, HF_FILES, args.force)
-    elif (dst.exists() or dst.is_symlink()) and not args.force:
-        raise FileExistsError(f"{dst} already exists; pass --force to replace it")
+    else:
+        check_file_output(dst, args.force, "pass --force to replace it")
     model = load_model_from_args(args, str(src))
     if args.resample_to is not None:
         preprocessing, class_names, source = model.preprocessing, model.class_names, model.source

@@ -41,12 +41,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _explore(args: argparse.Namespace) -> int:
-    from .._io import refuse_existing
+    from .._io import check_file_output
     from ..explore import write_explorer
     from ..images import to_uint8
 
-    if not args.force:  # before the model loads; checked again at the commit
-        refuse_existing(args.out, "pass --force to replace it")
+    check_file_output(args.out, args.force, "pass --force to replace it")  # before the work; again at the commit
     model = load_model_from_args(args).eval()
     images = default_images(model, args.image, DIGIT_IMAGES)
     inputs = images["inputs"]

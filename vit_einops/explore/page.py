@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._io import refuse_existing, write_file
+from .._io import check_file_output, write_file
 from ..images import to_display, to_uint8
 from .payload import DEFAULT_BITS, build_payload, check_bits
 
@@ -84,8 +84,7 @@ def write_explorer(
     check_bits(bits)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory; give the explorer a file name such as explore.html")
-    if not overwrite:
-        refuse_existing(path, "pass overwrite=True (vit-einops explore --force) to replace it")
+    check_file_output(path, overwrite, "pass overwrite=True (vit-einops explore --force) to replace it")
     if not path.parent.is_dir():
         raise FileNotFoundError(f"the directory {path.parent} does not exist")
     b = len(images)

@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from .._io import check_regular_file, refuse_existing, write_file
+from .._io import check_file_output, check_regular_file, write_file
 from ..statedict import check_state_dict, safetensors_bytes
 
 SAFETENSORS_SUFFIXES = (".safetensors",)
@@ -85,8 +85,7 @@ def save_state_dict_file(
     An existing file at ``path`` is refused (FileExistsError) unless ``overwrite=True``, checked again at the
     commit; ``overwrite`` replaces only a regular file, and keeps its permissions."""
     path = Path(path)
-    if not overwrite:
-        refuse_existing(path, "pass overwrite=True (--force on the command line) to replace it")
+    check_file_output(path, overwrite, "pass overwrite=True (--force on the command line) to replace it")
     state_dict = check_state_dict(state_dict, "state dict to save")
     if _suffix(path) in SAFETENSORS_SUFFIXES:
         data = safetensors_bytes(state_dict)
