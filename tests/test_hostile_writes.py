@@ -198,7 +198,8 @@ def test_a_folder_that_appears_while_convert_writes_hf_is_kept(tmp_path, model_f
     code, err = cli(capsys, "convert", model_file, dst, "--to", "hf")
     assert code == 2
     assert err == f"vit-einops convert: error: {dst} already holds config.json; pass --force to replace them\n"
-    assert tree(tmp_path) == {"hf": "dir", "hf/config.json": hashlib.sha256(b"theirs").hexdigest(), **tree_of(model_file)}
+    theirs = hashlib.sha256(b"theirs").hexdigest()
+    assert tree(tmp_path) == {"hf": "dir", "hf/config.json": theirs, **tree_of(model_file)}
 
 
 def tree_of(file) -> dict[str, str]:
@@ -263,6 +264,34 @@ def test_a_second_inspect_into_one_folder_fails_and_leaves_its_leftovers(tmp_pat
         holder.stop()
     assert code == 2 and f"{out} is being written by another vit-einops process (pid {holder.pid}," in err
     assert tree(tmp_path) == {name: v for name, v in before.items() if name != ".out.lock"}  # the holder's, gone
+
+
+def test_a_second_bench_into_one_folder_fails_before_measuring(tmp_path, capsys):
+    holder = Holder(tmp_path / "b")
+    try:
+        code, err = cli(capsys, "bench", "--smoke", "--out", tmp_path / "b")
+    finally:
+        holder.stop()
+    assert code == 2 and f"{tmp_path / 'b'} is being written by another vit-einops process (pid {holder.pid}," in err
+    assert os.listdir(tmp_path) == []  # nothing made, the holder's lock file gone with it
+
+
+def test_bench_keeps_a_result_file_that_appears_during_its_run_and_removes_its_leftovers(
+    tmp_path, monkeypatch, capsys
+):
+    import vit_einops.bench.report as report
+
+    out = tmp_path / "b"
+    out.mkdir()
+    (out / ".results.json.abcd1234.tmp").write_text("half")  # of a killed run
+    appearing(monkeypatch, report, "write_json", lambda: (out / "results.json").write_text("theirs"))
+    one_point = ["--threads", "1", "--batches", "1", "--tokens", "9", "--modes", "forward", "--skip-layer"]
+    code = main(["bench", "--smoke", "--out", str(out), "--skip-model", *one_point])
+    err = capsys.readouterr().err  # the progress bar's lines, then the error's
+    assert code == 2 and "Traceback" not in err
+    says = f"vit-einops bench: error: {out}/results.json already exists at the commit; it was left as it is"
+    assert err.splitlines()[-1] == says
+    assert (out / "results.json").read_text() == "theirs" and sorted(os.listdir(out)) == ["results.json", "table.txt"]
 
 
 def test_two_creating_writes_of_one_file_one_wins(tmp_path):
