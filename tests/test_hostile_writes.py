@@ -302,6 +302,20 @@ def test_two_creating_writes_of_one_file_one_wins(tmp_path):
     assert path.read_bytes() == b"first" and os.listdir(tmp_path) == ["f.bin"]
 
 
+def test_without_renameat2_files_are_created_by_exclusive_link_and_directories_swapped_aside(
+    tmp_path, hf_dir, model_file, monkeypatch, capsys
+):
+    """Where the system has no renameat2 (not Linux, an old libc, a filesystem without it): the same outcomes."""
+    monkeypatch.setattr(_io, "_rename2", lambda src, dst, flags: False)
+    atomic_write_bytes(tmp_path / "f.bin", b"first", replace=False)
+    with pytest.raises(FileExistsError, match="f.bin already exists at the commit; it was left as it is$"):
+        atomic_write_bytes(tmp_path / "f.bin", b"second", replace=False)
+    assert cli(capsys, "convert", model_file, hf_dir, "--to", "hf", "--force")[0] == 0
+    assert sorted(os.listdir(hf_dir)) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(tmp_path)) == ["f.bin", "hf", "m.safetensors", "old.safetensors"]
+    assert (tmp_path / "f.bin").read_bytes() == b"first"
+
+
 # --- an output is never an input, a link to one, inside one or holding one ----------------------------------------
 
 

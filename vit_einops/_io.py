@@ -192,9 +192,9 @@ def _commit_directory(staging: Path, path: Path, owned: Collection[str], replace
         if _rename2(staging, path, _EXCHANGE):
             try:  # staging now holds what was at path at the moment of the swap
                 _check_directory(staging, owned, replace)
-            except (ValueError, FileExistsError):
+            except (ValueError, FileExistsError) as err:
                 _rename2(staging, path, _EXCHANGE)  # put it back
-                raise
+                raise type(err)(str(err).replace(str(staging), str(path))) from None
         else:  # set the old one aside, move the new in: a kill between leaves it aside (remove_leftovers restores it)
             aside = tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".replaced")
             os.rename(path, aside)
