@@ -88,6 +88,25 @@ def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> A
     return model
 
 
+def model_inputs(path: str | Path, source: str | None = None) -> list[Path]:
+    """The files and directories that loading MODEL ``path`` reads: what no output of the command may be, hold,
+    or lie inside (:func:`vit_einops._io.check_output`).
+
+    A training run directory gives its model file and checkpoint, not itself, so that the run's own folder can take
+    the command's outputs (inspect writes runs/x/inspect); a Hugging Face weights file brings the config files
+    read beside it; any other path is itself. ``source`` None (recognised from the file) counts as every form.
+    """
+    path = Path(path)
+    run = path.is_dir() and ((path / "model.safetensors").exists() or (path / "checkpoint").is_dir())
+    if source in (None, "vit-einops") and run:
+        return [path / "model.safetensors", path / "checkpoint", path / "checkpoint.json"]
+    if source in (None, "vit-einops") and path.name == "checkpoint.json":
+        return [path.parent]
+    if source in (None, "hf") and not path.is_dir():
+        return [path, path.parent / "config.json", path.parent / "preprocessor_config.json"]
+    return [path]
+
+
 def preprocessing_from_args(args: argparse.Namespace, model: Any) -> Any:
     """The model's preprocessing with the command line's overrides applied."""
     import dataclasses

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from ..sources import SOURCES
-from ._model import add_model_arguments, load_model_from_args, parse_size
+from ._model import add_model_arguments, load_model_from_args, model_inputs, parse_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,14 +35,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace DST if it exists")
 
 
-def _same_path(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
-
-
 def run(args: argparse.Namespace) -> int:
+    from .._io import check_output, output_lock
+
+    src, dst = Path(args.src), Path(args.dst)
+    check_output(dst, model_inputs(src, args.source))
+    # Held from the first check to the commit: a second convert to DST fails at once, naming this one.
+    with output_lock(dst, parents=args.target == "hf"):
+        return _convert(args, src, dst)
+
+
+def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
     from ..interop import (
         resample_vit,
         save_hf,
@@ -53,13 +55,14 @@ def run(args: argparse.Namespace) -> int:
         to_torchvision,
         torchvision_kwargs,
     )
+    from .._io import check_directory_output, check_file_output
+    from ..interop.hf import HF_FILES
     from ..modelfile import save_vit
 
-    src, dst = Path(args.src), Path(args.dst)
-    if _same_path(src, dst):
-        raise ValueError(f"SRC and DST are the same file ({src}); write the conversion somewhere else")
-    if (dst.exists() or dst.is_symlink()) and not args.force:
-        raise FileExistsError(f"{dst} already exists; pass --force to replace it")
+    if args.target == "hf":
+        check_directory_output(dst, HF_FILES, args.force)
+    else:
+        check_file_output(dst, args.force, "pass --force to replace it")
     model = load_model_from_args(args, str(src))
     if args.resample_to is not None:
         preprocessing, class_names, source = model.preprocessing, model.class_names, model.source

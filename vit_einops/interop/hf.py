@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_bytes, check_regular_file, read_regular_file, refuse_existing
+from .._io import atomic_write_bytes, check_regular_file, read_regular_file, staged_directory
 from ..config import ViTConfig
 from ..model import ViT
 from ..statedict import (
@@ -54,6 +54,8 @@ from .io import load_state_dict_file
 SOURCE = "hf"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CONFIG_NAME, PROCESSOR_NAME = "config.json", "preprocessor_config.json"
+# What save_hf writes: the only names a directory it replaces may hold.
+HF_FILES = frozenset((WEIGHT_FILES[0], CONFIG_NAME, PROCESSOR_NAME))
 # transformers names its untitled labels LABEL_0, LABEL_1...: those are no class names.
 _PLACEHOLDER = re.compile(r"LABEL_\d+")
 _LAYER = "vit.encoder.layer.{i}."
@@ -353,26 +355,30 @@ def load_hf(
     return model
 
 
+def _json_bytes(data: dict[str, Any]) -> bytes:
+    return (json.dumps(data, indent=2) + "\n").encode()
+
+
 def save_hf(model: ViT, directory: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write ``model`` as a directory that ``transformers.ViTForImageClassification.from_pretrained`` (or
     ``ViTModel``, for a model with a pooler and no classifier) loads: config.json, model.safetensors and, when the
-    model's preprocessing is ViTImageProcessor-shaped, preprocessor_config.json. Files are written atomically; an
-    existing directory is refused unless ``overwrite``."""
+    model's preprocessing is ViTImageProcessor-shaped, preprocessor_config.json.
+
+    The directory is written as one unit (:func:`vit_einops._io.staged_directory`): a kill leaves the whole old
+    directory or the whole new one, and a file of the old one that the new one lacks is gone. An existing non-empty
+    directory is refused unless ``overwrite``; one that holds any other file is refused even then."""
     directory = Path(directory)
     state, hf_cfg = to_hf(model)
-    if directory.exists() and not directory.is_dir():
-        raise ValueError(f"{directory} exists and is not a directory")
-    if not overwrite and directory.exists() and any(directory.iterdir()):
-        refuse_existing(directory, "pass overwrite=True (--force on the command line) to write into it")
     processor = None
     if model.preprocessing is not None:
         try:
             processor = preprocessing_to_hf(model.preprocessing)
         except ValueError:
             processor = None  # torchvision/timm-style resize + crop: no ViTImageProcessor equivalent
-    directory.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(directory / "model.safetensors", safetensors_bytes(state, {"format": "pt"}))
-    atomic_write_bytes(directory / CONFIG_NAME, (json.dumps(hf_cfg, indent=2) + "\n").encode())
+    files = {WEIGHT_FILES[0]: safetensors_bytes(state, {"format": "pt"}), CONFIG_NAME: _json_bytes(hf_cfg)}
     if processor is not None:
-        atomic_write_bytes(directory / PROCESSOR_NAME, (json.dumps(processor, indent=2) + "\n").encode())
+        files[PROCESSOR_NAME] = _json_bytes(processor)
+    with staged_directory(directory, owned=HF_FILES, replace=overwrite) as staging:
+        for name, data in files.items():
+            atomic_write_bytes(staging / name, data, replace=False)
     return directory
