@@ -46,6 +46,7 @@ def default_out(model_path: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from .._checks import check_positive_int
+    from .._text import printable
     from ..inspect import write_report
 
     if (args.model is None) == (args.checkpoint is None):
@@ -75,5 +76,5 @@ def run(args: argparse.Namespace) -> int:
         display_images=images["display"],
     )
     for name, path in paths.items():
-        print(f"{name:>20}: {path}")
+        print(f"{name:>20}: {printable(path)}")
     return 0
