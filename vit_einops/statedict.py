@@ -69,14 +69,26 @@ def check_keys(state_dict: Mapping[str, torch.Tensor], expected: Mapping[str, to
         raise StateDictMismatchError(source, missing, unexpected, mis_shaped)
 
 
+# The dtypes a model runs in. float8 is a storage format: torch has no layer norm, softmax or isfinite for it.
+MODEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def check_weights(state_dict: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype | None) -> None:
-    """Every tensor floating point and finite; with ``dtype`` None, all of one dtype (a model runs in one)."""
+    """Every tensor floating point (of :data:`MODEL_DTYPES`) and finite; with ``dtype`` None, all of one dtype (a
+    model runs in one)."""
     not_float = sorted(k for k, v in state_dict.items() if not v.is_floating_point())
     if not_float:
         k = not_float[0]
         raise ValueError(
             f"{source}: weights must be floating point; {len(not_float)} tensors are not, e.g. {k!r} "
             f"({state_dict[k].dtype})"
+        )
+    other = sorted(k for k, v in state_dict.items() if v.dtype not in MODEL_DTYPES)
+    if other:
+        k = other[0]
+        raise ValueError(
+            f"{source}: weights must be float16, bfloat16, float32 or float64; {len(other)} tensors are "
+            f"{state_dict[k].dtype}, e.g. {k!r} (float8 and other storage formats are not read: dequantise first)"
         )
     dtypes = sorted({str(v.dtype) for v in state_dict.values()})
     if dtype is None and len(dtypes) > 1:
@@ -90,18 +102,31 @@ def cast_weights(
     state_dict: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype | None
 ) -> dict[str, torch.Tensor]:
     """:func:`check_weights`, then every tensor cast to ``dtype`` (None keeps them as they are)."""
-    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or dtype not in MODEL_DTYPES):
+        raise TypeError(f"dtype must be torch.float16, bfloat16, float32, float64 or None, got {dtype!r}")
     state_dict = check_state_dict(state_dict, source)
     check_weights(state_dict, source, dtype)
     return state_dict if dtype is None else {k: v.to(dtype) for k, v in state_dict.items()}
 
 
+def _meta_vit(config: ViTConfig, attn_impl: str | Sequence[str] = "einsum") -> ViT:
+    """A ViT for ``config`` on the meta device. A config whose tensors could not exist (more bytes than an int64
+    counts: torch's "Storage size calculation overflowed") is a ValueError naming its sizes."""
+    try:
+        with torch.device("meta"):
+            return ViT.from_config(config, attn_impl=attn_impl)
+    except RuntimeError as err:
+        if "Storage size calculation overflowed" not in str(err):
+            raise
+        raise ValueError(
+            f"config with dim {config.dim}, mlp_dim {config.mlp_dim}, depth {config.depth} and image_size "
+            f"{tuple(config.image_size)} is too large: one of its weights would hold more than 2**63 bytes"
+        ) from err
+
+
 def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
     """Our state-dict keys and shapes for ``config``, from a model on the meta device (no memory, no init cost)."""
-    with torch.device("meta"):
-        model = ViT.from_config(config)
-    return {k: v.shape for k, v in model.state_dict().items()}
+    return {k: v.shape for k, v in _meta_vit(config).state_dict().items()}
 
 
 def build_vit(
@@ -112,8 +137,7 @@ def build_vit(
 
     Built on the meta device: the random init that loading would overwrite is never computed (seconds for ViT-H).
     """
-    with torch.device("meta"):
-        model = ViT.from_config(config, attn_impl=attn_impl)
+    model = _meta_vit(config, attn_impl)
     model.load_state_dict({k: v.detach().clone() for k, v in state_dict.items()}, assign=True)
     return model
 
