@@ -13,7 +13,7 @@ from .._checks import check_index
 from .._io import atomic_write_bytes
 from .._plot import save_figure
 from ..model import ViT
-from ..predict import class_name
+from ..predict import check_finite_outputs, class_name
 from .distance import mean_attention_distance, patch_distances
 from .embeddings import embedding_filter_components, position_similarity
 from .figures import plot_attention_distance, plot_attention_overlays, plot_filters, plot_position_similarity
@@ -23,6 +23,15 @@ from .rollout import attention_rollout, class_attention_grid
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a is b or (a.shape == b.shape and a.device == b.device and torch.equal(a, b))
+
+
+def _check_finite(arrays: dict[str, torch.Tensor]) -> None:
+    bad = [name for name, value in arrays.items() if value.is_floating_point() and not torch.isfinite(value).all()]
+    if bad:
+        raise ValueError(
+            f"inspect computed non-finite values (nan or inf) in {', '.join(bad)}; nothing was written "
+            "(the model's weights or the preprocessing overflow float32)"
+        )
 
 
 @torch.no_grad()
@@ -59,10 +68,10 @@ def write_report(
     layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
     model.eval()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     cfg = model.config
     with AttentionRecorder(model) as recorder:
         logits = model(images)
+    check_finite_outputs(images, logits)
     maps = recorder.maps  # (l, b, h, n, n)
     heads = class_attention_grid(maps[layer], cfg.grid_size)  # (b, h, gh, gw)
     rollout = attention_rollout(maps)
@@ -88,15 +97,6 @@ def write_report(
     similarity = position_similarity(model.patch_embed.pos_embed.weight, cfg.grid_size)
     components, explained = embedding_filter_components(model)
 
-    figures = {
-        "attention": plot_attention_overlays(
-            images if display_images is None else display_images, heads, rollout_grid, titles, layer=layer
-        ),
-        "attention_distance": plot_attention_distance(distance, uniform),
-        "position_similarity": plot_position_similarity(similarity),
-        "embedding_filters": plot_filters(components, explained),
-    }
-    paths = {name: save_figure(fig, out / f"{name}.png") for name, fig in figures.items()}
     arrays = {
         "images": images,
         "logits": logits,
@@ -109,6 +109,19 @@ def write_report(
         "filter_components": components,
         "filter_explained_variance": explained,
     }
+    # Nothing is written when any array is nan or inf: figures of them would draw nothing, and arrays.npz would
+    # hand the NaN on to whoever reads it.
+    _check_finite(arrays)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = {
+        "attention": plot_attention_overlays(
+            images if display_images is None else display_images, heads, rollout_grid, titles, layer=layer
+        ),
+        "attention_distance": plot_attention_distance(distance, uniform),
+        "position_similarity": plot_position_similarity(similarity),
+        "embedding_filters": plot_filters(components, explained),
+    }
+    paths = {name: save_figure(fig, out / f"{name}.png") for name, fig in figures.items()}
     buf = io.BytesIO()
     np.savez(buf, **{k: v.detach().cpu().numpy() for k, v in arrays.items()})
     atomic_write_bytes(out / "arrays.npz", buf.getvalue())
