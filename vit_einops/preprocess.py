@@ -258,8 +258,9 @@ class Preprocessing:
 
 def _short(n: int) -> str:
     """An int as its digits, or as 1.23e+45 when it has too many to read (a resize of floor(224 / 1e-300))."""
-    text = str(n)
-    return text if len(text) <= 12 else f"{text[0]}.{text[1:3]}e+{len(text) - 1}"
+    from decimal import Decimal
+
+    return str(n) if n < 10**12 else f"{Decimal(n):.3g}"  # Decimal: ints past float's range round too
 
 
 def _floats(name: str, values: Any) -> tuple[float, ...]:
