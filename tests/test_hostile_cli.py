@@ -79,7 +79,10 @@ def test_config_too_large_for_any_tensor_is_one_line(tmp_path, image, config, si
 
 
 # --- NotImplementedError: float8 weights (torch has no isfinite, layer norm or softmax for them) ---------------------
-@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz])
+FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
+
+
+@pytest.mark.parametrize("dtype", FLOAT8)
 def test_float8_weights_are_refused_naming_the_dtype(tmp_path, image, dtype):
     model = raw_model_file(tmp_path / "m.safetensors", dtype=dtype)
     assert_user_error(

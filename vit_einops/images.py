@@ -33,9 +33,9 @@ def open_image(path: str | os.PathLike) -> Any:
     """Read an image file into a PIL image (decoded, file closed), refusing what is not a sane image file.
 
     Raises ValueError naming the file: a missing path, a directory, a FIFO or device (opening one would block or
-    never end), a file over 1 GiB, a format not in :data:`FORMATS` (whatever its suffix), or more than :data:`MAX_PIXELS` pixels (checked from
-    the header, before decoding). The image keeps its mode; the model's preprocessing converts it
-    (:func:`to_model_mode`).
+    never end), a file over 1 GiB, a format not in :data:`FORMATS` (whatever its suffix), or more than
+    :data:`MAX_PIXELS` pixels (checked from the header, before decoding). The image keeps its mode; the model's
+    preprocessing converts it (:func:`to_model_mode`).
     """
     import warnings
 

@@ -37,8 +37,8 @@ BACKENDS = ("pil", "torch")  # who resizes: PIL (torchvision and timm on PIL ima
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # torchvision's and timm's IMAGENET_DEFAULT_MEAN
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INCEPTION_MEAN = INCEPTION_STD = (0.5, 0.5, 0.5)  # timm's augreg ViTs and google/vit-* on the hub
-CONVENTIONS = ("torchvision", "timm", "hf", "plain")
-FLOAT32_TINY = 2.0**-126  # torch.finfo(torch.float32).tiny, without importing torch  # the recipes by name: Preprocessing.convention
+CONVENTIONS = ("torchvision", "timm", "hf", "plain")  # the recipes by name: Preprocessing.convention
+FLOAT32_TINY = 2.0**-126  # torch.finfo(torch.float32).tiny, without importing torch
 
 
 @dataclass(frozen=True)

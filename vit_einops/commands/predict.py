@@ -36,5 +36,6 @@ def run(args: argparse.Namespace) -> int:
     for image, top in zip(args.images, results):
         print(printable(image))
         for p in top:
-            print(f"  {p.probability:7.2%}  {printable(p.label)}" + ("" if model.class_names is None else f"  ({p.index})"))
+            index = "" if model.class_names is None else f"  ({p.index})"
+            print(f"  {p.probability:7.2%}  {printable(p.label)}{index}")
     return 0
