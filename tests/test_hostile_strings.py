@@ -175,3 +175,19 @@ def test_id2label_of_strings_becomes_the_class_names_and_int_keys_are_read(tmp_p
     assert model.class_names == [f"digit {i}" for i in range(10)]
     assert hf_config({"id2label": {i: f"c{i}" for i in range(3)}}).num_classes == 3  # transformers' to_dict()
     assert load_hf(hf_dir(tmp_path / "b", {str(i): f"LABEL_{i}" for i in range(10)})).class_names is None
+
+
+def test_state_dict_keys_from_a_file_cannot_start_a_line_of_the_error(tmp_path):
+    """The one error of several lines (a state dict's mismatch, a line per kind) escapes the keys it quotes."""
+    from vit_einops.modelfile import model_metadata
+    from vit_einops.statedict import safetensors_bytes
+
+    model = tiny_model()
+    state = {**model.state_dict(), "x\n  missing keys (0): \x1b[2J": torch.zeros(1)}
+    (tmp_path / "m.safetensors").write_bytes(safetensors_bytes(state, model_metadata(model)))
+    result = run_cli("predict", tmp_path / "m.safetensors", grey_png(tmp_path / "x.png"))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"vit-einops predict: error: {tmp_path / 'm.safetensors'} state dict does not match the expected layout:",
+        "  unexpected keys (1): x\\n  missing keys (0): \\x1b[2J",
+    ]

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ._text import printable
 from .config import ViTConfig
 from .model import ViT
 from .patch_embed import conv_to_linear_weight, linear_to_conv_weight
@@ -32,13 +33,14 @@ class StateDictMismatchError(ValueError):
         mis_shaped: dict[str, tuple[tuple[int, ...], tuple[int, ...]]],
     ) -> None:
         self.missing, self.unexpected, self.mis_shaped = missing, unexpected, mis_shaped
-        lines = [f"{source} state dict does not match the expected layout:"]
+        # One line per kind of mismatch; the keys and source come from a file, so none may start a line of its own.
+        lines = [f"{printable(source)} state dict does not match the expected layout:"]
         if missing:
-            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
+            lines.append(f"  missing keys ({len(missing)}): {', '.join(map(printable, missing))}")
         if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(map(printable, unexpected))}")
         for key, (got, want) in mis_shaped.items():
-            lines.append(f"  mis-shaped {key}: got {tuple(got)}, expected {tuple(want)}")
+            lines.append(f"  mis-shaped {printable(key)}: got {tuple(got)}, expected {tuple(want)}")
         super().__init__("\n".join(lines))
 
 
