@@ -6,6 +6,7 @@ VIT_EINOPS_TRACEBACK=1 shows its traceback."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -83,13 +84,23 @@ FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.f
 
 
 @pytest.mark.parametrize("dtype", FLOAT8)
-def test_float8_weights_are_refused_naming_the_dtype(tmp_path, image, dtype):
-    model = raw_model_file(tmp_path / "m.safetensors", dtype=dtype)
-    assert_user_error(
-        run_cli("predict", model, image),
-        rf"m.safetensors: weights must be float16, bfloat16, float32 or float64; \d+ tensors are {dtype}, e.g. "
-        r"'[\w.]+' \(float8 and other storage formats are not read: dequantise first\)",
-    )
+def test_float8_weights_are_cast_exactly_or_refused_naming_the_dtype(tmp_path, image, dtype):
+    """float8 is a storage format: its weights load cast to float32 (exactly: every float8 value is a float32), and
+    keeping the file's dtype (dtype=None), which no model runs in, is refused naming it."""
+    from safetensors.torch import load_file
+
+    from vit_einops.modelfile import load_vit
+
+    path = raw_model_file(tmp_path / "m.safetensors", dtype=dtype)
+    stored = load_file(path)
+    model = load_vit(path)
+    for key, value in model.state_dict().items():
+        assert value.dtype == torch.float32 and torch.equal(value, stored[key].float()), key
+    result = run_cli("predict", path, image, "--top-k", "1")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert re.fullmatch(r".*digit\.png\n +\d+\.\d\d%  class \d\n", result.stdout)
+    with pytest.raises(ValueError, match=rf"m.safetensors: \d+ tensors are {dtype} \(e.g. '[\w.]+'\), which no model "):
+        load_vit(path, dtype=None)
 
 
 # --- OverflowError: sizes past a C long reached PIL ------------------------------------------------------------------

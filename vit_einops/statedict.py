@@ -71,13 +71,14 @@ def check_keys(state_dict: Mapping[str, torch.Tensor], expected: Mapping[str, to
         raise StateDictMismatchError(source, missing, unexpected, mis_shaped)
 
 
-# The dtypes a model runs in. float8 is a storage format: torch has no layer norm, softmax or isfinite for it.
+# The dtypes a model runs in. float8 is a storage format only (torch has no layer norm, softmax or isfinite for it):
+# float8 weights are read by casting them, exactly, to one of these.
 MODEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def check_weights(state_dict: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype | None) -> None:
-    """Every tensor floating point (of :data:`MODEL_DTYPES`) and finite; with ``dtype`` None, all of one dtype (a
-    model runs in one)."""
+    """Every tensor floating point and finite; with ``dtype`` None, all of one dtype (a model runs in one), and that
+    one of :data:`MODEL_DTYPES`."""
     not_float = sorted(k for k, v in state_dict.items() if not v.is_floating_point())
     if not_float:
         k = not_float[0]
@@ -85,17 +86,17 @@ def check_weights(state_dict: Mapping[str, torch.Tensor], source: str, dtype: to
             f"{source}: weights must be floating point; {len(not_float)} tensors are not, e.g. {k!r} "
             f"({state_dict[k].dtype})"
         )
-    other = sorted(k for k, v in state_dict.items() if v.dtype not in MODEL_DTYPES)
-    if other:
-        k = other[0]
+    storage_only = sorted(k for k, v in state_dict.items() if v.dtype not in MODEL_DTYPES)
+    if dtype is None and storage_only:
+        k = storage_only[0]
         raise ValueError(
-            f"{source}: weights must be float16, bfloat16, float32 or float64; {len(other)} tensors are "
-            f"{state_dict[k].dtype}, e.g. {k!r} (float8 and other storage formats are not read: dequantise first)"
+            f"{source}: {len(storage_only)} tensors are {state_dict[k].dtype} (e.g. {k!r}), which no model runs in; "
+            "pass dtype=torch.float32 to cast them (exactly)"
         )
     dtypes = sorted({str(v.dtype) for v in state_dict.values()})
     if dtype is None and len(dtypes) > 1:
         raise ValueError(f"{source}: tensors of several dtypes {dtypes}; pass dtype=torch.float32 to cast them")
-    bad = [k for k, v in state_dict.items() if not torch.isfinite(v).all()]
+    bad = [k for k, v in state_dict.items() if not torch.isfinite(v if v.dtype in MODEL_DTYPES else v.float()).all()]
     if bad:
         raise ValueError(f"{source}: non-finite values (nan or inf) in {len(bad)} tensors, e.g. {bad[0]!r}")
 
