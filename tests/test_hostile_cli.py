@@ -1,6 +1,6 @@
 """No traceback for any input: each kind of exception a hostile input used to raise through the command line, with
-three or more inputs each, now gives one line (exit status 2) naming the problem, and never reaches the
-internal-error path. A bug of ours (any other exception) is "internal error: ..." (exit status 1), and --debug or
+three or more inputs each, now gives one line (exit status 2) naming the problem (float8 weights, which torch cannot
+check, are read exactly instead), and never reaches the internal-error path. A bug of ours (any other exception) is "internal error: ..." (exit status 1), and --debug or
 VIT_EINOPS_TRACEBACK=1 shows its traceback."""
 
 from __future__ import annotations
