@@ -185,7 +185,11 @@ def load_vit(
     except (SafetensorError, ValueError, OSError) as err:
         raise ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {err}") from err
     stored = info["config"]
-    check_keys(state_dict, expected_shapes(stored), str(path))
+    try:
+        expected = expected_shapes(stored)
+    except ValueError as err:  # a config too large for any tensor
+        raise ValueError(f"{path}: {err}") from err
+    check_keys(state_dict, expected, str(path))
     state_dict = cast_weights(state_dict, str(path), dtype)
     config = ViTConfig.from_dict({**stored.to_dict(), **overrides})
     impl = info["attn_impl"] if attn_impl is None else attn_impl

@@ -78,6 +78,8 @@ def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> A
         kwargs = {"heads": args.heads, "image_size": args.image_size}
         if source == "timm":
             kwargs["global_pool"] = args.global_pool
+        elif args.global_pool != "token":
+            raise ValueError("--global-pool is timm's option; a torchvision ViT always pools the class token")
     elif args.heads is not None or args.image_size is not None or args.global_pool != "token":
         raise ValueError(
             "--heads, --image-size and --global-pool describe torchvision/timm files; "

@@ -12,6 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
+from .._text import printable
 from ..sources import SOURCES
 from ._model import add_model_arguments, load_model_from_args, model_inputs, parse_size
 
@@ -73,12 +74,12 @@ def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
         model.preprocessing = None if preprocessing is None or preprocessing.output_size else preprocessing
     if args.target == "vit-einops":
         save_vit(model, dst, overwrite=args.force)
-        print(f"wrote {dst}: vit-einops, config {json.dumps(model.config.to_dict())}")
+        print(f"wrote {printable(dst)}: vit-einops, config {json.dumps(model.config.to_dict())}")
         if model.preprocessing is not None:
             print(f"  preprocessing {json.dumps(model.preprocessing.to_dict())}")
     elif args.target == "hf":
         save_hf(model, dst, overwrite=args.force)
-        print(f"wrote {dst}/: Hugging Face ViT (config.json, model.safetensors)")
+        print(f"wrote {printable(dst)}/: Hugging Face ViT (config.json, model.safetensors)")
         if not (dst / "preprocessor_config.json").exists():
             print("  no preprocessor_config.json: ViTImageProcessor cannot express this model's resize + crop")
     else:
@@ -86,5 +87,5 @@ def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
             (to_torchvision, torchvision_kwargs) if args.target == "torchvision" else (to_timm, timm_kwargs)
         )
         save_state_dict_file(export(model), dst, overwrite=args.force)
-        print(f"wrote {dst}: {args.target} state dict; build its model with {kwargs(model.config)}")
+        print(f"wrote {printable(dst)}: {args.target} state dict; build its model with {kwargs(model.config)}")
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from .._text import printable
 from ._model import add_model_arguments, default_images, load_model_from_args, model_inputs
 
 DIGIT_IMAGES = 4  # test digits 0..3: a small model, a small page
@@ -61,5 +62,5 @@ def _explore(args: argparse.Namespace) -> int:
         bits=args.bits,
         overwrite=args.force,
     )
-    print(f"explorer: {path} ({path.stat().st_size / 1e6:.2f} MB, {len(inputs)} images)")
+    print(f"explorer: {printable(path)} ({path.stat().st_size / 1e6:.2f} MB, {len(inputs)} images)")
     return 0

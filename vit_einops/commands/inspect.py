@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     from .._io import check_directory_output
+    from .._text import printable
     from ..inspect import write_report
     from ..inspect.report import REPORT_FILES
 
@@ -84,5 +85,5 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
         overwrite=args.force,
     )
     for name, path in paths.items():
-        print(f"{name:>20}: {path}")
+        print(f"{name:>20}: {printable(path)}")
     return 0

@@ -13,7 +13,7 @@ from .._checks import check_index
 from .._io import atomic_write_bytes, staged_directory
 from .._plot import save_figure
 from ..model import ViT
-from ..predict import class_name
+from ..predict import check_finite_outputs, class_name
 from .distance import distance_sums, mean_attention_distance, patch_distances, ratio_or_nan
 from .embeddings import embedding_filter_components, position_similarity
 from .figures import plot_attention_distance, plot_attention_overlays, plot_filters, plot_position_similarity
@@ -27,6 +27,25 @@ REPORT_FILES = frozenset((*(f"{name}.png" for name in FIGURES), "arrays.npz"))
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a is b or (a.shape == b.shape and a.device == b.device and torch.equal(a, b))
+
+
+# nan here means "undefined", not overflow: a head whose patches attend only to the class token sends no attention
+# between patches, so it has no mean attention distance (see distance_sums). Such heads are common in trained ViTs.
+UNDEFINED_WHERE_NAN = ("mean_attention_distance",)
+
+
+def _check_finite(arrays: dict[str, torch.Tensor]) -> None:
+    def finite(name: str, value: torch.Tensor) -> bool:
+        if name in UNDEFINED_WHERE_NAN:
+            return not torch.isinf(value).any()
+        return bool(torch.isfinite(value).all())
+
+    bad = [name for name, value in arrays.items() if value.is_floating_point() and not finite(name, value)]
+    if bad:
+        raise ValueError(
+            f"inspect computed non-finite values (nan or inf) in {', '.join(bad)}; nothing was written "
+            "(the model's weights or the preprocessing overflow float32)"
+        )
 
 
 @torch.no_grad()
@@ -71,6 +90,7 @@ def write_report(
     cfg = model.config
     with AttentionRecorder(model) as recorder:
         logits = model(images)
+    check_finite_outputs(images, logits)
     maps = recorder.maps  # (l, b, h, n, n)
     heads = class_attention_grid(maps[layer], cfg.grid_size)  # (b, h, gh, gw)
     rollout = attention_rollout(maps)
@@ -98,14 +118,6 @@ def write_report(
     similarity = position_similarity(model.patch_embed.pos_embed.weight, cfg.grid_size)
     components, explained = embedding_filter_components(model)
 
-    figures = {
-        "attention": plot_attention_overlays(
-            images if display_images is None else display_images, heads, rollout_grid, titles, layer=layer
-        ),
-        "attention_distance": plot_attention_distance(distance, uniform),
-        "position_similarity": plot_position_similarity(similarity),
-        "embedding_filters": plot_filters(components, explained),
-    }
     arrays = {
         "images": images,
         "logits": logits,
@@ -117,6 +129,17 @@ def write_report(
         "position_similarity": similarity,
         "filter_components": components,
         "filter_explained_variance": explained,
+    }
+    # Nothing is written when any array is nan or inf: figures of them would draw nothing, and arrays.npz would
+    # hand the NaN on to whoever reads it.
+    _check_finite(arrays)
+    figures = {
+        "attention": plot_attention_overlays(
+            images if display_images is None else display_images, heads, rollout_grid, titles, layer=layer
+        ),
+        "attention_distance": plot_attention_distance(distance, uniform),
+        "position_similarity": plot_position_similarity(similarity),
+        "embedding_filters": plot_filters(components, explained),
     }
     buf = io.BytesIO()
     np.savez(buf, **{k: v.detach().cpu().numpy() for k, v in arrays.items()})

@@ -110,6 +110,41 @@ def _normalise_keys(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.T
     return out
 
 
+def id2label(hf: Mapping[str, Any]) -> list[str] | None:
+    """config.json's ``id2label`` as a list of names (None when absent, null or empty).
+
+    transformers writes a JSON object of "0".."n-1" to names. Anything else (a list, a key missing or out of order,
+    a name that is a number, null or an object) raises ValueError naming the key and what it holds: a label that is
+    not a string is no class name, and ``str(None)`` is not one either.
+    """
+    labels = hf.get("id2label")
+    if labels is None or labels == {}:
+        return None
+    if not isinstance(labels, Mapping):
+        raise ValueError(f"config.json id2label must be a JSON object of index to name, got a {type(labels).__name__}")
+    # JSON keys are strings; a transformers config in memory (``config.to_dict()``) has int keys.
+    labels = {str(k) if type(k) is int else k: v for k, v in labels.items()}
+    expected = [str(i) for i in range(len(labels))]
+    if set(labels) != set(expected):
+        keys = ", ".join(repr(k) for k in list(labels)[:5]) + (", ..." if len(labels) > 5 else "")
+        raise ValueError(f"config.json id2label keys must be the indices 0..{len(labels) - 1}, got {keys}")
+    for key in expected:
+        if not isinstance(labels[key], str):
+            value = labels[key]
+            got = "null" if value is None else f"{json.dumps(value)[:40]} ({_json_type(value)})"
+            raise ValueError(f"config.json id2label[{key!r}] must be a string (a class name), got {got}")
+    return [labels[key] for key in expected]
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type: what the user sees in their config.json."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {dict: "an object", list: "an array"}.get(type(value), type(value).__name__)
+
+
 def hf_config(hf: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     """The ViTConfig of a transformers ``ViTConfig`` dict (config.json)."""
     check_free_fields(overrides)
@@ -134,7 +169,8 @@ def hf_config(hf: Mapping[str, Any], **overrides: Any) -> ViTConfig:
         )
     dim = hf.get("hidden_size", 768)
     classify = arch.endswith("ForImageClassification")
-    num_labels = len(hf.get("id2label") or {}) or hf.get("num_labels", 2)
+    labels = id2label(hf)
+    num_labels = len(labels) if labels else hf.get("num_labels", 2)
     fields = {
         "image_size": hf.get("image_size", 224),
         "patch_size": hf.get("patch_size", 16),
@@ -342,9 +378,8 @@ def load_hf(
     config = hf_config(hf, **overrides)
     state_dict = cast_weights(load_state_dict_file(weights), str(weights), dtype)
     model = build_vit(config, from_hf(state_dict, config), attn_impl)
-    labels = hf.get("id2label") or {}
-    names = [str(labels.get(str(i), labels.get(i, ""))) for i in range(config.num_classes)]
-    if config.num_classes and not all(_PLACEHOLDER.fullmatch(n) for n in names):
+    names = id2label(hf)
+    if config.num_classes and names and not all(_PLACEHOLDER.fullmatch(n) for n in names):
         model.class_names = names
     processor = directory / PROCESSOR_NAME
     if processor.exists() or processor.is_symlink():  # a FIFO or broken link is an error, not "absent"
