@@ -6,7 +6,7 @@ The layers, lowest first. A module imports from its own unit or from a lower lay
 layer of tools never import each other (what two tools share moves down into the core).
 
     base      helpers with no model in them: checks, atomic I/O, verified downloads, lazy exports, init, Sequential,
-              plotting
+              plotting, text
     core      the model and what every tool needs of it: config, layers, ViT, presets, preprocessing, images,
               predictions, the state-dict checks, the model file and ImageNet-1k's class names
     tools     interop (weights from and to other libraries), train, inspect, bench: each its own unit
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # Each unit (a module, or a subpackage with everything under it) and its layer. A new module must be placed here.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "base": ("", "_checks", "_io", "_download", "_lazy", "_init", "_sequential", "_plot"),
+    "base": ("", "_checks", "_io", "_download", "_lazy", "_init", "_sequential", "_plot", "_text"),
     "core": (
         "config",
         "patch_embed",

@@ -140,9 +140,11 @@ def test_save_hf_refuses_what_hf_cannot_express_and_existing_dirs(tmp_path):
     ok = tiny_vit(TINY_RGB)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "mine.txt").write_text("keep")
-    with pytest.raises(FileExistsError, match="full already exists"):
+    with pytest.raises(FileExistsError, match="full already holds mine.txt; pass --force"):
         save_hf(ok, tmp_path / "full")
-    assert (tmp_path / "full" / "mine.txt").read_text() == "keep"
+    with pytest.raises(ValueError, match="full holds mine.txt, which vit-einops does not write there; it is never"):
+        save_hf(ok, tmp_path / "full", overwrite=True)  # a directory holding another file is never replaced
+    assert os.listdir(tmp_path / "full") == ["mine.txt"] and (tmp_path / "full" / "mine.txt").read_text() == "keep"
 
 
 # --- preprocessing against the libraries --------------------------------------------------------------------------

@@ -20,15 +20,18 @@ import torch
 # ~89M, an error at twice that) is global state we must not change; ours is a per-call limit with a clear error.
 MAX_PIXELS = 128 * 1024 * 1024
 MAX_FILE_BYTES = 1 << 30  # 1 GiB: no image a ViT is shown needs more
+# The formats Pillow may decode, whatever a file's name or first bytes claim. Never EPS/PS: Pillow hands those to
+# Ghostscript, a PostScript interpreter, so an untrusted ".png" would run as a program where Ghostscript is installed.
+FORMATS = ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP", "PPM")
 
 
 def open_image(path: str | os.PathLike) -> Any:
     """Read an image file into a PIL image (decoded, file closed), refusing what is not a sane image file.
 
     Raises ValueError naming the file: a missing path, a directory, a FIFO or device (opening one would block or
-    never end), a file over 1 GiB, a format PIL cannot read, or more than :data:`MAX_PIXELS` pixels (checked from
-    the header, before decoding). The image keeps its mode; the model's preprocessing converts it
-    (:func:`to_model_mode`).
+    never end), a file over 1 GiB, a format not in :data:`FORMATS` (whatever its suffix), or more than
+    :data:`MAX_PIXELS` pixels (checked from the header, before decoding). The image keeps its mode; the model's
+    preprocessing converts it (:func:`to_model_mode`).
     """
     import warnings
 
@@ -47,7 +50,7 @@ def open_image(path: str | os.PathLike) -> Any:
         with warnings.catch_warnings():
             # PIL warns above its own pixel guard; ours below is the check that counts, with a clear message.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
+            with Image.open(path, formats=FORMATS) as img:
                 pixels = img.width * img.height
                 if pixels > MAX_PIXELS:
                     raise ValueError(
@@ -58,7 +61,11 @@ def open_image(path: str | os.PathLike) -> Any:
                 return img.copy()
     except Image.DecompressionBombError as err:
         raise ValueError(f"cannot read image {str(path)!r}: {err}") from err
-    except (UnidentifiedImageError, OSError, SyntaxError) as err:
+    except UnidentifiedImageError as err:
+        raise ValueError(
+            f"cannot read image {str(path)!r}: not an image of a format vit-einops reads ({', '.join(FORMATS)})"
+        ) from err
+    except (OSError, SyntaxError) as err:
         raise ValueError(f"cannot read image {str(path)!r}: not an image PIL can decode ({err})") from err
 
 
@@ -66,8 +73,9 @@ def to_model_mode(image: Any, channels: int) -> Any:
     """An 8-bit "L" (channels 1) or "RGB" (channels 3) copy of a PIL image of any mode.
 
     Transparency is dropped, not composited (``convert("RGB")``, as torchvision's and timm's loaders do); palette
-    images are expanded; 16-bit and 32-bit integer images ("I;16", "I") are scaled from 0..65535 to 0..255 rather than
-    clipped at 255 (which would turn every pixel above 255 white).
+    images are expanded; float and 16/32-bit integer images ("F", "I;16", "I") are scaled by their value range to
+    0..255 (:func:`_eight_bit` states the rule) rather than clipped (which would turn a float image black and every
+    16-bit pixel above 255 white).
     """
     if channels not in (1, 3):
         raise ValueError(f"images are read as grey (1 channel) or RGB (3 channels), not {channels} channels")
@@ -85,17 +93,28 @@ def to_model_mode(image: Any, channels: int) -> Any:
 
 
 def _eight_bit(image: Any) -> Any:
+    """A float ("F") or integer ("I", "I;16"...) grey image as 8-bit "L", scaled by its value range, never clipped.
+
+    The rule: a float image within [0, 1] is scaled by 255; an integer image within [0, 65535] (16-bit PNG and TIFF,
+    whichever mode Pillow reads them as) by 255/65535 (65535 becomes 255); any other image (a float TIFF in
+    [0, 255] or in physical units, a 32-bit image with negative values) is min-max scaled to [0, 255]. A constant
+    image outside those ranges has no range to scale by: it becomes its value clipped to [0, 255].
+    """
     import numpy as np
     from PIL import Image
 
     array = np.asarray(image, dtype=np.float64)
-    if image.mode == "F":
-        if not np.isfinite(array).all():
-            raise ValueError("a floating-point image holds non-finite pixels (nan or inf)")
-        full = 1.0 if array.size and array.max() <= 1.0 and array.min() >= 0.0 else 65535.0
+    if not np.isfinite(array).all():
+        raise ValueError(f"a {image.mode} image holds non-finite pixels (nan or inf)")
+    full = 1.0 if image.mode == "F" else 65535.0
+    lo, hi = (float(array.min()), float(array.max())) if array.size else (0.0, 0.0)
+    if 0.0 <= lo and hi <= full:
+        scaled = array * (255.0 / full)
+    elif hi > lo:
+        scaled = (array - lo) * (255.0 / (hi - lo))
     else:
-        full = 65535.0  # 16-bit PNG/TIFF, whichever integer mode Pillow reads it as
-    return Image.fromarray(np.clip(np.rint(array * (255.0 / full)), 0, 255).astype(np.uint8), mode="L")
+        scaled = np.clip(array, 0.0, 255.0)
+    return Image.fromarray(np.rint(scaled).astype(np.uint8), mode="L")
 
 
 def sample_images() -> tuple[list[Any], list[str]]:

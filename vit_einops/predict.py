@@ -34,6 +34,26 @@ def class_name(index: int, class_names: Sequence[str] | None) -> str:
     return f"class {index}"
 
 
+def check_finite_outputs(inputs: torch.Tensor, logits: torch.Tensor) -> None:
+    """Refuse non-finite logits (nan or inf: a ranking of them means nothing), naming the likely cause: the inputs
+    when they are already non-finite (the preprocessing's mean and std), else the model's weights."""
+    bad = (~torch.isfinite(logits.reshape(len(logits), -1))).any(-1).nonzero().flatten().tolist()
+    if not bad:
+        return
+    which = f"image {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+    if not torch.isfinite(inputs[bad[0]]).all():
+        cause = (
+            "its preprocessed pixels are already nan or inf: the preprocessing's mean or std scales them out of "
+            "range (a std near 0, a huge mean)"
+        )
+    else:
+        cause = (
+            "its preprocessed pixels are finite, so the model's weights are the likely cause: huge values that "
+            "overflow (float32 ends near 3.4e38), or a model that is not a trained ViT"
+        )
+    raise ValueError(f"the model's outputs for {which} are not finite (nan or inf); {cause}")
+
+
 @torch.no_grad()
 def predict(
     model: ViT, images: Any, top_k: int = 5, batch_size: int = 64, *, preprocessed: bool | None = None
@@ -63,11 +83,11 @@ def predict(
     try:
         device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
-        probs = torch.cat(
-            [model(chunk.to(device, dtype)).float().softmax(-1).cpu() for chunk in batch.split(batch_size)]
-        )
+        logits = torch.cat([model(chunk.to(device, dtype)).float().cpu() for chunk in batch.split(batch_size)])
     finally:
         model.train(was_training)
+    check_finite_outputs(batch, logits)
+    probs = logits.softmax(-1)
     values, indices = probs.topk(top_k, dim=-1)
     return [
         [Prediction(i, class_name(i, names), p) for i, p in zip(row_i.tolist(), row_v.tolist())]

@@ -210,6 +210,7 @@ def figures(attention_rows: list[dict], model_rows: list[dict]) -> dict[str, obj
     return figs
 
 
-def save_figures(out: Path, figs: dict[str, object]) -> list[Path]:
-    """Write each figure to ``out / name`` as PNG (atomically); returns the files written."""
-    return [save_figure(fig, out / name, dpi=110) for name, fig in figs.items()]
+def save_figures(out: Path, figs: dict[str, object], *, replace: bool = True) -> list[Path]:
+    """Write each figure to ``out / name`` as PNG (atomically; ``replace=False``: a file there at the commit is
+    refused, never replaced); returns the files written."""
+    return [save_figure(fig, out / name, dpi=110, replace=replace) for name, fig in figs.items()]

@@ -31,20 +31,21 @@ MODEL_FIELDS = (
 MIB = 2**20
 
 
-def write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+def write_text(path: Path, text: str, *, replace: bool = True) -> None:
+    """``replace=False``: a file at ``path`` at the commit is refused (FileExistsError), never replaced."""
+    atomic_write_bytes(path, text.encode(), replace=replace)
 
 
-def write_json(path: Path, data: dict) -> None:
-    write_text(path, json.dumps(data, indent=1) + "\n")
+def write_json(path: Path, data: dict, *, replace: bool = True) -> None:
+    write_text(path, json.dumps(data, indent=1) + "\n", replace=replace)
 
 
-def write_csv(path: Path, rows: list[dict], fields: tuple[str, ...]) -> None:
+def write_csv(path: Path, rows: list[dict], fields: tuple[str, ...], *, replace: bool = True) -> None:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     writer.writerows({k: ("" if r.get(k) is None else r[k]) for k in fields} for r in rows)
-    write_text(path, buffer.getvalue())
+    write_text(path, buffer.getvalue(), replace=replace)
 
 
 def _num(x, fmt: str) -> str:

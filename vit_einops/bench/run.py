@@ -294,13 +294,15 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
     print(body, file=stdout)  # the header was printed before the progress bar
     # table.txt: the header as it stands at the end (the better ceiling, the load at the end), then the body.
     table = report.header_text(meta, ceiling, noise) + "\n" + body
-    report.write_text(out / "table.txt", table + "\n")
-    report.write_json(out / "results.json", results)
+    # Without force, a result file that appeared during the run is refused at its commit, never replaced.
+    replace = options.force
+    report.write_text(out / "table.txt", table + "\n", replace=replace)
+    report.write_json(out / "results.json", results, replace=replace)
     if attention_rows:
-        report.write_csv(out / "attention.csv", attention_rows, report.ATTENTION_FIELDS)
+        report.write_csv(out / "attention.csv", attention_rows, report.ATTENTION_FIELDS, replace=replace)
     if model_rows:
-        report.write_csv(out / "model.csv", model_rows, report.MODEL_FIELDS)
-    written_plots = plots.save_figures(out, plots.figures(attention_rows, model_rows))
+        report.write_csv(out / "model.csv", model_rows, report.MODEL_FIELDS, replace=replace)
+    written_plots = plots.save_figures(out, plots.figures(attention_rows, model_rows), replace=replace)
     written = ", ".join(sorted(name for name in result_files() if (out / name).exists()))
     if noise["noisy"]:
         print("\n" + report.noise_text(noise), file=stdout)

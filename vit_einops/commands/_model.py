@@ -78,6 +78,8 @@ def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> A
         kwargs = {"heads": args.heads, "image_size": args.image_size}
         if source == "timm":
             kwargs["global_pool"] = args.global_pool
+        elif args.global_pool != "token":
+            raise ValueError("--global-pool is timm's option; a torchvision ViT always pools the class token")
     elif args.heads is not None or args.image_size is not None or args.global_pool != "token":
         raise ValueError(
             "--heads, --image-size and --global-pool describe torchvision/timm files; "
@@ -86,6 +88,25 @@ def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> A
     model = load_model(path, source=source, **kwargs)
     model.preprocessing = preprocessing_from_args(args, model)
     return model
+
+
+def model_inputs(path: str | Path, source: str | None = None) -> list[Path]:
+    """The files and directories that loading MODEL ``path`` reads: what no output of the command may be, hold,
+    or lie inside (:func:`vit_einops._io.check_output`).
+
+    A training run directory gives its model file and checkpoint, not itself, so that the run's own folder can take
+    the command's outputs (inspect writes runs/x/inspect); a Hugging Face weights file brings the config files
+    read beside it; any other path is itself. ``source`` None (recognised from the file) counts as every form.
+    """
+    path = Path(path)
+    run = path.is_dir() and ((path / "model.safetensors").exists() or (path / "checkpoint").is_dir())
+    if source in (None, "vit-einops") and run:
+        return [path / "model.safetensors", path / "checkpoint", path / "checkpoint.json"]
+    if source in (None, "vit-einops") and path.name == "checkpoint.json":
+        return [path.parent]
+    if source in (None, "hf") and not path.is_dir():
+        return [path, path.parent / "config.json", path.parent / "preprocessor_config.json"]
+    return [path]
 
 
 def preprocessing_from_args(args: argparse.Namespace, model: Any) -> Any:

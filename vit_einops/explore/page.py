@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._io import atomic_write_bytes, refuse_existing
+from .._io import check_file_output, write_file
 from ..images import to_uint8
 from ..inputs import model_inputs, model_inputs_and_pictures
 from .payload import DEFAULT_BITS, build_payload, check_bits
@@ -92,7 +92,8 @@ def write_explorer(
         top_k: how many top classes get a prediction line and a relevance map.
         bits: bits per stored attention weight, 2..8; each weight is within 1 / (2 (2^bits - 1)) of its row's
             maximum of the recorded A (the page states it).
-        overwrite: replace an existing file at ``path``; otherwise an existing file is a FileExistsError.
+        overwrite: replace an existing regular file at ``path`` (keeping its permissions); otherwise an existing
+            file is a FileExistsError, also one that appears while the page is built.
 
     The page holds A of every layer and head for every image (quantised: see
     :mod:`vit_einops.explore.payload`), so keep to a handful of images: ViT-B/16 costs a few MB per image.
@@ -111,8 +112,7 @@ def write_explorer(
     check_bits(bits)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory; give the explorer a file name such as explore.html")
-    if not overwrite:
-        refuse_existing(path, "pass overwrite=True (vit-einops explore --force) to replace it")
+    check_file_output(path, overwrite, "pass overwrite=True (vit-einops explore --force) to replace it")
     if not path.parent.is_dir():
         raise FileNotFoundError(f"the directory {path.parent} does not exist")
     b = len(images)
@@ -135,5 +135,5 @@ def write_explorer(
         )
     finally:
         model.train(was_training)
-    atomic_write_bytes(path, render_page(payload, "Attention explorer").encode("utf-8"))
+    write_file(path, render_page(payload, "Attention explorer").encode("utf-8"), replace=overwrite)
     return path

@@ -88,12 +88,13 @@ def _draw_attention(
         ax.set_axis_on()
         _show_image(ax, image)
         if grid_map is None:
-            ax.set_title(name, fontsize=8)
+            ax.set_title(name, fontsize=8, parse_math=False)
             continue
         ax.imshow(_upsample(grid_map, size).numpy(), cmap=ATTENTION_CMAP, alpha=0.6, vmin=0, vmax=1)
-        ax.set_title(f"{name}\nmax {grid_map.max().item():.3g}", fontsize=8)
+        ax.set_title(f"{name}\nmax {grid_map.max().item():.3g}", fontsize=8, parse_math=False)
     _attention_colorbar(fig, axes)
-    fig.suptitle(title, fontsize=10)
+    # The title holds a file name and a class name: literal text, so "$" in one is a dollar sign, not mathtext.
+    fig.suptitle(title, fontsize=10, parse_math=False)
 
 
 def plot_attention_overlays(
