@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
-from ._checks import check_int_in_range
+from ._checks import check_int
 
 ENV_VAR = "VIT_EINOPS_MAX_MEMORY"
 # An image larger than this many pixels is refused: before a file is decoded (vit_einops.images.open_image), and
@@ -117,13 +117,20 @@ def check_memory(estimate: float, what: str) -> None:
 
 
 def _round_up(size: float) -> str:
-    """A round size at or above ``size`` to suggest as a limit: whole GiB, or whole MiB below 1 GiB."""
+    """A round size at or above ``size`` to suggest as a limit: whole MiB below 1 GiB, whole GiB below 1 TiB, else
+    whole TiB."""
     if size < 2**30:
         return f"{max(1, math.ceil(size / 2**20))}MiB"
-    return f"{math.ceil(size / 2**30)}GiB"
+    if size < 2**40:
+        return f"{math.ceil(size / 2**30)}GiB"
+    return f"{math.ceil(size / 2**40)}TiB"
 
 
 def check_threads(name: str, value: Any) -> int:
     """A thread count: 1 to the machine's CPUs (more threads than cores only fight over them, and thousands would
     exhaust the process's thread limit)."""
-    return check_int_in_range(name, value, 1, os.cpu_count() or 1)
+    cpus = os.cpu_count() or 1
+    value = check_int(name, value)
+    if not 1 <= value <= cpus:
+        raise ValueError(f"{name} {value} is out of range: expected 1 to {cpus} (this machine's CPUs)")
+    return value

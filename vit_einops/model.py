@@ -75,11 +75,11 @@ class ViT(Sequential):
     ) -> None:
         arguments = locals()  # the keywords above: ViTConfig's fields (tests hold them equal), then attn_impl
         config = ViTConfig(**{f.name: arguments[f.name] for f in fields(ViTConfig)})
-        impls = per_layer_impls(attn_impl, config.depth)
-        # Checked before any module exists: a config that asks for terabytes fails now, not after minutes of
-        # building. On the meta device (loaders, counts) only the modules' own memory counts.
+        # Checked before anything of the model exists: a config that asks for terabytes fails now, not after minutes
+        # of building. On the meta device (loaders, counts) only the modules' own memory counts.
         on_meta = torch.empty(0).device.type == "meta"
         check_model_memory(config, 0 if on_meta else torch.get_default_dtype().itemsize)
+        impls = per_layer_impls(attn_impl, config.depth)
         super().__init__(
             OrderedDict(
                 patch_embed=PatchEmbedding(config),

@@ -35,9 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..explore import write_explorer
     from ..images import to_uint8
+    from ..sizes import check_forward_memory
 
     model = load_model_from_args(args).eval()
     images = default_images(model, args.image, DIGIT_IMAGES)
+    # The page holds every layer's attention of every image, quantised from a float64 copy.
+    check_forward_memory(model.config, len(images["inputs"]), keep_attention=True, itemsize=8)
     inputs = images["inputs"]
     path = write_explorer(
         model,

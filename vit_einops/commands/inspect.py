@@ -47,6 +47,7 @@ def default_out(model_path: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     from .._checks import check_positive_int
     from ..inspect import write_report
+    from ..sizes import check_forward_memory
 
     if (args.model is None) == (args.checkpoint is None):
         raise ValueError("give the model once: vit-einops inspect MODEL (or --checkpoint MODEL)")
@@ -64,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         raise FileExistsError(f"{out} already holds files; pass --force to write the figures into it")
 
     images = default_images(model, args.image, args.num_images, args.distance_images)
+    # Every layer's attention of every image is recorded at once: (depth, b, h, n, n).
+    check_forward_memory(model.config, len(images["inputs"]), keep_attention=True)
     paths = write_report(
         model,
         images["inputs"],
