@@ -215,6 +215,22 @@ def test_the_command_line_refuses_with_one_line_and_max_memory_allows(tmp_path, 
     assert "img.png" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["vit_ti_16", "--image-size", "4000"], "a forward pass of 2 images at 62501 tokens needs about 176.0 GiB"),
+        (["vit_b_16", "--image-size", "8000", "--table"], "building this ViT (depth 12, dim 768, 278,417,128 "
+                                                          "parameters) needs about 1.0 GiB"),
+        (["vit_h_14", "--table"], "building this ViT (depth 32, dim 1280, 632,045,800 parameters) needs about 2.4 "
+                                  "GiB"),
+    ],
+)  # fmt: skip
+def test_summary_refuses_a_layer_table_past_the_budget(capsys, argv, message):
+    code, err = run_cli(capsys, "summary", *argv, "--max-memory", "1GiB")
+    assert (code, err.count("\n")) == (2, 1), err
+    assert err.startswith(f"vit-einops summary: error: {message}, over the max-memory limit of 1.0 GiB")
+
+
 # --- Hugging Face config.json: num_hidden_layers, hidden_size, image_size --------------------------------------
 
 

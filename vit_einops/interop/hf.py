@@ -350,7 +350,7 @@ def load_hf(
         model.preprocessing = preprocessing_from_hf(_read_json(processor), channels=config.in_channels)
     else:  # ViTImageProcessor's defaults, at the model's own size
         model.preprocessing = Preprocessing.hf(config.image_size, config.in_channels)
-    model.source = {"library": "hf", "file": str(weights), "architecture": hf.get("architectures", [None])[0]}
+    model.source = {"library": "hf", "file": str(weights), "architecture": (hf.get("architectures") or [None])[0]}
     return model
 
 

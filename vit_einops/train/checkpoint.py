@@ -33,6 +33,7 @@ from .._json import loads
 from ..attention import stored_attn_impl
 from ..config import ViTConfig
 from ..model import ViT
+from ..sizes import check_file_holds
 from ..statedict import StateDictMismatchError, check_keys, check_weights, expected_shapes, safetensors_bytes
 from .rundir import CHECKPOINT_FILES
 from .rundir import CHECKPOINT_FORMAT as FORMAT
@@ -326,6 +327,10 @@ def _decode(tree: dict[str, Any], tensors: dict[str, torch.Tensor], meta_path: P
 def _check_weights_match_config(
     state_dict: dict[str, torch.Tensor], config: ViTConfig, weights_path: Path, meta_path: Path
 ) -> None:
+    try:  # at once, before the config's model is laid out: a config claiming a huge depth would take minutes
+        check_file_holds(config, weights_path.stat().st_size, str(weights_path))
+    except ValueError as err:
+        raise CheckpointError(f"{err} (the config in {meta_path})") from err
     try:
         check_keys(state_dict, expected_shapes(config), "checkpoint")
     except StateDictMismatchError as err:
