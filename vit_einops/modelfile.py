@@ -134,15 +134,15 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         "source": None,
     }
     if PREPROCESSING_KEY in metadata:
+        stored = _json_field(metadata, PREPROCESSING_KEY, path)  # its errors name the file and the key
         try:
-            info["preprocessing"] = Preprocessing.from_dict(_json_field(metadata, PREPROCESSING_KEY, path))
+            info["preprocessing"] = Preprocessing.from_dict(stored)
         except (TypeError, ValueError) as err:
             raise ValueError(f"{path}: the stored preprocessing is invalid: {err}") from err
     if CLASSES_KEY in metadata:
+        stored = _json_field(metadata, CLASSES_KEY, path)
         try:
-            info["class_names"] = checked_class_names(
-                _json_field(metadata, CLASSES_KEY, path), config.num_classes, "stored class_names"
-            )
+            info["class_names"] = checked_class_names(stored, config.num_classes, "stored class_names")
         except TypeError as err:
             raise ValueError(f"{path}: {err}") from err
         except ValueError as err:
