@@ -30,8 +30,9 @@ def pyplot():
     return plt
 
 
-def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
-    """Render ``fig`` to PNG in memory and write it atomically to ``path``; returns the path.
+def save_figure(fig: Any, path: str | Path, dpi: int = 120, *, replace: bool = True) -> Path:
+    """Render ``fig`` to PNG in memory and write it atomically to ``path``; returns the path. ``replace=False``
+    refuses (FileExistsError) a file that is there at the commit; ``True`` replaces only a regular file.
 
     A figure that pyplot manages (made with ``plt.subplots``) is closed after, so a script that saves many does
     not pile them up; a bare Figure needs no closing and stays usable.
@@ -43,5 +44,5 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches=None if fits else "tight")
     if getattr(fig.canvas, "manager", None) is not None:  # made by pyplot, which keeps it until closed
         pyplot().close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue(), replace=replace)
     return Path(path)

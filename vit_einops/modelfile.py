@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ._io import atomic_write_bytes, check_regular_file, refuse_existing
+from ._io import check_file_output, check_regular_file, write_file
 from ._json import loads
 from .attention import stored_attn_impl
 from .config import ViTConfig
@@ -81,16 +81,16 @@ def model_metadata(model: ViT) -> dict[str, str]:
 def save_vit(model: ViT, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write ``model`` (weights, config, preprocessing, class names, source) as one safetensors file, atomically.
 
-    An existing file at ``path`` is refused (FileExistsError) unless ``overwrite=True``.
+    An existing file at ``path`` is refused (FileExistsError) unless ``overwrite=True``, checked again at the
+    commit; ``overwrite`` replaces only a regular file, and keeps its permissions.
     """
     if not isinstance(model, ViT):
         raise TypeError(f"save_vit expects a vit_einops.ViT, got {type(model).__name__}")
     path = Path(path)
     if path.suffix.lower() != ".safetensors":
         raise ValueError(f"{path}: a vit-einops model file is safetensors; use the suffix .safetensors")
-    if not overwrite:
-        refuse_existing(path, "pass overwrite=True (--force on the command line) to replace it")
-    atomic_write_bytes(path, safetensors_bytes(model.state_dict(), model_metadata(model)))
+    check_file_output(path, overwrite, "pass overwrite=True (--force on the command line) to replace it")
+    write_file(path, safetensors_bytes(model.state_dict(), model_metadata(model)), replace=overwrite)
     return path
 
 
@@ -188,7 +188,11 @@ def load_vit(
     except (SafetensorError, ValueError, OSError) as err:
         raise ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {err}") from err
     stored = info["config"]
-    check_keys(state_dict, expected_shapes(stored), str(path))
+    try:
+        expected = expected_shapes(stored)
+    except ValueError as err:  # a config too large for any tensor
+        raise ValueError(f"{path}: {err}") from err
+    check_keys(state_dict, expected, str(path))
     state_dict = cast_weights(state_dict, str(path), dtype)
     config = ViTConfig.from_dict({**stored.to_dict(), **overrides})
     impl = info["attn_impl"] if attn_impl is None else attn_impl

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -147,8 +148,9 @@ def _check_bf16() -> str | None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from .._io import output_lock, remove_orphan_temps
     from ..bench.budget import check_grid
-    from ..bench.run import check_out, with_overrides
+    from ..bench.run import check_out, result_files, with_overrides
     from ..bench.run import run as run_bench
 
     # The profiler that measures peak memory otherwise logs two lines to stderr on every use (kineto's USDT
@@ -185,5 +187,8 @@ def run(args: argparse.Namespace) -> int:
         if reason:
             print(f"vit-einops bench: not running bfloat16: {reason}; use --dtype float32", file=sys.stderr)
             return 2
-    run_bench(options)
+    out = Path(options.out)
+    with output_lock(out, parents=True):  # a second bench into --out fails at once, naming this one
+        remove_orphan_temps(out, re.compile("|".join(map(re.escape, result_files()))))  # of earlier killed runs
+        run_bench(options)
     return 0
