@@ -5,10 +5,10 @@ break a layer; ``tests/test_import_graph.py`` keeps both at zero.
 The layers, lowest first. A module imports from its own unit or from a lower layer, never upward; two units of one
 layer of tools never import each other (what two tools share moves down into the core).
 
-    base      helpers with no model in them: checks, atomic I/O, verified downloads, lazy exports, init, Sequential,
-              plotting, text
-    core      the model and what every tool needs of it: config, layers, ViT, presets, preprocessing, images,
-              predictions, the state-dict checks, the model file and ImageNet-1k's class names
+    base      helpers with no model in them: checks, atomic I/O, verified downloads, the JSON reader, the memory
+              budget, lazy exports, init, Sequential, plotting, text
+    core      the model and what every tool needs of it: config, layers, ViT, presets, the sizes a config implies,
+              preprocessing, images, predictions, the state-dict checks, the model file and ImageNet-1k's class names
     tools     interop (weights from and to other libraries), train, inspect, bench: each its own unit
     views     explore, the interactive page of what inspect computes
     door      sources: the one front door that loads a model in any form, above the converters and the checkpoints;
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # Each unit (a module, or a subpackage with everything under it) and its layer. A new module must be placed here.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "base": ("", "_checks", "_io", "_download", "_lazy", "_init", "_sequential", "_plot", "_text"),
+    "base": ("", "_checks", "_io", "_download", "_json", "_budget", "_lazy", "_init", "_sequential", "_plot", "_text"),
     "core": (
         "config",
         "patch_embed",
@@ -41,6 +41,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "presets",
         "reference",
         "summary",
+        "sizes",
         "preprocess",
         "images",
         "inputs",

@@ -262,7 +262,7 @@ def test_hf_directory_files_are_checked(tmp_path):
     with pytest.raises(ValueError, match="config.json: expected a JSON object"):
         load_hf(tmp_path / "hf")
     cfg.write_text("{oops")
-    with pytest.raises(ValueError, match="config.json: not valid JSON"):
+    with pytest.raises(ValueError, match="config.json is not valid JSON"):
         load_hf(tmp_path / "hf")
     cfg.unlink()
     os.mkfifo(cfg)

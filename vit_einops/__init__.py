@@ -44,6 +44,8 @@ _EXPORTS = {
     "TIMM_NAMES": "presets",
     "create_vit": "pretrained",
     "list_presets": "presets",
+    "max_memory": "_budget",
+    "parameter_count": "sizes",
 }
 
 __all__ = sorted(_EXPORTS)

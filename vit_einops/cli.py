@@ -14,6 +14,7 @@ import os
 import sys
 
 from . import __version__
+from ._budget import ENV_VAR, max_memory, parse_bytes
 from ._text import printable, printable_lines
 
 # name -> (module, the pip extra it needs or None, one-line help).
@@ -86,7 +87,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             continue
         p.set_defaults(_module=module)
         command_module.add_arguments(p)
+        p.add_argument(
+            "--max-memory",
+            type=_memory_size,
+            metavar="SIZE",
+            help=f"refuse work estimated to need more memory than SIZE, e.g. 64GiB (default: ${ENV_VAR}, else the "
+            "memory this machine has available); raise it to allow a larger model, image or grid",
+        )
     return parser
+
+
+def _memory_size(text: str) -> int:
+    """argparse type of --max-memory: a size such as 64GiB, 500MB or 1000000 (bytes)."""
+    try:
+        return parse_bytes(text, "--max-memory")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _command_name(argv: list[str]) -> str | None:
@@ -146,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         try:
-            return importlib.import_module(args._module).run(args)
+            with max_memory(args.max_memory):
+                return importlib.import_module(args._module).run(args)
         except ModuleNotFoundError as err:  # commands that import their extra only when they run
             if not _optional_missing(err, extra):
                 if _debug(args):

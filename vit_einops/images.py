@@ -16,9 +16,11 @@ from typing import Any
 
 import torch
 
-# An image larger than this many pixels is refused before it is decoded. PIL's own guard (MAX_IMAGE_PIXELS,
-# ~89M, an error at twice that) is global state we must not change; ours is a per-call limit with a clear error.
-MAX_PIXELS = 128 * 1024 * 1024
+from ._budget import MAX_PIXELS
+
+# An image larger than MAX_PIXELS is refused before it is decoded (and a resize to more, in preprocess.py). PIL's
+# own guard (MAX_IMAGE_PIXELS, ~89M, an error at twice that) is global state we must not change; ours is a
+# per-call limit with a clear error.
 MAX_FILE_BYTES = 1 << 30  # 1 GiB: no image a ViT is shown needs more
 # The formats Pillow may decode, whatever a file's name or first bytes claim. Never EPS/PS: Pillow hands those to
 # Ghostscript, a PostScript interpreter, so an untrusted ".png" would run as a program where Ghostscript is installed.

@@ -27,6 +27,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._budget import MAX_PIXELS
 from ._checks import check_choice, check_positive_int, to_pair
 
 if TYPE_CHECKING:
@@ -69,6 +70,10 @@ class Preprocessing:
             check_positive_int("resize", self.resize)
         if self.crop is not None:
             object.__setattr__(self, "crop", to_pair("crop", self.crop))
+        for name, size in (("resize", self.resize), ("crop", self.crop)):
+            pixels = size[0] * size[1] if isinstance(size, tuple) else (size or 0) ** 2
+            if pixels > MAX_PIXELS:  # an int resize makes at least size x size pixels
+                raise ValueError(f"{name} {size} makes images of {pixels:,} pixels, over the limit of {MAX_PIXELS:,}")
         check_choice("interpolation", self.interpolation, INTERPOLATIONS)
         check_choice("backend", self.backend, BACKENDS)
         mean, std = _floats("mean", self.mean), _floats("std", self.std)
@@ -207,12 +212,22 @@ class Preprocessing:
         return self._target_size(height, width) != size or (self.crop is not None and self.crop != size)
 
     def _target_size(self, height: int, width: int) -> tuple[int, int]:
+        """(H, W) that an image of ``height`` x ``width`` is resized to; ValueError when that is over
+        :data:`~vit_einops._budget.MAX_PIXELS` (a thin image whose shorter side is scaled up a hundredfold), checked
+        before anything is allocated."""
         if isinstance(self.resize, tuple):
             return self.resize
         # torchvision's rule for one number: the shorter side becomes it, the longer int(size * long / short).
         short, long = (width, height) if width <= height else (height, width)
         new_short, new_long = self.resize, int(self.resize * long / short)
-        return (new_long, new_short) if width <= height else (new_short, new_long)
+        target = (new_long, new_short) if width <= height else (new_short, new_long)  # (H, W)
+        if new_short * new_long > MAX_PIXELS:
+            raise ValueError(
+                f"resizing a {width}x{height} image's shorter side to {self.resize} makes it {target[1]}x{target[0]} "
+                f"({new_short * new_long:,} pixels), over the limit of {MAX_PIXELS:,}; crop it to a less extreme "
+                f"aspect ratio first"
+            )
+        return target
 
     def _resize_pil(self, image: Any) -> Any:
         from PIL import Image

@@ -16,6 +16,7 @@ from ._text import printable
 from .config import ViTConfig
 from .model import ViT
 from .patch_embed import conv_to_linear_weight, linear_to_conv_weight
+from .sizes import check_model_memory
 
 # The ViTConfig fields a state dict cannot pin down and that change no tensor: callers may set them freely.
 FREE_FIELDS = ("dropout", "attn_dropout", "patchify", "layer_norm_eps")
@@ -139,7 +140,10 @@ def build_vit(
     attention ``attn_impl``.
 
     Built on the meta device: the random init that loading would overwrite is never computed (seconds for ViT-H).
+    The copies must fit the memory budget (:mod:`vit_einops._budget`), checked before anything is built.
     """
+    itemsize = max((v.element_size() for v in state_dict.values()), default=4)
+    check_model_memory(config, itemsize, action="loading")
     model = _meta_vit(config, attn_impl)
     model.load_state_dict({k: v.detach().clone() for k, v in state_dict.items()}, assign=True)
     return model

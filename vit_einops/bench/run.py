@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from . import plots, report
 from .attention import CompiledEinsum, add_ratios, grid, measure_point
+from .budget import check_grid
 from .env import machine_info
 from .measure import matmul_ceiling, release_memory
 from .model import measure_model
@@ -163,6 +164,7 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
     stdout = stdout or sys.stdout
     dtype = getattr(torch, options.dtype)
     out = check_out(options.out, options.force)  # before anything is measured
+    check_grid(options)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     probe = probe or LoadProbe()

@@ -56,14 +56,16 @@ def _number(name: str, kind: type):
 
 def _threads(text: str) -> int:
     """--threads: 1 to the number of CPUs (more threads than CPUs only measures the threads fighting)."""
-    cpus = os.cpu_count() or 1
+    from .._budget import check_threads
+
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 1 <= value <= cpus:
-        raise argparse.ArgumentTypeError(f"threads {value} is out of range: expected 1 to {cpus} (this machine's CPUs)")
-    return value
+    try:
+        return check_threads("threads", value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from .._io import output_lock, remove_orphan_temps
+    from ..bench.budget import check_grid
     from ..bench.run import check_out, result_files, with_overrides
     from ..bench.run import run as run_bench
 
@@ -178,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         force=args.force or None,
     )
     check_out(options.out, options.force)  # a bad --out fails here, before any measuring (the bf16 check too)
+    check_grid(options)  # and a grid past the memory budget
     if args.dtype == "bfloat16":
         reason = _check_bf16()
         if reason:

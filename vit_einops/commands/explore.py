@@ -45,10 +45,13 @@ def _explore(args: argparse.Namespace) -> int:
     from .._io import check_file_output
     from ..explore import write_explorer
     from ..images import to_uint8
+    from ..sizes import check_forward_memory
 
     check_file_output(args.out, args.force, "pass --force to replace it")  # before the work; again at the commit
     model = load_model_from_args(args).eval()
     images = default_images(model, args.image, DIGIT_IMAGES)
+    # The page holds every layer's attention of every image, quantised from a float64 copy.
+    check_forward_memory(model.config, len(images["inputs"]), keep_attention=True, itemsize=8)
     inputs = images["inputs"]
     path = write_explorer(
         model,

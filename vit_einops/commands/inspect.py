@@ -66,6 +66,7 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     from .._text import printable
     from ..inspect import write_report
     from ..inspect.report import REPORT_FILES
+    from ..sizes import check_forward_memory
 
     check_directory_output(out, REPORT_FILES, args.force)  # before the work; checked again at the commit
     model = load_model_from_args(args, str(path))
@@ -73,6 +74,8 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     if not -depth <= args.layer < depth:
         raise ValueError(f"--layer {args.layer} is out of range for a model of {depth} layers (0..{depth - 1}, or -1)")
     images = default_images(model, args.image, args.num_images, args.distance_images)
+    # Every layer's attention of every image is recorded at once: (depth, b, h, n, n).
+    check_forward_memory(model.config, len(images["inputs"]), keep_attention=True)
     paths = write_report(
         model,
         images["inputs"],

@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_bytes, check_regular_file, read_regular_file, staged_directory
+from .._io import atomic_write_bytes, staged_directory
+from .._json import read_json
 from ..config import ViTConfig
 from ..model import ViT
 from ..statedict import (
@@ -49,6 +50,7 @@ from ..statedict import (
     safetensors_bytes,
 )
 from ..preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocessing
+from ..sizes import check_file_holds, check_model_memory
 from .io import load_state_dict_file
 
 SOURCE = "hf"
@@ -60,7 +62,6 @@ HF_FILES = frozenset((WEIGHT_FILES[0], CONFIG_NAME, PROCESSOR_NAME))
 _PLACEHOLDER = re.compile(r"LABEL_\d+")
 _LAYER = "vit.encoder.layer.{i}."
 _RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's resample codes; the others have no torch twin
-MAX_JSON_BYTES = 16 << 20  # config.json with 21k ImageNet labels is ~1 MB
 
 
 def _layer_keys(i: int) -> dict[str, str]:
@@ -154,6 +155,8 @@ def hf_config(hf: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     if model_type not in ("vit", "deit"):
         raise ValueError(f"config.json model_type {model_type!r} is not a ViT; expected 'vit' (or a ViT-shaped 'deit')")
     architectures = hf.get("architectures") or ["ViTForImageClassification"]
+    if not isinstance(architectures, list) or not isinstance(architectures[0], str):
+        raise TypeError(f"config.json architectures must be a list of names, got {architectures!r:.200}")
     arch = architectures[0]
     if "Distillation" in arch or "WithTeacher" in arch:
         raise ValueError(f"{arch} has a distillation token, which vit-einops does not model; use a plain ViT")
@@ -266,12 +269,7 @@ def to_hf(model: ViT) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    check_regular_file(path, "JSON file")  # names a missing file, a directory or a FIFO as such
-    raw = read_regular_file(path, max_bytes=MAX_JSON_BYTES)  # non-blocking, size-capped
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not valid JSON: {err}") from err
+    data = read_json(path)  # size- and depth-capped; names a missing file, a directory or a FIFO as such
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -376,6 +374,9 @@ def load_hf(
         raise ValueError(f"{directory}: no {CONFIG_NAME} beside {weights.name}; HF weights need their config")
     hf = _read_json(directory / CONFIG_NAME)
     config = hf_config(hf, **overrides)
+    check_file_holds(config, weights.stat().st_size, str(weights))  # a tiny file claiming a huge depth, at once
+    itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
+    check_model_memory(config, itemsize, copies=2, action="loading")
     state_dict = cast_weights(load_state_dict_file(weights), str(weights), dtype)
     model = build_vit(config, from_hf(state_dict, config), attn_impl)
     names = id2label(hf)
@@ -386,7 +387,7 @@ def load_hf(
         model.preprocessing = preprocessing_from_hf(_read_json(processor), channels=config.in_channels)
     else:  # ViTImageProcessor's defaults, at the model's own size
         model.preprocessing = Preprocessing.hf(config.image_size, config.in_channels)
-    model.source = {"library": "hf", "file": str(weights), "architecture": hf.get("architectures", [None])[0]}
+    model.source = {"library": "hf", "file": str(weights), "architecture": (hf.get("architectures") or [None])[0]}
     return model
 
 

@@ -17,12 +17,12 @@ Plain Python (no torch), so the command line can check ``--out`` before it loads
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
 from .._io import read_regular_file, remove_orphan_temps, temp_target
+from .._json import loads
 
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "summary.json"
@@ -159,7 +159,8 @@ def _is_ours(run: Path) -> bool:
     """True if ``run`` holds a checkpoint of ours, so that summary.json and curves.png beside it are ours too."""
     try:
         # Read without blocking: a FIFO in the file's place is not ours, and must not hang the run.
-        meta = json.loads(read_regular_file(run / CHECKPOINT_DIR / CHECKPOINT_META, max_bytes=MAX_META_BYTES))
+        path = run / CHECKPOINT_DIR / CHECKPOINT_META
+        meta = loads(read_regular_file(path, max_bytes=MAX_META_BYTES), str(path), max_bytes=MAX_META_BYTES)
     except (OSError, ValueError):
         return False
     return isinstance(meta, dict) and meta.get("format") == CHECKPOINT_FORMAT
