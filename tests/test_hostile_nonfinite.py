@@ -76,8 +76,9 @@ def test_inspect_refuses_non_finite_outputs_and_writes_nothing(tmp_path, paramet
 
 @pytest.mark.parametrize("array", ["mean_attention_distance", "position_similarity", "filter_explained_variance"])
 def test_inspect_writes_nothing_when_any_array_is_not_finite(tmp_path, monkeypatch, array):
-    """A statistic that comes out nan (as the mean attention distance did for heads attending only to the class
-    token) stops the report, naming the array, before any file is written."""
+    """A statistic that comes out non-finite stops the report, naming the array, before any file is written. (The
+    mean attention distance may be nan, meaning undefined: a head whose patches attend only to the class token.
+    Only inf is an overflow there.)"""
     name = {
         "mean_attention_distance": "mean_attention_distance",
         "position_similarity": "position_similarity",
@@ -87,9 +88,10 @@ def test_inspect_writes_nothing_when_any_array_is_not_finite(tmp_path, monkeypat
 
     def with_nan(*args, **kwargs):
         out = original(*args, **kwargs)
+        bad = float("inf") if array == "mean_attention_distance" else float("nan")
         if isinstance(out, tuple):
-            return out[0], torch.full_like(out[1], float("nan"))
-        return torch.full_like(out, float("nan"))
+            return out[0], torch.full_like(out[1], bad)
+        return torch.full_like(out, bad)
 
     monkeypatch.setattr(report, name, with_nan)
     with pytest.raises(ValueError, match=rf"inspect computed non-finite values \(nan or inf\) in {array}; nothing was"):

@@ -70,10 +70,7 @@ class Preprocessing:
             check_positive_int("resize", self.resize)
         if self.crop is not None:
             object.__setattr__(self, "crop", to_pair("crop", self.crop))
-        for name, size in (("resize", self.resize), ("crop", self.crop)):
-            pixels = size[0] * size[1] if isinstance(size, tuple) else (size or 0) ** 2
-            if pixels > MAX_PIXELS:  # an int resize makes at least size x size pixels
-                raise ValueError(f"{name} {size} makes images of {pixels:,} pixels, over the limit of {MAX_PIXELS:,}")
+        self._check_pixels()
         check_choice("interpolation", self.interpolation, INTERPOLATIONS)
         check_choice("backend", self.backend, BACKENDS)
         mean, std = _floats("mean", self.mean), _floats("std", self.std)
@@ -84,15 +81,12 @@ class Preprocessing:
         if any(s < FLOAT32_TINY for s in std):
             # x / std runs in float32: a std below its smallest normal number sends pixels to inf (1e-320 is 0 there).
             raise ValueError(f"std must be at least {FLOAT32_TINY:.3g} (the smallest normal float32), got {std}")
-        self._check_pixels()
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
 
     def _check_pixels(self) -> None:
-        """A resize or crop that alone has more pixels than :data:`vit_einops.images.MAX_PIXELS` is refused here,
+        """A resize or crop that alone has more pixels than :data:`vit_einops._budget.MAX_PIXELS` is refused here,
         before any image is resized to it (PIL cannot hold a side past a C long; memory gives out long before)."""
-        from .images import MAX_PIXELS
-
         for name, size in (("resize", self.resize), ("crop", self.crop)):
             if size is None:
                 continue
@@ -100,7 +94,7 @@ class Preprocessing:
             if h * w > MAX_PIXELS:
                 raise ValueError(
                     f"{name} {_short(h)}x{_short(w)} makes images of at least {_short(h * w)} pixels, over the limit "
-                    f"of {MAX_PIXELS}"
+                    f"of {MAX_PIXELS:,}"
                 )
 
     # --- the conventions ------------------------------------------------------------------------------------
