@@ -104,14 +104,20 @@ def exit_code(pid):
 
 
 def tree_hashes(root):
-    """{relative path: SHA-256} of every file under ``root`` (directories as entries too)."""
+    """{relative path: SHA-256} of every file under ``root``; directories, links and FIFOs as what they are (a link
+    is not followed, a FIFO never read: it would block)."""
     root = Path(root)
     if not root.exists():
         return None
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-        for p in sorted(root.rglob("*"))
-    }
+
+    def state(p):
+        if p.is_symlink():
+            return "link -> " + os.readlink(p)
+        if p.is_fifo():
+            return "fifo"
+        return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+
+    return {str(p.relative_to(root)): state(p) for p in sorted(root.rglob("*"))}
 
 
 def untimed(records):
@@ -318,44 +324,25 @@ UNPROVEN = [  # (edit of a finished run, the files the refusal lists, each with 
 ]
 
 
-@pytest.mark.parametrize("edit, listed", UNPROVEN, ids=[e.__name__.strip("_") for e, _ in UNPROVEN])
-def test_overwrite_refuses_and_lists_files_at_a_runs_names_that_no_run_recorded(tmp_path, finished_run, edit, listed):
-    run = copy_tree(finished_run, tmp_path / "run")
-    edit(run)
-    before = tree_hashes_no_fifo(tmp_path)
-    with bounded(60):
-        done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, "--overwrite")
-    expected = rf"output directory '{re.escape(str(run))}' holds files at a training run's names that no run of "
-    expected += rf"vit-einops is recorded to have written: {listed}\. --overwrite \(overwrite=True\) replaces only .*"
-    assert_cli_error(done, expected)
-    assert tree_hashes_no_fifo(tmp_path) == before
+REFUSALS = [(*case, "--overwrite") for case in UNPROVEN] + [(*case, "--resume") for case in UNPROVEN[:3]]
 
 
-@pytest.mark.parametrize("edit, listed", UNPROVEN[:3], ids=[e.__name__.strip("_") for e, _ in UNPROVEN[:3]])
-def test_resume_refuses_the_same_files(tmp_path, finished_run, edit, listed):
+@pytest.mark.parametrize(
+    "edit, listed, flag", REFUSALS, ids=[f"{e.__name__.strip('_')} {flag}" for e, _, flag in REFUSALS]
+)
+def test_overwrite_and_resume_refuse_and_list_files_at_a_runs_names_no_run_recorded(
+    tmp_path, finished_run, edit, listed, flag
+):
     """--resume rewrites metrics.jsonl, model.safetensors and the figures from the checkpoint: the same proof."""
     run = copy_tree(finished_run, tmp_path / "run")
     edit(run)
-    before = tree_hashes_no_fifo(tmp_path)
+    before = tree_hashes(tmp_path)
     with bounded(60):
-        done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, "--resume")
-    assert_cli_error(done, rf".*recorded to have written: {listed}\. --resume \(resume=True\) replaces only .*")
-    assert tree_hashes_no_fifo(tmp_path) == before
-
-
-def tree_hashes_no_fifo(root):
-    """tree_hashes, with links and FIFOs as what they are (never read: a FIFO would block)."""
-    root = Path(root)
-    return {
-        str(p.relative_to(root)): "link->" + os.readlink(p)
-        if p.is_symlink()
-        else "fifo"
-        if p.is_fifo()
-        else hashlib.sha256(p.read_bytes()).hexdigest()
-        if p.is_file()
-        else "dir"
-        for p in sorted(root.rglob("*"))
-    }
+        done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, flag)
+    expected = rf"output directory '{re.escape(str(run))}' holds files at a training run's names that no run of "
+    expected += rf"vit-einops is recorded to have written: {listed}\. {flag} \({flag[2:]}=True\) replaces only .*"
+    assert_cli_error(done, expected)
+    assert tree_hashes(tmp_path) == before
 
 
 def test_overwrite_removes_the_old_runs_files_the_new_run_does_not_write(tmp_path):
@@ -900,7 +887,7 @@ def test_resume_where_no_run_ever_started_is_refused_and_creates_nothing(tmp_pat
 NESTED = [  # checkpoint.json's text, and what the one-line error says
     ("[" * 100_000, r"nests its JSON deeper than it can be read"),
     ('{"format": "vit-einops.checkpoint", "version": 1, "train_state": ' + "[" * 100_000, r"nests its JSON deeper"),
-    ("{" * 3 + "}", r"corrupt or truncated \(not valid JSON\)"),
+    ("{" * 3 + "}", r"is corrupt or truncated \(not valid JSON\)"),
 ]
 
 
