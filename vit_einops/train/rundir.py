@@ -229,17 +229,16 @@ def _checked_survey(out: str | Path, *, resume: bool, overwrite: bool) -> Survey
     found = survey(out)
     if resume and not (found.committed or found.started):
         raise _nothing_to_resume(out)
-    if (resume or overwrite) and found.unproven:
-        if resume:  # load_checkpoint judges checkpoint.json itself, by its content and hashes
-            found.unproven.pop(COMMITTED, None)
-        if found.unproven:
-            listed = "; ".join(f"{name} ({why})" for name, why in sorted(found.unproven.items()))
-            flag = "--resume (resume=True)" if resume else "--overwrite (overwrite=True)"
-            raise ValueError(
-                f"output directory {str(out)!r} holds files at a training run's names that no run of vit-einops is "
-                f"recorded to have written: {listed}. {flag} replaces only files the run's manifest "
-                f"({MANIFEST_NAME}) proves it wrote; move these away or choose another directory"
-            )
+    # Under resume, load_checkpoint judges checkpoint.json itself, by its content and the hashes it records.
+    refused = {n: why for n, why in found.unproven.items() if not (resume and n == COMMITTED)}
+    if (resume or overwrite) and refused:
+        listed = "; ".join(f"{name} ({why})" for name, why in sorted(refused.items()))
+        flag = "--resume (resume=True)" if resume else "--overwrite (overwrite=True)"
+        raise ValueError(
+            f"output directory {str(out)!r} holds files at a training run's names that no run of vit-einops is "
+            f"recorded to have written: {listed}. {flag} replaces only files the run's manifest ({MANIFEST_NAME}) "
+            "proves it wrote; move these away or choose another directory"
+        )
     if not (resume or overwrite) and (found.committed or found.unproven or found.foreign):
         shown = ", ".join(found.held[:8]) + (f" and {len(found.held) - 8} more" if len(found.held) > 8 else "")
         raise ValueError(
