@@ -18,7 +18,7 @@ OPTIMISATION = {
     "batch_size": "images per step and process",
     "lr": "peak learning rate, reached after warm-up",
     "weight_decay": "AdamW weight decay on the weight matrices",
-    "warmup_epochs": "linear warm-up, then cosine decay to 0",
+    "warmup_epochs": "linear warm-up (capped at a fifth of the run), then cosine decay to 0",
     "clip_norm": "clip the global gradient norm at this",
     "label_smoothing": "label smoothing of the cross-entropy",
     "shift": "random translation augmentation in pixels",

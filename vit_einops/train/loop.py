@@ -12,6 +12,8 @@ shuffles from the global RNG is reseeded with it; one with its own generator is 
 
 Crash safety: checkpoint.json is the one commit point and holds every epoch's record; metrics.jsonl and
 model.safetensors are rewritten from it after each commit and on resume, so a kill at any moment loses no epoch.
+Every write is announced in the run's manifest first (``rundir.RunDir.record``), so that whatever a kill leaves is
+provably ours.
 """
 
 from __future__ import annotations
@@ -259,11 +261,15 @@ def train(
         device: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N" or a torch.device; under torchrun
             ``ctx`` decides.
         out_dir: where rank 0 writes checkpoint/, metrics.jsonl and model.safetensors (after every epoch), then
-            summary.json and curves.png; None writes nothing and cannot resume. It must be empty or new unless
-            ``resume`` or ``overwrite``, and is locked against a second run for as long as this one writes.
-        resume: continue from out_dir/checkpoint; the result equals an uninterrupted run's bit for bit.
-        overwrite: start a new run in an out_dir that holds files; the previous run's files are replaced, other
-            files are kept.
+            summary.json, curves.png and confusion.png, each recorded first in the run's manifest
+            (``.vit-einops-run.json``); None writes nothing and cannot resume. It must be empty or new unless
+            ``resume`` or ``overwrite`` (what a run killed before its first checkpoint left counts as empty), and
+            is locked against a second run for as long as this one writes.
+        resume: continue from out_dir/checkpoint; the result equals an uninterrupted run's bit for bit. A run
+            stopped before its first checkpoint starts again from epoch 1.
+        overwrite: start a new run in an out_dir that holds one; only files the manifest proves a run wrote are
+            replaced or removed, any other file at a run's names is refused (ValueError listing them), and files
+            at other names are kept.
         data_info: a JSON-ready description of the data, stored in the checkpoint and checked on resume.
         stop_after: end this call after that many epochs in total (as if interrupted), e.g. to time-box a run.
         save_interval: seconds; after an epoch, checkpoint only once this long has passed since the last
