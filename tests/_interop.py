@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Mapping
+from types import ModuleType
 
+import pytest
 import torch
 from _tiny import TINY_RGB
 
@@ -39,3 +42,13 @@ def report_diffs(diffs: Mapping[str, float]) -> None:
         data[name] = max(float(value), data.get(name, 0.0))
     with open(path, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)
+
+
+def interop_library(name: str) -> ModuleType:
+    """Import a library of the interop environment (torchvision, timm, huggingface_hub): elsewhere the module skips
+    with the reason; under VIT_EINOPS_REQUIRE_INTEROP=1 (.ci/run-interop) a missing library is a failure."""
+    if os.environ.get("VIT_EINOPS_REQUIRE_INTEROP") == "1":
+        return importlib.import_module(name)
+    return pytest.importorskip(
+        name, reason=f"{name} is not installed: it needs torch 2.14.1; .ci/run-interop runs these tests in its own venv"
+    )

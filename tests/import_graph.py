@@ -5,12 +5,14 @@ break a layer; ``tests/test_import_graph.py`` keeps both at zero.
 The layers, lowest first. A module imports from its own unit or from a lower layer, never upward; two units of one
 layer of tools never import each other (what two tools share moves down into the core).
 
-    base      helpers with no model in them: checks, atomic I/O, lazy exports, init, Sequential, plotting
-    core      the model and what every tool needs of it: config, layers, ViT, presets, preprocessing, images,
-              predictions, the state-dict checks and the model file
+    base      helpers with no model in them: checks, atomic I/O, verified downloads, the JSON reader, the memory
+              budget, lazy exports, init, Sequential, plotting, text
+    core      the model and what every tool needs of it: config, layers, ViT, presets, the sizes a config implies,
+              preprocessing, images, predictions, the state-dict checks, the model file and ImageNet-1k's class names
     tools     interop (weights from and to other libraries), train, inspect, bench: each its own unit
     views     explore, the interactive page of what inspect computes
-    door      sources: the one front door that loads a model in any form, above the converters and the checkpoints
+    door      sources: the one front door that loads a model in any form, above the converters and the checkpoints;
+              pretrained: create_vit with published weights, through sources
     commands  the command line
 """
 
@@ -26,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # Each unit (a module, or a subpackage with everything under it) and its layer. A new module must be placed here.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "base": ("", "_checks", "_io", "_lazy", "_init", "_sequential", "_plot"),
+    "base": ("", "_checks", "_io", "_download", "_json", "_budget", "_lazy", "_init", "_sequential", "_plot", "_text"),
     "core": (
         "config",
         "patch_embed",
@@ -39,21 +41,24 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "presets",
         "reference",
         "summary",
+        "sizes",
         "preprocess",
         "images",
+        "inputs",
         "predict",
         "statedict",
         "modelfile",
+        "imagenet",
     ),
     "tools": ("interop", "train", "inspect", "bench"),
     "views": ("explore",),
-    "door": ("sources",),
+    "door": ("sources", "pretrained"),
     "commands": ("commands", "cli", "__main__"),
 }
 RANK = {layer: i for i, layer in enumerate(LAYERS)}
-# Layers whose units may import each other (the core is one body of code, as is the command line; their order is
-# kept by having no cycles).
-SHARED = {"base", "core", "commands"}
+# Layers whose units may import each other (the core is one body of code, as is the command line, and pretrained
+# loads through sources; their order is kept by having no cycles).
+SHARED = {"base", "core", "door", "commands"}
 
 
 def modules(root: Path = ROOT) -> dict[str, tuple[Path, bool]]:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from vit_einops import cli
-from vit_einops.bench import report
+from vit_einops.bench import plots, report
 from vit_einops.bench.attention import Point, add_ratios
 from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
 from vit_einops.bench.model import OPTIMIZER, counted_flops, make_optimizer
@@ -77,13 +77,14 @@ def test_smoke_run_exits_cleanly_and_prints_the_table(smoke):
     body = table.removeprefix(header + "\n")
     assert body.startswith("torch.compile of the einsum path") and "whole model" in body
     printed = text.split("\nwrote ")[0]
-    if results["noisy"]:  # the warning and advice follow the table (and head table.txt)
+    if results["noisy"]:  # the verdict and advice follow the tables (and head table.txt)
         warning = "\n" + report.noise_text(results["noise"]) + "\n"
         assert printed.endswith(warning) and table.startswith("NOISY RUN: ")
         printed = printed.removesuffix(warning)
     assert printed.endswith("\n" + body)
-    start_header = printed.removesuffix("\n" + body)
-    start_header = start_header.split("\nWARNING: the machine is busy")[0]  # printed when busy at the start
+    start_header, *early = printed.removesuffix("\n" + body).split("\nNOISY RUN (so far): ")
+    # A noisy run said so once before its rows; a quiet one never did.
+    assert len(early) == results["noisy"]
     assert start_header.startswith("vit-einops bench ") and start_header.count("vit-einops bench ") == 1
     assert start_header.count("matmul ceiling") == 1 and "torch.compile of the einsum path" not in start_header
 
@@ -156,6 +157,8 @@ def test_results_json_schema(smoke):
     else:
         assert meta["busy_measure"] == "load_average" and meta["cpu_windows"] is None
     busy = machine_verdict(load, meta["threads"], running_s=(0.0, meta["wall_s"]), cpu=cpu).noisy
+    if HAS_PROC_STAT:  # busy in the start window alone makes the run noisy too: it said so before its rows
+        busy = busy or machine_verdict(load, meta["threads"], cpu=start).noisy
     assert noise["noisy"] == (busy or noise["rows_noisy"] > 0)
     assert (noise["advice"] is not None) == noise["noisy"]
 
@@ -208,7 +211,7 @@ def test_csv_matches_json(smoke, name, fields, key):
                 assert row[field] == str(want[field])
 
 
-@pytest.mark.parametrize("name", report.PLOTS)
+@pytest.mark.parametrize("name", plots.PLOTS)
 def test_plots_are_real_pngs(smoke, name):
     data = (smoke["out"] / name).read_bytes()
     assert data.startswith(PNG_SIGNATURE)
@@ -274,7 +277,7 @@ def test_bad_options_are_rejected_by_name(argv, capsys):
 
 
 def test_figures_are_returned_with_error_bars_and_measured_ticks(smoke):
-    """report.figures draws without writing or showing: Figure objects, every panel's x ticks exactly the measured
+    """plots.figures draws without writing or showing: Figure objects, every panel's x ticks exactly the measured
     N, and error bars (p25 to p75) on the time and ratio figures; the matplotlib backend is left as it was."""
     import matplotlib
     from matplotlib.container import ErrorbarContainer
@@ -282,8 +285,8 @@ def test_figures_are_returned_with_error_bars_and_measured_ticks(smoke):
 
     backend = matplotlib.get_backend()
     results = smoke["results"]
-    figs = report.figures(results["attention"], results["model"])
-    assert list(figs) == list(report.PLOTS)
+    figs = plots.figures(results["attention"], results["model"])
+    assert list(figs) == list(plots.PLOTS)
     assert all(isinstance(f, Figure) for f in figs.values())
     tokens = sorted({r["tokens"] for r in results["attention"]})
     for name in ("attention_time.png", "attention_memory.png", "attention_ratio.png"):

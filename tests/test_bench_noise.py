@@ -8,6 +8,7 @@ exceeds IQR_THRESHOLD (torch.utils.benchmark's own 0.1).
 
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
@@ -362,3 +363,99 @@ def test_header_shows_the_other_processes_cpu_use():
     assert report.header_text(meta, ceiling).splitlines()[3] == (
         "other processes' CPU use: not measured (no /proc/stat); the load average judges the machine"
     )
+
+
+# --- A noisy run says so before its rows, as soon as it knows, and again at the end -------------------------------
+
+
+def scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 0.0), noisy_job=None):
+    """bench.run.run of the smoke grid with every measurement faked, no timing: the matmul ceilings at the start and
+    the end take 10 s and 1000 s of the probe's clock while other processes use ``others_cores`` (start, end) of its
+    2 CPUs (a busy start alone is then too short to make the two windows together busy); each job's rows are synthetic, noisy (IQR/median 0.30) for job number ``noisy_job``. Returns the printed
+    text and, for each job, what had been printed when it began."""
+    from vit_einops.bench import plots
+    from vit_einops.bench import run as bench_run
+
+    start, end = (round(o * s * TICKS) for o, s in zip(others_cores, (10, 1000), strict=True))  # busy ticks
+    probe = scripted_probe(
+        [proc_stat(0), proc_stat(start), proc_stat(start), proc_stat(start + end)], [0.0] * 4,
+        load=[1.0] * 4, clock=(0.0, 0.0, 10.0, 20.0, 1020.0),
+    )  # fmt: skip
+    stdout, seen = io.StringIO(), []
+
+    def noise_fields():
+        noisy = len(seen) - 1 == noisy_job
+        return dict(p25_s=1e-3, p75_s=1e-3, iqr_ratio=0.3 if noisy else 0.0, load_start=1.0, load_end=1.0,
+                    others_cores=0.0, noisy=noisy, noise="IQR/median 0.30 > 0.1" if noisy else "")  # fmt: skip
+
+    def measure_point(point, mode, *args):
+        seen.append(stdout.getvalue())
+        fields = noise_fields()
+        return [
+            dict(section="core", mode=mode, path=path, batch=point.batch, heads=point.heads, tokens=point.tokens,
+                 head_dim=point.head_dim, dtype="float32", median_s=1e-3, iqr_s=0.0, blocks=1, gflop=1e-3,
+                 gflop_per_s=1.0, peak_bytes=1024, attn_matrix_bytes=1024, first_call_s=None, **fields)
+            for path in ("einsum", "sdpa")
+        ]  # fmt: skip
+
+    def measure_model(preset, batch, *args):
+        seen.append(stdout.getvalue())
+        fields = noise_fields()
+        return [
+            dict(model=preset, mode="inference", optimizer=None, path=path, batch=batch, image_size=32,
+                 dtype="float32", median_s=1e-3, iqr_s=0.0, blocks=1, images_per_s=batch / 1e-3, gflop=1e-3,
+                 gflop_per_s=1.0, peak_bytes=1024, max_abs_diff_vs_einsum=0.0, time_ratio=1.0, **fields)
+            for path in ("einsum", "torch")
+        ]  # fmt: skip
+
+    def ceiling(dtype, size, run_time):
+        return dict(size=size, median_s=1.0, iqr_s=0.0, gflop_per_s=100.0)
+
+    monkeypatch.setattr(bench_run, "measure_point", measure_point)
+    monkeypatch.setattr(bench_run, "measure_model", measure_model)
+    monkeypatch.setattr(bench_run, "matmul_ceiling", ceiling)
+    monkeypatch.setattr(bench_run, "release_memory", lambda: None)  # a full gc.collect per job: seconds in pytest
+    monkeypatch.setattr(plots, "figures", lambda *rows: {})  # the figures have tests of their own
+    options = bench_run.with_overrides("smoke", out=tmp_path / "out", core_paths=("einsum", "sdpa"))
+    results = bench_run.run(options, stdout=stdout, probe=probe)
+    assert len(seen) == 4 + 1  # the smoke grid: 2 N x 2 modes of attention, one model
+    return results, stdout.getvalue(), seen
+
+
+EARLY = "NOISY RUN (so far): "
+FIRST_ROW = "\nattention core, forward (ratios over sdpa)"
+
+
+def test_a_machine_busy_at_the_start_is_announced_before_the_grid(monkeypatch, tmp_path):
+    results, text, seen = scripted_run(monkeypatch, tmp_path, others_cores=(3.0, 0.0))
+    threads = results["meta"]["threads"]
+    busy = f"other processes used 3.0 cores while {threads} of 2 are in use here (CPU time over 10.0 s)"
+    assert EARLY + "the machine is busy: " + busy in seen[0]  # before the first job was measured
+    assert text.count(EARLY) == 1 and text.index(EARLY) < text.index(FIRST_ROW)
+    # The verdict at the end says so again, although the end was quiet and no row was noisy.
+    assert results["noisy"] is True and results["noise"]["reasons"] == ["at the start, " + busy]
+    assert text.index("\n" + report.noise_text(results["noise"])) > text.index("\nwhole model")
+
+
+def test_the_first_noisy_row_is_announced_at_once(monkeypatch, tmp_path):
+    results, text, seen = scripted_run(monkeypatch, tmp_path, noisy_job=1)
+    assert not any(EARLY in s for s in seen[:2])  # the start and the first job were quiet
+    line = EARLY + "attention core forward_backward b 2 h 2 n 9 d 8 einsum: IQR/median 0.30 > 0.1. Rows marked ! "
+    assert all(line in s for s in seen[2:])  # printed when the second job's rows came back
+    assert text.count(EARLY) == 1 and text.index(EARLY) < text.index(FIRST_ROW)
+    assert results["noisy"] is True and results["noise"]["reasons"][-1].startswith("2 of 10 rows are noisy")
+    assert text.index("\n" + report.noise_text(results["noise"])) > text.index("\nwhole model")
+
+
+def test_a_machine_busy_only_at_the_end_still_says_so_before_the_rows(monkeypatch, tmp_path):
+    results, text, seen = scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 5.0))
+    assert not any(EARLY in s for s in seen)
+    assert results["noisy"] is True
+    assert text.count(EARLY) == 1 and text.index(EARLY) < text.index(FIRST_ROW)
+    assert EARLY + "; ".join(results["noise"]["reasons"]) in text
+    assert text.index("\n" + report.noise_text(results["noise"])) > text.index("\nwhole model")
+
+
+def test_a_quiet_run_never_says_noisy(monkeypatch, tmp_path):
+    results, text, seen = scripted_run(monkeypatch, tmp_path)
+    assert results["noisy"] is False and "NOISY" not in text and not any("NOISY" in s for s in seen)

@@ -153,8 +153,10 @@ def test_bad_arguments_are_named(tmp_path):
         write_explorer(model, images, tmp_path / "e.html", bits=9)
     with pytest.raises(ValueError, match="1 titles for 2 images"):
         write_explorer(model, images, tmp_path / "e.html", titles=["x"])
-    with pytest.raises(ValueError, match=r"\(b, C, H, W\)"):
-        write_explorer(model, images[0], tmp_path / "e.html")
+    with pytest.raises(ValueError, match=r"images must be an image \(C, H, W\) or a batch \(B, C, H, W\)"):
+        write_explorer(model, images[0, 0], tmp_path / "e.html")
+    with pytest.raises(ValueError, match=r"images holds no image: shape \(0, 3, 16, 16\)"):
+        write_explorer(model, images[:0], tmp_path / "e.html")
     with pytest.raises(ValueError, match=r"pictures\[0\]"):
         write_explorer(model, images, tmp_path / "e.html", pictures=[np.zeros((4, 4, 3)), np.zeros((4, 4, 3))])
     with pytest.raises(TypeError, match="vit-einops ViT"):
@@ -197,7 +199,8 @@ def test_explore_command_on_a_digits_model_file(tmp_path, capsys):
 
 def test_explore_command_with_image_files_and_sample_photos(tmp_path, capsys):
     model = tiny_vit(TINY_RGB)
-    model.preprocessing = Preprocessing.plain(32)
+    # Normalising: the page is handed the model's inputs, which no longer look like pixels in [0, 1].
+    model.preprocessing = Preprocessing(resize=(32, 32), mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
     model_file = save_vit(model, tmp_path / "rgb.safetensors")
     photo = tmp_path / "photo.png"
     Image.fromarray(np.arange(48 * 64 * 3, dtype=np.uint8).reshape(48, 64, 3)).save(photo)

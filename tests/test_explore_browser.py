@@ -1,5 +1,7 @@
-"""The explorer page in a real browser (Debian's chromium + chromedriver, driven by selenium): what the page shows
-under the pointer must be the recorded numbers, to the precision the page states, with no console error.
+"""The explorer page in a real browser (Debian's chromium + chromedriver, driven by selenium): after every step of
+several click sequences, the heat map's colours, its colour scale, the legend and the row the page names are the
+recorded numbers of that row, to the precision the page states; strings from files show literally and run nothing;
+and there is no console error.
 
 In CI (CI=true) a missing browser, driver or selenium is a failure, so the test cannot vanish silently; on a
 developer machine it is skipped with the reason and the install command.
@@ -10,10 +12,12 @@ import re
 import shutil
 import sys
 
+import numpy as np
 import pytest
 import torch
+from _tiny import TINY_RGB16, tiny_vit
+from test_explore_stats import HOSTILE, class_sink
 
-from vit_einops import ViT
 from vit_einops.explore import write_explorer
 from vit_einops.inspect import attention_relevance, attention_rollout, record_attention, token_norms
 
@@ -66,15 +70,18 @@ def test_a_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch):
         require_browser()
 
 
-@pytest.fixture
-def browser(tmp_path):
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
     require_browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which(CHROMIUM) or CHROMIUM
-    for flag in [*FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"]:
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    for flag in [*FLAGS, f"--user-data-dir={profile}"]:
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
@@ -83,6 +90,17 @@ def browser(tmp_path):
         yield driver
     finally:
         driver.quit()
+
+
+def _open(driver, page):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(page.resolve().as_uri())
+    WebDriverWait(driver, 20).until(lambda d: d.find_element("tag name", "body").get_attribute("data-ready"))
+
+
+def _console_errors(driver):
+    return [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
 
 
 def _read(driver):
@@ -114,77 +132,190 @@ def _select(driver, element_id, value):
     Select(driver.find_element("id", element_id)).select_by_value(str(value))
 
 
-def test_page_shows_the_recorded_attention_rollout_and_relevance(browser, tmp_path):
-    from selenium.webdriver.common.action_chains import ActionChains
-    from selenium.webdriver.support.ui import WebDriverWait
+# What the page shows, read in one round trip: texts by id, the scale's exact range, and the heat map's colour at
+# the centre of each patch of the 4x4 grid (away from the grid lines and the query and hover boxes).
+SHOWN = """
+const text = (id) => document.getElementById(id).textContent;
+const canvas = document.getElementById("image-canvas");
+const ctx = canvas.getContext("2d");
+const cell = canvas.width / 4;
+const pixels = [];
+for (let p = 0; p < 16; p++) {
+  const x = Math.floor((p % 4 + 0.5) * cell), y = Math.floor((Math.floor(p / 4) + 0.5) * cell);
+  pixels.push(Array.from(ctx.getImageData(x, y, 1, 1).data.slice(0, 3)));
+}
+const box = document.getElementById("colour-scale");
+const ids = ["query-line", "footer-row", "view-note", "scale-line", "legend-query", "legend-hover", "legend-head",
+  "legend-layer", "chart-note", "readout"];
+return {min: Number(box.dataset.min), max: Number(box.dataset.max), pixels,
+  text: Object.fromEntries(ids.map((id) => [id, text(id)]))};
+"""
 
+# The page's colour ramp (viridis at 9 points, linear between): the spec the pixels are checked against.
+VIRIDIS = np.array(
+    [[68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141],
+     [39, 173, 129], [92, 200, 99], [170, 220, 50], [253, 231, 37]], dtype=float,
+)  # fmt: skip
+STEEPEST = np.abs(np.diff(VIRIDIS, axis=0)).max() * (len(VIRIDIS) - 1)  # colour units per unit of t
+
+
+def viridis(t: np.ndarray) -> np.ndarray:
+    x = np.clip(t, 0, 1) * (len(VIRIDIS) - 1)
+    i = np.minimum(np.floor(x).astype(int), len(VIRIDIS) - 2)
+    return VIRIDIS[i] + (x - i)[:, None] * (VIRIDIS[i + 1] - VIRIDIS[i])
+
+
+def token_name(token: int) -> str:
+    if token == 0:
+        return "token 0 (class token)"
+    return f"token {token} (patch row {(token - 1) // 4}, col {(token - 1) % 4})"
+
+
+class Recorded:
+    """The model's numbers for one page, and the row each view should draw."""
+
+    def __init__(self, model, images):
+        self.logits, self.maps = record_attention(model, images)  # maps (l, b, h, n, n)
+        self.top = self.logits.softmax(-1).topk(5, dim=-1).indices
+        self.relevance = attention_relevance(model, images, self.top).double()  # (b, k, n, n)
+        self.rollout = attention_rollout(self.maps.double())
+        self.norms = token_norms(model, images)[1].double()
+
+    def row(self, view, image, layer=0, head="mean", query=0, rank=0):
+        """(values over all 17 tokens, the page's stated bound on each)."""
+        if view == "attention":
+            rows = self.maps[layer, image, :, query].double()  # (h, n)
+            rows = rows.mean(0) if head == "mean" else rows[head]
+            rowmax = self.maps[layer, image, :, query].double().max(-1).values
+            step = (rowmax.mean() if head == "mean" else rowmax[head]) / 255
+            return rows.numpy(), float(step / 2)
+        if view == "norms":
+            return self.norms[layer, image].numpy(), 5e-5
+        matrix = (self.rollout[image] if view == "rollout" else self.relevance[image, rank]).numpy()
+        values = matrix[query]
+        return values, float(np.abs(values).max() * 2**-11 + np.abs(matrix).max() * 2**-24)
+
+
+def check_view(driver, recorded, view, *, image, layer=0, head="mean", query=0, rank=0, hover=None):
+    """After a step of a sequence: the colour scale's range, the legend, the row named (under the picture and in
+    the footer) and the colours drawn are those of ``view``'s row ``query``."""
+    shown = driver.execute_script(SHOWN)
+    text = shown["text"]
+    values, bound = recorded.row(view, image, layer, head, query, rank)
+    peak = values[1:].max()
+    assert shown["min"] == 0 and abs(shown["max"] - peak) <= bound + 1e-12, (view, shown["max"], peak)
+    printed = re.search(r"linear from 0 \(dark blue\) to (\S+) \(yellow\)", text["scale-line"])
+    assert printed and float(printed.group(1)) == pytest.approx(shown["max"], rel=5e-4, abs=1e-300), text
+    t = values[1:] / peak if peak > 0 else np.zeros(16)
+    tolerance = STEEPEST * (bound / peak if peak > 0 else 0) + 1.5
+    drawn = np.array(shown["pixels"], dtype=float)
+    assert np.abs(drawn - viridis(t)).max() <= tolerance, (view, query, drawn, viridis(t))
+    if view == "norms":
+        assert "no query row" in text["query-line"] and "none, token norms have no query" in text["legend-query"]
+    else:
+        named = f"row {query}: query {token_name(query)}"
+        assert named in text["query-line"] and named in text["footer-row"], text
+        assert text["legend-query"].endswith(token_name(query))
+    assert text["footer-row"] == f"Drawn over the patches: {text['query-line']}."
+    assert text["legend-hover"] == f"hovered key (red box): {'none' if hover is None else token_name(hover)}"
+    assert ("mean of heads" if head == "mean" else f": head {head}") in text["legend-head"]
+    assert f"layer {layer}" in text["legend-layer"]
+    if view in ("rollout", "relevance") and query != 0:
+        assert f"Shown: row {query}, the clicked patch's" in text["view-note"]
+    if hover is not None:
+        shown_query, key, value, printed_bound = _read(driver)
+        assert (shown_query, key) == (None if view == "norms" else query, hover)
+        assert abs(value - values[hover]) <= printed_bound, (view, hover, value, values[hover])
+        if view == "attention":  # the printed bound is the quantisation's (and the printing's), not looser
+            assert printed_bound <= 1.02 * (bound + 5e-7) + 1e-9
+    return text
+
+
+def test_every_view_after_each_step_of_several_click_sequences(browser, tmp_path):
     torch.manual_seed(0)
-    model = ViT(image_size=16, patch_size=4, num_classes=6, dim=32, depth=3, heads=2, mlp_dim=64).eval()
+    model = class_sink(tiny_vit(TINY_RGB16, depth=3, heads=2))  # layer 0, head 0 looks at the class token alone
     images = torch.rand(2, 3, 16, 16)
     page = write_explorer(model, images, tmp_path / "explore.html", titles=["first", "second"])
-    logits, maps = record_attention(model, images)  # maps (l, b, h, n, n), n = 17
-    top = logits.softmax(-1).topk(5, dim=-1).indices
-    relevance = attention_relevance(model, images, top)  # (b, k, n, n)
-    rollout = attention_rollout(maps)
+    recorded = Recorded(model, images)
+    _open(browser, page)
+    browser.execute_script(  # an opaque heat map: each patch's colour is its value's, unmixed with the picture
+        "const o = document.getElementById('opacity'); o.value = 100; o.dispatchEvent(new Event('input'));"
+    )
 
-    browser.get(page.resolve().as_uri())
-    WebDriverWait(browser, 20).until(lambda d: d.find_element("tag name", "body").get_attribute("data-ready"))
+    # 1. As opened: attention, layer 0, mean of heads, the class token's row.
+    text = check_view(browser, recorded, "attention", image=0)
+    assert text["chart-note"].endswith("n/a (attends only to the class token), patch mass 0: layer 0 head 0")
 
-    # Image 1, layer 1, head 1; click patch token 6 to make it the query; read 3 keys.
-    _select(browser, "image-select", 1)
-    _select(browser, "layer-select", 1)
+    # 2. Layer 2, head 1; click patch 6 (the query), then hover patch 11.
+    _select(browser, "layer-select", 2)
     _select(browser, "head-select", 1)
     _hover_patch(browser, 6, click=True)
-    for key in (6, 11, 16):
-        _hover_patch(browser, key)
-        query, shown_key, value, bound = _read(browser)
-        assert (query, shown_key) == (6, key)
-        expected = maps[1, 1, 1, 6, key].item()
-        rowmax = maps[1, 1, 1, 6].max().item()
-        assert abs(value - expected) <= bound, (key, value, expected, bound)
-        assert bound <= 1.02 * (rowmax / 510 + 5e-7) + 1e-9  # the stated bound is the quantisation's, not looser
+    _hover_patch(browser, 11)
+    check_view(browser, recorded, "attention", image=0, layer=2, head=1, query=6, hover=11)
 
-    # The class token as the query and as a key, on the mean of heads.
-    _select(browser, "head-select", "mean")
+    # 3. Rollout, then relevance: both keep the clicked patch's row, and say so (under the picture and below).
+    _select(browser, "view-select", "rollout")
+    check_view(browser, recorded, "rollout", image=0, layer=2, head=1, query=6, hover=11)
+    _select(browser, "view-select", "relevance")
+    check_view(browser, recorded, "relevance", image=0, layer=2, head=1, query=6, hover=11)
+
+    # 4. The class token as the query, then the second class from the prediction list.
+    from selenium.webdriver.common.action_chains import ActionChains
+
     class_token = browser.find_element("id", "class-token")
     class_token.click()
-    ActionChains(browser).move_to_element(class_token).perform()
-    query, key, value, bound = _read(browser)
-    assert (query, key) == (0, 0)
-    assert abs(value - maps[1, 1, :, 0, 0].mean().item()) <= bound
-
-    # Rollout, class token's row, on a patch key.
-    _select(browser, "view-select", "rollout")
-    _hover_patch(browser, 9)
-    query, key, value, bound = _read(browser)
-    assert (query, key) == (0, 9)
-    assert abs(value - rollout[1, 0, 9].item()) <= bound
-
-    # Relevance for the image's second class, clicked in the prediction list.
     browser.find_elements("css selector", "#predictions li")[1].click()
-    assert browser.find_element("id", "view-select").get_attribute("value") == "relevance"
-    for key in (1, 9):
-        _hover_patch(browser, key)
-        query, shown_key, value, bound = _read(browser)
-        assert (query, shown_key) == (0, key)
-        assert abs(value - relevance[1, 1, 0, key].item()) <= bound, (key, value, relevance[1, 1, 0, key])
+    ActionChains(browser).move_to_element(class_token).perform()
+    check_view(browser, recorded, "relevance", image=0, layer=2, head=1, query=0, rank=1, hover=0)
 
-    # Token norms of layer 2, read for a patch; a click on a chart picks that chart's layer.
+    # 5. Second image, back to attention, the class-token head of layer 0: its row has nothing on the patches.
+    _select(browser, "image-select", 1)
+    _select(browser, "view-select", "attention")
+    _select(browser, "layer-select", 0)
+    _select(browser, "head-select", 0)
+    _hover_patch(browser, 16)
+    text = check_view(browser, recorded, "attention", image=1, layer=0, head=0, query=0, hover=16)
+    assert "puts no weight on any patch" in text["view-note"]
+
+    # 6. Click patch 1 then patch 9, mean of heads; rollout of that row; token norms of layer 1.
+    _hover_patch(browser, 1, click=True)
+    _hover_patch(browser, 9, click=True)
+    _select(browser, "head-select", "mean")
+    check_view(browser, recorded, "attention", image=1, layer=0, query=9, hover=9)
+    _select(browser, "view-select", "rollout")
+    check_view(browser, recorded, "rollout", image=1, query=9, hover=9)
     _select(browser, "view-select", "norms")
-    _select(browser, "layer-select", 2)
-    _, norms = token_norms(model, images)
+    _select(browser, "layer-select", 1)
     _hover_patch(browser, 14)
-    query, key, value, bound = _read(browser)
-    assert (query, key) == (None, 14)
-    assert abs(value - norms[2, 1, 14].item()) <= bound
+    check_view(browser, recorded, "norms", image=1, layer=1, query=9, hover=14)
+
+    # A click on a chart picks that chart's layer.
     chart = browser.find_element("id", "chart-entropy")
     left = chart.size["width"] / 2 - 52  # the plot starts 52 px from the chart's left edge (PAD.left)
     column = (chart.size["width"] - 52 - 8) / 3
-    ActionChains(browser).move_to_element_with_offset(chart, int(-left + 0.5 * column), 0).click().perform()
-    assert browser.find_element("id", "layer-select").get_attribute("value") == "0"
+    ActionChains(browser).move_to_element_with_offset(chart, int(-left + 2.5 * column), 0).click().perform()
+    assert browser.find_element("id", "layer-select").get_attribute("value") == "2"
+    check_view(browser, recorded, "norms", image=1, layer=2, query=9)
+    assert _console_errors(browser) == []
 
-    shot = tmp_path / "explorer.png"
-    assert browser.save_screenshot(str(shot))
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
-    errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
-    assert errors == []
+
+def test_strings_from_files_show_literally_and_run_nothing_and_identity_relevance_says_why(browser, tmp_path):
+    model = tiny_vit(TINY_RGB16)
+    model.reset_classifier(5, class_names=HOSTILE)  # zero-initialised: relevance is the identity
+    titles = [*HOSTILE[:3], "<img src=x onerror='window.pwned = 1'>"]
+    page = write_explorer(model, torch.rand(4, 3, 16, 16), tmp_path / "hostile.html", titles=titles)
+    _open(browser, page)
+    shown = browser.execute_script(
+        "return {options: Array.from(document.querySelectorAll('#image-select option'), (o) => o.textContent),"
+        " predictions: Array.from(document.querySelectorAll('#predictions li'), (li) => li.textContent),"
+        " pwned: window.pwned === undefined ? null : window.pwned, scripts: document.scripts.length};"
+    )
+    assert shown["options"] == [f"{i}: {title}" for i, title in enumerate(titles)]
+    names = sorted(item.split(" (class ")[0] for item in shown["predictions"])
+    assert names == sorted(HOSTILE)
+    assert shown["pwned"] is None and shown["scripts"] == 2  # the data block and the page's own code
+    _select(browser, "view-select", "relevance")
+    note = browser.find_element("id", "view-note").text
+    assert note.startswith("Relevance is the identity matrix for this class") and "zero-initialised" in note
+    assert float(browser.find_element("id", "colour-scale").get_attribute("data-max")) == 0
+    assert _console_errors(browser) == []

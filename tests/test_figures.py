@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ from vit_einops.inspect import (
     plot_attention_overlays,
     plot_filters,
     plot_position_similarity,
+    record_attention,
     save_figure,
     show_attention,
     write_report,
@@ -119,6 +121,36 @@ def test_show_attention_restores_the_training_mode_and_checks_its_arguments():
         show_attention(model, torch.rand(2, 3, 16, 16))
     with pytest.raises(TypeError, match="image must be a"):
         show_attention(torch.nn.Module(), np.zeros((3, 16, 16)))
+
+
+@pytest.mark.parametrize("head", [0, 2, -1])
+@torch.no_grad()
+def test_show_attention_head_draws_that_heads_map_alone(head):
+    """head=k: the input and head k's panel, whose map is record_attention's slice [layer, 0, k, 0, 1:] on the
+    patch grid, upsampled bilinearly and scaled to its maximum (float32 tolerance: rtol 1.3e-6, atol 1e-5); and
+    the same panel as head k's in the figure of every head."""
+    model = vit(3)
+    x = torch.rand(3, 16, 16)
+    k = head % 3
+    fig = show_attention(model, x, layer=0, head=head)
+    panels = image_axes(fig)
+    assert [ax.get_title().split("\n")[0] for ax in panels] == ["input", f"layer 0 head {k}"]
+    _, maps = record_attention(model, x[None])
+    grid = maps[0, 0, k, 0, 1:].reshape(4, 4)  # the class token's row over the 4x4 patches, row-major
+    up = torch.nn.functional.interpolate(grid[None, None], size=(16, 16), mode="bilinear", align_corners=False)[0, 0]
+    drawn = torch.from_numpy(np.asarray(panels[1].get_images()[-1].get_array()))
+    torch.testing.assert_close(drawn, up / up.max())
+    maximum = float(panels[1].get_title().split("\n")[1].removeprefix("max "))
+    assert maximum == pytest.approx(grid.max().item(), rel=1e-3)
+    every = [ax for ax in image_axes(show_attention(model, x, layer=0)) if ax.get_title().startswith("layer")]
+    assert np.array_equal(np.asarray(every[k].get_images()[-1].get_array()), drawn.numpy())
+
+
+def test_show_attention_refuses_a_head_out_of_range():
+    with pytest.raises(ValueError, match=re.escape("head 3 out of range for a layer of 3 heads (valid: -3..2)")):
+        show_attention(vit(3), torch.rand(3, 16, 16), head=3)
+    with pytest.raises(TypeError, match="head must be an int"):
+        show_attention(vit(3), torch.rand(3, 16, 16), head=1.0)
 
 
 def test_show_attention_names_the_prediction():

@@ -78,7 +78,7 @@ def test_existing_output_layer_range_and_missing_preprocessing(tmp_path, files, 
     (out / "attention.png").write_bytes(b"mine")
     args = [*base, "--preprocessing", "timm", "--out", str(out)]
     assert main(args) == 2
-    assert "already holds files; pass --force" in capsys.readouterr().err
+    assert f"{out} already holds attention.png; pass --force to replace them" in capsys.readouterr().err
     assert (out / "attention.png").read_bytes() == b"mine"
     assert main([*args, "--force"]) == 0
     assert (out / "attention.png").read_bytes()[:8] == PNG

@@ -63,7 +63,7 @@ def test_predict_accepts_pil_images_tensors_and_single_paths(model, images):
     one = predict(model, images[0], top_k=1)
     assert predict(model, open_image(images[0]), top_k=1) == one
     tensor = model.transforms()(open_image(images[0]))
-    assert predict(model, tensor, top_k=1)[0][0].index == one[0][0].index
+    assert predict(model, tensor, top_k=1, preprocessed=True) == one
     assert len(predict(model, images, top_k=99)[0]) == 5  # capped at the number of classes
 
 
@@ -95,12 +95,23 @@ def test_named_classes_in_the_table_carry_their_index(model, images, tmp_path, c
     [
         ([], TypeError, "non-empty list"),
         (42, TypeError, "images must be a path"),
-        (torch.zeros(1, 3, 16, 16), ValueError, "expected height, width"),
+        (torch.zeros(1, 3, 16, 16), ValueError, "say how to take it"),
     ],
 )
 def test_bad_images(model, images_arg, error, words):
     with pytest.raises(error, match=words):
         predict(model, images_arg)
+    with pytest.raises(ValueError, match="expected height, width"):
+        predict(model, torch.zeros(1, 3, 16, 16), preprocessed=True)
+
+
+def test_a_to_tensor_photo_is_refused_without_the_keyword_and_equals_the_file_with_it(model, images):
+    """The silent skip of issue 18: a ToTensor()-style [0, 1] tensor was run unpreprocessed. Now it is an error
+    without preprocessed=, and with preprocessed=False the same prediction as the file (bit-identical)."""
+    pixels = torch.from_numpy(np.array(open_image(images[0]))).permute(2, 0, 1).float() / 255
+    with pytest.raises(ValueError, match=r"pass preprocessed=False.*pass preprocessed=True"):
+        predict(model, pixels)
+    assert predict(model, pixels, preprocessed=False) == predict(model, images[0])
 
 
 def test_features_only_models_and_missing_preprocessing_say_what_to_do(images):

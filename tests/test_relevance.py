@@ -113,10 +113,14 @@ def test_head_statistics_per_image_match_the_shared_functions():
     model = tiny_vit(TINY)
     _, maps = record_attention(model, torch.rand(3, 1, 8, 8))
     stats = head_statistics(maps, (4, 4), 2)
-    assert {k: v.shape for k, v in stats.items()} == {k: (3, 3, 2) for k in ("distance", "entropy", "class_share")}
+    names = ("distance", "patch_mass", "entropy", "class_share")
+    assert {k: v.shape for k, v in stats.items()} == {k: (3, 3, 2) for k in names}
     torch.testing.assert_close(stats["distance"][:, 1], mean_attention_distance(maps[:, 1:2], (4, 4), 2))
-    # Averaged over images, the per-image distances give the pooled one (each image has the same query count).
-    torch.testing.assert_close(stats["distance"].mean(1), mean_attention_distance(maps, (4, 4), 2))
+    # The pooled distance is the per-image ones weighted by the attention mass each image sends between patches.
+    mass = stats["patch_mass"]
+    pooled = (stats["distance"] * mass).sum(1) / mass.sum(1)
+    torch.testing.assert_close(pooled, mean_attention_distance(maps, (4, 4), 2))
+    torch.testing.assert_close(mass, 1 - stats["class_share"])
     torch.testing.assert_close(stats["entropy"], attention_entropy(maps).mean(-1))
 
 

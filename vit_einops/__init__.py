@@ -42,8 +42,10 @@ _EXPORTS = {
     "predict": "predict",
     "PRESETS": "presets",
     "TIMM_NAMES": "presets",
-    "create_vit": "presets",
+    "create_vit": "pretrained",
     "list_presets": "presets",
+    "max_memory": "_budget",
+    "parameter_count": "sizes",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -30,13 +30,14 @@ def pyplot():
     return plt
 
 
-def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
-    """Render ``fig`` to PNG in memory and write it atomically to ``path``; returns the path.
+def save_figure(fig: Any, path: str | Path, dpi: int = 120, *, replace: bool = True) -> Path:
+    """Render ``fig`` to PNG in memory and write it atomically to ``path``; returns the path. ``replace=False``
+    refuses (FileExistsError) a file that is there at the commit; ``True`` replaces only a regular file.
 
     A figure that pyplot manages (made with ``plt.subplots``) is closed after, so a script that saves many does
     not pile them up; a bare Figure needs no closing and stays usable.
     """
-    atomic_write_bytes(path, figure_png(fig, dpi))
+    atomic_write_bytes(path, figure_png(fig, dpi), replace=replace)
     return Path(path)
 
 

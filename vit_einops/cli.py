@@ -14,6 +14,8 @@ import os
 import sys
 
 from . import __version__
+from ._budget import ENV_VAR, max_memory, parse_bytes
+from ._text import printable, printable_lines
 
 # name -> (module, the pip extra it needs or None, one-line help).
 COMMANDS: dict[str, tuple[str, str | None, str]] = {
@@ -55,6 +57,9 @@ COMMANDS: dict[str, tuple[str, str | None, str]] = {
 }
 
 
+_DEBUG_HELP = "show the traceback of an error (also VIT_EINOPS_TRACEBACK=1)"
+
+
 def _optional_missing(err: ModuleNotFoundError, extra: str | None) -> bool:
     """True if ``err`` is a missing third-party module that ``extra`` would install (not a bug of ours)."""
     return extra is not None and bool(err.name) and err.name.split(".")[0] != "vit_einops"
@@ -65,9 +70,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     ``vit-einops --help`` (which needs only their names) never waits for torch."""
     parser = argparse.ArgumentParser(prog="vit-einops", description="A paper-faithful Vision Transformer in einops.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, extra, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        # Also after the command (`vit-einops predict ... --debug`); SUPPRESS keeps a --debug given before it.
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
         if name != command:
             continue
         try:
@@ -79,7 +87,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             continue
         p.set_defaults(_module=module)
         command_module.add_arguments(p)
+        p.add_argument(
+            "--max-memory",
+            type=_memory_size,
+            metavar="SIZE",
+            help=f"refuse work estimated to need more memory than SIZE, e.g. 64GiB (default: ${ENV_VAR}, else the "
+            "memory this machine has available); raise it to allow a larger model, image or grid",
+        )
     return parser
+
+
+def _memory_size(text: str) -> int:
+    """argparse type of --max-memory: a size such as 64GiB, 500MB or 1000000 (bytes)."""
+    try:
+        return parse_bytes(text, "--max-memory")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _command_name(argv: list[str]) -> str | None:
@@ -87,8 +110,40 @@ def _command_name(argv: list[str]) -> str | None:
     return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
+def _debug(args: argparse.Namespace) -> bool:
+    """--debug (anywhere on the line), or VIT_EINOPS_TRACEBACK=1 (its older spelling): show tracebacks."""
+    return bool(getattr(args, "debug", False) or os.environ.get("VIT_EINOPS_TRACEBACK"))
+
+
+def _user_error(err: BaseException) -> str | None:
+    """The one-line message for an error the user's input caused, or None for a bug of ours.
+
+    ValueError and TypeError are what our checks raise where input enters, naming the value; OSError is a file that
+    cannot be read or written. Exhausted resources are caused by the input too (a size the machine cannot hold, JSON
+    nested past Python's recursion limit), though no check of ours raised them, so the message says what ran out.
+    """
+    if isinstance(err, (ValueError, TypeError, OSError)):
+        return str(err)
+    if isinstance(err, RecursionError):
+        return f"the input is nested too deeply to read ({err})"
+    if isinstance(err, MemoryError) or (
+        isinstance(err, RuntimeError) and any(words in str(err) for words in _OUT_OF_MEMORY)
+    ):
+        return f"not enough memory for this input ({type(err).__name__}: {str(err) or 'no details'})"
+    return None
+
+
+# torch's words when an allocation fails (its OutOfMemoryError is a RuntimeError, as is the CPU allocator's error).
+_OUT_OF_MEMORY = ("can't allocate memory", "out of memory")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; with no command at all, print the help and return 0."""
+    """Run the command line; with no command at all, print the help and return 0.
+
+    Every error the input causes prints one line, "vit-einops CMD: error: ...", and returns 2; any other exception
+    (a bug) prints "vit-einops CMD: internal error: ..." and returns 1. With --debug (or VIT_EINOPS_TRACEBACK=1)
+    both raise, so the traceback shows. Strings from files in a message are printed with control characters escaped.
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_command_name(argv))
     if not argv:
@@ -107,17 +162,23 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         try:
-            return importlib.import_module(args._module).run(args)
+            with max_memory(args.max_memory):
+                return importlib.import_module(args._module).run(args)
         except ModuleNotFoundError as err:  # commands that import their extra only when they run
             if not _optional_missing(err, extra):
-                raise
+                if _debug(args):
+                    raise
+                return _internal_error(args.command, err)
             missing = err.name
-        except (ValueError, TypeError, OSError) as err:
-            # Bad input (a value, a file): our errors name the value and what was expected, so the message is the
-            # answer; a traceback would bury it. VIT_EINOPS_TRACEBACK=1 shows it anyway.
-            if os.environ.get("VIT_EINOPS_TRACEBACK"):
+        except Exception as err:
+            if _debug(args):
                 raise
-            print(f"vit-einops {args.command}: error: {err}", file=sys.stderr)
+            message = _user_error(err)
+            if message is None:
+                return _internal_error(args.command, err)
+            # Our messages name the value and what was expected, so the message is the answer; a traceback would
+            # bury it. Line breaks of our own (a state dict's missing keys, one per line) are kept.
+            print(f"vit-einops {args.command}: error: {printable_lines(message)}", file=sys.stderr)
             return 2
     print(
         f"vit-einops {args.command}: the optional dependency {missing!r} is not installed; "
@@ -125,6 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 2
+
+
+def _internal_error(command: str, err: BaseException) -> int:
+    print(
+        f"vit-einops {command}: internal error: {type(err).__name__}: {printable(err)} "
+        "(run with --debug for the traceback)",
+        file=sys.stderr,
+    )
+    return 1
 
 
 if __name__ == "__main__":

@@ -1,38 +1,39 @@
-"""Images in and out: every command and tool opens, batches and draws images here.
+"""Images in and out: every command and tool opens and draws images here.
 
 - :func:`open_image` reads a file into a PIL image, safely (regular files only, a size and a pixel cap);
   :func:`to_model_mode` turns a PIL image of any mode into 8-bit grey or RGB (16-bit images scaled, not clipped).
 - :func:`sample_images`: scikit-learn's two photos, for a model that is shown no files.
-- :func:`load_images`: paths, PIL images or tensors -> the (b, C, H, W) batch a model takes, through its own
-  preprocessing (``model.transforms()``).
-- :func:`display_images`: the same images as the model saw them (resized and cropped, not normalised), in [0, 1],
-  for figures and the explorer; :func:`to_display` and :func:`to_uint8` draw one model input.
+- :func:`to_display` and :func:`to_uint8` draw one model input. Images in any form become a model's batch in
+  :mod:`vit_einops.inputs`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import stat
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-# An image larger than this many pixels is refused before it is decoded. PIL's own guard (MAX_IMAGE_PIXELS,
-# ~89M, an error at twice that) is global state we must not change; ours is a per-call limit with a clear error.
-MAX_PIXELS = 128 * 1024 * 1024
+from ._budget import MAX_PIXELS
+
+# An image larger than MAX_PIXELS is refused before it is decoded (and a resize to more, in preprocess.py). PIL's
+# own guard (MAX_IMAGE_PIXELS, ~89M, an error at twice that) is global state we must not change; ours is a
+# per-call limit with a clear error.
 MAX_FILE_BYTES = 1 << 30  # 1 GiB: no image a ViT is shown needs more
+# The formats Pillow may decode, whatever a file's name or first bytes claim. Never EPS/PS: Pillow hands those to
+# Ghostscript, a PostScript interpreter, so an untrusted ".png" would run as a program where Ghostscript is installed.
+FORMATS = ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP", "PPM")
 
 
 def open_image(path: str | os.PathLike) -> Any:
     """Read an image file into a PIL image (decoded, file closed), refusing what is not a sane image file.
 
     Raises ValueError naming the file: a missing path, a directory, a FIFO or device (opening one would block or
-    never end), a file over 1 GiB, a format PIL cannot read, or more than :data:`MAX_PIXELS` pixels (checked from
-    the header, before decoding). The image keeps its mode; the model's preprocessing converts it
-    (:func:`to_model_mode`).
+    never end), a file over 1 GiB, a format not in :data:`FORMATS` (whatever its suffix), or more than
+    :data:`MAX_PIXELS` pixels (checked from the header, before decoding). The image keeps its mode; the model's
+    preprocessing converts it (:func:`to_model_mode`).
     """
     import warnings
 
@@ -51,7 +52,7 @@ def open_image(path: str | os.PathLike) -> Any:
         with warnings.catch_warnings():
             # PIL warns above its own pixel guard; ours below is the check that counts, with a clear message.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
+            with Image.open(path, formats=FORMATS) as img:
                 pixels = img.width * img.height
                 if pixels > MAX_PIXELS:
                     raise ValueError(
@@ -62,7 +63,11 @@ def open_image(path: str | os.PathLike) -> Any:
                 return img.copy()
     except Image.DecompressionBombError as err:
         raise ValueError(f"cannot read image {str(path)!r}: {err}") from err
-    except (UnidentifiedImageError, OSError, SyntaxError) as err:
+    except UnidentifiedImageError as err:
+        raise ValueError(
+            f"cannot read image {str(path)!r}: not an image of a format vit-einops reads ({', '.join(FORMATS)})"
+        ) from err
+    except (OSError, SyntaxError) as err:
         raise ValueError(f"cannot read image {str(path)!r}: not an image PIL can decode ({err})") from err
 
 
@@ -70,8 +75,9 @@ def to_model_mode(image: Any, channels: int) -> Any:
     """An 8-bit "L" (channels 1) or "RGB" (channels 3) copy of a PIL image of any mode.
 
     Transparency is dropped, not composited (``convert("RGB")``, as torchvision's and timm's loaders do); palette
-    images are expanded; 16-bit and 32-bit integer images ("I;16", "I") are scaled from 0..65535 to 0..255 rather than
-    clipped at 255 (which would turn every pixel above 255 white).
+    images are expanded; float and 16/32-bit integer images ("F", "I;16", "I") are scaled by their value range to
+    0..255 (:func:`_eight_bit` states the rule) rather than clipped (which would turn a float image black and every
+    16-bit pixel above 255 white).
     """
     if channels not in (1, 3):
         raise ValueError(f"images are read as grey (1 channel) or RGB (3 channels), not {channels} channels")
@@ -89,17 +95,28 @@ def to_model_mode(image: Any, channels: int) -> Any:
 
 
 def _eight_bit(image: Any) -> Any:
+    """A float ("F") or integer ("I", "I;16"...) grey image as 8-bit "L", scaled by its value range, never clipped.
+
+    The rule: a float image within [0, 1] is scaled by 255; an integer image within [0, 65535] (16-bit PNG and TIFF,
+    whichever mode Pillow reads them as) by 255/65535 (65535 becomes 255); any other image (a float TIFF in
+    [0, 255] or in physical units, a 32-bit image with negative values) is min-max scaled to [0, 255]. A constant
+    image outside those ranges has no range to scale by: it becomes its value clipped to [0, 255].
+    """
     import numpy as np
     from PIL import Image
 
     array = np.asarray(image, dtype=np.float64)
-    if image.mode == "F":
-        if not np.isfinite(array).all():
-            raise ValueError("a floating-point image holds non-finite pixels (nan or inf)")
-        full = 1.0 if array.size and array.max() <= 1.0 and array.min() >= 0.0 else 65535.0
+    if not np.isfinite(array).all():
+        raise ValueError(f"a {image.mode} image holds non-finite pixels (nan or inf)")
+    full = 1.0 if image.mode == "F" else 65535.0
+    lo, hi = (float(array.min()), float(array.max())) if array.size else (0.0, 0.0)
+    if 0.0 <= lo and hi <= full:
+        scaled = array * (255.0 / full)
+    elif hi > lo:
+        scaled = (array - lo) * (255.0 / (hi - lo))
     else:
-        full = 65535.0  # 16-bit PNG/TIFF, whichever integer mode Pillow reads it as
-    return Image.fromarray(np.clip(np.rint(array * (255.0 / full)), 0, 255).astype(np.uint8), mode="L")
+        scaled = np.clip(array, 0.0, 255.0)
+    return Image.fromarray(np.rint(scaled).astype(np.uint8), mode="L")
 
 
 def sample_images() -> tuple[list[Any], list[str]]:
@@ -109,52 +126,6 @@ def sample_images() -> tuple[list[Any], list[str]]:
 
     sample = load_sample_images()
     return [Image.fromarray(a) for a in sample.images], [Path(f).name for f in sample.filenames]
-
-
-def _items(images: Any) -> list[Any]:
-    """One or a list of paths, PIL images and (C, H, W) tensors -> a list of PIL images (files opened) and tensors."""
-    from PIL import Image
-
-    if isinstance(images, (str, os.PathLike, Image.Image, torch.Tensor)):
-        images = [images]
-    if not isinstance(images, Sequence) or not images:
-        raise TypeError(
-            f"images must be a path, a PIL image, a tensor, or a non-empty list of them; got {type(images).__name__}"
-        )
-    items = []
-    for item in images:
-        if isinstance(item, (str, os.PathLike)):
-            item = open_image(item)
-        if not isinstance(item, Image.Image) and not (isinstance(item, torch.Tensor) and item.ndim == 3):
-            raise TypeError(f"each image must be a path, a PIL image or a (C, H, W) tensor, got {type(item).__name__}")
-        items.append(item)
-    return items
-
-
-def load_images(model: Any, images: Any) -> torch.Tensor:
-    """(b, C, H, W) float32 model inputs for ``images``: one or a list of paths, PIL images or preprocessed
-    (C, H, W) tensors, or a (b, C, H, W) batch. Paths and PIL images go through ``model.transforms()``; the batch
-    is checked against the model's input size (``model.check_input``)."""
-    if isinstance(images, torch.Tensor) and images.ndim == 4:
-        batch = images
-    else:
-        batch = torch.stack([x if isinstance(x, torch.Tensor) else model.transforms()(x) for x in _items(images)])
-    model.check_input(batch)
-    return batch
-
-
-def display_images(model: Any, images: Any) -> torch.Tensor:
-    """(b, C, H, W) in [0, 1]: ``images`` (as :func:`load_images` takes them) as the model saw them. Paths and PIL
-    images are resized and cropped by the model's preprocessing but not normalised; tensors, already model inputs,
-    go through :func:`to_display`."""
-    items = list(images) if isinstance(images, torch.Tensor) and images.ndim == 4 else _items(images)
-    return torch.stack([to_display(x) if isinstance(x, torch.Tensor) else _unnormalised(model)(x) for x in items])
-
-
-def _unnormalised(model: Any) -> Any:
-    """The model's preprocessing without its mean and std: resize and crop, pixels scaled to [0, 1]."""
-    prep = model.transforms()
-    return dataclasses.replace(prep, mean=(0.0,) * prep.channels, std=(1.0,) * prep.channels)
 
 
 def to_display(image: torch.Tensor) -> torch.Tensor:

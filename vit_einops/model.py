@@ -20,6 +20,7 @@ from .config import ViTConfig
 from .head import ClassificationHead, head_swap_help
 from .patch_embed import PatchEmbedding
 from .preprocess import Preprocessing
+from .sizes import check_model_memory
 
 # timm's default for every Linear in the encoder and head; the embeddings have their own init.
 LINEAR_INIT_STD = 0.02
@@ -74,6 +75,10 @@ class ViT(Sequential):
     ) -> None:
         arguments = locals()  # the keywords above: ViTConfig's fields (tests hold them equal), then attn_impl
         config = ViTConfig(**{f.name: arguments[f.name] for f in fields(ViTConfig)})
+        # Checked before anything of the model exists: a config that asks for terabytes fails now, not after minutes
+        # of building. On the meta device (loaders, counts) only the modules' own memory counts.
+        on_meta = torch.empty(0).device.type == "meta"
+        check_model_memory(config, 0 if on_meta else torch.get_default_dtype().itemsize)
         impls = per_layer_impls(attn_impl, config.depth)
         super().__init__(
             OrderedDict(

@@ -27,12 +27,14 @@ from typing import Any
 
 import torch
 
-from ._io import atomic_write_bytes, check_regular_file, refuse_existing
+from ._io import check_file_output, check_regular_file, write_file
+from ._json import loads
 from .attention import stored_attn_impl
 from .config import ViTConfig
 from .model import ViT, check_class_names
 from .preprocess import Preprocessing
 from .statedict import build_vit, cast_weights, check_free_fields, check_keys, convert_patchify, expected_shapes
+from .sizes import check_file_holds, check_model_memory
 from .statedict import safetensors_bytes
 
 FORMAT_KEY, FORMAT_NAME, VERSION_KEY, FORMAT_VERSION = "format", "vit-einops", "format_version", 2
@@ -79,24 +81,21 @@ def model_metadata(model: ViT) -> dict[str, str]:
 def save_vit(model: ViT, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write ``model`` (weights, config, preprocessing, class names, source) as one safetensors file, atomically.
 
-    An existing file at ``path`` is refused (FileExistsError) unless ``overwrite=True``.
+    An existing file at ``path`` is refused (FileExistsError) unless ``overwrite=True``, checked again at the
+    commit; ``overwrite`` replaces only a regular file, and keeps its permissions.
     """
     if not isinstance(model, ViT):
         raise TypeError(f"save_vit expects a vit_einops.ViT, got {type(model).__name__}")
     path = Path(path)
     if path.suffix.lower() != ".safetensors":
         raise ValueError(f"{path}: a vit-einops model file is safetensors; use the suffix .safetensors")
-    if not overwrite:
-        refuse_existing(path, "pass overwrite=True (--force on the command line) to replace it")
-    atomic_write_bytes(path, safetensors_bytes(model.state_dict(), model_metadata(model)))
+    check_file_output(path, overwrite, "pass overwrite=True (--force on the command line) to replace it")
+    write_file(path, safetensors_bytes(model.state_dict(), model_metadata(model)), replace=overwrite)
     return path
 
 
 def _json_field(metadata: Mapping[str, str], key: str, path: Path) -> Any:
-    try:
-        return json.loads(metadata[key])
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: metadata {key!r} is not valid JSON: {err}") from err
+    return loads(metadata[key], f"{path}: metadata {key!r}")
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
@@ -126,6 +125,7 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         impl = stored_attn_impl(raw_config, config.depth)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{path}: the stored vit-einops config is invalid: {err}") from err
+    check_file_holds(config, path.stat().st_size, str(path))
     info: dict[str, Any] = {
         "config": config,
         "attn_impl": impl,
@@ -134,15 +134,15 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         "source": None,
     }
     if PREPROCESSING_KEY in metadata:
+        stored = _json_field(metadata, PREPROCESSING_KEY, path)  # its errors name the file and the key
         try:
-            info["preprocessing"] = Preprocessing.from_dict(_json_field(metadata, PREPROCESSING_KEY, path))
+            info["preprocessing"] = Preprocessing.from_dict(stored)
         except (TypeError, ValueError) as err:
             raise ValueError(f"{path}: the stored preprocessing is invalid: {err}") from err
     if CLASSES_KEY in metadata:
+        stored = _json_field(metadata, CLASSES_KEY, path)
         try:
-            info["class_names"] = checked_class_names(
-                _json_field(metadata, CLASSES_KEY, path), config.num_classes, "stored class_names"
-            )
+            info["class_names"] = checked_class_names(stored, config.num_classes, "stored class_names")
         except TypeError as err:
             raise ValueError(f"{path}: {err}") from err
         except ValueError as err:
@@ -180,12 +180,19 @@ def load_vit(
     check_free_fields(overrides)
     info = read_metadata(path)
     path = Path(path)
+    # Loading holds the file's tensors and the model's copies at once.
+    itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
+    check_model_memory(info["config"], itemsize, copies=2, action="loading")
     try:
         state_dict = load_file(path, device="cpu")
     except (SafetensorError, ValueError, OSError) as err:
         raise ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {err}") from err
     stored = info["config"]
-    check_keys(state_dict, expected_shapes(stored), str(path))
+    try:
+        expected = expected_shapes(stored)
+    except ValueError as err:  # a config too large for any tensor
+        raise ValueError(f"{path}: {err}") from err
+    check_keys(state_dict, expected, str(path))
     state_dict = cast_weights(state_dict, str(path), dtype)
     config = ViTConfig.from_dict({**stored.to_dict(), **overrides})
     impl = info["attn_impl"] if attn_impl is None else attn_impl

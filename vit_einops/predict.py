@@ -1,4 +1,4 @@
-"""Classify images with any ViT: files or PIL images go through the model's own preprocessing.
+"""Classify images with any ViT: files, PIL images and pixel tensors go through the model's own preprocessing.
 
 from vit_einops import load_model, predict
 model = load_model("vit_b_16.safetensors")
@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ._checks import check_positive_int
-from .images import load_images
+from .inputs import model_inputs
 from .model import ViT
 
 
@@ -34,12 +34,35 @@ def class_name(index: int, class_names: Sequence[str] | None) -> str:
     return f"class {index}"
 
 
+def check_finite_outputs(inputs: torch.Tensor, logits: torch.Tensor) -> None:
+    """Refuse non-finite logits (nan or inf: a ranking of them means nothing), naming the likely cause: the inputs
+    when they are already non-finite (the preprocessing's mean and std), else the model's weights."""
+    bad = (~torch.isfinite(logits.reshape(len(logits), -1))).any(-1).nonzero().flatten().tolist()
+    if not bad:
+        return
+    which = f"image {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+    if not torch.isfinite(inputs[bad[0]]).all():
+        cause = (
+            "its preprocessed pixels are already nan or inf: the preprocessing's mean or std scales them out of "
+            "range (a std near 0, a huge mean)"
+        )
+    else:
+        cause = (
+            "its preprocessed pixels are finite, so the model's weights are the likely cause: huge values that "
+            "overflow (float32 ends near 3.4e38), or a model that is not a trained ViT"
+        )
+    raise ValueError(f"the model's outputs for {which} are not finite (nan or inf); {cause}")
+
+
 @torch.no_grad()
-def predict(model: ViT, images: Any, top_k: int = 5, batch_size: int = 64) -> list[list[Prediction]]:
+def predict(
+    model: ViT, images: Any, top_k: int = 5, batch_size: int = 64, *, preprocessed: bool | None = None
+) -> list[list[Prediction]]:
     """The ``top_k`` most probable classes of each image, most probable first.
 
-    ``images``: as :func:`vit_einops.images.load_images`. The model is run in eval mode (and put back in the mode
-    it had).
+    ``images``: paths, PIL images, uint8 or float tensors, or a list of them; ``preprocessed`` says how a float
+    tensor is taken (False: raw pixels in [0, 1], True: the model's input); see :mod:`vit_einops.inputs`. The
+    model is run in eval mode (and put back in the mode it had).
     """
     if not isinstance(model, ViT):
         raise TypeError(f"predict expects a vit_einops.ViT, got {type(model).__name__}")
@@ -54,17 +77,17 @@ def predict(model: ViT, images: Any, top_k: int = 5, batch_size: int = 64) -> li
             f"head.fc replaced?); set model.class_names to {model.num_classes} names, or None for indices"
         )
     top_k = min(top_k, model.config.num_classes)
-    batch = load_images(model, images)
+    batch = model_inputs(model, images, preprocessed=preprocessed)
     was_training = model.training
     model.eval()
     try:
         device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
-        probs = torch.cat(
-            [model(chunk.to(device, dtype)).float().softmax(-1).cpu() for chunk in batch.split(batch_size)]
-        )
+        logits = torch.cat([model(chunk.to(device, dtype)).float().cpu() for chunk in batch.split(batch_size)])
     finally:
         model.train(was_training)
+    check_finite_outputs(batch, logits)
+    probs = logits.softmax(-1)
     values, indices = probs.topk(top_k, dim=-1)
     return [
         [Prediction(i, class_name(i, names), p) for i, p in zip(row_i.tolist(), row_v.tolist())]

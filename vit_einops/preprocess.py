@@ -27,6 +27,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._budget import MAX_PIXELS
 from ._checks import check_choice, check_positive_int, to_pair
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)  # torchvision's and timm's IMAGENET_DEFAU
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INCEPTION_MEAN = INCEPTION_STD = (0.5, 0.5, 0.5)  # timm's augreg ViTs and google/vit-* on the hub
 CONVENTIONS = ("torchvision", "timm", "hf", "plain")  # the recipes by name: Preprocessing.convention
+FLOAT32_TINY = 2.0**-126  # torch.finfo(torch.float32).tiny, without importing torch
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class Preprocessing:
             check_positive_int("resize", self.resize)
         if self.crop is not None:
             object.__setattr__(self, "crop", to_pair("crop", self.crop))
+        self._check_pixels()
         check_choice("interpolation", self.interpolation, INTERPOLATIONS)
         check_choice("backend", self.backend, BACKENDS)
         mean, std = _floats("mean", self.mean), _floats("std", self.std)
@@ -75,8 +78,24 @@ class Preprocessing:
             raise ValueError(f"mean has {len(mean)} values and std {len(std)}; expected one of each per channel")
         if any(s <= 0 for s in std):
             raise ValueError(f"std must be positive, got {std}")
+        if any(s < FLOAT32_TINY for s in std):
+            # x / std runs in float32: a std below its smallest normal number sends pixels to inf (1e-320 is 0 there).
+            raise ValueError(f"std must be at least {FLOAT32_TINY:.3g} (the smallest normal float32), got {std}")
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
+
+    def _check_pixels(self) -> None:
+        """A resize or crop that alone has more pixels than :data:`vit_einops._budget.MAX_PIXELS` is refused here,
+        before any image is resized to it (PIL cannot hold a side past a C long; memory gives out long before)."""
+        for name, size in (("resize", self.resize), ("crop", self.crop)):
+            if size is None:
+                continue
+            h, w = size if isinstance(size, tuple) else (size, size)  # a shorter side N: at least N x N pixels
+            if h * w > MAX_PIXELS:
+                raise ValueError(
+                    f"{name} {_short(h)}x{_short(w)} makes images of at least {_short(h * w)} pixels, over the limit "
+                    f"of {MAX_PIXELS:,}"
+                )
 
     # --- the conventions ------------------------------------------------------------------------------------
 
@@ -171,18 +190,38 @@ class Preprocessing:
         else:
             x = self._resize_torch(_to_uint8_tensor(image))
             x = x if self.crop is None else _center_crop_tensor(x, self.crop)
-        x = x.to(torch.float32).div(255)
-        mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
-        std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
-        return x.sub_(mean).div_(std)
+        return self.normalise(x.to(torch.float32).div(255))
+
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """(C, H, W) pixels in [0, 1] -> float32 ``(x - mean) / std`` per channel: the last step of ``__call__``."""
+        import torch
+
+        mean = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(-1, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(-1, 1, 1)
+        return x.to(torch.float32).sub(mean).div(std)
+
+    def resizes(self, height: int, width: int) -> bool:
+        """Whether an image of ``height`` x ``width`` is resized or cropped (False: only normalised)."""
+        size = (height, width)
+        return self._target_size(height, width) != size or (self.crop is not None and self.crop != size)
 
     def _target_size(self, height: int, width: int) -> tuple[int, int]:
+        """(H, W) that an image of ``height`` x ``width`` is resized to; ValueError when that is over
+        :data:`~vit_einops._budget.MAX_PIXELS` (a thin image whose shorter side is scaled up a hundredfold), checked
+        before anything is allocated."""
         if isinstance(self.resize, tuple):
             return self.resize
         # torchvision's rule for one number: the shorter side becomes it, the longer int(size * long / short).
         short, long = (width, height) if width <= height else (height, width)
         new_short, new_long = self.resize, int(self.resize * long / short)
-        return (new_long, new_short) if width <= height else (new_short, new_long)
+        target = (new_long, new_short) if width <= height else (new_short, new_long)  # (H, W)
+        if new_short * new_long > MAX_PIXELS:
+            raise ValueError(
+                f"resizing a {width}x{height} image's shorter side to {self.resize} makes it {target[1]}x{target[0]} "
+                f"({new_short * new_long:,} pixels), over the limit of {MAX_PIXELS:,}; crop it to a less extreme "
+                f"aspect ratio first"
+            )
+        return target
 
     def _resize_pil(self, image: Any) -> Any:
         from PIL import Image
@@ -234,6 +273,13 @@ class Preprocessing:
         if "resize" not in d:
             raise ValueError("a preprocessing record needs 'resize'")
         return cls(**d)
+
+
+def _short(n: int) -> str:
+    """An int as its digits, or as 1.23e+45 when it has too many to read (a resize of floor(224 / 1e-300))."""
+    from decimal import Decimal
+
+    return str(n) if n < 10**12 else f"{Decimal(n):.3g}"  # Decimal: ints past float's range round too
 
 
 def _floats(name: str, values: Any) -> tuple[float, ...]:

@@ -72,7 +72,14 @@ def preset_config(name: str, **overrides: Any) -> dict[str, Any]:
 
 def create_vit(name: str, **overrides: Any) -> ViT:
     """Build preset ``name`` (see :func:`list_presets`; timm's names such as "vit_base_patch16_224" work too);
-    any ViT keyword overrides it, e.g. num_classes=10."""
+    any ViT keyword overrides it, e.g. num_classes=10. The architecture only: ``vit_einops.create_vit`` adds
+    ``pretrained=True`` and ``weights=PATH``."""
     from .model import ViT
+
+    if "pretrained" in overrides or "weights" in overrides:
+        raise TypeError(
+            "presets.create_vit builds the architecture only; for weights call vit_einops.create_vit "
+            "(pretrained=True, or weights=PATH)"
+        )
 
     return ViT(**preset_config(name, **overrides))

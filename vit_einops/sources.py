@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._checks import check_choice
+from ._io import check_regular_file
 
 if TYPE_CHECKING:
     from .model import ViT
@@ -62,18 +63,97 @@ def load_model(path: str | os.PathLike, *, source: str | None = None, **kwargs: 
       ``train``);
     - a training run directory (holding ``model.safetensors`` or ``checkpoint/``), a checkpoint directory, or its
       ``checkpoint.json``;
-    - with ``source="torchvision"`` or ``"timm"``: a state-dict file of that library (``kwargs`` go to
-      :func:`vit_einops.interop.load_torchvision` / :func:`~vit_einops.interop.load_timm`), with that library's
-      preprocessing convention;
-    - with ``source="hf"``: a Hugging Face ``save_pretrained`` directory, or its weights file next to config.json.
+    - a torchvision or timm state-dict file (``kwargs`` go to :func:`vit_einops.interop.load_torchvision` /
+      :func:`~vit_einops.interop.load_timm`), with that library's preprocessing convention, and ImageNet-1k's class
+      names when it has 1000 classes;
+    - a Hugging Face ``save_pretrained`` directory, or its weights file next to config.json.
 
-    Every source takes ``attn_impl=`` (the attention path to run, as in :class:`~vit_einops.ViT`) and ``dtype=``.
+    ``source`` None recognises the form (:func:`detect_source`); naming it skips that. Every source takes
+    ``attn_impl=`` (the attention path to run, as in :class:`~vit_einops.ViT`) and ``dtype=``.
     """
-    source = "vit-einops" if source is None else check_choice("source", source, SOURCES)
+    if source is not None:
+        check_choice("source", source, SOURCES)
+    path = _existing(path)
+    return SOURCES[source or detect_source(path)](path, **kwargs)
+
+
+def _existing(path: str | os.PathLike) -> Path:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such model file or directory")
-    return SOURCES[source](path, **kwargs)
+    return path
+
+
+# Keys that a state dict of each form always holds: its class token and patch projection under that library's
+# names (Hugging Face's ViTForImageClassification prefixes them with "vit.", its ViTModel does not). A file's form
+# is the one form whose keys it holds.
+KEY_SIGNATURES: dict[str, tuple[str, ...]] = {
+    "torchvision": ("class_token", "conv_proj.weight"),
+    "timm": ("cls_token", "patch_embed.proj.weight"),
+    "hf": ("embeddings.cls_token", "embeddings.patch_embeddings.projection.weight"),
+    "vit-einops": ("patch_embed.cls_token.weight", "patch_embed.pos_embed.weight"),
+}
+
+
+def detect_source(path: str | os.PathLike) -> str:
+    """The form (a key of :data:`SOURCES`) of the model file or directory at ``path``, read from it:
+
+    - a directory: a training run or checkpoint directory (a ``model.safetensors`` that vit-einops wrote,
+      ``checkpoint.json``, ``checkpoint/``) is "vit-einops"; else one with a ``config.json`` is "hf";
+    - ``checkpoint.json``, or a safetensors file whose metadata says vit-einops: "vit-einops";
+    - any other weights file (safetensors, or a .pth/.bin pickle read with ``torch.load(weights_only=True)``): the
+      form whose keys it holds (:data:`KEY_SIGNATURES`).
+
+    A file whose keys fit no form, or more than one, is a ValueError that lists what was found; it is never a guess.
+    """
+    path = _existing(path)
+    if path.is_dir():
+        weights = path / "model.safetensors"
+        if (path / "checkpoint.json").exists() or (path / "checkpoint").is_dir():
+            return "vit-einops"
+        if weights.is_file() and _is_vit_einops_file(weights):
+            return "vit-einops"
+        return "hf" if (path / "config.json").is_file() else "vit-einops"  # vit-einops explains an empty directory
+    if path.name == "checkpoint.json":
+        return "vit-einops"  # its loader refuses a FIFO or a directory there, and says why
+    check_regular_file(path, "model file")  # a FIFO would block the reads below
+    if path.suffix.lower() == ".safetensors" and _is_vit_einops_file(path):
+        return "vit-einops"
+    from .interop.io import state_dict_keys
+
+    keys = state_dict_keys(path)
+    held = set(keys) | {k.removeprefix("vit.") for k in keys}
+    fits = [name for name, signature in KEY_SIGNATURES.items() if held.issuperset(signature)]
+    if len(fits) > 1:
+        raise ValueError(
+            f"{path}: ambiguous: its keys fit {' and '.join(fits)}; name its form with source= (--from)"
+        )
+    if not fits:
+        shown = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+        expected = "; ".join(f"{name}: {', '.join(signature)}" for name, signature in KEY_SIGNATURES.items())
+        raise ValueError(
+            f"{path}: not a ViT state dict of a known form: its {len(keys)} keys ({shown or 'none'}) lack the keys "
+            f"each form holds ({expected})"
+        )
+    if fits == ["vit-einops"]:
+        raise ValueError(
+            f"{path}: a vit-einops state dict without its config (no vit-einops metadata); save models with "
+            f"save_vit, which records the config, or build the ViT and call its load_state_dict"
+        )
+    return fits[0]
+
+
+def _is_vit_einops_file(path: Path) -> bool:
+    """A safetensors file whose metadata says it is a vit-einops model file (an unreadable one says no)."""
+    from safetensors import SafetensorError, safe_open
+
+    from .modelfile import FORMAT_KEY, FORMAT_NAME
+
+    try:
+        with safe_open(path, framework="pt") as f:
+            return (f.metadata() or {}).get(FORMAT_KEY) == FORMAT_NAME
+    except (SafetensorError, ValueError, OSError):
+        return False
 
 
 def _load_from_run(path: Path, *, attn_impl: str | Sequence[str] | None = None, **overrides: Any) -> ViT:

@@ -12,9 +12,11 @@ from typing import Any
 
 import torch
 
+from ._text import printable
 from .config import ViTConfig
 from .model import ViT
 from .patch_embed import conv_to_linear_weight, linear_to_conv_weight
+from .sizes import check_model_memory
 
 # The ViTConfig fields a state dict cannot pin down and that change no tensor: callers may set them freely.
 FREE_FIELDS = ("dropout", "attn_dropout", "patchify", "layer_norm_eps")
@@ -32,13 +34,14 @@ class StateDictMismatchError(ValueError):
         mis_shaped: dict[str, tuple[tuple[int, ...], tuple[int, ...]]],
     ) -> None:
         self.missing, self.unexpected, self.mis_shaped = missing, unexpected, mis_shaped
-        lines = [f"{source} state dict does not match the expected layout:"]
+        # One line per kind of mismatch; the keys and source come from a file, so none may start a line of its own.
+        lines = [f"{printable(source)} state dict does not match the expected layout:"]
         if missing:
-            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
+            lines.append(f"  missing keys ({len(missing)}): {', '.join(map(printable, missing))}")
         if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(map(printable, unexpected))}")
         for key, (got, want) in mis_shaped.items():
-            lines.append(f"  mis-shaped {key}: got {tuple(got)}, expected {tuple(want)}")
+            lines.append(f"  mis-shaped {printable(key)}: got {tuple(got)}, expected {tuple(want)}")
         super().__init__("\n".join(lines))
 
 
@@ -69,8 +72,14 @@ def check_keys(state_dict: Mapping[str, torch.Tensor], expected: Mapping[str, to
         raise StateDictMismatchError(source, missing, unexpected, mis_shaped)
 
 
+# The dtypes a model runs in. float8 is a storage format only (torch has no layer norm, softmax or isfinite for it):
+# float8 weights are read by casting them, exactly, to one of these.
+MODEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def check_weights(state_dict: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype | None) -> None:
-    """Every tensor floating point and finite; with ``dtype`` None, all of one dtype (a model runs in one)."""
+    """Every tensor floating point and finite; with ``dtype`` None, all of one dtype (a model runs in one), and that
+    one of :data:`MODEL_DTYPES`."""
     not_float = sorted(k for k, v in state_dict.items() if not v.is_floating_point())
     if not_float:
         k = not_float[0]
@@ -78,10 +87,17 @@ def check_weights(state_dict: Mapping[str, torch.Tensor], source: str, dtype: to
             f"{source}: weights must be floating point; {len(not_float)} tensors are not, e.g. {k!r} "
             f"({state_dict[k].dtype})"
         )
+    storage_only = sorted(k for k, v in state_dict.items() if v.dtype not in MODEL_DTYPES)
+    if dtype is None and storage_only:
+        k = storage_only[0]
+        raise ValueError(
+            f"{source}: {len(storage_only)} tensors are {state_dict[k].dtype} (e.g. {k!r}), which no model runs in; "
+            "pass dtype=torch.float32 to cast them (exactly)"
+        )
     dtypes = sorted({str(v.dtype) for v in state_dict.values()})
     if dtype is None and len(dtypes) > 1:
         raise ValueError(f"{source}: tensors of several dtypes {dtypes}; pass dtype=torch.float32 to cast them")
-    bad = [k for k, v in state_dict.items() if not torch.isfinite(v).all()]
+    bad = [k for k, v in state_dict.items() if not torch.isfinite(v if v.dtype in MODEL_DTYPES else v.float()).all()]
     if bad:
         raise ValueError(f"{source}: non-finite values (nan or inf) in {len(bad)} tensors, e.g. {bad[0]!r}")
 
@@ -90,18 +106,31 @@ def cast_weights(
     state_dict: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype | None
 ) -> dict[str, torch.Tensor]:
     """:func:`check_weights`, then every tensor cast to ``dtype`` (None keeps them as they are)."""
-    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or dtype not in MODEL_DTYPES):
+        raise TypeError(f"dtype must be torch.float16, bfloat16, float32, float64 or None, got {dtype!r}")
     state_dict = check_state_dict(state_dict, source)
     check_weights(state_dict, source, dtype)
     return state_dict if dtype is None else {k: v.to(dtype) for k, v in state_dict.items()}
 
 
+def _meta_vit(config: ViTConfig, attn_impl: str | Sequence[str] = "einsum") -> ViT:
+    """A ViT for ``config`` on the meta device. A config whose tensors could not exist (more bytes than an int64
+    counts: torch's "Storage size calculation overflowed") is a ValueError naming its sizes."""
+    try:
+        with torch.device("meta"):
+            return ViT.from_config(config, attn_impl=attn_impl)
+    except RuntimeError as err:
+        if "Storage size calculation overflowed" not in str(err):
+            raise
+        raise ValueError(
+            f"config with dim {config.dim}, mlp_dim {config.mlp_dim}, depth {config.depth} and image_size "
+            f"{tuple(config.image_size)} is too large: one of its weights would hold more than 2**63 bytes"
+        ) from err
+
+
 def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
     """Our state-dict keys and shapes for ``config``, from a model on the meta device (no memory, no init cost)."""
-    with torch.device("meta"):
-        model = ViT.from_config(config)
-    return {k: v.shape for k, v in model.state_dict().items()}
+    return {k: v.shape for k, v in _meta_vit(config).state_dict().items()}
 
 
 def build_vit(
@@ -111,9 +140,11 @@ def build_vit(
     attention ``attn_impl``.
 
     Built on the meta device: the random init that loading would overwrite is never computed (seconds for ViT-H).
+    The copies must fit the memory budget (:mod:`vit_einops._budget`), checked before anything is built.
     """
-    with torch.device("meta"):
-        model = ViT.from_config(config, attn_impl=attn_impl)
+    itemsize = max((v.element_size() for v in state_dict.values()), default=4)
+    check_model_memory(config, itemsize, action="loading")
+    model = _meta_vit(config, attn_impl)
     model.load_state_dict({k: v.detach().clone() for k, v in state_dict.items()}, assign=True)
     return model
 

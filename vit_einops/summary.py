@@ -11,6 +11,7 @@ from torch import nn
 
 from .model import ViT
 from .presets import create_vit
+from .sizes import check_forward_memory, check_model_memory
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -28,7 +29,11 @@ def meta_vit(name: str, **overrides: Any) -> ViT:
 def zeroed_vit(name: str, **overrides: Any) -> ViT:
     """Preset ``name`` with real, zero weights on the CPU and no random initialisation: enough for a layer
     table, which needs shapes and one forward, not trained values."""
-    model = meta_vit(name, **overrides).to_empty(device="cpu")
+    model = meta_vit(name, **overrides)
+    # The table's weights, and its forward (torchsummary runs a batch of two), within the memory budget.
+    check_model_memory(model.config)
+    check_forward_memory(model.config, 2)
+    model = model.to_empty(device="cpu")
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()

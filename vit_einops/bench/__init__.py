@@ -4,7 +4,8 @@
 - :mod:`.attention`: the attention grid (core Eq. 6-7 and the whole layer against nn.MultiheadAttention).
 - :mod:`.model`: images/s of the presets, each attention path against torch's nn.TransformerEncoderLayer.
 - :mod:`.noise`: whether a row's timing is trustworthy (load average, IQR/median) and the run's verdict.
-- :mod:`.report`: the table, results.json, the CSV files (their schema) and the plots (matplotlib Figures).
+- :mod:`.report`: the table, results.json and the CSV files (their schema).
+- :mod:`.plots`: the plots, as matplotlib Figures (one N or many; bars from zero).
 - :mod:`.run`: the named grids (default, quick, smoke) and one run from options to files.
 
 - :mod:`.names`: the paths, modes and numeric ranges (no torch: the command line's --help reads them).

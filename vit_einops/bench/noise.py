@@ -316,11 +316,15 @@ def summary(
     cpu_count: int | None = None,
     running_s: Sequence[float] = (0.0, math.inf),
     cpu: CpuUse | None = None,
+    at_start: NoiseVerdict | None = None,
 ) -> dict:
     """The run's verdict for results.json: ``noisy`` when the machine was busy around the run (``cpu``: the CPU
-    time of windows at its start and end; without it, the load at its start and end) or any row is noisy, with
-    counts, the reasons and the advice."""
+    time of windows at its start and end; without it, the load at its start and end), or busy in its first
+    window alone (``at_start``: the verdict the run printed before its rows), or any row is noisy; with counts,
+    the reasons and the advice."""
     run_busy = machine_verdict(load, threads, cpu_count, running_s, cpu)
+    if at_start is not None and at_start.noisy and not run_busy.noisy:
+        run_busy = NoiseVerdict(True, [f"at the start, {reason}" for reason in at_start.reasons])
     flagged = [r for r in rows if r["noisy"]]
     reasons = list(run_busy.reasons)
     if flagged:

@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import report
+from . import plots, report
 from .attention import CompiledEinsum, add_ratios, grid, measure_point
+from .budget import check_grid
 from .env import machine_info
 from .measure import matmul_ceiling, release_memory
 from .model import measure_model
@@ -107,7 +108,7 @@ GRIDS: dict[str, BenchOptions] = {
 
 def result_files() -> tuple[str, ...]:
     """The files a run writes into ``out``: the only files it may replace (and only with ``force``)."""
-    return ("table.txt", "results.json", "attention.csv", "model.csv", *report.PLOTS)
+    return ("table.txt", "results.json", "attention.csv", "model.csv", *plots.PLOTS)
 
 
 def check_out(out: Path, force: bool) -> Path:
@@ -154,15 +155,19 @@ def measure_with_retries(measure: Callable[[], list[dict]], retries: int) -> lis
     return best
 
 
-def run(options: BenchOptions, stdout=None) -> dict:
+def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> dict:
     """Measure everything ``options`` asks for, print the table (to ``stdout``, default sys.stdout), write the
-    files; returns the results dict."""
+    files; returns the results dict. ``probe`` samples the machine (default: this one's; tests script it).
+
+    A noisy run says so once before its rows, as soon as it knows (the machine busy during the first ceiling,
+    the first noisy row, or at the latest the run's verdict), and gives the verdict again after the tables."""
     stdout = stdout or sys.stdout
     dtype = getattr(torch, options.dtype)
     out = check_out(options.out, options.force)  # before anything is measured
+    check_grid(options)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    probe = LoadProbe()
+    probe = probe or LoadProbe()
     meta = {**machine_info(), "dtype": options.dtype, "options": _jsonable(asdict(options))}
     threads = torch.get_num_threads()
     # The matmul ceilings at the start and at the end are the run's own check of the machine: windows of busy
@@ -174,11 +179,16 @@ def run(options: BenchOptions, stdout=None) -> dict:
     start_cpu = probe.cpu_use(before, after)
     meta["others_cores"] = None if start_cpu is None else round(start_cpu.others_cores, 2)
     start_busy = machine_verdict(
-        (meta["load_average"][0], after.load), threads, running_s=(0.0, after.running_s), cpu=start_cpu
+        (meta["load_average"][0], after.load),
+        threads,
+        probe.cpu_count,
+        running_s=(0.0, after.running_s),
+        cpu=start_cpu,
     )
     print(report.header_text(meta, start_ceiling), file=stdout, flush=True)
+    announced = start_busy.noisy  # the noisy verdict is printed once before the rows, as soon as it is known
     if start_busy.noisy:
-        print(f"WARNING: the machine is busy: {'; '.join(start_busy.reasons)}. Timings will be marked.", file=stdout)
+        print(report.early_noise_text(["the machine is busy: " + "; ".join(start_busy.reasons)]), file=stdout)
 
     points = grid(options.batches, options.heads, options.tokens, options.head_dims) if options.attention else []
     paths = {"core": options.core_paths, "layer": options.layer_paths}
@@ -189,7 +199,9 @@ def run(options: BenchOptions, stdout=None) -> dict:
     first_calls = []
     attention_rows: list[dict] = []
     model_rows: list[dict] = []
-    for kind, what, mode in tqdm(jobs, desc="vit-einops bench", unit="job", file=sys.stderr, dynamic_ncols=True):
+    progress = tqdm(jobs, desc="vit-einops bench", unit="job", file=sys.stderr, dynamic_ncols=True)
+    for kind, what, mode in progress:
+        rows_before = len(attention_rows) + len(model_rows)
         if kind == "attention":
             if what.head_dim not in compiled and "einsum_compiled" in options.core_paths:
                 compiled[what.head_dim] = CompiledEinsum(what.head_dim, dtype, options.compile_skip_reason)
@@ -227,6 +239,10 @@ def run(options: BenchOptions, stdout=None) -> dict:
                 ),
                 options.retries,
             )  # fmt: skip
+        noisy = [r for r in (attention_rows + model_rows)[rows_before:] if r["noisy"]]
+        if noisy and not announced:  # above the progress bar, long before the tables
+            progress.write(report.early_noise_text([f"{_row_name(noisy[0])}: {noisy[0]['noise']}"]), file=stdout)
+            announced = True
         release_memory()
     # Measured again at the end: other processes on the machine lower a single measurement, never raise it,
     # so the better of the two is the ceiling every row is a fraction of.
@@ -258,34 +274,52 @@ def run(options: BenchOptions, stdout=None) -> dict:
         attention_rows + model_rows,
         (meta["load_average"][0], meta["load_average_end"][0]),
         threads,
+        probe.cpu_count,
         running_s=(0.0, meta["wall_s"]),
         cpu=run_cpu,
+        at_start=start_busy,
     )
     meta["noisy"] = noise["noisy"]
     results = dict(
         schema=report.SCHEMA_VERSION, meta=meta, noisy=noise["noisy"], noise=noise, matmul_ceiling=ceiling,
         compile=compile_info, attention=attention_rows, model=model_rows,
     )  # fmt: skip
+    ceiling_note = report.ceiling_note(attention_rows + model_rows, ceiling, options.dtype)
     body = "\n".join(
         [_compile_text(compile_info)]
         + ([report.attention_table(attention_rows)] if attention_rows else [])
         + ([report.model_table(model_rows)] if model_rows else [])
+        + ([ceiling_note] if ceiling_note else [])
     )
+    if noise["noisy"] and not announced:  # known only now (the machine busy at the end): still before the rows
+        print(report.early_noise_text(noise["reasons"]), file=stdout)
     print(body, file=stdout)  # the header was printed before the progress bar
     # table.txt: the header as it stands at the end (the better ceiling, the load at the end), then the body.
     table = report.header_text(meta, ceiling, noise) + "\n" + body
-    report.write_text(out / "table.txt", table + "\n")
-    report.write_json(out / "results.json", results)
+    # Without force, a result file that appeared during the run is refused at its commit, never replaced.
+    replace = options.force
+    report.write_text(out / "table.txt", table + "\n", replace=replace)
+    report.write_json(out / "results.json", results, replace=replace)
     if attention_rows:
-        report.write_csv(out / "attention.csv", attention_rows, report.ATTENTION_FIELDS)
+        report.write_csv(out / "attention.csv", attention_rows, report.ATTENTION_FIELDS, replace=replace)
     if model_rows:
-        report.write_csv(out / "model.csv", model_rows, report.MODEL_FIELDS)
-    plots = report.save_figures(out, report.figures(attention_rows, model_rows))
+        report.write_csv(out / "model.csv", model_rows, report.MODEL_FIELDS, replace=replace)
+    written_plots = plots.save_figures(out, plots.figures(attention_rows, model_rows), replace=replace)
     written = ", ".join(sorted(name for name in result_files() if (out / name).exists()))
     if noise["noisy"]:
         print("\n" + report.noise_text(noise), file=stdout)
-    print(f"\nwrote {written} to {out}/ (wall {meta['wall_s']:.0f} s, {len(plots)} plots)", file=stdout)
+    print(f"\nwrote {written} to {out}/ (wall {meta['wall_s']:.0f} s, {len(written_plots)} plots)", file=stdout)
     return results
+
+
+def _row_name(row: dict) -> str:
+    """Which measurement a row is, in the table's words: "attention core forward b 1 h 12 n 50 d 64 einsum"."""
+    if "section" in row:
+        return (
+            f"attention {row['section']} {row['mode']} b {row['batch']} h {row['heads']} n {row['tokens']} "
+            f"d {row['head_dim']} {row['path']}"
+        )
+    return f"{row['model']} {row['mode']} {row['path']}"
 
 
 def _compile_text(info: dict) -> str:

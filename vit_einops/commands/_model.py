@@ -1,8 +1,9 @@
 """The MODEL argument every command that takes a model shares (predict, inspect, convert, summary, explore).
 
-MODEL is a vit-einops model file, a training run or checkpoint directory, or, with ``--from``, a torchvision or
-timm state-dict file or a Hugging Face ``save_pretrained`` directory. The preprocessing flags override what the
-model records (the library's convention for converted weights, the training recipe for models trained here).
+MODEL is a vit-einops model file, a training run or checkpoint directory, a torchvision or timm state-dict file,
+or a Hugging Face ``save_pretrained`` directory; its form is recognised from it (``--from`` names it instead). The
+preprocessing flags override what the model records (the library's convention for converted weights, the training
+recipe for models trained here).
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
             nargs="?" if optional else None,
             metavar="MODEL",
             help="a vit-einops model file (.safetensors), a training run or checkpoint directory, "
-            "or with --from a torchvision/timm weights file or a Hugging Face directory",
+            "a torchvision/timm weights file or a Hugging Face directory",
         )
     group = parser.add_argument_group("reading MODEL")
     group.add_argument(
-        "--from", dest="source", choices=list(SOURCES), default="vit-einops", help="MODEL's format (default vit-einops)"
+        "--from", dest="source", choices=list(SOURCES), help="MODEL's format (default: recognised from MODEL)"
     )
     group.add_argument("--heads", type=int, help="attention heads of a torchvision/timm MODEL (default: Table 1's)")
     group.add_argument(
@@ -68,22 +69,44 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
 
 def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> Any:
     """The ViT that ``args`` describe, its preprocessing overridden by the flags."""
-    from ..sources import load_model
+    from ..sources import detect_source, load_model
 
     path = path if path is not None else args.model
+    source = args.source or detect_source(path)
     kwargs: dict[str, Any] = {}
-    if args.source in ("torchvision", "timm"):
+    if source in ("torchvision", "timm"):
         kwargs = {"heads": args.heads, "image_size": args.image_size}
-        if args.source == "timm":
+        if source == "timm":
             kwargs["global_pool"] = args.global_pool
+        elif args.global_pool != "token":
+            raise ValueError("--global-pool is timm's option; a torchvision ViT always pools the class token")
     elif args.heads is not None or args.image_size is not None or args.global_pool != "token":
         raise ValueError(
             "--heads, --image-size and --global-pool describe torchvision/timm files; "
             "a vit-einops or Hugging Face model states its own"
         )
-    model = load_model(path, source=None if args.source == "vit-einops" else args.source, **kwargs)
+    model = load_model(path, source=source, **kwargs)
     model.preprocessing = preprocessing_from_args(args, model)
     return model
+
+
+def model_inputs(path: str | Path, source: str | None = None) -> list[Path]:
+    """The files and directories that loading MODEL ``path`` reads: what no output of the command may be, hold,
+    or lie inside (:func:`vit_einops._io.check_output`).
+
+    A training run directory gives its model file and checkpoint, not itself, so that the run's own folder can take
+    the command's outputs (inspect writes runs/x/inspect); a Hugging Face weights file brings the config files
+    read beside it; any other path is itself. ``source`` None (recognised from the file) counts as every form.
+    """
+    path = Path(path)
+    run = path.is_dir() and ((path / "model.safetensors").exists() or (path / "checkpoint").is_dir())
+    if source in (None, "vit-einops") and run:
+        return [path / "model.safetensors", path / "checkpoint", path / "checkpoint.json"]
+    if source in (None, "vit-einops") and path.name == "checkpoint.json":
+        return [path.parent]
+    if source in (None, "hf") and not path.is_dir():
+        return [path, path.parent / "config.json", path.parent / "preprocessor_config.json"]
+    return [path]
 
 
 def preprocessing_from_args(args: argparse.Namespace, model: Any) -> Any:
@@ -130,23 +153,28 @@ def default_images(model: Any, files: list[str] | None, num_digits: int, distanc
     ``files`` given: those files. Otherwise test digits (one per class first) for a digits model, and scikit-learn's
     two sample photos for any other model. No training data is read from where a checkpoint says it was.
     """
-    from ..images import display_images, load_images, open_image, sample_images
+    from ..images import sample_images
+    from ..inputs import model_inputs_and_pictures
 
     if not files and is_digits_model(model):
         from ..train.data import load_digits
 
         test = load_digits()[1]
         chosen = [int((test.labels == c).nonzero()[0]) for c in range(len(test.classes))][:num_digits]
-        pictures = test.images[chosen]  # already in [0, 1], as the model was trained on them
+        pictures = test.images[chosen]  # raw pixels in [0, 1], as the model was trained on them
         titles = [f"test digit, label {test.classes[int(test.labels[i])]}" for i in chosen]
         distance = test.images[:distance_digits] if distance_digits else None
     elif files:
-        pictures, titles, distance = [open_image(f) for f in files], [Path(f).name for f in files], None
+        pictures, titles, distance = list(files), [Path(f).name for f in files], None
     else:
         (pictures, titles), distance = sample_images(), None
+    # Only the digits are float tensors: raw pixels, unless the model records no preprocessing to put them through
+    # (training fed them to it as they are).
+    preprocessed = model.preprocessing is None
+    inputs, display = model_inputs_and_pictures(model, pictures, preprocessed=preprocessed)
     return {
-        "inputs": load_images(model, pictures),
-        "display": display_images(model, pictures),
+        "inputs": inputs,
+        "display": display,
         "titles": titles,
         "distance": distance,
     }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -55,14 +56,16 @@ def _number(name: str, kind: type):
 
 def _threads(text: str) -> int:
     """--threads: 1 to the number of CPUs (more threads than CPUs only measures the threads fighting)."""
-    cpus = os.cpu_count() or 1
+    from .._budget import check_threads
+
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 1 <= value <= cpus:
-        raise argparse.ArgumentTypeError(f"threads {value} is out of range: expected 1 to {cpus} (this machine's CPUs)")
-    return value
+    try:
+        return check_threads("threads", value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,7 +148,9 @@ def _check_bf16() -> str | None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..bench.run import check_out, with_overrides
+    from .._io import output_lock, remove_orphan_temps
+    from ..bench.budget import check_grid
+    from ..bench.run import check_out, result_files, with_overrides
     from ..bench.run import run as run_bench
 
     # The profiler that measures peak memory otherwise logs two lines to stderr on every use (kineto's USDT
@@ -176,10 +181,14 @@ def run(args: argparse.Namespace) -> int:
         force=args.force or None,
     )
     check_out(options.out, options.force)  # a bad --out fails here, before any measuring (the bf16 check too)
+    check_grid(options)  # and a grid past the memory budget
     if args.dtype == "bfloat16":
         reason = _check_bf16()
         if reason:
             print(f"vit-einops bench: not running bfloat16: {reason}; use --dtype float32", file=sys.stderr)
             return 2
-    run_bench(options)
+    out = Path(options.out)
+    with output_lock(out, parents=True):  # a second bench into --out fails at once, naming this one
+        remove_orphan_temps(out, re.compile("|".join(map(re.escape, result_files()))))  # of earlier killed runs
+        run_bench(options)
     return 0

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
+from .._text import printable
 from ..sources import SOURCES
-from ._model import add_model_arguments, load_model_from_args, parse_size
+from ._model import add_model_arguments, load_model_from_args, model_inputs, parse_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,14 +36,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace DST if it exists")
 
 
-def _same_path(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
-
-
 def run(args: argparse.Namespace) -> int:
+    from .._io import check_output, output_lock
+
+    src, dst = Path(args.src), Path(args.dst)
+    check_output(dst, model_inputs(src, args.source))
+    # Held from the first check to the commit: a second convert to DST fails at once, naming this one.
+    with output_lock(dst, parents=args.target == "hf"):
+        return _convert(args, src, dst)
+
+
+def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
     from ..interop import (
         resample_vit,
         save_hf,
@@ -53,13 +56,14 @@ def run(args: argparse.Namespace) -> int:
         to_torchvision,
         torchvision_kwargs,
     )
+    from .._io import check_directory_output, check_file_output
+    from ..interop.hf import HF_FILES
     from ..modelfile import save_vit
 
-    src, dst = Path(args.src), Path(args.dst)
-    if _same_path(src, dst):
-        raise ValueError(f"SRC and DST are the same file ({src}); write the conversion somewhere else")
-    if (dst.exists() or dst.is_symlink()) and not args.force:
-        raise FileExistsError(f"{dst} already exists; pass --force to replace it")
+    if args.target == "hf":
+        check_directory_output(dst, HF_FILES, args.force)
+    else:
+        check_file_output(dst, args.force, "pass --force to replace it")
     model = load_model_from_args(args, str(src))
     if args.resample_to is not None:
         preprocessing, class_names, source = model.preprocessing, model.class_names, model.source
@@ -70,12 +74,12 @@ def run(args: argparse.Namespace) -> int:
         model.preprocessing = None if preprocessing is None or preprocessing.output_size else preprocessing
     if args.target == "vit-einops":
         save_vit(model, dst, overwrite=args.force)
-        print(f"wrote {dst}: vit-einops, config {json.dumps(model.config.to_dict())}")
+        print(f"wrote {printable(dst)}: vit-einops, config {json.dumps(model.config.to_dict())}")
         if model.preprocessing is not None:
             print(f"  preprocessing {json.dumps(model.preprocessing.to_dict())}")
     elif args.target == "hf":
         save_hf(model, dst, overwrite=args.force)
-        print(f"wrote {dst}/: Hugging Face ViT (config.json, model.safetensors)")
+        print(f"wrote {printable(dst)}/: Hugging Face ViT (config.json, model.safetensors)")
         if not (dst / "preprocessor_config.json").exists():
             print("  no preprocessor_config.json: ViTImageProcessor cannot express this model's resize + crop")
     else:
@@ -83,5 +87,5 @@ def run(args: argparse.Namespace) -> int:
             (to_torchvision, torchvision_kwargs) if args.target == "torchvision" else (to_timm, timm_kwargs)
         )
         save_state_dict_file(export(model), dst, overwrite=args.force)
-        print(f"wrote {dst}: {args.target} state dict; build its model with {kwargs(model.config)}")
+        print(f"wrote {printable(dst)}: {args.target} state dict; build its model with {kwargs(model.config)}")
     return 0

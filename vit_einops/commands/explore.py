@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from ._model import add_model_arguments, default_images, load_model_from_args
+from .._text import printable
+from ._model import add_model_arguments, default_images, load_model_from_args, model_inputs
 
 DIGIT_IMAGES = 4  # test digits 0..3: a small model, a small page
 
@@ -33,16 +34,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._io import check_output, output_lock
+
+    check_output(args.out, [*model_inputs(args.model, args.source), *(args.image or ())])
+    with output_lock(args.out):  # held from the first check to the commit: a second writer fails at once
+        return _explore(args)
+
+
+def _explore(args: argparse.Namespace) -> int:
+    from .._io import check_file_output
     from ..explore import write_explorer
     from ..images import to_uint8
+    from ..sizes import check_forward_memory
 
+    check_file_output(args.out, args.force, "pass --force to replace it")  # before the work; again at the commit
     model = load_model_from_args(args).eval()
     images = default_images(model, args.image, DIGIT_IMAGES)
+    # The page holds every layer's attention of every image, quantised from a float64 copy.
+    check_forward_memory(model.config, len(images["inputs"]), keep_attention=True, itemsize=8)
     inputs = images["inputs"]
     path = write_explorer(
         model,
         inputs,
         args.out,
+        preprocessed=True,
         titles=images["titles"],
         class_names=model.class_names,
         pictures=[to_uint8(picture) for picture in images["display"]],
@@ -50,5 +65,5 @@ def run(args: argparse.Namespace) -> int:
         bits=args.bits,
         overwrite=args.force,
     )
-    print(f"explorer: {path} ({path.stat().st_size / 1e6:.2f} MB, {len(inputs)} images)")
+    print(f"explorer: {printable(path)} ({path.stat().st_size / 1e6:.2f} MB, {len(inputs)} images)")
     return 0

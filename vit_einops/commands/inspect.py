@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._model import add_model_arguments, default_images, load_model_from_args
+from ._model import add_model_arguments, default_images, load_model_from_args, model_inputs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="test digits the mean attention distance averages over (default %(default)s)",
     )
     parser.add_argument("--out", metavar="DIR", help="where to write the figures (default: beside MODEL)")
-    parser.add_argument("--force", action="store_true", help="write into an existing, non-empty --out")
+    parser.add_argument(
+        "--force", action="store_true", help="replace an earlier report in --out (a folder holding other files never)"
+    )
 
 
 def default_out(model_path: Path) -> Path:
@@ -46,24 +48,34 @@ def default_out(model_path: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from .._checks import check_positive_int
-    from ..inspect import write_report
+    from .._io import check_output, output_lock
 
     if (args.model is None) == (args.checkpoint is None):
         raise ValueError("give the model once: vit-einops inspect MODEL (or --checkpoint MODEL)")
     path = Path(args.model or args.checkpoint)
     check_positive_int("--num-images", args.num_images)
     check_positive_int("--distance-images", args.distance_images)
+    out = Path(args.out) if args.out else default_out(path)
+    check_output(out, [*model_inputs(path, args.source), *(args.image or ())])
+    with output_lock(out, parents=True):  # held from the first check to the commit: a second writer fails at once
+        return _inspect(args, path, out)
+
+
+def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
+    from .._io import check_directory_output
+    from .._text import printable
+    from ..inspect import write_report
+    from ..inspect.report import REPORT_FILES
+    from ..sizes import check_forward_memory
+
+    check_directory_output(out, REPORT_FILES, args.force)  # before the work; checked again at the commit
     model = load_model_from_args(args, str(path))
     depth = model.config.depth
     if not -depth <= args.layer < depth:
         raise ValueError(f"--layer {args.layer} is out of range for a model of {depth} layers (0..{depth - 1}, or -1)")
-    out = Path(args.out) if args.out else default_out(path)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not args.force:
-        raise FileExistsError(f"{out} already holds files; pass --force to write the figures into it")
-
     images = default_images(model, args.image, args.num_images, args.distance_images)
+    # Every layer's attention of every image is recorded at once: (depth, b, h, n, n).
+    check_forward_memory(model.config, len(images["inputs"]), keep_attention=True)
     paths = write_report(
         model,
         images["inputs"],
@@ -73,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         classes=model.class_names,
         layer=args.layer,
         display_images=images["display"],
+        overwrite=args.force,
     )
     for name, path in paths.items():
-        print(f"{name:>20}: {path}")
+        print(f"{name:>20}: {printable(path)}")
     return 0

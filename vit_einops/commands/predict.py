@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._checks import check_positive_int
+    from .._text import printable
     from ..predict import predict
 
     check_positive_int("--top-k", args.top_k)
@@ -31,8 +32,10 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         return 0
+    # File and class names are data: printed with control characters escaped, so none can forge a result line.
     for image, top in zip(args.images, results):
-        print(image)
+        print(printable(image))
         for p in top:
-            print(f"  {p.probability:7.2%}  {p.label}" + ("" if model.class_names is None else f"  ({p.index})"))
+            index = "" if model.class_names is None else f"  ({p.index})"
+            print(f"  {p.probability:7.2%}  {printable(p.label)}{index}")
     return 0

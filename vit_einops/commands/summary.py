@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
 def _summarize_model(args: argparse.Namespace) -> int:
     import json
 
+    from .._text import printable
     from ..summary import count_parameters, summarize
     from ._model import load_model_from_args
 
@@ -64,13 +65,15 @@ def _summarize_model(args: argparse.Namespace) -> int:
     total = count_parameters(model)
     if args.table or (args.table is None and total <= TABLE_MAX_PARAMETERS):
         print(summarize(model, (config.in_channels, *config.image_size)), end="")
-    print(f"{args.model}: {total:,} parameters")
+    print(f"{printable(args.model)}: {total:,} parameters")
     print(f"  config        {json.dumps(config.to_dict())}")
     prep = model.preprocessing
     print(f"  preprocessing {json.dumps(prep.to_dict()) if prep is not None else 'none recorded'}")
     names = model.class_names
     shown = (
-        "none recorded" if names is None else ", ".join(names[:5]) + (f" ... ({len(names)})" if len(names) > 5 else "")
+        "none recorded"
+        if names is None
+        else ", ".join(map(printable, names[:5])) + (f" ... ({len(names)})" if len(names) > 5 else "")
     )
     print(f"  class names   {shown}")
     print(f"  source        {json.dumps(model.source) if model.source is not None else 'unknown'}")

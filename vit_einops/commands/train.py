@@ -154,19 +154,25 @@ def _check_patches_fit(args: argparse.Namespace, size: int, patch: int) -> None:
 
 def _check_run_arguments(args: argparse.Namespace) -> Path:
     """Everything checkable before any work: numbers, data folders, the output directory. Returns the output path."""
+    from .._budget import check_memory, check_threads
     from .._checks import check_nonnegative_float, check_positive_int
     from ..config import ViTConfig
     from ..train.config import TrainConfig
     from ..train.rundir import check_out_dir
 
-    check_positive_int("--threads", args.threads)
+    check_threads("--threads", args.threads)
     check_nonnegative_float("--save-interval", args.save_interval)
     if args.limit is not None:
         check_positive_int("--limit", args.limit)
     if not 0.0 < args.test_fraction < 1.0:  # false for nan too
         raise ValueError(f"--test-fraction must be in (0, 1), got {args.test_fraction}")
     TrainConfig(**{field: getattr(args, field) for field in OPTIMISATION})
-    ViTConfig(**{**_model_kwargs(args), "num_classes": 2})  # the data's classes are counted later
+    model = ViTConfig(**{**_model_kwargs(args), "num_classes": 2})  # the data's classes are counted later
+    (h, w), s = model.image_size, args.shift  # --shift pads every batch by s on each side, and copies it
+    check_memory(
+        2 * args.batch_size * model.in_channels * (h + 2 * s) * (w + 2 * s) * 4,
+        f"--shift {s} (batches of {args.batch_size} padded to {h + 2 * s}x{w + 2 * s})",
+    )
     for flag, folder in (("--data", args.data), ("--test-data", args.test_data)):
         if folder is not None and not Path(folder).is_dir():
             raise ValueError(f"{flag} {folder!r} does not exist or is not a directory")

@@ -98,7 +98,7 @@ function currentRow() {
       }
     }
     const head = state.head === "mean" ? "mean of heads" : `head ${state.head}`;
-    return { values, bounds, name: `A, layer ${state.layer}, ${head}`, digits: "fixed" };
+    return { values, bounds, name: `attention A, layer ${state.layer}, ${head}`, digits: "fixed" };
   }
   if (state.view === "norms") {
     const norms = page.stats.norms[state.layer];
@@ -115,7 +115,7 @@ function currentRow() {
     bounds[j] = Math.abs(values[j]) * DATA.half_relative + scale * DATA.half_subnormal;
   }
   const cls = page.top[state.classRank];
-  const name = state.view === "rollout" ? "rollout" : `relevance for ${className(cls)}`;
+  const name = state.view === "rollout" ? "rollout R (all layers, mean of heads)" : `relevance R for ${className(cls)}`;
   return { values, bounds, name, digits: "significant" };
 }
 
@@ -161,12 +161,13 @@ function drawImage() {
   const cellH = canvas.height / GH;
   ctx.imageSmoothingEnabled = false;
   ctx.drawImage(d.picture, 0, 0, canvas.width, canvas.height);
-  // Heat map over the patches, scaled to this row's largest patch value (the class token is shown apart).
-  let peak = 0;
-  for (let j = 1; j < N; j++) peak = Math.max(peak, row.values[j]);
+  // Heat map over the patches, linear from 0 to this row's largest patch value (the class token is shown apart,
+  // on the same scale, clipped).
+  const peak = patchPeak(row);
+  const scaled = (v) => (peak > 0 ? Math.min(Math.max(v / peak, 0), 1) : 0);
   for (let j = 1; j < N; j++) {
     const p = j - 1;
-    ctx.fillStyle = colour(peak > 0 ? row.values[j] / peak : 0, state.opacity);
+    ctx.fillStyle = colour(scaled(row.values[j]), state.opacity);
     ctx.fillRect((p % GW) * cellW, Math.floor(p / GW) * cellH, cellW, cellH);
   }
   // The patch grid.
@@ -178,9 +179,38 @@ function drawImage() {
   if (state.view !== "norms" && state.query > 0) outline(ctx, state.query, cellW, cellH, "#fff", [5, 3]);
   if (state.hoverKey !== null && state.hoverKey > 0) outline(ctx, state.hoverKey, cellW, cellH, "#e22", []);
   const cls = $("class-token");
-  cls.style.background = colour(peak > 0 ? row.values[0] / peak : 0, 0.8);
-  cls.style.color = row.values[0] / peak > 0.6 ? "#000" : "#fff";
+  cls.style.background = colour(scaled(row.values[0]), 0.8);
+  cls.style.color = scaled(row.values[0]) > 0.6 ? "#000" : "#fff";
   cls.classList.toggle("query", state.query === 0 && state.view !== "norms");
+  drawScale(row, peak);
+}
+
+// The largest value over the patches (tokens 1..N-1): the top of the colour scale.
+function patchPeak(row) {
+  let peak = 0;
+  for (let j = 1; j < N; j++) peak = Math.max(peak, row.values[j]);
+  return peak;
+}
+
+// The colour scale under the picture: its ramp and range, in every view. data-min / data-max hold the exact
+// numbers (the text rounds them).
+function drawScale(row, peak) {
+  const bar = $("scale-bar");
+  const ctx = bar.getContext("2d");
+  for (let x = 0; x < bar.width; x++) {
+    ctx.fillStyle = colour(x / (bar.width - 1), 1);
+    ctx.fillRect(x, 0, 1, bar.height);
+  }
+  const box = $("colour-scale");
+  box.dataset.min = "0";
+  box.dataset.max = String(peak);
+  $("scale-min").textContent = "0";
+  $("scale-max").textContent = peak.toPrecision(4);
+  const own = row.values[0];
+  const clipped = peak > 0 && own > peak ? ", above the scale: drawn at its top" : "";
+  $("scale-line").textContent =
+    `colour: linear from 0 (dark blue) to ${peak.toPrecision(4)} (yellow), the largest value on a patch in ` +
+    `this ${state.view === "norms" ? "layer" : "row"}; class token ${own.toPrecision(4)}${clipped}`;
 }
 
 function line(ctx, x0, y0, x1, y1) {
@@ -200,10 +230,56 @@ function outline(ctx, token, cellW, cellH, style, dash) {
   ctx.restore();
 }
 
+// Which row is drawn, said the same way in the line under the picture and in the footer.
+function rowName(row) {
+  if (state.view === "norms") return `${row.name} (every token's own norm: no query row)`;
+  return `${row.name}, row ${state.query}: query ${tokenName(state.query)}`;
+}
+
+function drawLegend() {
+  const q = state.query;
+  $("legend-query").textContent =
+    state.view === "norms"
+      ? "query (dashed white box): none, token norms have no query"
+      : `query (dashed white box${q === 0 ? "; for the class token, the dashed box above" : ""}): ${tokenName(q)}`;
+  $("legend-hover").textContent =
+    `hovered key (red box): ${state.hoverKey === null ? "none" : tokenName(state.hoverKey)}`;
+  const head = state.head === "mean" ? "mean of heads (all blue)" : `head ${state.head}`;
+  const used = { attention: "", rollout: "; the rollout uses every head", relevance: "; relevance uses every head",
+    norms: "; token norms have no heads" }[state.view];
+  $("legend-head").textContent = `selected head (charts: blue dots, the others grey): ${head}${used}`;
+  const layers = ["rollout", "relevance"].includes(state.view) ? `; the ${state.view} combines every layer` : "";
+  $("legend-layer").textContent = `selected layer (yellow column in the charts): layer ${state.layer}${layers}`;
+}
+
+// Why a map looks the way it does, where that is not its data's fault: identity relevance, a row with nothing
+// on the patches, and which row of R is the usual one.
+function viewNote(row) {
+  const notes = [];
+  const cls = DATA.images[state.image].top[state.classRank];
+  if (state.view === "relevance" && cls.relevance_identity) {
+    notes.push(
+      "Relevance is the identity matrix for this class: no head's gradient-weighted attention " +
+        "(∂y/∂A ⊙ A)⁺ is positive, so every row holds its own token alone and the patches get 0. The class's " +
+        "logit does not depend on the attention: a zero-initialised classification head (a new or reset " +
+        "classifier, as the paper initialises it) gives ∂y/∂A = 0.",
+    );
+  } else if (state.view !== "norms" && patchPeak(row) <= 0) {
+    notes.push("This row puts no weight on any patch (all of it on the class token), so the map is blank.");
+  }
+  if (["rollout", "relevance"].includes(state.view) && state.query !== 0) {
+    notes.push(`Shown: row ${state.query}, the clicked patch's. Row 0 (the class token's, what the classifier ` +
+      "reads) is the usual map: click the class token to show it.");
+  }
+  return notes.join(" ");
+}
+
 function drawReadout() {
   const row = currentRow();
-  $("query-line").textContent =
-    state.view === "norms" ? `${row.name}` : `${row.name} · query ${tokenName(state.query)}`;
+  $("query-line").textContent = rowName(row);
+  $("footer-row").textContent = `Drawn over the patches: ${rowName(row)}.`;
+  $("view-note").textContent = viewNote(row);
+  drawLegend();
   if (state.hoverKey === null) {
     $("readout").textContent = "move the pointer over a patch (or the class token)";
     return;
@@ -223,6 +299,9 @@ const CHARTS = [
   { key: "class_share", title: "share of attention on the class token", reference: 1 / N, refName: "1/n" },
   { key: "norms", title: "token norms (red: class token)", reference: null },
 ];
+// The mean attention distance of a head whose patches attend only to the class token (no attention between
+// patches: patch mass 0) is undefined.
+const NOT_DEFINED = "n/a (attends only to the class token)";
 const CHART_W = 300;
 const CHART_H = 150;
 const PAD = { left: 52, right: 8, top: 8, bottom: 20 };
@@ -238,6 +317,9 @@ function chartPoints(chart) {
         const isQuery = i === state.query;
         points.push({ layer: l, y, label: `layer ${l}, ${tokenName(i)}: norm ${y.toFixed(4)}`,
           colour: i === 0 ? "#d22" : isQuery ? "#000" : "rgba(40, 90, 160, 0.35)", size: isQuery || i === 0 ? 3 : 1.6 });
+      } else if (y === null) {
+        // Undefined (payload.py writes null): drawn hollow on the bottom edge.
+        points.push({ layer: l, y: null, label: `layer ${l}, head ${i}: ${NOT_DEFINED}`, colour: "#b00", size: 3 });
       } else {
         const chosen = state.head === "mean" || state.head === i;
         points.push({ layer: l, y, label: `layer ${l}, head ${i}: ${y.toFixed(4)}`,
@@ -249,15 +331,17 @@ function chartPoints(chart) {
 }
 
 function chartScale(points, reference) {
-  let low = Math.min(...points.map((p) => p.y));
-  let high = Math.max(...points.map((p) => p.y));
+  const ys = points.filter((p) => p.y !== null).map((p) => p.y);
+  let low = ys.length ? Math.min(...ys) : 0;
+  let high = ys.length ? Math.max(...ys) : 1;
   if (reference !== null) {
     low = Math.min(low, reference);
     high = Math.max(high, reference);
   }
   if (high - low < 1e-12) high = low + 1;
   const x = (layer) => PAD.left + ((layer + 0.5) / DATA.depth) * (CHART_W - PAD.left - PAD.right);
-  const y = (v) => CHART_H - PAD.bottom - ((v - low) / (high - low)) * (CHART_H - PAD.top - PAD.bottom);
+  const plotH = CHART_H - PAD.top - PAD.bottom;
+  const y = (v) => CHART_H - PAD.bottom - (v === null ? 0 : ((v - low) / (high - low)) * plotH);
   return { x, y, low, high };
 }
 
@@ -286,20 +370,32 @@ function drawChart(chart, canvas) {
     ctx.fillText(chart.refName, CHART_W - PAD.right - 30, labelY);
   }
   for (const p of points) {
-    ctx.fillStyle = p.colour;
     ctx.beginPath();
     ctx.arc(s.x(p.layer), s.y(p.y), p.size, 0, 2 * Math.PI);
-    ctx.fill();
+    if (p.y === null) {
+      ctx.strokeStyle = p.colour;
+      ctx.stroke();
+    } else {
+      ctx.fillStyle = p.colour;
+      ctx.fill();
+    }
   }
   if (chart.key !== "norms" && state.head === "mean") {
     // The mean over heads, as a line.
     ctx.strokeStyle = "rgba(40, 90, 160, 0.9)";
     ctx.beginPath();
+    let drawing = false;
     for (let l = 0; l < DATA.depth; l++) {
-      const values = DATA.images[state.image].stats[chart.key][l];
+      // The mean over the heads where the statistic is defined; a gap where it is defined for none.
+      const values = DATA.images[state.image].stats[chart.key][l].filter((v) => v !== null);
+      if (!values.length) {
+        drawing = false;
+        continue;
+      }
       const mean = values.reduce((a, b) => a + b, 0) / values.length;
-      if (l === 0) ctx.moveTo(s.x(l), s.y(mean));
-      else ctx.lineTo(s.x(l), s.y(mean));
+      if (drawing) ctx.lineTo(s.x(l), s.y(mean));
+      else ctx.moveTo(s.x(l), s.y(mean));
+      drawing = true;
     }
     ctx.stroke();
   }
@@ -379,6 +475,16 @@ function update(changes) {
   drawImage();
   drawReadout();
   CHARTS.forEach((chart) => drawChart(chart, $(`chart-${chart.key}`)));
+  $("chart-note").textContent = undefinedDistances();
+}
+
+// The heads of this image whose mean attention distance is undefined, named (hollow red dots in the chart).
+function undefinedDistances() {
+  const heads = [];
+  DATA.images[state.image].stats.distance.forEach((values, l) =>
+    values.forEach((v, h) => v === null && heads.push(`layer ${l} head ${h}`)),
+  );
+  return heads.length ? `mean attention distance ${NOT_DEFINED}, patch mass 0: ${heads.join(", ")}` : "";
 }
 
 function keyAt(event) {
@@ -426,9 +532,11 @@ function describe() {
     `(for the mean of heads, the mean of the heads' bounds). Rollout and relevance are stored as float16 ` +
     `(relative error ≤ 2^-11, plus 2^-25 of the matrix scale for tiny values); token norms to 4 decimals. ` +
     `Every "±" printed on this page includes the rounding of the printed digits. ` +
-    `Relevance: Chefer, Gur and Wolf (2021), R = I; R ← R + mean_h((∂y_c/∂A ⊙ A)⁺) R over the layers, ` +
-    `row 0 (class token) drawn over the patches; y_c is the logit of the chosen class. Rollout: Abnar and ` +
-    `Zuidema (2020), residual 0.5, mean of heads.`;
+    `Relevance: Chefer, Gur and Wolf (2021), R = I; R ← R + mean_h((∂y_c/∂A ⊙ A)⁺) R over the layers; ` +
+    `y_c is the logit of the chosen class. Rollout: Abnar and Zuidema (2020), residual 0.5, mean of heads. ` +
+    `Both draw the query's row of R (row 0, the class token's, until a patch is clicked), named above. ` +
+    `Mean attention distance: over patch-to-patch attention, weighted by the mass it gets; ${NOT_DEFINED} ` +
+    `where a head's patches put no weight on patches.`;
 }
 
 async function main() {

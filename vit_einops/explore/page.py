@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._io import atomic_write_bytes, refuse_existing
-from ..images import to_display, to_uint8
+from .._io import check_file_output, write_file
+from ..images import to_uint8
+from ..inputs import model_inputs, model_inputs_and_pictures
 from .payload import DEFAULT_BITS, build_payload, check_bits
 
 
@@ -34,19 +35,40 @@ def _picture(picture: Any, index: int) -> np.ndarray:
     return array
 
 
+# Characters that mean something to the HTML parser inside a <script> element ("</script", "<!--" with "<script",
+# which switch it into states where the element no longer ends where the JSON does), or to a JavaScript parser
+# that is not JSON's (U+2028, U+2029), written as the JSON escapes that stand for the same characters.
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def embed_json(payload: dict[str, Any]) -> str:
+    """``payload`` as JSON text that can sit inside a <script> element: the same JSON, whatever strings it holds.
+
+    Outside strings, JSON has none of the escaped characters; inside them, ``\\u003c`` is ``<`` to any JSON
+    parser. A non-finite number is a ValueError naming it (the payload marks undefined values as null)."""
+    try:
+        text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    except ValueError as err:
+        raise ValueError(
+            f"the explorer's data hold a non-finite number (nan or inf) where a value was expected: {err}"
+        ) from err
+    return text.translate(_SCRIPT_SAFE)
+
+
 def render_page(payload: dict[str, Any], title: str) -> str:
-    """The page as text. The JSON goes inside a <script> element, so "</" is written "<\\/" (the same JSON)."""
-    data = json.dumps(payload, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    """The page as text: the template with its CSS, JS and the payload (:func:`embed_json`); ``title`` is escaped
+    for HTML."""
     return Template(_asset("explorer.html")).substitute(
-        title=html.escape(title), css=_asset("explorer.css"), js=_asset("explorer.js"), data=data
+        title=html.escape(title), css=_asset("explorer.css"), js=_asset("explorer.js"), data=embed_json(payload)
     )
 
 
 def write_explorer(
     model: torch.nn.Module,
-    images: torch.Tensor,
+    images: Any,
     path: str | Path,
     *,
+    preprocessed: bool | None = None,
     titles: Sequence[str] | None = None,
     class_names: Sequence[str] | None = None,
     pictures: Sequence[Any] | None = None,
@@ -58,41 +80,47 @@ def write_explorer(
 
     Args:
         model: a vit-einops ViT (any attention impl); run in eval mode, its mode is restored afterwards.
-        images: (b, C, H, W), the model's inputs (already preprocessed).
+        images: paths, PIL images, uint8 or float tensors, or a list of them, as :func:`vit_einops.predict` takes
+            them.
+        preprocessed: how a float tensor is taken: False for raw pixels in [0, 1], True for the model's input
+            (see :mod:`vit_einops.inputs`).
         titles: one label per image (default "image 0", ...).
         class_names: names of the model's outputs (default ``model.class_names``); unnamed ones are "class i".
-        pictures: what to show for each image, PIL images or uint8 arrays (e.g. the photo before normalising);
-            default: each input as :func:`vit_einops.images.to_display` draws it.
+        pictures: what to show for each image, PIL images or uint8 arrays; default: each image as the model saw
+            it (resized and cropped, not normalised; a preprocessed input as :func:`vit_einops.images.to_display`
+            draws it).
         top_k: how many top classes get a prediction line and a relevance map.
         bits: bits per stored attention weight, 2..8; each weight is within 1 / (2 (2^bits - 1)) of its row's
             maximum of the recorded A (the page states it).
-        overwrite: replace an existing file at ``path``; otherwise an existing file is a FileExistsError.
+        overwrite: replace an existing regular file at ``path`` (keeping its permissions); otherwise an existing
+            file is a FileExistsError, also one that appears while the page is built.
 
     The page holds A of every layer and head for every image (quantised: see
     :mod:`vit_einops.explore.payload`), so keep to a handful of images: ViT-B/16 costs a few MB per image.
     """
     path = Path(path)
-    if not isinstance(images, torch.Tensor) or images.ndim != 4 or len(images) == 0:
-        raise ValueError(f"images must be a (b, C, H, W) tensor with b >= 1, got {getattr(images, 'shape', images)!r}")
-    if not torch.isfinite(images).all():
-        raise ValueError("images contain non-finite values (nan or inf); the explorer needs real inputs")
     if not hasattr(model, "config") or not hasattr(model, "blocks"):
         raise TypeError(f"write_explorer needs a vit-einops ViT, got {type(model).__name__}")
+    if pictures is None:
+        images, seen = model_inputs_and_pictures(model, images, preprocessed=preprocessed)
+    else:
+        images, seen = model_inputs(model, images, preprocessed=preprocessed), None
+    if not torch.isfinite(images).all():
+        raise ValueError("images contain non-finite values (nan or inf); the explorer needs real inputs")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive int, got {top_k!r}")
     check_bits(bits)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory; give the explorer a file name such as explore.html")
-    if not overwrite:
-        refuse_existing(path, "pass overwrite=True (vit-einops explore --force) to replace it")
+    check_file_output(path, overwrite, "pass overwrite=True (vit-einops explore --force) to replace it")
     if not path.parent.is_dir():
         raise FileNotFoundError(f"the directory {path.parent} does not exist")
     b = len(images)
     titles = list(titles) if titles is not None else [f"image {i}" for i in range(b)]
     if len(titles) != b:
         raise ValueError(f"got {len(titles)} titles for {b} images")
-    if pictures is None:
-        shown = [to_uint8(to_display(image)) for image in images]
+    if seen is not None:
+        shown = [to_uint8(picture) for picture in seen]
     else:
         if len(pictures) != b:
             raise ValueError(f"got {len(pictures)} pictures for {b} images")
@@ -107,5 +135,5 @@ def write_explorer(
         )
     finally:
         model.train(was_training)
-    atomic_write_bytes(path, render_page(payload, "Attention explorer").encode("utf-8"))
+    write_file(path, render_page(payload, "Attention explorer").encode("utf-8"), replace=overwrite)
     return path

@@ -14,6 +14,12 @@ Rollout and relevance (one n x n matrix per image and class) are stored as float
 two that brings their largest magnitude into (1/2, 1]: a relative error of at most 2^-11, or 2^-25 of that power
 of two for values too small for a normal float16. Every binary array is compressed with zlib (the page inflates
 it with the browser's own DecompressionStream) and written as base64.
+
+Every number is finite: non-finite logits, maps, norms or relevance (a model with nan, inf or huge weights) are a
+ValueError naming the array, never a page of nan. The one undefined statistic, the mean attention distance of a
+head that sends no attention between patches (it attends only to the class token), is written as null beside its
+patch mass 0. A class whose relevance is exactly the identity (its logit gives no gradient, e.g. a
+zero-initialised head) is flagged ``relevance_identity`` so the page can say why its map is blank.
 """
 
 from __future__ import annotations
@@ -85,7 +91,26 @@ def png_base64(picture: np.ndarray) -> str:
 
 
 def _as_list(t: torch.Tensor, digits: int = 6) -> Any:
-    return np.round(t.detach().double().cpu().numpy(), digits).tolist()
+    """Rounded numbers as nested lists, nan as None (JSON's null; the page says why a value is missing)."""
+    values = np.round(t.detach().double().cpu().numpy(), digits)
+    return np.where(np.isnan(values), None, values).tolist()
+
+
+def check_finite(name: str, values: torch.Tensor, cause: str) -> None:
+    """A ValueError naming ``name`` and the likely cause when ``values`` hold nan or inf: the page shows numbers,
+    never a non-finite one in their place."""
+    bad = ~torch.isfinite(values.detach())
+    if bad.any():
+        raise ValueError(
+            f"the {name} hold {int(bad.sum())} non-finite values (nan or inf) of {values.numel()}: {cause}; "
+            "the explorer shows recorded numbers only"
+        )
+
+
+def relevance_is_identity(relevance: torch.Tensor) -> bool:
+    """True when R = I exactly: no head's (dy/dA * A)+ is non-zero, so every row is its own token alone (the
+    class's logit does not depend on attention, e.g. a zero-initialised classification head gives dy/dA = 0)."""
+    return bool(torch.equal(relevance, torch.eye(relevance.shape[-1], dtype=relevance.dtype, device=relevance.device)))
 
 
 def build_payload(
@@ -104,13 +129,19 @@ def build_payload(
     patches in row-major order).
     """
     cfg = model.config
-    logits, maps = record_attention(model, images)  # maps (l, b, h, n, n)
+    weights = "check the model's weights (non-finite or huge values)"
+    logits, maps = record_attention(model, images, preprocessed=True)  # maps (l, b, h, n, n)
+    check_finite("model's logits", logits, weights)
+    check_finite("attention maps", maps, weights)
     _, norms = token_norms(model, images)  # (l, b, n)
+    check_finite("token norms", norms, weights)
     probs = logits.double().softmax(dim=-1)
     k = min(top_k, logits.shape[-1])
     top = probs.topk(k, dim=-1)
-    relevance = attention_relevance(model, images, top.indices)  # (b, k, n, n)
+    relevance = attention_relevance(model, images, top.indices, preprocessed=True)  # (b, k, n, n)
+    check_finite("relevance maps", relevance, f"the gradients overflowed; {weights}")
     rollout = attention_rollout(maps.double())  # (b, n, n)
+    # The distance is nan exactly where a head sends no attention between patches (patch_mass 0): stored as null.
     stats = head_statistics(maps.double(), cfg.grid_size, cfg.patch_size)  # each (l, b, h)
     depth, b, heads, n, _ = maps.shape
     maps64 = maps.detach().double().cpu().numpy()
@@ -131,6 +162,7 @@ def build_payload(
                     "logit": float(logits[i, index]),
                     "relevance": pack(rel16),
                     "relevance_scale": rel_scale,
+                    "relevance_identity": relevance_is_identity(relevance[i, c]),
                 }
             )
         pages.append(
@@ -144,6 +176,7 @@ def build_payload(
                 "top": classes,
                 "stats": {
                     "distance": _as_list(stats["distance"][:, i]),
+                    "patch_mass": _as_list(stats["patch_mass"][:, i]),
                     "entropy": _as_list(stats["entropy"][:, i]),
                     "class_share": _as_list(stats["class_share"][:, i]),
                     "norms": _as_list(norms[:, i], 4),

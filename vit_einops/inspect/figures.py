@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .._checks import check_index
 from .._plot import new_figure
 from ..images import to_display
+from ..inputs import model_inputs_and_pictures
 from ..predict import class_name
 from .record import record_attention
 from .rollout import attention_rollout, class_attention_grid
@@ -59,32 +60,41 @@ def _attention_colorbar(fig, axes) -> None:
 
 
 def _draw_attention(
-    fig, image: torch.Tensor, head_maps: torch.Tensor, rollout_map: torch.Tensor, title: str, layer: int
+    fig,
+    image: torch.Tensor,
+    head_maps: torch.Tensor,
+    rollout_map: torch.Tensor | None,
+    title: str,
+    layer: int,
+    heads: range | None = None,
 ) -> None:
-    """One image on ``fig`` (a Figure or SubFigure): the input, the rollout and every head, in a grid.
+    """One image on ``fig`` (a Figure or SubFigure): the input, the rollout (unless None) and the heads, in a grid.
 
-    head_maps (h, gh, gw) is the class token's attention over the patches in layer ``layer`` (0-based);
-    rollout_map (gh, gw) is the rollout through every layer. Each panel is scaled to its own maximum, printed in
-    its title, so the colour bar reads relative to it.
+    head_maps (h, gh, gw) is the class token's attention over the patches in layer ``layer`` (0-based) of the
+    heads numbered ``heads`` (default 0..h-1); rollout_map (gh, gw) is the rollout through every layer. Each
+    panel is scaled to its own maximum, printed in its title, so the colour bar reads relative to it.
     """
-    heads = head_maps.shape[0]
-    rows, cols = grid_shape(heads + 2)
+    heads = range(head_maps.shape[0]) if heads is None else heads
+    panels = [("input", None)]
+    if rollout_map is not None:
+        panels.append(("rollout\n(all layers)", rollout_map))
+    panels += [(f"layer {layer} head {h}", grid_map) for h, grid_map in zip(heads, head_maps, strict=True)]
+    rows, cols = grid_shape(len(panels))
     axes = fig.subplots(rows, cols, squeeze=False)
     size = tuple(image.shape[-2:])
-    panels = [("input", None), ("rollout\n(all layers)", rollout_map)]
-    panels += [(f"layer {layer} head {h}", head_maps[h]) for h in range(heads)]
     for ax in axes.flat:
         ax.set_axis_off()
     for ax, (name, grid_map) in zip(axes.flat, panels, strict=False):
         ax.set_axis_on()
         _show_image(ax, image)
         if grid_map is None:
-            ax.set_title(name, fontsize=8)
+            ax.set_title(name, fontsize=8, parse_math=False)
             continue
         ax.imshow(_upsample(grid_map, size).numpy(), cmap=ATTENTION_CMAP, alpha=0.6, vmin=0, vmax=1)
-        ax.set_title(f"{name}\nmax {grid_map.max().item():.3g}", fontsize=8)
+        ax.set_title(f"{name}\nmax {grid_map.max().item():.3g}", fontsize=8, parse_math=False)
     _attention_colorbar(fig, axes)
-    fig.suptitle(title, fontsize=10)
+    # The title holds a file name and a class name: literal text, so "$" in one is a dollar sign, not mathtext.
+    fig.suptitle(title, fontsize=10, parse_math=False)
 
 
 def plot_attention_overlays(
@@ -116,33 +126,34 @@ def plot_attention_overlays(
 
 
 @torch.no_grad()
-def show_attention(model: Any, image: Any, layer: int = -1):
-    """One image's attention maps, for a notebook: the input, the attention rollout through all layers, and
-    each head's class-token attention in ``layer`` (a block index: 0 is the first, -1 the last).
+def show_attention(
+    model: Any, image: Any, layer: int = -1, head: int | None = None, *, preprocessed: bool | None = None
+):
+    """One image's attention maps, for a notebook: the input as the model saw it, and the class token's attention
+    in ``layer`` (a block index: 0 is the first, -1 the last): with ``head=None`` every head and the attention
+    rollout through all layers, with ``head=k`` head k alone.
 
     Args:
         model: a ViT (any attention impl: the maps are recorded with :class:`AttentionRecorder`). It runs in eval
             mode here and is given back in the mode it had.
-        image: a (C, H, W) or (1, C, H, W) tensor as the model takes it, or a PIL image when the model has
-            ``transforms()``.
+        image: one image as :func:`vit_einops.predict` takes it: a path, a PIL image, a uint8 or float tensor
+            (C, H, W) or (1, C, H, W); ``preprocessed`` says how a float tensor is taken (see
+            :mod:`vit_einops.inputs`).
+        head: None for every head, or the one head to draw (negative counts from the end).
 
     Returns a Figure (save it with ``vit_einops._plot.save_figure`` or ``fig.savefig``).
     """
-    if not isinstance(image, torch.Tensor):
-        transforms = getattr(model, "transforms", None)
-        if transforms is None:
-            raise TypeError(f"image must be a (C, H, W) tensor, got {type(image).__name__}")
-        image = transforms()(image)
-    if image.ndim == 4 and image.shape[0] == 1:
-        image = image[0]
-    if image.ndim != 3:
-        raise ValueError(f"show_attention draws one image: (C, H, W) or (1, C, H, W), got shape {tuple(image.shape)}")
-    depth = len(model.blocks)
+    inputs, pictures = model_inputs_and_pictures(model, image, preprocessed=preprocessed, name="image")
+    if len(inputs) != 1:
+        raise ValueError(f"show_attention draws one image: (C, H, W) or (1, C, H, W), got shape {tuple(inputs.shape)}")
+    depth, heads = len(model.blocks), model.config.heads
     layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
+    if head is not None:
+        head = check_index("head", head, heads, f"a layer of {heads} heads")
     was_training = model.training
     model.eval()
     try:
-        logits, maps = record_attention(model, image[None])  # maps (l, 1, h, n, n)
+        logits, maps = record_attention(model, inputs, preprocessed=True)  # maps (l, 1, h, n, n)
     finally:
         model.train(was_training)
     grid = model.patch_embed.grid_size
@@ -153,10 +164,12 @@ def show_attention(model: Any, image: Any, layer: int = -1):
         index = int(logits[0].argmax())
         name = class_name(index, getattr(model, "class_names", None))
         title += f"; predicted {name} (p {logits[0].softmax(-1)[index].item():.2f})"
-    heads = head_maps.shape[0]
-    rows, cols = grid_shape(heads + 2)
+    shown = range(heads) if head is None else range(head, head + 1)
+    if head is not None:
+        head_maps, rollout = head_maps[head : head + 1], None  # one head alone: no rollout beside it
+    rows, cols = grid_shape(len(shown) + (1 if rollout is None else 2))
     fig = new_figure(figsize=(cols * PANEL_INCHES + 0.9, rows * (PANEL_INCHES + 0.25) + 0.4))
-    _draw_attention(fig, image, head_maps, rollout, title, layer)
+    _draw_attention(fig, pictures[0], head_maps, rollout, title, layer, shown)
     return fig
 
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from .._checks import check_index
 from ..attention import Attend, attention_scores
+from ..inputs import model_inputs
 
 
 def attention_matrix(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -97,13 +98,17 @@ class AttentionRecorder:
 
 @torch.no_grad()
 def record_attention(
-    model: nn.Module, images: torch.Tensor, layers: Sequence[int] | None = None
+    model: nn.Module, images: Any, layers: Sequence[int] | None = None, *, preprocessed: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run ``model`` on ``images`` once and return (output, maps (layers, b, h, n, n)); no hook remains after.
 
-    The model's train/eval mode is left as the caller set it; call ``model.eval()`` first to inspect a
-    trained model without dropout.
+    ``images``: paths, PIL images, uint8 or float tensors, or a list of them, as :func:`vit_einops.predict`
+    takes them (``preprocessed``: how a float tensor is taken; see :mod:`vit_einops.inputs`). The model's
+    train/eval mode is left as the caller set it; call ``model.eval()`` first to inspect a trained model without
+    dropout.
     """
-    with AttentionRecorder(model, layers) as recorder:
+    recorder = AttentionRecorder(model, layers)
+    images = model_inputs(model, images, preprocessed=preprocessed)
+    with recorder:
         output = model(images)
     return output, recorder.maps

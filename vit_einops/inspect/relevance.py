@@ -31,6 +31,7 @@ from einops import einsum, reduce
 from torch import nn
 
 from ..attention import Attend
+from ..inputs import model_inputs
 from .record import _attend_layers, attention_matrix
 
 
@@ -126,16 +127,21 @@ def relevance_from_gradients(maps: torch.Tensor, grads: torch.Tensor) -> torch.T
     return relevance
 
 
-def attention_relevance(model: nn.Module, images: torch.Tensor, target: Any = None) -> torch.Tensor:
+def attention_relevance(
+    model: nn.Module, images: Any, target: Any = None, *, preprocessed: bool | None = None
+) -> torch.Tensor:
     """Gradient-weighted relevance R for ``target`` (see the module docstring), on any attention impl.
 
     Args:
+        images: paths, PIL images, uint8 or float tensors, or a list of them, as :func:`vit_einops.predict` takes
+            them (``preprocessed``: how a float tensor is taken; see :mod:`vit_einops.inputs`).
         target: None (the predicted class), an int, (b,) or (b, k) class indices (see
             :func:`attention_gradients`).
 
     Shapes: images (b, C, H, W) -> R (b, n, n), or (b, k, n, n) for a (b, k) target. ``R[..., 0, 1:]`` is the
     class token's relevance over the patches; :func:`class_attention_grid` lays it on the patch grid.
     """
+    images = model_inputs(model, images, preprocessed=preprocessed)
     _, maps, grads, _ = attention_gradients(model, images, target)
     relevance = relevance_from_gradients(maps, grads)  # (k, b, n, n)
     if target is not None and not isinstance(target, int) and torch.as_tensor(target).ndim == 2:

@@ -8,7 +8,8 @@ Axes: l layers, b images, h heads, i queries, j keys, n tokens (the class token 
 - :func:`token_norms`: ``||z_l^i||``, the length of every token after every block; a few tokens with norms far
   above the rest are the "high-norm outlier tokens" that large ViTs grow (Darcet et al. 2024, "Vision
   Transformers Need Registers").
-- :func:`head_statistics`: those and the mean attention distance, per image, for the explorer's charts.
+- :func:`head_statistics`: those, the mean attention distance and the patches' attention mass, per image, for the
+  explorer's charts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .distance import mean_attention_distance
+from .distance import distance_sums, ratio_or_nan
 
 
 def _check_rows(maps: torch.Tensor) -> None:
@@ -95,17 +96,24 @@ def token_norms(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, t
 def head_statistics(
     maps: torch.Tensor, grid_size: tuple[int, int], patch_size: int | tuple[int, int]
 ) -> dict[str, torch.Tensor]:
-    """Per image, layer and head: ``distance`` (mean attention distance in pixels, see
-    :func:`mean_attention_distance`), ``entropy`` (mean over queries of :func:`attention_entropy`, nats) and
-    ``class_share`` (:func:`class_token_share`).
+    """Per image, layer and head:
+
+    - ``distance``: the mean attention distance in pixels of that image alone (the definition of
+      :func:`~vit_einops.inspect.distance.mean_attention_distance`, over one image); nan where it is undefined,
+      exactly where ``patch_mass`` is 0;
+    - ``patch_mass``: the mean over patch queries of the weight they put on patch keys, ``sum_{j>=1} A_ij``
+      averaged over i >= 1; 0 for a head that attends only to the class token, 1 for one that ignores it
+      (``1 - class_share`` up to rounding, but computed from the same sums as ``distance``, so the two agree on
+      which heads are undefined);
+    - ``entropy``: the mean over queries of :func:`attention_entropy`, nats;
+    - ``class_share``: :func:`class_token_share`.
 
     Shapes: maps (l, b, h, n, n) -> each (l, b, h).
     """
-    distance = torch.stack(
-        [mean_attention_distance(maps[:, i : i + 1], grid_size, patch_size) for i in range(maps.shape[1])], dim=1
-    )
+    weighted, mass = distance_sums(maps, grid_size, patch_size)
     return {
-        "distance": distance,
+        "distance": ratio_or_nan(weighted, mass).to(maps.dtype),
+        "patch_mass": (mass / (maps.shape[-2] - 1)).to(maps.dtype),
         "entropy": attention_entropy(maps).mean(dim=-1),
         "class_share": class_token_share(maps),
     }

@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_bytes, check_regular_file, read_regular_file, refuse_existing
+from .._io import atomic_write_bytes, staged_directory
+from .._json import read_json
 from ..config import ViTConfig
 from ..model import ViT
 from ..statedict import (
@@ -49,16 +50,18 @@ from ..statedict import (
     safetensors_bytes,
 )
 from ..preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocessing
+from ..sizes import check_file_holds, check_model_memory
 from .io import load_state_dict_file
 
 SOURCE = "hf"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CONFIG_NAME, PROCESSOR_NAME = "config.json", "preprocessor_config.json"
+# What save_hf writes: the only names a directory it replaces may hold.
+HF_FILES = frozenset((WEIGHT_FILES[0], CONFIG_NAME, PROCESSOR_NAME))
 # transformers names its untitled labels LABEL_0, LABEL_1...: those are no class names.
 _PLACEHOLDER = re.compile(r"LABEL_\d+")
 _LAYER = "vit.encoder.layer.{i}."
 _RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's resample codes; the others have no torch twin
-MAX_JSON_BYTES = 16 << 20  # config.json with 21k ImageNet labels is ~1 MB
 
 
 def _layer_keys(i: int) -> dict[str, str]:
@@ -108,6 +111,41 @@ def _normalise_keys(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.T
     return out
 
 
+def id2label(hf: Mapping[str, Any]) -> list[str] | None:
+    """config.json's ``id2label`` as a list of names (None when absent, null or empty).
+
+    transformers writes a JSON object of "0".."n-1" to names. Anything else (a list, a key missing or out of order,
+    a name that is a number, null or an object) raises ValueError naming the key and what it holds: a label that is
+    not a string is no class name, and ``str(None)`` is not one either.
+    """
+    labels = hf.get("id2label")
+    if labels is None or labels == {}:
+        return None
+    if not isinstance(labels, Mapping):
+        raise ValueError(f"config.json id2label must be a JSON object of index to name, got a {type(labels).__name__}")
+    # JSON keys are strings; a transformers config in memory (``config.to_dict()``) has int keys.
+    labels = {str(k) if type(k) is int else k: v for k, v in labels.items()}
+    expected = [str(i) for i in range(len(labels))]
+    if set(labels) != set(expected):
+        keys = ", ".join(repr(k) for k in list(labels)[:5]) + (", ..." if len(labels) > 5 else "")
+        raise ValueError(f"config.json id2label keys must be the indices 0..{len(labels) - 1}, got {keys}")
+    for key in expected:
+        if not isinstance(labels[key], str):
+            value = labels[key]
+            got = "null" if value is None else f"{json.dumps(value)[:40]} ({_json_type(value)})"
+            raise ValueError(f"config.json id2label[{key!r}] must be a string (a class name), got {got}")
+    return [labels[key] for key in expected]
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type: what the user sees in their config.json."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {dict: "an object", list: "an array"}.get(type(value), type(value).__name__)
+
+
 def hf_config(hf: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     """The ViTConfig of a transformers ``ViTConfig`` dict (config.json)."""
     check_free_fields(overrides)
@@ -117,6 +155,8 @@ def hf_config(hf: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     if model_type not in ("vit", "deit"):
         raise ValueError(f"config.json model_type {model_type!r} is not a ViT; expected 'vit' (or a ViT-shaped 'deit')")
     architectures = hf.get("architectures") or ["ViTForImageClassification"]
+    if not isinstance(architectures, list) or not isinstance(architectures[0], str):
+        raise TypeError(f"config.json architectures must be a list of names, got {architectures!r:.200}")
     arch = architectures[0]
     if "Distillation" in arch or "WithTeacher" in arch:
         raise ValueError(f"{arch} has a distillation token, which vit-einops does not model; use a plain ViT")
@@ -132,7 +172,8 @@ def hf_config(hf: Mapping[str, Any], **overrides: Any) -> ViTConfig:
         )
     dim = hf.get("hidden_size", 768)
     classify = arch.endswith("ForImageClassification")
-    num_labels = len(hf.get("id2label") or {}) or hf.get("num_labels", 2)
+    labels = id2label(hf)
+    num_labels = len(labels) if labels else hf.get("num_labels", 2)
     fields = {
         "image_size": hf.get("image_size", 224),
         "patch_size": hf.get("patch_size", 16),
@@ -228,12 +269,7 @@ def to_hf(model: ViT) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    check_regular_file(path, "JSON file")  # names a missing file, a directory or a FIFO as such
-    raw = read_regular_file(path, max_bytes=MAX_JSON_BYTES)  # non-blocking, size-capped
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not valid JSON: {err}") from err
+    data = read_json(path)  # size- and depth-capped; names a missing file, a directory or a FIFO as such
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -338,41 +374,47 @@ def load_hf(
         raise ValueError(f"{directory}: no {CONFIG_NAME} beside {weights.name}; HF weights need their config")
     hf = _read_json(directory / CONFIG_NAME)
     config = hf_config(hf, **overrides)
+    check_file_holds(config, weights.stat().st_size, str(weights))  # a tiny file claiming a huge depth, at once
+    itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
+    check_model_memory(config, itemsize, copies=2, action="loading")
     state_dict = cast_weights(load_state_dict_file(weights), str(weights), dtype)
     model = build_vit(config, from_hf(state_dict, config), attn_impl)
-    labels = hf.get("id2label") or {}
-    names = [str(labels.get(str(i), labels.get(i, ""))) for i in range(config.num_classes)]
-    if config.num_classes and not all(_PLACEHOLDER.fullmatch(n) for n in names):
+    names = id2label(hf)
+    if config.num_classes and names and not all(_PLACEHOLDER.fullmatch(n) for n in names):
         model.class_names = names
     processor = directory / PROCESSOR_NAME
     if processor.exists() or processor.is_symlink():  # a FIFO or broken link is an error, not "absent"
         model.preprocessing = preprocessing_from_hf(_read_json(processor), channels=config.in_channels)
     else:  # ViTImageProcessor's defaults, at the model's own size
         model.preprocessing = Preprocessing.hf(config.image_size, config.in_channels)
-    model.source = {"library": "hf", "file": str(weights), "architecture": hf.get("architectures", [None])[0]}
+    model.source = {"library": "hf", "file": str(weights), "architecture": (hf.get("architectures") or [None])[0]}
     return model
+
+
+def _json_bytes(data: dict[str, Any]) -> bytes:
+    return (json.dumps(data, indent=2) + "\n").encode()
 
 
 def save_hf(model: ViT, directory: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write ``model`` as a directory that ``transformers.ViTForImageClassification.from_pretrained`` (or
     ``ViTModel``, for a model with a pooler and no classifier) loads: config.json, model.safetensors and, when the
-    model's preprocessing is ViTImageProcessor-shaped, preprocessor_config.json. Files are written atomically; an
-    existing directory is refused unless ``overwrite``."""
+    model's preprocessing is ViTImageProcessor-shaped, preprocessor_config.json.
+
+    The directory is written as one unit (:func:`vit_einops._io.staged_directory`): a kill leaves the whole old
+    directory or the whole new one, and a file of the old one that the new one lacks is gone. An existing non-empty
+    directory is refused unless ``overwrite``; one that holds any other file is refused even then."""
     directory = Path(directory)
     state, hf_cfg = to_hf(model)
-    if directory.exists() and not directory.is_dir():
-        raise ValueError(f"{directory} exists and is not a directory")
-    if not overwrite and directory.exists() and any(directory.iterdir()):
-        refuse_existing(directory, "pass overwrite=True (--force on the command line) to write into it")
     processor = None
     if model.preprocessing is not None:
         try:
             processor = preprocessing_to_hf(model.preprocessing)
         except ValueError:
             processor = None  # torchvision/timm-style resize + crop: no ViTImageProcessor equivalent
-    directory.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(directory / "model.safetensors", safetensors_bytes(state, {"format": "pt"}))
-    atomic_write_bytes(directory / CONFIG_NAME, (json.dumps(hf_cfg, indent=2) + "\n").encode())
+    files = {WEIGHT_FILES[0]: safetensors_bytes(state, {"format": "pt"}), CONFIG_NAME: _json_bytes(hf_cfg)}
     if processor is not None:
-        atomic_write_bytes(directory / PROCESSOR_NAME, (json.dumps(processor, indent=2) + "\n").encode())
+        files[PROCESSOR_NAME] = _json_bytes(processor)
+    with staged_directory(directory, owned=HF_FILES, replace=overwrite) as staging:
+        for name, data in files.items():
+            atomic_write_bytes(staging / name, data, replace=False)
     return directory

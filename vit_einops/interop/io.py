@@ -2,8 +2,8 @@
 
 This module reads and writes *state dict files* (any key layout: torchvision's, timm's, ours). vit-einops model
 files, which carry a config, preprocessing and class names beside the weights, belong to :mod:`vit_einops.modelfile`.
-Every write goes through ``vit_einops._io.atomic_write_bytes``: a temporary file in the target's
-directory, fsync, then ``os.replace``; a crash leaves the old file or the new one, never half of one.
+Every write goes through ``vit_einops._io.write_file``: a temporary file in the target's directory, fsync, then a
+rename that replaces only when asked; a crash leaves the old file or the new one, never half of one.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
-from .._io import atomic_write_bytes, check_regular_file, refuse_existing
+from .._io import check_file_output, check_regular_file, write_file
 from ..statedict import check_state_dict, safetensors_bytes
 
 SAFETENSORS_SUFFIXES = (".safetensors",)
@@ -52,7 +52,7 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         try:
             return load_file(path, device="cpu")
         except (SafetensorError, ValueError, OSError) as e:
-            raise ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from e
+            raise _unreadable_safetensors(path, e) from e
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -63,6 +63,29 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     except (RuntimeError, EOFError, OSError) as e:
         raise ValueError(f"{path}: not a readable torch file (truncated or corrupt?): {e}") from e
     return _unwrap(obj, path)
+
+
+def state_dict_keys(path: str | os.PathLike) -> list[str]:
+    """The keys of the state dict in a weights file (unwrapped as :func:`load_state_dict_file` does), reading no
+    tensor where the format allows: a safetensors header, or a zip-format torch file memory-mapped."""
+    path = Path(path)
+    suffix = _suffix(path)
+    check_regular_file(path, "weights file")
+    if suffix in SAFETENSORS_SUFFIXES:
+        try:
+            with safe_open(path, framework="pt") as f:
+                return list(f.keys())
+        except (SafetensorError, ValueError, OSError) as e:
+            raise _unreadable_safetensors(path, e) from e
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError):
+        return list(load_state_dict_file(path))  # not mappable (torch's legacy format), or unreadable: its own error
+    return list(_unwrap(obj, path))
+
+
+def _unreadable_safetensors(path: Path, error: Exception) -> ValueError:
+    return ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {error}")
 
 
 def _unwrap(obj: Any, path: Path) -> dict[str, torch.Tensor]:
@@ -82,10 +105,10 @@ def save_state_dict_file(
 ) -> Path:
     """Write a state dict atomically, as safetensors or (for .pth/.pt/.bin/.ckpt) with ``torch.save``.
 
-    An existing file at ``path`` is refused (FileExistsError) unless ``overwrite=True``."""
+    An existing file at ``path`` is refused (FileExistsError) unless ``overwrite=True``, checked again at the
+    commit; ``overwrite`` replaces only a regular file, and keeps its permissions."""
     path = Path(path)
-    if not overwrite:
-        refuse_existing(path, "pass overwrite=True (--force on the command line) to replace it")
+    check_file_output(path, overwrite, "pass overwrite=True (--force on the command line) to replace it")
     state_dict = check_state_dict(state_dict, "state dict to save")
     if _suffix(path) in SAFETENSORS_SUFFIXES:
         data = safetensors_bytes(state_dict)
@@ -93,5 +116,5 @@ def save_state_dict_file(
         buffer = io.BytesIO()
         torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, buffer)
         data = buffer.getvalue()
-    atomic_write_bytes(path, data)
+    write_file(path, data, replace=overwrite)
     return path

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
+from .._budget import check_memory
 from .._checks import check_choice, check_nonnegative_int, to_pair
 from ..config import ViTConfig
 from ..model import ViT
@@ -71,6 +72,12 @@ def resample_pos_embed(
         )
     if new_grid == old_grid:
         return pos_embed
+    # The new rows in float32 for the interpolation, in pos_embed's dtype, and once more concatenated.
+    rows, dim = new_grid[0] * new_grid[1], pos_embed.shape[2]
+    check_memory(
+        rows * dim * (4 + 2 * pos_embed.element_size()),
+        f"resampling the position embedding to a {new_grid[0]}x{new_grid[1]} grid ({rows:,} rows of {dim})",
+    )
     prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     grid = rearrange(patches, "1 (h w) d -> 1 d h w", h=old_grid[0], w=old_grid[1])
     compute_dtype = torch.promote_types(grid.dtype, torch.float32)

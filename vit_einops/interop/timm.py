@@ -24,6 +24,7 @@ import torch
 
 from .._checks import check_choice
 from ..config import ViTConfig
+from ..imagenet import assume_imagenet_names
 from ..model import ViT
 from ..statedict import build_vit, cast_weights, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
@@ -171,4 +172,5 @@ def load_timm(
     model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype), config), attn_impl)
     model.preprocessing = Preprocessing.timm(crop=config.image_size)  # the augreg ViTs' crop_pct 0.9, bicubic, 0.5
     model.source = {"library": SOURCE, "file": None if isinstance(source, Mapping) else str(source)}
+    assume_imagenet_names(model)  # the file holds no names; 1000 logits are ImageNet-1k's
     return model

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..config import ViTConfig
+from ..imagenet import assume_imagenet_names
 from ..model import ViT
 from ..statedict import build_vit, cast_weights, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
@@ -177,4 +178,5 @@ def load_torchvision(
     model = build_vit(config, from_torchvision(cast_weights(state_dict, SOURCE, dtype), config), attn_impl)
     model.preprocessing = Preprocessing.torchvision(crop=config.image_size)
     model.source = {"library": SOURCE, "file": None if isinstance(source, Mapping) else str(source)}
+    assume_imagenet_names(model)  # the file holds no names; 1000 logits are ImageNet-1k's
     return model

@@ -29,9 +29,11 @@ from safetensors.torch import load as safetensors_load
 from torch import nn
 
 from .._io import atomic_write_bytes, read_regular_file
+from .._json import loads
 from ..attention import stored_attn_impl
 from ..config import ViTConfig
 from ..model import ViT
+from ..sizes import check_file_holds
 from ..statedict import StateDictMismatchError, check_keys, check_weights, expected_shapes, safetensors_bytes
 from .rundir import CHECKPOINT_FILES, CheckpointError
 from .rundir import CHECKPOINT_FORMAT as FORMAT
@@ -176,7 +178,8 @@ def save_checkpoint(
 def _named_files(meta_path: Path) -> set[str]:
     """The tensor file names an existing checkpoint.json records (none if it is missing or unreadable)."""
     try:
-        files = json.loads(read_regular_file(meta_path, max_bytes=MAX_META_BYTES)).get("files", {})
+        raw = read_regular_file(meta_path, max_bytes=MAX_META_BYTES)
+        files = loads(raw, meta_path.name, max_bytes=MAX_META_BYTES).get("files", {})
         return {entry["name"] for entry in files.values()}
     except (OSError, ValueError, AttributeError, TypeError, KeyError, RecursionError):
         return set()
@@ -295,11 +298,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     except (OSError, ValueError) as err:  # ValueError: a directory, FIFO or device, or too large
         raise CheckpointError(f"cannot read {meta_path}: {err}") from err
     try:
-        meta = json.loads(raw)
-    except ValueError as err:  # not UTF-8, not JSON
-        raise CheckpointError(f"{meta_path} is corrupt or truncated (not valid JSON): {err}") from err
-    except RecursionError as err:
-        raise CheckpointError(f"{meta_path} nests its JSON deeper than it can be read ({err})") from err
+        meta = loads(raw, meta_path.name, max_bytes=MAX_META_BYTES)
+    except ValueError as err:  # not UTF-8, not JSON, nested too deep
+        raise CheckpointError(f"{meta_path} is corrupt or truncated: {err}") from err
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(
             f"{meta_path} is not a vit-einops checkpoint "
@@ -344,6 +345,10 @@ def _decode(tree: dict[str, Any], tensors: dict[str, torch.Tensor], meta_path: P
 def _check_weights_match_config(
     state_dict: dict[str, torch.Tensor], config: ViTConfig, weights_path: Path, meta_path: Path
 ) -> None:
+    try:  # at once, before the config's model is laid out: a config claiming a huge depth would take minutes
+        check_file_holds(config, weights_path.stat().st_size, str(weights_path))
+    except ValueError as err:
+        raise CheckpointError(f"{err} (the config in {meta_path})") from err
     try:
         check_keys(state_dict, expected_shapes(config), "checkpoint")
     except StateDictMismatchError as err:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._io import atomic_write_bytes, read_regular_file, remove_orphan_temps, temp_target
+from .._json import loads
 
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "summary.json"
@@ -183,8 +184,8 @@ def read_manifest(out: Path) -> tuple[dict[str, list[str]] | None, str | None]:
     if path.is_symlink():
         return None, "a symbolic link"
     try:
-        meta = json.loads(read_regular_file(path, max_bytes=MAX_META_BYTES))
-    except (OSError, ValueError, RecursionError) as err:  # RecursionError: JSON nested deeper than Python recurses
+        meta = loads(read_regular_file(path, max_bytes=MAX_META_BYTES), str(path), max_bytes=MAX_META_BYTES)
+    except (OSError, ValueError) as err:  # ValueError: not UTF-8, not JSON, nested past the reader's cap
         return None, f"not a run manifest ({type(err).__name__})"
     files = meta.get("files") if isinstance(meta, dict) and meta.get("format") == MANIFEST_FORMAT else None
     if not isinstance(files, dict) or not all(

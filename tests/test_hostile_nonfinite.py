@@ -1,0 +1,99 @@
+"""Non-finite results are refused, never ranked: predict and inspect stop with one line naming the likely cause (the
+weights, or the preprocessing's mean and std), and a std that would send pixels to inf is refused where it enters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _hostile import assert_user_error, grey_png, run_cli, tiny_model
+
+import vit_einops.inspect.report as report
+from vit_einops.predict import predict
+from vit_einops.inspect import write_report
+from vit_einops.modelfile import save_vit
+from vit_einops.preprocess import Preprocessing
+
+WEIGHTS = r"the model's outputs for image 0 are not finite \(nan or inf\); its preprocessed pixels are finite, so the "
+WEIGHTS += r"model's weights are the likely cause: huge values that overflow \(float32 ends near 3.4e38\)"
+PIXELS = r"the model's outputs for image 0 are not finite \(nan or inf\); its preprocessed pixels are already nan or "
+PIXELS += r"inf: the preprocessing's mean or std scales them out of range"
+
+
+def huge(parameter: str, scale: float):
+    """The tiny model with one parameter multiplied by ``scale``: finite weights whose activations overflow."""
+    model = tiny_model()
+    with torch.no_grad():
+        model.get_parameter(parameter).mul_(scale)
+    return model
+
+
+HUGE = [("patch_embed.proj.weight", 1e38), ("patch_embed.proj.weight", 1e20), ("blocks.0.mlp.fn.ff.fc1.weight", 1e30)]
+
+
+@pytest.mark.parametrize("parameter, scale", HUGE)
+def test_predict_refuses_non_finite_logits_from_huge_weights(tmp_path, parameter, scale):
+    model = huge(parameter, scale)
+    image = grey_png(tmp_path / "x.png")
+    with pytest.raises(ValueError, match=WEIGHTS):
+        predict(model, image)
+    save_vit(model, tmp_path / "m.safetensors")
+    assert_user_error(run_cli("predict", tmp_path / "m.safetensors", image), WEIGHTS)
+
+
+@pytest.mark.parametrize("mean, std", [((1e38,), (1.2e-38,)), ((-3e38,), (0.5,)), ((3e38,), (1e-30,))])
+def test_predict_names_the_preprocessing_when_pixels_overflow(tmp_path, mean, std):
+    model = tiny_model(preprocessing=Preprocessing(resize=(8, 8), mean=mean, std=std))
+    with pytest.raises(ValueError, match=PIXELS):
+        predict(model, grey_png(tmp_path / "x.png"))
+
+
+@pytest.mark.parametrize("std", ["1e-320", "1e-39", "5e-324", "1e-38,1e-38,1e-38"])
+def test_a_std_below_the_smallest_normal_float32_is_refused_where_it_enters(tmp_path, std):
+    save_vit(tiny_model(), tmp_path / "m.safetensors")
+    args = ("--mean", "0,0,0") if "," in std else ()
+    result = run_cli("predict", tmp_path / "m.safetensors", grey_png(tmp_path / "x.png"), "--std", std, *args)
+    assert_user_error(result, r"std must be at least 1.18e-38 \(the smallest normal float32\), got \(")
+    with pytest.raises(ValueError, match="std must be at least 1.18e-38"):
+        Preprocessing(resize=8, std=(float(std.split(",")[0]),), mean=(0.0,))
+
+
+@pytest.mark.parametrize("flags", [["--std", "nan"], ["--mean", "inf"], ["--std", "0"], ["--std", "-1"]])
+def test_non_finite_or_non_positive_flags_are_refused(tmp_path, flags):
+    save_vit(tiny_model(), tmp_path / "m.safetensors")
+    result = run_cli("predict", tmp_path / "m.safetensors", grey_png(tmp_path / "x.png"), *flags)
+    assert_user_error(result, r"(std|mean) must (hold finite numbers|be positive), got ")
+
+
+@pytest.mark.parametrize("parameter, scale", HUGE)
+def test_inspect_refuses_non_finite_outputs_and_writes_nothing(tmp_path, parameter, scale):
+    save_vit(huge(parameter, scale), tmp_path / "m.safetensors")
+    result = run_cli(
+        "inspect", tmp_path / "m.safetensors", "--image", grey_png(tmp_path / "x.png"), "--out", tmp_path / "out"
+    )
+    assert_user_error(result, WEIGHTS)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("array", ["mean_attention_distance", "position_similarity", "filter_explained_variance"])
+def test_inspect_writes_nothing_when_any_array_is_not_finite(tmp_path, monkeypatch, array):
+    """A statistic that comes out non-finite stops the report, naming the array, before any file is written. (The
+    mean attention distance may be nan, meaning undefined: a head whose patches attend only to the class token.
+    Only inf is an overflow there.)"""
+    name = {
+        "mean_attention_distance": "mean_attention_distance",
+        "position_similarity": "position_similarity",
+        "filter_explained_variance": "embedding_filter_components",
+    }[array]
+    original = getattr(report, name)
+
+    def with_nan(*args, **kwargs):
+        out = original(*args, **kwargs)
+        bad = float("inf") if array == "mean_attention_distance" else float("nan")
+        if isinstance(out, tuple):
+            return out[0], torch.full_like(out[1], bad)
+        return torch.full_like(out, bad)
+
+    monkeypatch.setattr(report, name, with_nan)
+    with pytest.raises(ValueError, match=rf"inspect computed non-finite values \(nan or inf\) in {array}; nothing was"):
+        write_report(tiny_model(), torch.rand(2, 1, 8, 8), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

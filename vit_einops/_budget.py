@@ -1,0 +1,136 @@
+"""The memory budget: what an operation is about to need, checked before it allocates anything or starts a long
+loop, against what the machine has.
+
+Sizes multiply (depth x width, batch x heads x tokens^2, a resize target's height x width), so inputs that each pass
+their own range check can still ask for terabytes. Each place that is about to build or compute something estimates
+its memory from the sizes alone and calls :func:`check_memory`, which refuses with one line naming the estimate and
+the limit.
+
+The limit is the memory this machine has available now (``MemAvailable`` of /proc/meminfo, else
+``os.sysconf``). Raise it (or lower it) for one block of code with ``with vit_einops.max_memory("64GiB"): ...``,
+for a whole process with the environment variable ``VIT_EINOPS_MAX_MEMORY=64GiB``, and on the command line with
+``--max-memory 64GiB`` (every command). The innermost setting wins: the context, then the variable, then the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import Any
+
+from ._checks import check_int
+
+ENV_VAR = "VIT_EINOPS_MAX_MEMORY"
+# An image larger than this many pixels is refused: before a file is decoded (vit_einops.images.open_image), and
+# when a preprocessing step would resize to more (a 1x60000 PNG whose shorter side goes to 256 would be 256x15360000).
+MAX_PIXELS = 128 * 1024 * 1024
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
+          "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
+_LIMIT: ContextVar[int | None] = ContextVar("vit_einops_max_memory", default=None)
+
+
+def parse_bytes(text: Any, name: str = "max_memory") -> int:
+    """A memory size as a number of bytes: an int, or a string such as "64GiB", "500MB", "1.5G", "1000000"
+    (k/M/G/T are powers of 1000, KiB/MiB/GiB/TiB powers of 1024). ValueError naming ``name`` otherwise."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        number, unit = text, ""
+    elif isinstance(text, str) and (match := _SIZE.fullmatch(text)) and match[2].lower() in _UNITS:
+        number, unit = float(match[1]), match[2].lower()
+    else:
+        raise ValueError(f"{name} must be a size in bytes such as 64GiB, 500MB or 1000000, got {text!r}")
+    size = number * _UNITS[unit]
+    if not 0 < size < 2**63:
+        raise ValueError(f"{name} must be a positive size under 8 EiB, got {text!r}")
+    return int(size)
+
+
+def format_bytes(size: float) -> str:
+    """``size`` bytes for a message: "41.2 GiB", "512.0 MiB", "3.1 PiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if size < 1024 or unit == "PiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def available_memory() -> int:
+    """Bytes this machine can give a process now without swapping: MemAvailable (Linux), else the free physical
+    pages (os.sysconf), else the physical memory."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    for pages in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
+        try:
+            return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            continue
+    return 2**63 - 1  # no way to know: the estimate alone cannot be judged
+
+
+@contextlib.contextmanager
+def max_memory(limit: int | str | None) -> Iterator[None]:
+    """Within the block, :func:`check_memory` judges estimates against ``limit`` (bytes, or a size such as "64GiB")
+    instead of the machine's available memory; None keeps the limit that applies outside."""
+    token = _LIMIT.set(parse_bytes(limit) if limit is not None else _LIMIT.get())
+    try:
+        yield
+    finally:
+        _LIMIT.reset(token)
+
+
+def memory_limit() -> tuple[int, str]:
+    """(limit in bytes, where it comes from, for the message): the innermost of :func:`max_memory`, the variable
+    VIT_EINOPS_MAX_MEMORY, and the machine's available memory."""
+    limit = _LIMIT.get()
+    if limit is not None:
+        return limit, "the max-memory limit"
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return parse_bytes(env, ENV_VAR), f"the {ENV_VAR} limit"
+    return available_memory(), "this machine has available"
+
+
+def check_memory(estimate: float, what: str) -> None:
+    """Refuse (ValueError, one line) when ``estimate`` bytes is over the memory limit. ``what`` completes
+    "... needs about <estimate> for ...", e.g. "this model needs" / "its weights"; the message names the estimate,
+    the limit and a --max-memory that would allow it."""
+    limit, source = memory_limit()
+    if estimate <= limit:
+        return
+    need = format_bytes(estimate)
+    allow = _round_up(estimate * 1.1)
+    shown = format_bytes(limit)
+    over = f"the {shown} {source}" if source.startswith("this") else f"{source} of {shown}"
+    raise ValueError(
+        f"{what} needs about {need}, over {over}; pass --max-memory {allow} to allow it "
+        f"(in Python: {ENV_VAR}={allow}, or with vit_einops.max_memory({allow!r}))"
+    )
+
+
+def _round_up(size: float) -> str:
+    """A round size at or above ``size`` to suggest as a limit: whole MiB below 1 GiB, whole GiB below 1 TiB, else
+    whole TiB."""
+    if size < 2**30:
+        return f"{max(1, math.ceil(size / 2**20))}MiB"
+    if size < 2**40:
+        return f"{math.ceil(size / 2**30)}GiB"
+    return f"{math.ceil(size / 2**40)}TiB"
+
+
+def check_threads(name: str, value: Any) -> int:
+    """A thread count: 1 to the machine's CPUs (more threads than cores only fight over them, and thousands would
+    exhaust the process's thread limit)."""
+    cpus = os.cpu_count() or 1
+    value = check_int(name, value)
+    if not 1 <= value <= cpus:
+        raise ValueError(f"{name} {value} is out of range: expected 1 to {cpus} (this machine's CPUs)")
+    return value

@@ -1,0 +1,265 @@
+"""``create_vit(name, pretrained=True)``: a preset with its published weights, their preprocessing and class names.
+
+Each name's weights are stated once, in :data:`PRETRAINED`:
+
+- torchvision's names (vit_b_16 ...) take torchvision's default ImageNet-1k weights, from the URLs and with the
+  transforms of ``torchvision.models.ViT_*_Weights.DEFAULT``. They are cached where torch.hub caches them
+  (``torch.hub.get_dir()/checkpoints``, under ``$TORCH_HOME``), so a file torchvision already downloaded is reused.
+  The file name carries the first hex digits of its sha256 (torch.hub's convention); a download whose hash differs,
+  or that is cut short, is refused and nothing is cached (:mod:`vit_einops._download`).
+- timm's names (vit_base_patch16_224 ...) take timm's default pretrained tag (its ``pretrained_cfg``), the
+  ``model.safetensors`` of ``timm/<name>.<tag>`` on the Hugging Face hub, through ``huggingface_hub`` (the ``hub``
+  extra) and its cache. A new download's sha256 must equal the hub's ETag for it (the name of its cached blob).
+
+``$VIT_EINOPS_WEIGHTS_URL`` replaces torchvision's base URL and ``$HF_ENDPOINT`` the hub's (mirrors, and the tests'
+server on 127.0.0.1). ``create_vit(name, weights=PATH)`` loads a local file or directory in any form
+:func:`vit_einops.load_model` reads, and checks it holds the named architecture.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .preprocess import Preprocessing
+from .presets import create_vit as create_architecture
+from .presets import preset_config
+
+if TYPE_CHECKING:
+    from .model import ViT
+
+TORCHVISION_URL = "https://download.pytorch.org/models"
+WEIGHTS_URL_ENV = "VIT_EINOPS_WEIGHTS_URL"
+HF_FILE = "model.safetensors"
+_HASH = re.compile(r"-([0-9a-f]{8,})\.")  # torch.hub's HASH_REGEX: "vit_b_16-c867db91.pth" -> "c867db91"
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    """Where a name's weights are published and what they expect.
+
+    Args:
+        library: "torchvision" (a file at torchvision's URL) or "timm" (a Hugging Face hub repository).
+        file: torchvision's file name (its sha256 prefix inside), or the hub repository "timm/<name>.<tag>".
+        image_size: the resolution the weights were trained at (torchvision's vit_h_14 is 518).
+        num_classes: their classifier's size (0: a feature extractor, as timm's in21k-only tags are).
+        preprocessing: their eval transform, as the library's own (``Weights.transforms()``, timm's data config).
+    """
+
+    library: str
+    file: str
+    image_size: int
+    num_classes: int
+    preprocessing: Preprocessing
+
+    @property
+    def sha256_prefix(self) -> str | None:
+        match = _HASH.search(self.file) if self.library == "torchvision" else None
+        return match[1] if match else None
+
+
+def _tv(file: str, size: int, resize: int, interpolation: str = "bilinear") -> PublishedWeights:
+    return PublishedWeights("torchvision", file, size, 1000, Preprocessing.torchvision(size, resize, interpolation))
+
+
+def _timm(name: str, tag: str, num_classes: int = 1000) -> PublishedWeights:
+    size = int(name.rsplit("_", 1)[1])
+    crop_pct = 0.9 if size == 224 else 1.0  # timm's _cfg default, and 1.0 for every 384 tag
+    return PublishedWeights("timm", f"timm/{name}.{tag}", size, num_classes, Preprocessing.timm(size, crop_pct))
+
+
+PRETRAINED: dict[str, PublishedWeights] = {
+    # torchvision.models.ViT_*_Weights.DEFAULT: IMAGENET1K_V1, except vit_h_14's (IMAGENET1K_SWAG_E2E_V1, 518 px)
+    "vit_b_16": _tv("vit_b_16-c867db91.pth", 224, 256),
+    "vit_b_32": _tv("vit_b_32-d86f8d99.pth", 224, 256),
+    "vit_l_16": _tv("vit_l_16-852ce7e3.pth", 224, 242),
+    "vit_l_32": _tv("vit_l_32-c7638314.pth", 224, 256),
+    "vit_h_14": _tv("vit_h_14_swag-80465313.pth", 518, 518, "bicubic"),
+    # timm's default tag per name (timm 1.0's pretrained_cfg; mean = std = 0.5, bicubic)
+    **{
+        name: _timm(name, tag, classes)
+        for name, tag, classes in (
+            ("vit_tiny_patch16_224", "augreg_in21k_ft_in1k", 1000),
+            ("vit_tiny_patch16_384", "augreg_in21k_ft_in1k", 1000),
+            ("vit_small_patch16_224", "augreg_in21k_ft_in1k", 1000),
+            ("vit_small_patch16_384", "augreg_in21k_ft_in1k", 1000),
+            ("vit_small_patch32_224", "augreg_in21k_ft_in1k", 1000),
+            ("vit_small_patch32_384", "augreg_in21k_ft_in1k", 1000),
+            ("vit_base_patch16_224", "augreg2_in21k_ft_in1k", 1000),
+            ("vit_base_patch16_384", "augreg_in21k_ft_in1k", 1000),
+            ("vit_base_patch32_224", "augreg_in21k_ft_in1k", 1000),
+            ("vit_base_patch32_384", "augreg_in21k_ft_in1k", 1000),
+            ("vit_large_patch16_224", "augreg_in21k_ft_in1k", 1000),
+            ("vit_large_patch16_384", "augreg_in21k_ft_in1k", 1000),
+            ("vit_large_patch32_224", "orig_in21k", 0),
+            ("vit_large_patch32_384", "orig_in21k_ft_in1k", 1000),
+            ("vit_huge_patch14_224", "orig_in21k", 0),
+        )
+    },
+}
+# Fields a checkpoint fixes and the name promises; image size and classes may differ (a fine-tuned file).
+_ARCHITECTURE = ("patch_size", "in_channels", "dim", "depth", "heads", "mlp_dim")
+
+
+def create_vit(
+    name: str, *, pretrained: bool = False, weights: str | os.PathLike | None = None, **overrides: Any
+) -> ViT:
+    """Preset ``name`` (see :func:`~vit_einops.list_presets`; timm's names work too), as timm's ``create_model``:
+
+    - by default, freshly initialised; any :class:`~vit_einops.ViT` keyword overrides the preset;
+    - ``pretrained=True``: with its published weights (:data:`PRETRAINED`), downloaded once and verified, with their
+      preprocessing (``model.transforms()``) and ImageNet-1k class names;
+    - ``weights=PATH``: with the weights in a local file or directory of any form :func:`~vit_einops.load_model`
+      reads (a torchvision ``.pth``, timm or vit-einops ``.safetensors``, a Hugging Face directory...); a file that
+      holds another architecture is refused with the fields that differ.
+
+    With weights, ``num_classes`` replaces the classifier (a new zero head, as ``reset_classifier``), and the other
+    ``overrides`` are fields no tensor holds (``dropout``, ``attn_impl``, ``dtype``...).
+    """
+    if not isinstance(pretrained, bool):
+        raise TypeError(f"pretrained must be True or False, got {pretrained!r}")
+    if not pretrained and weights is None:
+        return create_architecture(name, **overrides)
+    if pretrained and weights is not None:
+        raise ValueError("pass pretrained=True (the published weights) or weights=PATH (a local file), not both")
+    expected = preset_config(name)  # checks the name
+    num_classes = overrides.pop("num_classes", None)
+    if weights is not None:
+        model = _load_local(name, Path(weights), expected["heads"], overrides)
+    else:
+        model = _load_published(name, overrides)
+    _check_architecture(model, name, expected, weights)
+    if num_classes is not None and num_classes != model.config.num_classes:
+        model.reset_classifier(num_classes)
+    return model
+
+
+def _load_local(name: str, path: Path, heads: int, overrides: dict[str, Any]) -> ViT:
+    from .sources import detect_source, load_model
+
+    source = detect_source(path)
+    if source in ("torchvision", "timm"):
+        overrides = {"heads": heads, **overrides}  # a state dict cannot tell h; the name does
+    return load_model(path, source=source, **overrides)
+
+
+def _load_published(name: str, overrides: dict[str, Any]) -> ViT:
+    from .sources import load_model
+
+    if name not in PRETRAINED:
+        raise ValueError(
+            f"no published weights for {name!r}; names with weights: {', '.join(PRETRAINED)}. "
+            f"Use weights=PATH for a local file"
+        )
+    published = PRETRAINED[name]
+    kwargs: dict[str, Any] = {"heads": preset_config(name)["heads"]}  # a state dict cannot tell h; the name does
+    if published.library == "torchvision":
+        path, origin = _fetch_torchvision(name, published)
+    else:
+        path, origin = _fetch_hub(name, published)
+        kwargs["global_pool"] = "token"  # every ViT in the table pools the class token
+    model = load_model(path, source=published.library, **{**kwargs, **overrides})
+    model.preprocessing = published.preprocessing
+    model.source = {**(model.source or {}), "pretrained": name, "url": origin}
+    if model.class_names is not None:
+        model.source["class_names"] = f"ImageNet-1k: the published {name} weights' classes"
+    return model
+
+
+def weights_url(name: str) -> str:
+    """The URL ``create_vit(name, pretrained=True)`` downloads (``$VIT_EINOPS_WEIGHTS_URL`` and ``$HF_ENDPOINT``
+    replace the default hosts)."""
+    published = PRETRAINED[name]
+    if published.library == "torchvision":
+        return f"{os.environ.get(WEIGHTS_URL_ENV, TORCHVISION_URL).rstrip('/')}/{published.file}"
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    return f"{endpoint}/{published.file}/resolve/main/{HF_FILE}"
+
+
+def _offline_hint(name: str, url: str, reason: str, file: str) -> str:
+    return (
+        f"create_vit({name!r}, pretrained=True) could not fetch {url}: {reason.rstrip('.')}. Without network, "
+        f"download that file elsewhere and pass it: create_vit({name!r}, weights={file!r}), or convert it once "
+        f"with `vit-einops convert {file} {name}.safetensors`"
+    )
+
+
+def _fetch_torchvision(name: str, published: PublishedWeights) -> tuple[Path, str]:
+    import torch.hub
+
+    from ._download import DownloadError, download
+
+    url = weights_url(name)
+    path = Path(torch.hub.get_dir()) / "checkpoints" / published.file
+    if not path.is_file():
+        try:
+            download(url, path, sha256_prefix=published.sha256_prefix)
+        except DownloadError as err:
+            reason = str(err).removeprefix(f"could not download {url}: ")
+            raise DownloadError(_offline_hint(name, url, reason, published.file)) from None
+    return path, url
+
+
+def _fetch_hub(name: str, published: PublishedWeights) -> tuple[Path, str]:
+    from ._download import DownloadError
+
+    url = weights_url(name)
+    try:
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    except ImportError:
+        raise ImportError(
+            f"{name}'s published weights are timm's, on the Hugging Face hub ({url}); install huggingface_hub "
+            f"(pip install 'vit-einops[hub]') or pass weights=PATH to a local copy"
+        ) from None
+    cache_dir = os.environ.get("HF_HUB_CACHE")  # read now, as $HF_ENDPOINT is below
+    cached = try_to_load_from_cache(published.file, HF_FILE, cache_dir=cache_dir)
+    if isinstance(cached, str):
+        return Path(cached), url
+    try:
+        # The endpoint is read here, not when huggingface_hub was imported, so $HF_ENDPOINT set later counts.
+        endpoint = os.environ.get("HF_ENDPOINT")
+        path = Path(hf_hub_download(published.file, HF_FILE, cache_dir=cache_dir, endpoint=endpoint))
+    except Exception as err:  # huggingface_hub's errors (offline, HTTP, size check) share no base class but this
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DownloadError(_offline_hint(name, url, reason, HF_FILE)) from None
+    _check_hub_blob(path, url)
+    return path, url
+
+
+def _check_hub_blob(path: Path, url: str) -> None:
+    """The hub names each cached LFS blob by its sha256 (the ETag the server sent): a download whose content hashes
+    otherwise is deleted and refused."""
+    from ._download import DownloadError
+
+    blob = path.resolve()
+    if not re.fullmatch(r"[0-9a-f]{64}", blob.name):
+        return  # a file stored in git, not LFS: its ETag is a git hash, checked by huggingface_hub's size check only
+    digest = hashlib.sha256()
+    with open(blob, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != blob.name:
+        blob.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+        raise DownloadError(f"refused {url}: its sha256 {digest.hexdigest()[:16]}... is not its ETag {blob.name[:16]}")
+
+
+def _check_architecture(model: ViT, name: str, expected: dict[str, Any], weights: Any) -> None:
+    from .config import ViTConfig
+
+    want, got = ViTConfig(**expected), model.config
+    differ = [
+        f"{field} {getattr(got, field)} (a {name} has {getattr(want, field)})"
+        for field in _ARCHITECTURE
+        if getattr(got, field) != getattr(want, field)
+    ]
+    if differ:
+        where = weights if weights is not None else "the published weights"
+        raise ValueError(
+            f"{where}: not a {name}: {', '.join(differ)}; load it as it is with load_model(path), or name the "
+            f"preset it matches"
+        )
