@@ -888,9 +888,12 @@ def test_resume_where_no_run_ever_started_is_refused_and_creates_nothing(tmp_pat
 
 
 NESTED = [  # checkpoint.json's text, and what the one-line error says
-    ("[" * 100_000, r"nests its JSON deeper than it can be read"),
-    ('{"format": "vit-einops.checkpoint", "version": 1, "train_state": ' + "[" * 100_000, r"nests its JSON deeper"),
-    ("{" * 3 + "}", r"is corrupt or truncated \(not valid JSON\)"),
+    ("[" * 100_000, r"is corrupt or truncated: checkpoint\.json nests JSON 100000 levels deep, over the 32"),
+    (
+        '{"format": "vit-einops.checkpoint", "version": 1, "train_state": ' + "[" * 100_000,
+        r"is corrupt or truncated: checkpoint\.json nests JSON 100001 levels deep, over the 32",
+    ),
+    ("{" * 3 + "}", r"is corrupt or truncated: checkpoint\.json is not valid JSON"),
 ]
 
 
