@@ -132,6 +132,40 @@ def test_image_folder_loading(tmp_path):
     assert (len(train_set), len(test_set)) == (6, 4) and sorted(test_set.labels.tolist()) == [0, 0, 1, 1]
 
 
+def test_image_folder_through_a_models_own_transforms(tmp_path):
+    """transform=model.transforms() reads each file as the model would at predict time (the course workflow)."""
+    from vit_einops.images import open_image
+    from vit_einops.preprocess import Preprocessing
+
+    make_folder(tmp_path / "data", size=(40, 30))
+    prep = Preprocessing.torchvision(16)  # resize 18, centre crop 16, ImageNet mean and std
+    data = load_image_folder(tmp_path / "data", transform=prep)
+    assert data.classes == ["cat", "dog"] and data.images.shape == (10, 3, 16, 16)
+    expected = prep(open_image(tmp_path / "data" / "dog" / "3.png"))
+    assert torch.equal(data.images[8], expected)  # the same numbers, not rescaled to [0, 1] or resized again
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({}, TypeError, "exactly one of image_size .* and transform="),
+        ({"image_size": 8, "transform": lambda im: im}, TypeError, "exactly one of image_size"),
+        ({"transform": "resize"}, TypeError, "transform must be callable .*, got str"),
+        ({"transform": lambda im: im}, TypeError, r"must turn a PIL image into a \(C, H, W\) float tensor, got Image$"),
+        (
+            {"transform": lambda im: torch.zeros(3, im.size[0] % 2 + 4, 4)},
+            ValueError,
+            "transform made images of 2 shapes",
+        ),
+    ],
+)
+def test_image_folder_transform_errors(tmp_path, kwargs, error, message):
+    make_folder(tmp_path / "data", size=(12, 10))
+    Image.new("RGB", (11, 10)).save(tmp_path / "data" / "dog" / "odd.png")  # an odd width: a second shape
+    with pytest.raises(error, match=message):
+        load_image_folder(tmp_path / "data", **kwargs)
+
+
 def test_image_folder_errors(tmp_path):
     make_folder(tmp_path / "data")
     make_folder(tmp_path / "test", classes=("cat", "bird"))
