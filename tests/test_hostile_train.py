@@ -36,7 +36,7 @@ from vit_einops.train.checkpoint import CheckpointError, load_checkpoint
 from vit_einops.train.config import TrainConfig
 from vit_einops.train.data import ImageDataset, load_image, load_image_folder
 from vit_einops.train.loop import TIMING_FIELDS, TrainingDivergedError, train
-from vit_einops.train.rundir import LOCK_NAME, RunDir
+from vit_einops.train.rundir import LOCK_NAME, MANIFEST_NAME, RunDir
 
 # Depth 1: the cheapest model that still writes every file of a run; dropout, so that resuming must restore its RNG.
 TINY = dict(TINY_DIGITS, depth=1, mlp_dim=16, dropout=0.1)
@@ -105,14 +105,20 @@ def exit_code(pid):
 
 
 def tree_hashes(root):
-    """{relative path: SHA-256} of every file under ``root`` (directories as entries too)."""
+    """{relative path: SHA-256} of every file under ``root``; directories, links and FIFOs as what they are (a link
+    is not followed, a FIFO never read: it would block)."""
     root = Path(root)
     if not root.exists():
         return None
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-        for p in sorted(root.rglob("*"))
-    }
+
+    def state(p):
+        if p.is_symlink():
+            return "link -> " + os.readlink(p)
+        if p.is_fifo():
+            return "fifo"
+        return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+
+    return {str(p.relative_to(root)): state(p) for p in sorted(root.rglob("*"))}
 
 
 def untimed(records):
@@ -225,7 +231,7 @@ def copy_tree(src, dst):
 def test_an_output_that_holds_a_run_or_any_file_is_refused_without_resume(tmp_path, finished_run):
     run = copy_tree(finished_run, tmp_path / "run")
     before = tree_hashes(run)
-    files = r"\(checkpoint, curves.png, metrics.jsonl, model.safetensors, summary.json\)"
+    files = r"\(checkpoint, confusion.png, curves.png, metrics.jsonl, model.safetensors, summary.json\)"
     message = rf".*'{re.escape(str(run))}'.*{files}.*--resume.*"
     assert_cli_error(cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run), message)
     assert tree_hashes(run) == before
@@ -255,21 +261,109 @@ def test_overwrite_replaces_only_what_training_wrote(tmp_path, finished_run):
 
 
 
-def test_overwrite_over_a_fifo_in_checkpoint_json_does_not_hang(tmp_path):
-    """Deciding whether an existing run is ours reads checkpoint.json: a FIFO there is not ours, and is not waited on
-    (SIGALRM bounds the test); nor is it replaced, even with --overwrite (issue 17: a write never replaces what is
-    not a regular file), so the run stops with one line naming it."""
+def test_overwrite_over_a_fifo_in_checkpoint_json_is_refused_without_hanging(tmp_path):
+    """Proving a file ours hashes it: a FIFO at a run's name is not ours, is refused, and is not waited on (SIGALRM
+    bounds the test)."""
     run = tmp_path / "run"
     (run / "checkpoint").mkdir(parents=True)
     fifo = run / "checkpoint" / "checkpoint.json"
     os.mkfifo(fifo)
     with bounded(60):
         done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, "--overwrite")
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.endswith(
-        f"vit-einops train: error: {fifo} is a FIFO, not a regular file; it is never replaced, even with --force\n"
+    assert_cli_error(done, rf".*'{re.escape(str(run))}'.*: checkpoint/checkpoint\.json \(a FIFO\)\..*--overwrite.*")
+    assert (run / "checkpoint" / "checkpoint.json").is_fifo()
+    assert sorted(p.name for p in run.rglob("*")) == ["checkpoint", "checkpoint.json"]
+
+
+# What a run writes at fixed names, and edits that make each one a file the run cannot prove it wrote.
+def _edit_model(run):
+    with open(run / "model.safetensors", "ab") as f:
+        f.write(b"\0")  # one byte more: a different SHA-256 from the one the manifest records
+
+
+def _link_summary(run):
+    (run.parent / "mine.json").write_text("the user's own summary")
+    (run / "summary.json").unlink()
+    (run / "summary.json").symlink_to(run.parent / "mine.json")
+
+
+def _fifo_curves(run):
+    (run / "curves.png").unlink()
+    os.mkfifo(run / "curves.png")
+
+
+def _no_manifest(run):
+    (run / MANIFEST_NAME).unlink()  # a run copied without its manifest: nothing proves any file ours
+
+
+def _nested_manifest(run):
+    (run / MANIFEST_NAME).write_text("[" * 100_000)
+
+
+def _foreign_manifest(run):
+    (run / MANIFEST_NAME).write_text(json.dumps({"format": "vit-einops.run", "files": {"notes.txt": "abc"}}))
+
+
+def _user_metrics_in_a_new_dir(run):
+    for p in sorted(run.rglob("*"), reverse=True):
+        p.rmdir() if p.is_dir() else p.unlink()
+    (run / "metrics.jsonl").write_text("my own measurements\n")
+
+
+UNPROVEN = [  # (edit of a finished run, the files the refusal lists, each with why)
+    (_edit_model, r"model\.safetensors \(changed since the run wrote it\)"),
+    (_link_summary, r"summary\.json \(a symbolic link\)"),
+    (_fifo_curves, r"curves\.png \(a FIFO\)"),
+    (
+        _no_manifest,
+        r"checkpoint/checkpoint\.json \(no manifest records it\); confusion\.png \(no manifest records it\); "
+        r"curves\.png \(no manifest records it\); metrics\.jsonl \(no manifest records it\); "
+        r"model\.safetensors \(no manifest records it\); summary\.json \(no manifest records it\)",
+    ),
+    (_nested_manifest, r".*\.vit-einops-run\.json \(not a run manifest \(ValueError\)\).*"),
+    (_foreign_manifest, r".*\.vit-einops-run\.json \(not a run manifest\).*"),
+    (_user_metrics_in_a_new_dir, r"metrics\.jsonl \(no manifest records it\)"),
+]
+
+
+REFUSALS = [(*case, "--overwrite") for case in UNPROVEN] + [(*case, "--resume") for case in UNPROVEN[:3]]
+
+
+@pytest.mark.parametrize(
+    "edit, listed, flag", REFUSALS, ids=[f"{e.__name__.strip('_')} {flag}" for e, _, flag in REFUSALS]
+)
+def test_overwrite_and_resume_refuse_and_list_files_at_a_runs_names_no_run_recorded(
+    tmp_path, finished_run, edit, listed, flag
+):
+    """--resume rewrites metrics.jsonl, model.safetensors and the figures from the checkpoint: the same proof."""
+    run = copy_tree(finished_run, tmp_path / "run")
+    edit(run)
+    before = tree_hashes(tmp_path)
+    with bounded(60):
+        done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, flag)
+    expected = rf"output directory '{re.escape(str(run))}' holds files at a training run's names that no run of "
+    expected += rf"vit-einops is recorded to have written: {listed}\. {flag} \({flag[2:]}=True\) replaces only .*"
+    assert_cli_error(done, expected)
+    assert tree_hashes(tmp_path) == before
+
+
+def test_overwrite_removes_the_old_runs_files_the_new_run_does_not_write(tmp_path):
+    """A run with test data wrote figures; a new run over it without test data writes none: the old figures, proven
+    by the manifest, are removed rather than left beside the new run's files (and said so)."""
+    data = fault_data()
+    out = tmp_path / "run"
+    run_tiny(data, out)
+    assert (out / "curves.png").exists() and (out / "confusion.png").exists()
+    (out / "notes.txt").write_text("mine")
+    torch.manual_seed(0)
+    err = StringIO()
+    with redirect_stderr(err):
+        train(ViT(**TINY), data, None, TrainConfig(epochs=1, batch_size=16), out_dir=out, overwrite=True, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [MANIFEST_NAME, "checkpoint", "metrics.jsonl", "model.safetensors", "notes.txt", "summary.json"]
     )
-    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert (out / "notes.txt").read_text() == "mine"
+    assert "note: removed the previous run's files in" in err.getvalue() and "curves.png" in err.getvalue()
 
 def test_a_second_run_is_locked_out_and_a_killed_holder_does_not_block(tmp_path, finished_run):
     run = copy_tree(finished_run, tmp_path / "run")
@@ -304,7 +398,7 @@ def test_the_lock_is_exclusive_within_one_process_too(tmp_path):
     with RunDir.open(tmp_path / "run"):
         with pytest.raises(OSError, match=rf"in use .*\(pid {os.getpid()}\)"):
             RunDir.open(tmp_path / "run", resume=True)
-    with RunDir.open(tmp_path / "run", resume=True):  # released on exit
+    with RunDir.open(tmp_path / "run"):  # released on exit
         pass
 
 
@@ -313,6 +407,9 @@ def test_orphan_temporaries_of_ours_are_removed_and_nothing_else(tmp_path, finis
     ours = [
         run / ".metrics.jsonl.abcd1234.tmp",
         run / ".model.safetensors.x_y_z_12.tmp",
+        run / f".{MANIFEST_NAME}.abcd1234.tmp",
+        run / ".confusion.png.abcd1234.tmp",
+        run / ".summary.json.zzzzzzzz.tmp",
         run / "checkpoint" / ".checkpoint.json.qwerty12.tmp",
         run / "checkpoint" / ".model-0123456789abcdef.safetensors.a1b2c3d4.tmp",
     ]
@@ -336,7 +433,8 @@ def test_a_non_finite_loss_stops_the_cli_run_and_keeps_the_last_finite_checkpoin
     last = done.stderr.strip().splitlines()[-1]
     # what diverged and when, the learning rate, and which epoch the checkpoint still holds
     checkpoint = re.escape(str(out / "checkpoint"))
-    expected = rf"vit-einops train: error: .*epoch 2\b.*\bnan\b.*1e\+30.*{checkpoint}.*epoch 1\b.*"
+    # 3 steps, none of warm-up (capped at a fifth of the run): the rate after step 2 is 1e30 * (1 + cos(2 pi / 3)) / 2
+    expected = rf"vit-einops train: error: .*epoch 2\b.*\bnan\b.*2\.5e\+29.*{checkpoint}.*epoch 1\b.*"
     assert re.fullmatch(expected, last), last
     assert load_checkpoint(out / "checkpoint").train_state["epoch"] == 1
     assert [r["epoch"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [1]
@@ -742,3 +840,69 @@ def test_the_python_api_refuses_bad_arguments_before_any_work(tmp_path):
         with pytest.raises(error, match=message):
             train(progress=False, **args)
         assert sorted(p.name for p in busy.iterdir()) == ["thesis.tex"] and (busy / "thesis.tex").read_text() == "mine"
+
+
+# --- a run killed in its very first checkpoint write ------------------------------------------------------------------
+
+FIRST_WRITE_POINTS = [
+    (MANIFEST_NAME, "temp written"),  # before anything of the run is recorded: a lock file and a temporary
+    ("model-", "temp written"),  # the manifest written, checkpoint/ holding a temporary
+    ("optimizer-", "renamed"),  # checkpoint/ holding the weights file, no checkpoint.json
+    ("checkpoint.json", "temp written"),  # every tensor file in place, the commit point not
+]
+
+
+@pytest.mark.parametrize("flags", [{}, {"resume": True}], ids=["rerun", "resume"])
+@pytest.mark.parametrize("target, when", FIRST_WRITE_POINTS, ids=[f"{t} {w}" for t, w in FIRST_WRITE_POINTS])
+def test_a_run_killed_in_its_first_checkpoint_write_starts_again(tmp_path, uninterrupted, target, when, flags):
+    """Nothing was committed, so nothing is resumed: a plain rerun and --resume both start at epoch 1 (resume says
+    so), remove what the killed run left, and end as the uninterrupted run did."""
+    assert killed_at(target, when, 1, tmp_path) == -signal.SIGKILL
+    assert not (tmp_path / "checkpoint" / "checkpoint.json").exists()
+    err = StringIO()
+    with redirect_stderr(err):
+        model, result = fault_run(tmp_path, **flags)
+    whole_model, whole, whole_metrics = uninterrupted
+    assert result.weights_sha256 == whole.weights_sha256
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert untimed(metrics) == untimed(json.loads(line) for line in whole_metrics.splitlines())
+    assert sorted(p.name for p in tmp_path.rglob("*.tmp")) == []
+    names = json.loads((tmp_path / "checkpoint" / "checkpoint.json").read_text())["files"]
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == sorted(
+        ["checkpoint.json", names["model"]["name"], names["optimizer"]["name"]]
+    )
+    said = err.getvalue().count("holds no checkpoint (its run was stopped before the first one): starting at epoch 1")
+    assert said == (1 if flags else 0)
+
+
+def test_resume_where_no_run_ever_started_is_refused_and_creates_nothing(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    for out in (tmp_path / "new", tmp_path / "empty", tmp_path / "notes"):
+        before = tree_hashes(tmp_path)
+        done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", out, "--resume")
+        checkpoint = re.escape(str(out / "checkpoint" / "checkpoint.json"))
+        assert_cli_error(done, rf"no checkpoint at {checkpoint} and no run was started in '.*': nothing to resume .*")
+        assert tree_hashes(tmp_path) == before
+
+
+NESTED = [  # checkpoint.json's text, and what the one-line error says
+    ("[" * 100_000, r"is corrupt or truncated: checkpoint\.json nests JSON 100000 levels deep, over the 32"),
+    (
+        '{"format": "vit-einops.checkpoint", "version": 1, "train_state": ' + "[" * 100_000,
+        r"is corrupt or truncated: checkpoint\.json nests JSON 100001 levels deep, over the 32",
+    ),
+    ("{" * 3 + "}", r"is corrupt or truncated: checkpoint\.json is not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("text, message", NESTED, ids=["array", "inside-a-field", "unbalanced"])
+def test_deeply_nested_or_broken_checkpoint_json_is_one_error_naming_the_file(run_dir, text, message):
+    run, data = run_dir
+    meta = run / "checkpoint" / "checkpoint.json"
+    meta.write_text(text)
+    with pytest.raises(CheckpointError, match=re.escape(str(meta)) + " " + message):
+        load_checkpoint(run / "checkpoint")
+    done = cli("--limit", "32", "--epochs", "1", *TINY_FLAGS, "--out", run, "--resume")
+    assert done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1

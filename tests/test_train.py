@@ -1,7 +1,9 @@
 """Training: the schedule, augmentation, data loading, a short run that learns, exact resume, and the CLI."""
 
 import json
+import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,6 +130,40 @@ def test_image_folder_loading(tmp_path):
     assert grey.shape == (1, 4, 6)
     train_set, test_set = load_folder_split(tmp_path / "data", None, 8, test_fraction=0.4)
     assert (len(train_set), len(test_set)) == (6, 4) and sorted(test_set.labels.tolist()) == [0, 0, 1, 1]
+
+
+def test_image_folder_through_a_models_own_transforms(tmp_path):
+    """transform=model.transforms() reads each file as the model would at predict time (the course workflow)."""
+    from vit_einops.images import open_image
+    from vit_einops.preprocess import Preprocessing
+
+    make_folder(tmp_path / "data", size=(40, 30))
+    prep = Preprocessing.torchvision(16)  # resize 18, centre crop 16, ImageNet mean and std
+    data = load_image_folder(tmp_path / "data", transform=prep)
+    assert data.classes == ["cat", "dog"] and data.images.shape == (10, 3, 16, 16)
+    expected = prep(open_image(tmp_path / "data" / "dog" / "3.png"))
+    assert torch.equal(data.images[8], expected)  # the same numbers, not rescaled to [0, 1] or resized again
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({}, TypeError, "exactly one of image_size .* and transform="),
+        ({"image_size": 8, "transform": lambda im: im}, TypeError, "exactly one of image_size"),
+        ({"transform": "resize"}, TypeError, "transform must be callable .*, got str"),
+        ({"transform": lambda im: im}, TypeError, r"must turn a PIL image into a \(C, H, W\) float tensor, got Image$"),
+        (
+            {"transform": lambda im: torch.zeros(3, im.size[0] % 2 + 4, 4)},
+            ValueError,
+            "transform made images of 2 shapes",
+        ),
+    ],
+)
+def test_image_folder_transform_errors(tmp_path, kwargs, error, message):
+    make_folder(tmp_path / "data", size=(12, 10))
+    Image.new("RGB", (11, 10)).save(tmp_path / "data" / "dog" / "odd.png")  # an odd width: a second shape
+    with pytest.raises(error, match=message):
+        load_image_folder(tmp_path / "data", **kwargs)
 
 
 def test_image_folder_errors(tmp_path):
@@ -397,3 +433,100 @@ def test_stratified_subset_takes_every_class_in_its_share(digits):
     assert list(stratified_subset(labels, 500)) == list(range(100))
     with pytest.raises(ValueError, match=r"\blimit\b.*\b0$"):
         stratified_subset(labels, 0)
+
+
+# --- what a run reports: its folder, its schedule, its curves, its per-class scores -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (None, "digits"),
+        ("pizza_steak_sushi/train", "pizza_steak_sushi"),
+        ("pizza_steak_sushi/Test", "pizza_steak_sushi"),
+        ("food/photos", "photos"),
+        ("flowers/validation/", "flowers"),
+    ],
+)
+def test_the_default_output_folder_is_named_after_the_data(tmp_path, data, expected):
+    from vit_einops.commands.train import default_out
+
+    assert default_out(None if data is None else str(tmp_path / data)) == Path("runs") / expected
+
+
+def test_cli_writes_a_split_folders_run_under_the_datas_name(tmp_path):
+    make_folder(tmp_path / "pizza_steak_sushi" / "train", per_class=4)
+    args = ["--data", str(tmp_path / "pizza_steak_sushi" / "train"), "--image-size", "8", "--patch-size", "4"]
+    assert main(["train", *args, *model_flags(dict(TINY, depth=1)), "--epochs", "1", "--no-progress"]) == 0
+    summary = json.loads(Path("runs/pizza_steak_sushi/summary.json").read_text())  # in the test's own cwd
+    assert summary["classes"] == ["cat", "dog"]
+
+
+def test_warm_up_is_capped_at_a_fifth_of_a_short_run_and_says_so_once(digits, capsys):
+    from vit_einops.train.loop import warmup_steps
+
+    assert warmup_steps(TrainConfig(epochs=3), 23) == (13, True)  # 5 epochs asked, int(0.2 * 69) given
+    assert warmup_steps(TrainConfig(), 23) == (115, False)  # the default 5 of 60 epochs: under the cap
+    assert warmup_steps(TrainConfig(epochs=10, warmup_epochs=2), 7) == (14, False)  # exactly the cap
+    _, result = run_tiny(digits, config={"epochs": 3, "warmup_epochs": 5, "batch_size": 32})  # 5 steps an epoch
+    assert capsys.readouterr().err.count("note: warm-up capped at 3 steps (0.6 epochs), 20% of the run") == 1
+    # The rate at the end of each epoch, by the cosine formula after 3 warm-up steps of 15: it decays to 0.
+    expected = [2e-3 * 0.5 * (1 + math.cos(math.pi * (5 * e - 3) / 12)) for e in (1, 2, 3)]
+    assert [r["lr"] for r in result.records] == pytest.approx(expected, rel=1e-12, abs=1e-18)
+
+
+def test_curves_show_train_and_test_loss_and_accuracy_on_whole_epochs():
+    from vit_einops.train.plots import plot_curves
+
+    records = [
+        {"epoch": e, "train_loss": 2.0 / e, "test_loss": 2.2 / e, "train_acc": 0.3 * e, "test_acc": 0.25 * e}
+        for e in (1, 2, 3)
+    ]
+    fig = plot_curves(records)
+    fig.canvas.draw()
+    loss, acc = fig.axes
+    assert [line.get_label() for line in loss.get_lines()] == ["train", "test"]
+    assert [list(line.get_ydata()) for line in loss.get_lines()] == [[2.0, 1.0, 2.0 / 3], [2.2, 1.1, 2.2 / 3]]
+    assert [line.get_label() for line in acc.get_lines()] == ["train", "test"]
+    for ax in (loss, acc):
+        low, high = ax.get_xlim()
+        shown = [t for t in ax.get_xticks() if low <= t <= high]
+        assert shown and all(float(t).is_integer() for t in shown), shown
+
+
+def test_summary_gives_per_class_accuracy_and_the_confusion_matrix_of_the_final_model(digits, tmp_path):
+    from sklearn.metrics import confusion_matrix
+
+    model, result = run_tiny(digits, tmp_path)
+    test_set = digits[1].subset(range(64))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    with torch.no_grad():
+        logits = model.eval()(test_set.images)
+    expected = confusion_matrix(test_set.labels.numpy(), logits.argmax(-1).numpy(), labels=range(10))
+    assert summary["classes"] == [str(d) for d in range(10)]
+    assert summary["confusion_matrix"] == expected.tolist()
+    counts = np.bincount(test_set.labels.numpy(), minlength=10)
+    assert [sum(row) for row in summary["confusion_matrix"]] == counts.tolist()  # rows: the true classes
+    per_class = [expected[i, i] / counts[i] if counts[i] else None for i in range(10)]
+    assert list(summary["per_class_accuracy"].values()) == pytest.approx(per_class, rel=1e-12)
+    assert summary["test_acc"] == np.trace(expected) / counts.sum()
+    smoothed = F.cross_entropy(logits.double(), test_set.labels, label_smoothing=0.1).item()
+    assert result.records[-1]["test_loss"] == pytest.approx(smoothed, rel=1e-6)
+    with Image.open(tmp_path / "confusion.png") as png:
+        assert png.size[0] > 300
+
+
+def test_the_confusion_figure_draws_class_names_as_literal_text():
+    """Class names come from folder names: "$x_1$" or an unbalanced "$\\frac{" is text, never mathtext (which would
+    raise ParseException on the second, and typeset the first)."""
+    from vit_einops._plot import figure_png
+    from vit_einops.train.plots import plot_confusion
+
+    names = ["$x_1$", "$\\frac{", "plain"]
+    fig = plot_confusion([[3, 1, 0], [0, 2, 0], [1, 0, 0]], names)
+    assert figure_png(fig).startswith(b"\x89PNG")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == names
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["$x_1$ (75.0%)", "$\\frac{ (100.0%)", "plain (0.0%)"]
+    with pytest.raises(ValueError, match=r"expected a 3x3 confusion matrix for 3 classes, got 2 rows"):
+        plot_confusion([[1, 0, 0], [0, 1, 0]], names)

@@ -37,6 +37,12 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 120, *, replace: bool = T
     A figure that pyplot manages (made with ``plt.subplots``) is closed after, so a script that saves many does
     not pile them up; a bare Figure needs no closing and stays usable.
     """
+    atomic_write_bytes(path, figure_png(fig, dpi), replace=replace)
+    return Path(path)
+
+
+def figure_png(fig: Any, dpi: int = 120) -> bytes:
+    """``fig`` rendered as PNG bytes (closed after if pyplot manages it, as :func:`save_figure` says)."""
     buf = io.BytesIO()
     # A figure under a layout engine (ours are constrained) already fits its canvas; "tight" would draw it a second
     # time only to measure it. A figure without one (plt.subplots' default) is cropped to what it draws.
@@ -44,5 +50,4 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 120, *, replace: bool = T
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches=None if fits else "tight")
     if getattr(fig.canvas, "manager", None) is not None:  # made by pyplot, which keeps it until closed
         pyplot().close(fig)
-    atomic_write_bytes(path, buf.getvalue(), replace=replace)
-    return Path(path)
+    return buf.getvalue()

@@ -9,13 +9,16 @@ from ..config import ATTN_IMPLS
 from ..presets import list_presets, preset_config
 
 DIGITS = "digits"
+# Folder names that say which split a folder is, not what the data is: `--data pizza_steak_sushi/train` is named
+# after pizza_steak_sushi.
+SPLIT_NAMES = ("train", "training", "test", "testing", "val", "valid", "validation")
 # TrainConfig fields offered as --flags, with their help; defaults and types come from TrainConfig itself.
 OPTIMISATION = {
     "epochs": "passes over the training set",
     "batch_size": "images per step and process",
     "lr": "peak learning rate, reached after warm-up",
     "weight_decay": "AdamW weight decay on the weight matrices",
-    "warmup_epochs": "linear warm-up, then cosine decay to 0",
+    "warmup_epochs": "linear warm-up (capped at a fifth of the run), then cosine decay to 0",
     "clip_norm": "clip the global gradient norm at this",
     "label_smoothing": "label smoothing of the cross-entropy",
     "shift": "random translation augmentation in pixels",
@@ -80,12 +83,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--out",
         metavar="DIR",
-        help="checkpoint/, model.safetensors, metrics.jsonl, curves.png, summary.json (default runs/<data name>)",
+        help="checkpoint/, model.safetensors, metrics.jsonl, summary.json, curves.png, confusion.png (default: "
+        "runs/NAME, NAME being the --data folder's name, or its parent's when the folder is named for a split ("
+        f"{', '.join(SPLIT_NAMES)}): --data pizza_steak_sushi/train writes runs/pizza_steak_sushi; the digits write "
+        "runs/digits)",
     )
     run.add_argument(
         "--resume",
         action="store_true",
-        help="continue from DIR/checkpoint; gives the uninterrupted run's result exactly",
+        help="continue from DIR/checkpoint; gives the uninterrupted run's result exactly (a run stopped before its "
+        "first checkpoint starts again from epoch 1)",
     )
     run.add_argument(
         "--save-interval",
@@ -98,7 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--overwrite",
         action="store_true",
-        help="start a new run in a DIR that holds files (the old run's files are replaced; others are kept)",
+        help="start a new run in a DIR that holds a run: only files the old run's manifest proves it wrote are "
+        "replaced; any other file at a run's names is refused and listed, and files at other names are kept",
     )
     run.add_argument(
         "--threads",
@@ -168,9 +176,19 @@ def _check_run_arguments(args: argparse.Namespace) -> Path:
     for flag, folder in (("--data", args.data), ("--test-data", args.test_data)):
         if folder is not None and not Path(folder).is_dir():
             raise ValueError(f"{flag} {folder!r} does not exist or is not a directory")
-    out = Path(args.out) if args.out else Path("runs") / (Path(args.data).resolve().name if args.data else DIGITS)
+    out = Path(args.out) if args.out else default_out(args.data)
     check_out_dir(out, resume=args.resume, overwrite=args.overwrite)
     return out
+
+
+def default_out(data: str | None) -> Path:
+    """runs/NAME: the --data folder's name, or its parent's when the folder is named for a split; runs/digits."""
+    if data is None:
+        return Path("runs") / DIGITS
+    folder = Path(data).resolve()
+    while folder.name.lower() in SPLIT_NAMES and folder.parent != folder:
+        folder = folder.parent
+    return Path("runs") / (folder.name or "data")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -219,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
             last = result.records[-1]
             print(
                 f"test accuracy {last['test_acc']:.4f} after {last['epoch']} epochs; wrote {out}/ "
-                f"(model.safetensors, metrics.jsonl, curves.png, summary.json, checkpoint/)"
+                f"(model.safetensors, metrics.jsonl, summary.json, curves.png, confusion.png, checkpoint/)"
             )
     finally:
         if ctx.active:

@@ -30,6 +30,7 @@ _EXPORTS = {
     "init_distributed": "loop",
     "train": "loop",
     "plot_curves": "plots",
+    "plot_confusion": "plots",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -35,17 +35,13 @@ from ..config import ViTConfig
 from ..model import ViT
 from ..sizes import check_file_holds
 from ..statedict import StateDictMismatchError, check_keys, check_weights, expected_shapes, safetensors_bytes
-from .rundir import CHECKPOINT_FILES
+from .rundir import CHECKPOINT_FILES, CheckpointError
 from .rundir import CHECKPOINT_FORMAT as FORMAT
 from .rundir import CHECKPOINT_META as META_NAME
 from .rundir import MAX_META_BYTES
 
 VERSION = 1
 DTYPE = torch.float32  # what training keeps its weights and optimizer moments in, and what a checkpoint holds
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, corrupt, truncated, or disagrees with itself; the message names the file."""
 
 
 # --- nested state <-> (JSON tree, flat tensor dict) -------------------------------------------------------
@@ -105,11 +101,61 @@ def weights_bytes(model: nn.Module) -> bytes:
     return safetensors_bytes(model.state_dict())
 
 
-def _write_tensor_file(directory: Path, kind: str, data: bytes) -> dict[str, str]:
+def checkpoint_files(
+    model: ViT,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    train_state: dict[str, Any] | None = None,
+) -> dict[str, bytes]:
+    """The files of a checkpoint of ``model`` (and optionally the optimizer, LR scheduler and a JSON-ready
+    ``train_state`` dict): {name: content}, the tensor files first and checkpoint.json, the commit point, last."""
+    if not isinstance(getattr(model, "config", None), ViTConfig):
+        raise TypeError(f"expected a vit_einops ViT (with .config), got {type(model).__name__}")
+    files: dict[str, bytes] = {}
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "config": model.config.to_dict(),
+        "train_state": train_state or {},
+        "files": {"model": _tensor_file(files, "model", weights_bytes(model))},
+    }
+    if optimizer is not None:
+        tensors: dict[str, torch.Tensor] = {}
+        meta["optimizer"] = encode_tree(optimizer.state_dict(), tensors, "optimizer")
+        meta["files"]["optimizer"] = _tensor_file(files, "optimizer", safetensors_bytes(tensors))
+    if scheduler is not None:
+        no_tensors: dict[str, torch.Tensor] = {}
+        meta["scheduler"] = encode_tree(scheduler.state_dict(), no_tensors, "scheduler")
+        if no_tensors:
+            raise TypeError(
+                f"scheduler state holds tensors {sorted(no_tensors)}; only scalar scheduler states are supported"
+            )
+    files[META_NAME] = (json.dumps(meta, indent=1) + "\n").encode()
+    return files
+
+
+def _tensor_file(files: dict[str, bytes], kind: str, data: bytes) -> dict[str, str]:
     digest = hashlib.sha256(data).hexdigest()
     name = f"{kind}-{digest[:16]}.safetensors"
-    atomic_write_bytes(directory / name, data)
+    files[name] = data
     return {"name": name, "sha256": digest}
+
+
+def write_checkpoint(directory: str | Path, files: dict[str, bytes]) -> Path:
+    """Write :func:`checkpoint_files`' ``files`` into ``directory`` (created if needed), each atomically and in
+    order, so checkpoint.json replaces the previous one last; then delete the tensor files it no longer names.
+    Returns the path of checkpoint.json."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    meta_path = directory / META_NAME
+    previous = _named_files(meta_path)
+    for name, data in files.items():
+        atomic_write_bytes(directory / name, data)
+    for stale in directory.iterdir():
+        if stale.name not in files and _is_our_tensor_file(stale, previous):
+            stale.unlink(missing_ok=True)
+    return meta_path
 
 
 def save_checkpoint(
@@ -125,36 +171,8 @@ def save_checkpoint(
 
     Tensor files that the new checkpoint.json no longer names are deleted after it is committed.
     """
-    if not isinstance(getattr(model, "config", None), ViTConfig):
-        raise TypeError(f"expected a vit_einops ViT (with .config), got {type(model).__name__}")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    meta: dict[str, Any] = {
-        "format": FORMAT,
-        "version": VERSION,
-        "config": model.config.to_dict(),
-        "train_state": train_state or {},
-        "files": {"model": _write_tensor_file(directory, "model", weights_bytes(model))},
-    }
-    if optimizer is not None:
-        tensors: dict[str, torch.Tensor] = {}
-        meta["optimizer"] = encode_tree(optimizer.state_dict(), tensors, "optimizer")
-        meta["files"]["optimizer"] = _write_tensor_file(directory, "optimizer", safetensors_bytes(tensors))
-    if scheduler is not None:
-        no_tensors: dict[str, torch.Tensor] = {}
-        meta["scheduler"] = encode_tree(scheduler.state_dict(), no_tensors, "scheduler")
-        if no_tensors:
-            raise TypeError(
-                f"scheduler state holds tensors {sorted(no_tensors)}; only scalar scheduler states are supported"
-            )
-    meta_path = directory / META_NAME
-    previous = _named_files(meta_path)
-    atomic_write_bytes(meta_path, (json.dumps(meta, indent=1) + "\n").encode())
-    keep = {f["name"] for f in meta["files"].values()}
-    for stale in directory.iterdir():
-        if stale.name not in keep and _is_our_tensor_file(stale, previous):
-            stale.unlink(missing_ok=True)
-    return meta_path
+    files = checkpoint_files(model, optimizer=optimizer, scheduler=scheduler, train_state=train_state)
+    return write_checkpoint(directory, files)
 
 
 def _named_files(meta_path: Path) -> set[str]:
@@ -163,7 +181,7 @@ def _named_files(meta_path: Path) -> set[str]:
         raw = read_regular_file(meta_path, max_bytes=MAX_META_BYTES)
         files = loads(raw, meta_path.name, max_bytes=MAX_META_BYTES).get("files", {})
         return {entry["name"] for entry in files.values()}
-    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+    except (OSError, ValueError, AttributeError, TypeError, KeyError, RecursionError):
         return set()
 
 
@@ -320,7 +338,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 def _decode(tree: dict[str, Any], tensors: dict[str, torch.Tensor], meta_path: Path, field: str) -> Any:
     try:
         return decode_tree(tree, tensors)
-    except (KeyError, ValueError, TypeError, AttributeError) as err:
+    except (KeyError, ValueError, TypeError, AttributeError, RecursionError) as err:
         raise CheckpointError(f"{meta_path}: field {field!r} is malformed: {type(err).__name__}: {err}") from err
 
 

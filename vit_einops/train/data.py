@@ -8,7 +8,7 @@ CPU run trains on, so their batches are plain tensor indexing and no DataLoader 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,15 +115,34 @@ def _visible(folder: Path) -> list[Path]:
 
 
 def load_image_folder(
-    root: str | Path, image_size: int | tuple[int, int], in_channels: int = 3, classes: list[str] | None = None
+    root: str | Path,
+    image_size: int | tuple[int, int] | None = None,
+    in_channels: int = 3,
+    classes: list[str] | None = None,
+    *,
+    transform: Callable[[Any], torch.Tensor] | None = None,
 ) -> ImageDataset:
     """A class-per-subfolder tree (``root/<class>/<image>``, torchvision's ImageFolder layout) read with Pillow.
+
+    Each image is read with :func:`~vit_einops.images.open_image`, then either resized to ``image_size`` and scaled
+    to [0, 1] (``Preprocessing.plain``, what ``vit-einops train`` records with a model it trains), or given to
+    ``transform``, e.g. a pretrained model's own ``model.transforms()``, so that fine-tuning sees the numbers the
+    weights were trained on. Give exactly one of the two.
 
     Classes are the subfolder names in sorted order, unless ``classes`` fixes them (a test folder must use the
     train folder's classes so that label i means the same class in both). Hidden entries (a name starting with
     ".": ``.ipynb_checkpoints/``, ``.DS_Store``, macOS ``._`` files) are neither classes nor images, as in
     torchvision's ImageFolder.
     """
+    from ..images import open_image
+
+    if (image_size is None) == (transform is None):
+        raise TypeError(
+            "give load_image_folder exactly one of image_size (resize and scale to [0, 1]) and transform= "
+            "(e.g. transform=model.transforms(), the preprocessing a pretrained model expects)"
+        )
+    if transform is not None and not callable(transform):
+        raise TypeError(f"transform must be callable (PIL image -> tensor), got {type(transform).__name__}")
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"data folder {str(root)!r} does not exist or is not a directory")
@@ -139,9 +158,26 @@ def load_image_folder(
         files = sorted(p for p in _visible(root / name) if p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
             raise ValueError(f"class folder {str(root / name)!r} has no images ({', '.join(IMAGE_SUFFIXES)})")
-        images += [load_image(f, image_size, in_channels) for f in files]
+        images += [
+            load_image(f, image_size, in_channels) if transform is None else transform(open_image(f)) for f in files
+        ]
         labels += [label] * len(files)
+    if transform is not None:
+        _check_transformed(images, transform)
     return ImageDataset(torch.stack(images), torch.tensor(labels, dtype=torch.long), list(classes))
+
+
+def _check_transformed(images: list[Any], transform: Any) -> None:
+    """What ``transform`` made must stack into one batch: (C, H, W) float tensors of one shape."""
+    for x in images:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim != 3:
+            raise TypeError(
+                f"transform {transform!r} must turn a PIL image into a (C, H, W) float tensor, got "
+                f"{type(x).__name__}{tuple(x.shape) if isinstance(x, torch.Tensor) else ''}"
+            )
+    shapes = sorted({tuple(x.shape) for x in images})
+    if len(shapes) > 1:
+        raise ValueError(f"transform made images of {len(shapes)} shapes ({shapes[:3]}...); it must give one size")
 
 
 def load_folder_split(

@@ -12,6 +12,8 @@ shuffles from the global RNG is reseeded with it; one with its own generator is 
 
 Crash safety: checkpoint.json is the one commit point and holds every epoch's record; metrics.jsonl and
 model.safetensors are rewritten from it after each commit and on resume, so a kill at any moment loses no epoch.
+Every write is announced in the run's manifest first (``rundir.RunDir.record``), so that whatever a kill leaves is
+provably ours.
 """
 
 from __future__ import annotations
@@ -38,11 +40,22 @@ from tqdm import tqdm
 from .._checks import check_nonnegative_float, check_positive_int
 from .._io import atomic_write_bytes
 from ..model import ViT
-from ..modelfile import save_vit
-from .checkpoint import DTYPE, CheckpointError, load_checkpoint, restore_training, save_checkpoint, weights_bytes
-from .config import SAVE_INTERVAL, TrainConfig
+from ..modelfile import model_metadata
+from ..statedict import safetensors_bytes
+from .checkpoint import DTYPE, checkpoint_files, load_checkpoint, restore_training, weights_bytes, write_checkpoint
+from .config import MAX_WARMUP_FRACTION, SAVE_INTERVAL, TrainConfig
 from .data import Batches, class_names_of, eval_batches
-from .rundir import CHECKPOINT_DIR, CURVES_NAME, METRICS_NAME, MODEL_NAME, SUMMARY_NAME, RunDir
+from .rundir import (
+    CHECKPOINT_DIR,
+    COMMITTED,
+    CONFUSION_NAME,
+    CURVES_NAME,
+    METRICS_NAME,
+    MODEL_NAME,
+    SUMMARY_NAME,
+    CheckpointError,
+    RunDir,
+)
 
 
 class WarmupCosine:
@@ -159,22 +172,57 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
+@dataclass
+class Evaluation:
+    """A model's scores on test data: the mean loss and the confusion matrix (rows: true class, columns:
+    predicted class; counts of images)."""
+
+    loss: float
+    confusion: list[list[int]]
+
+    @property
+    def accuracy(self) -> float:
+        return sum(row[i] for i, row in enumerate(self.confusion)) / sum(map(sum, self.confusion))
+
+    def per_class_accuracy(self) -> list[float | None]:
+        """Recall of each class: the share of its test images predicted as it (None for a class with none)."""
+        return [row[i] / sum(row) if sum(row) else None for i, row in enumerate(self.confusion)]
+
+
 @torch.no_grad()
-def evaluate(model: ViT, data: Any, ctx: Distributed, batch_size: int = 512) -> float:
-    """Top-1 accuracy on ``data`` (a Dataset or DataLoader of (image, label)); under torchrun each rank scores its
-    share of a Dataset (every world_size-th item) and the counts are summed."""
+def evaluate(
+    model: ViT, data: Any, ctx: Distributed, label_smoothing: float = 0.0, batch_size: int = 512
+) -> Evaluation:
+    """Cross-entropy (with the training's label smoothing) and confusion matrix on ``data`` (a Dataset or
+    DataLoader of (image, label)); under torchrun each rank scores its share of a Dataset (every world_size-th
+    item) and the sums are summed."""
     model.eval()
-    counts = torch.zeros(2, dtype=torch.long, device=ctx.device)  # correct, seen
+    num_classes = model.config.num_classes
+    confusion = torch.zeros(num_classes * num_classes, dtype=torch.long, device=ctx.device)
+    losses: list[float] = []
     for images, labels in eval_batches(data, batch_size, ctx.rank, ctx.world_size):
+        labels = labels.to(ctx.device, non_blocking=True)
         logits = model(images.to(ctx.device, non_blocking=True))
-        counts[0] += (logits.argmax(-1) == labels.to(ctx.device, non_blocking=True)).sum()
-        counts[1] += len(labels)
+        # Per image, summed exactly (fsum): the loss is then the same whatever the batches (a DataLoader's or ours).
+        # cross_entropy raises for a label outside the head's classes.
+        losses += F.cross_entropy(logits, labels, reduction="none", label_smoothing=label_smoothing).tolist()
+        confusion += torch.bincount(labels * num_classes + logits.argmax(-1), minlength=num_classes**2)
+    loss = torch.tensor(math.fsum(losses), dtype=torch.float64, device=ctx.device)
     if ctx.active:
-        dist.all_reduce(counts)
-    correct, seen = counts.tolist()
+        dist.all_reduce(confusion)
+        dist.all_reduce(loss)
+    seen = confusion.sum().item()
     if seen == 0:
         raise ValueError("the test data yielded no images")
-    return correct / seen
+    return Evaluation(loss.item() / seen, rearrange(confusion, "(t p) -> t p", t=num_classes).tolist())
+
+
+def warmup_steps(config: TrainConfig, steps_per_epoch: int) -> tuple[int, bool]:
+    """The warm-up's length in optimizer steps, and whether it was capped: ``warmup_epochs``, but never more than
+    MAX_WARMUP_FRACTION of the run, so that a short run's learning rate still decays."""
+    asked = config.warmup_epochs * steps_per_epoch
+    cap = int(MAX_WARMUP_FRACTION * config.epochs * steps_per_epoch)
+    return min(asked, cap), asked > cap
 
 
 @dataclass
@@ -213,11 +261,15 @@ def train(
         device: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N" or a torch.device; under torchrun
             ``ctx`` decides.
         out_dir: where rank 0 writes checkpoint/, metrics.jsonl and model.safetensors (after every epoch), then
-            summary.json and curves.png; None writes nothing and cannot resume. It must be empty or new unless
-            ``resume`` or ``overwrite``, and is locked against a second run for as long as this one writes.
-        resume: continue from out_dir/checkpoint; the result equals an uninterrupted run's bit for bit.
-        overwrite: start a new run in an out_dir that holds files; the previous run's files are replaced, other
-            files are kept.
+            summary.json, curves.png and confusion.png, each recorded first in the run's manifest
+            (``.vit-einops-run.json``); None writes nothing and cannot resume. It must be empty or new unless
+            ``resume`` or ``overwrite`` (what a run killed before its first checkpoint left counts as empty), and
+            is locked against a second run for as long as this one writes.
+        resume: continue from out_dir/checkpoint; the result equals an uninterrupted run's bit for bit. A run
+            stopped before its first checkpoint starts again from epoch 1.
+        overwrite: start a new run in an out_dir that holds one; only files the manifest proves a run wrote are
+            replaced or removed, any other file at a run's names is refused (ValueError listing them), and files
+            at other names are kept.
         data_info: a JSON-ready description of the data, stored in the checkpoint and checked on resume.
         stop_after: end this call after that many epochs in total (as if interrupted), e.g. to time-box a run.
         save_interval: seconds; after an epoch, checkpoint only once this long has passed since the last
@@ -261,10 +313,8 @@ def train(
         if classes is not None:
             model.class_names = classes
         optimizer = torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr, betas=config.betas)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer,
-            WarmupCosine(min(config.warmup_epochs, config.epochs) * batches.steps, config.epochs * batches.steps),
-        )
+        warmup, capped = warmup_steps(config, batches.steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, config.epochs * batches.steps))
         train_state: dict[str, Any] = {
             "train_config": config.to_dict(),
             "data": data_info or {},
@@ -272,8 +322,22 @@ def train(
             "world_size": ctx.world_size,
         }
         records: list[dict[str, Any]] = []
-        if resume:
-            records = _resume(out, model, optimizer, scheduler, train_state, batches.steps, ctx)
+        if resume and os.path.lexists(out / COMMITTED):
+            records = _resume(out, run_dir, model, optimizer, scheduler, train_state, batches.steps, ctx)
+        elif resume and ctx.is_main:
+            print(
+                f"note: {out} holds no checkpoint (its run was stopped before the first one): starting at epoch 1",
+                file=sys.stderr,
+            )
+        if capped and ctx.is_main:  # said once the checkpoint, if any, is known to continue
+            print(
+                f"note: warm-up capped at {warmup} steps ({warmup / batches.steps:.3g} epochs), "
+                f"{MAX_WARMUP_FRACTION:.0%} of the run, instead of the {config.warmup_epochs} epochs asked "
+                "(warmup_epochs), so that the learning rate still decays",
+                file=sys.stderr,
+            )
+        if run_dir is not None and run_dir.removed:
+            print(f"note: removed the previous run's files in {out}: {', '.join(run_dir.removed)}", file=sys.stderr)
         return _run(
             model,
             batches,
@@ -284,6 +348,7 @@ def train(
             train_state,
             records,
             out,
+            run_dir,
             stop_after,
             save_interval,
             progress,
@@ -295,8 +360,8 @@ def train(
 
 
 def _run(
-    model, batches, test_data, config, optimizer, scheduler, train_state, records, out, stop_after, save_interval,
-    progress, ctx,
+    model, batches, test_data, config, optimizer, scheduler, train_state, records, out, run_dir, stop_after,
+    save_interval, progress, ctx,
 ):  # fmt: skip
     net = (
         DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
@@ -305,7 +370,8 @@ def _run(
     )
     criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
     last_epoch = config.epochs if stop_after is None else min(config.epochs, stop_after)
-    checkpoint = out / CHECKPOINT_DIR / "checkpoint.json" if out is not None and records else None
+    checkpoint = out / COMMITTED if out is not None and records else None
+    scores = None  # the last epoch's Evaluation
     elapsed_before = records[-1].get("elapsed", 0.0) if records else 0.0
     started = last_save = time.perf_counter()
     saved_epoch = len(records)
@@ -320,7 +386,9 @@ def _run(
             "train_acc": (totals[1] / totals[2]).item(),
         }
         if test_data is not None:
-            record["test_acc"] = evaluate(model, test_data, ctx)
+            scores = evaluate(model, test_data, ctx, config.label_smoothing)
+            record["test_loss"] = scores.loss
+            record["test_acc"] = scores.accuracy
         record["lr"] = scheduler.get_last_lr()[0]
         record["seconds"] = round(time.perf_counter() - epoch_started, 3)
         record["elapsed"] = round(elapsed_before + time.perf_counter() - started, 3)
@@ -338,14 +406,17 @@ def _run(
             )
             # At most one checkpoint per save_interval: its fsyncs after every epoch of a sub-second epoch would be a
             # large share of the run (docs/performance.md).
-            if out is not None and (epoch + 1 == last_epoch or time.perf_counter() - last_save >= save_interval):
+            if run_dir is not None and (epoch + 1 == last_epoch or time.perf_counter() - last_save >= save_interval):
                 # The checkpoint holds the records: it is the one commit point, and metrics.jsonl is rewritten from
                 # it, so a kill between the two loses no epoch (resume rewrites the file from the checkpoint).
                 train_state.update(epoch=epoch + 1, records=records)
-                checkpoint = save_checkpoint(
-                    out / CHECKPOINT_DIR, model, optimizer=optimizer, scheduler=scheduler, train_state=train_state
-                )
-                _write_derived(out, model, records)
+                files = checkpoint_files(model, optimizer=optimizer, scheduler=scheduler, train_state=train_state)
+                derived = _derived_files(model, records)
+                written = run_dir.record({**{f"{CHECKPOINT_DIR}/{n}": data for n, data in files.items()}, **derived})
+                checkpoint = write_checkpoint(out / CHECKPOINT_DIR, files)
+                for name, data in derived.items():
+                    atomic_write_bytes(out / name, data)
+                run_dir.settle(written)
                 saved_epoch, last_save = epoch + 1, time.perf_counter()
         if ctx.active:
             dist.barrier()  # no rank runs ahead of rank 0's checkpoint
@@ -353,15 +424,33 @@ def _run(
     hashes = _gather_hashes(model, ctx)
     if len(set(hashes)) != 1:
         raise RuntimeError(f"ranks ended with different weights (SHA-256 per rank: {hashes}); DDP lost synchronisation")
-    if ctx.is_main and out is not None and records:
-        summary = {**records[-1], "epochs_run": len(records), "world_size": ctx.world_size, "weights_sha256": hashes}
-        atomic_write_bytes(out / SUMMARY_NAME, (json.dumps(summary, indent=1) + "\n").encode())
-        if "test_acc" in records[-1]:
-            from .._plot import save_figure
-            from .plots import plot_curves
-
-            save_figure(plot_curves(records), out / CURVES_NAME)
+    if test_data is not None and records and scores is None:  # a finished run resumed: no epoch scored it here
+        scores = evaluate(model, test_data, ctx, config.label_smoothing)
+    if run_dir is not None and records:
+        run_dir.write(_final_files(model, records, scores, hashes, ctx.world_size))
     return TrainResult(records, hashes, checkpoint)
+
+
+def _final_files(
+    model: ViT, records: list[dict[str, Any]], scores: Evaluation | None, hashes: list[str], world_size: int
+) -> dict[str, bytes]:
+    """summary.json (the last record, the weights' hashes and, with test data, per-class accuracy and the confusion
+    matrix), and the figures: curves.png and confusion.png."""
+    summary = {**records[-1], "epochs_run": len(records), "world_size": world_size, "weights_sha256": hashes}
+    if scores is None:
+        return {SUMMARY_NAME: (json.dumps(summary, indent=1) + "\n").encode()}
+    from .._plot import figure_png
+    from .plots import plot_confusion, plot_curves
+
+    classes = model.class_names or [str(i) for i in range(model.config.num_classes)]
+    summary["classes"] = classes
+    summary["per_class_accuracy"] = dict(zip(classes, scores.per_class_accuracy(), strict=True))
+    summary["confusion_matrix"] = scores.confusion  # rows: true class, columns: predicted class, in ``classes`` order
+    return {
+        SUMMARY_NAME: (json.dumps(summary, indent=1) + "\n").encode(),
+        CURVES_NAME: figure_png(plot_curves(records)),
+        CONFUSION_NAME: figure_png(plot_confusion(scores.confusion, classes)),
+    }
 
 
 def _context(ctx: Distributed | None, device: str | torch.device) -> Distributed:
@@ -461,7 +550,14 @@ def _train_epoch(net, batches: Batches, optimizer, scheduler, criterion, config,
 
 
 def _resume(
-    out: Path, model: ViT, optimizer, scheduler, train_state: dict[str, Any], steps_per_epoch: int, ctx: Distributed
+    out: Path,
+    run_dir: RunDir | None,
+    model: ViT,
+    optimizer,
+    scheduler,
+    train_state: dict[str, Any],
+    steps_per_epoch: int,
+    ctx: Distributed,
 ) -> list[dict[str, Any]]:
     """Load the checkpoint in ``out`` into the fresh model, optimizer and scheduler; returns its epoch records."""
     ckpt = load_checkpoint(out / CHECKPOINT_DIR)
@@ -497,16 +593,18 @@ def _resume(
             file=sys.stderr,
         )
     restore_training(ckpt, model, optimizer, scheduler, step=epoch * steps_per_epoch)
-    if ctx.is_main and records:
-        _write_derived(out, model, records)  # repairs what a kill after the checkpoint's commit left behind
+    if run_dir is not None and records:
+        run_dir.write(_derived_files(model, records))  # repairs what a kill after the checkpoint's commit left behind
     return records
 
 
-def _write_derived(out: Path, model: ViT, records: list[dict[str, Any]]) -> None:
+def _derived_files(model: ViT, records: list[dict[str, Any]]) -> dict[str, bytes]:
     """What follows from the checkpoint: metrics.jsonl (its records) and model.safetensors (its weights, with the
-    model's preprocessing and class names, for ``load_model``/``predict``). Both atomic, both rewritten in full."""
-    atomic_write_bytes(out / METRICS_NAME, "".join(json.dumps(r) + "\n" for r in records).encode())
-    save_vit(model, out / MODEL_NAME, overwrite=True)
+    model's preprocessing and class names, for ``load_model``/``predict``); each is rewritten in full."""
+    return {
+        METRICS_NAME: "".join(json.dumps(r) + "\n" for r in records).encode(),
+        MODEL_NAME: safetensors_bytes(model.state_dict(), model_metadata(model)),
+    }
 
 
 def _gather_hashes(model: nn.Module, ctx: Distributed) -> list[str]:

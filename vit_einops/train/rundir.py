@@ -1,14 +1,24 @@
-"""The output directory of a training run: checked before any work, locked while a run writes to it.
+"""The output directory of a training run: checked before any work, locked while a run writes to it, and a manifest
+that proves which of its files a run wrote.
 
-What a run writes there (the names below, nothing else) is the only thing it ever replaces or deletes:
+A run writes these names, and nothing else, in its directory::
 
-    metrics.jsonl  summary.json  curves.png  model.safetensors  checkpoint/  .vit-einops-train.lock
+    metrics.jsonl  summary.json  curves.png  confusion.png  model.safetensors  checkpoint/  .vit-einops-run.json
+    .vit-einops-train.lock
 
-- A directory that already holds files is refused unless the caller continues the run there (``resume``) or asks to
-  start over (``overwrite``); files this package did not write are kept either way.
+- The manifest (``.vit-einops-run.json``) records the name and SHA-256 of every file the run writes. It is
+  written, atomically, *before* the files it names, and lists both the old and the new content of each until the
+  new is in place, so that at every moment each file of ours on disk has its content recorded there. A run
+  replaces or deletes a file only when the manifest proves it: the file is regular, and its SHA-256 is recorded
+  under its name. A name alone proves nothing.
+- A directory that already holds files is refused unless the caller continues the run there (``resume``) or asks
+  to start over (``overwrite``). Either way, a file at one of the names above that the manifest does not prove
+  ours (a user's file, a symbolic link, a FIFO, a file edited since) is refused, and the message lists it. Files
+  at other names are kept.
+- What a run killed before its first checkpoint left (nothing committed: the lock, temporaries, and files the
+  manifest proves ours) is not a run: a plain rerun removes it and starts; ``resume`` starts from epoch 1 too.
 - One run at a time: the first takes an exclusive ``fcntl.flock`` on the lock file and holds it until it ends. The
-  kernel drops the lock when the process dies, even by SIGKILL, so a killed run never blocks the next one; the
-  file itself is then just a name the next run locks again.
+  kernel drops the lock when the process dies, even by SIGKILL, so a killed run never blocks the next one.
 - Temporaries a killed run left behind (``.<name>.<random>.tmp`` of the names above) are deleted once the lock
   is held, when no writer of ours can be using them.
 
@@ -17,38 +27,188 @@ Plain Python (no torch), so the command line can check ``--out`` before it loads
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._io import read_regular_file, remove_orphan_temps, temp_target
+from .._io import atomic_write_bytes, read_regular_file, remove_orphan_temps, temp_target
 from .._json import loads
 
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "summary.json"
 CURVES_NAME = "curves.png"
+CONFUSION_NAME = "confusion.png"
 MODEL_NAME = "model.safetensors"
+MANIFEST_NAME = ".vit-einops-run.json"
+MANIFEST_FORMAT = "vit-einops.run"  # the manifest's "format"
 CHECKPOINT_DIR = "checkpoint"
 CHECKPOINT_FORMAT = "vit-einops.checkpoint"  # checkpoint.json's "format"
 CHECKPOINT_META = "checkpoint.json"
-MAX_META_BYTES = 64 * 2**20  # checkpoint.json is kilobytes; anything this large is not one of ours
+COMMITTED = f"{CHECKPOINT_DIR}/{CHECKPOINT_META}"  # a run has an epoch to resume once this file exists
+MAX_META_BYTES = 64 * 2**20  # checkpoint.json and the manifest are kilobytes; anything this large is not ours
 LOCK_NAME = ".vit-einops-train.lock"
 # What we write in the run directory and in checkpoint/ (the tensor files are named by their SHA-256 prefix).
-RUN_FILES = re.compile("|".join(map(re.escape, (METRICS_NAME, SUMMARY_NAME, CURVES_NAME, MODEL_NAME))))
+RUN_FILES = re.compile(
+    "|".join(map(re.escape, (METRICS_NAME, SUMMARY_NAME, CURVES_NAME, CONFUSION_NAME, MODEL_NAME, MANIFEST_NAME)))
+)
 CHECKPOINT_FILES = re.compile(r"checkpoint\.json|(model|optimizer)-[0-9a-f]{16}\.safetensors")
+_CHUNK = 2**20
 
 
 class RunDirLockedError(OSError):
     """Another training run holds the output directory."""
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, corrupt, truncated, or disagrees with itself; the message names the file."""
+
+
+@dataclass
+class Survey:
+    """What an output directory holds, as a run sees it (paths relative to the directory, "/"-separated)."""
+
+    ours: dict[str, str] = field(default_factory=dict)  # files the manifest proves a run wrote -> their SHA-256
+    unproven: dict[str, str] = field(default_factory=dict)  # entries at a run's names it cannot prove -> why
+    held: list[str] = field(default_factory=list)  # top-level names that are neither a lock nor a temporary
+    foreign: bool = False  # something at a name a run never writes (kept, whatever the flags)
+    started: bool = False  # a lock file or a manifest: a run of ours began here
+
+    @property
+    def committed(self) -> bool:
+        return COMMITTED in self.ours or COMMITTED in self.unproven
+
+
+def survey(out: Path) -> Survey:
+    """Sort what ``out`` (an existing directory) holds into a run's files, files at a run's names that are not
+    proven ours, and anything else."""
+    found = Survey()
+    manifest, why_not = read_manifest(out)
+    found.started = manifest is not None or os.path.lexists(out / LOCK_NAME)
+    if why_not is not None:
+        found.unproven[MANIFEST_NAME] = why_not
+    for entry in sorted(out.iterdir()):
+        name = entry.name
+        if name == LOCK_NAME or _is_temp(name, RUN_FILES):
+            continue
+        if name != MANIFEST_NAME:
+            found.held.append(name)
+        if name == CHECKPOINT_DIR:
+            if entry.is_symlink() or not entry.is_dir():
+                found.unproven[name] = _kind(os.lstat(entry).st_mode) + ", not the run's directory"
+                continue
+            for inner in sorted(entry.iterdir()):
+                if _is_temp(inner.name, CHECKPOINT_FILES):
+                    continue
+                if CHECKPOINT_FILES.fullmatch(inner.name):
+                    _prove(found, manifest, out, f"{name}/{inner.name}", tensor=inner.name != CHECKPOINT_META)
+                else:
+                    found.foreign = True
+        elif RUN_FILES.fullmatch(name):
+            if name != MANIFEST_NAME:
+                _prove(found, manifest, out, name)
+        else:
+            found.foreign = True
+    return found
+
+
+def _prove(found: Survey, manifest: Mapping[str, list[str]] | None, out: Path, rel: str, tensor: bool = False) -> None:
+    """Record ``rel`` as ours (its SHA-256 is in the manifest under its name) or as unproven, saying why.
+
+    A tensor file whose name a run did not record is a user's file that only looks like ours: kept, not refused,
+    since a new run names its tensor files by their content and so never writes over it."""
+    digest, why_not = _sha256(out / rel)
+    if digest is not None and manifest is not None and digest in manifest.get(rel, ()):
+        found.ours[rel] = digest
+    elif tensor and why_not is None:
+        found.foreign = True
+    else:
+        if why_not is None:
+            why_not = (
+                "no manifest records it"
+                if manifest is None
+                else "changed since the run wrote it"
+                if rel in manifest
+                else "the manifest does not record it"
+            )
+        found.unproven[rel] = why_not
+
+
+def _sha256(path: Path) -> tuple[str | None, str | None]:
+    """(SHA-256 of the regular file at ``path``, None), or (None, what it is instead). Never follows a symlink, and
+    never blocks on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        try:
+            return None, _kind(os.lstat(path).st_mode)
+        except OSError as err:
+            return None, f"unreadable ({err.strerror})"
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            return None, _kind(mode)
+        digest = hashlib.sha256()
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest(), None
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISREG(mode):
+        return "a file"
+    return "a device or socket"
+
+
+def _is_temp(name: str, names: re.Pattern[str]) -> bool:
+    target = temp_target(name)
+    return target is not None and names.fullmatch(target) is not None
+
+
+def read_manifest(out: Path) -> tuple[dict[str, list[str]] | None, str | None]:
+    """(the manifest's {path: [SHA-256, ...]}, None); (None, None) when there is none; (None, why) when the file
+    at its name is not a manifest of ours."""
+    path = out / MANIFEST_NAME
+    if not os.path.lexists(path):
+        return None, None
+    if path.is_symlink():
+        return None, "a symbolic link"
+    try:
+        meta = loads(read_regular_file(path, max_bytes=MAX_META_BYTES), str(path), max_bytes=MAX_META_BYTES)
+    except (OSError, ValueError) as err:  # ValueError: not UTF-8, not JSON, nested past the reader's cap
+        return None, f"not a run manifest ({type(err).__name__})"
+    files = meta.get("files") if isinstance(meta, dict) and meta.get("format") == MANIFEST_FORMAT else None
+    if not isinstance(files, dict) or not all(
+        isinstance(hashes, list) and all(isinstance(h, str) for h in hashes) for hashes in files.values()
+    ):
+        return None, "not a run manifest"
+    return files, None
+
+
 def check_out_dir(out: str | Path, *, resume: bool = False, overwrite: bool = False) -> Path:
     """Raise ValueError unless a run may write to ``out`` with these flags; returns it as a Path. Creates nothing.
 
     ``out`` must be a directory or not exist yet (its nearest existing ancestor then must be a directory). Without
-    ``resume`` or ``overwrite`` it must be empty, apart from what a killed run of ours left before writing
-    anything (its lock file and temporaries).
+    ``resume`` or ``overwrite`` it must hold no file, apart from what a killed run of ours left before its first
+    checkpoint. With either, every file at a run's names must be proven ours by the manifest.
+    ``resume`` needs a run to continue: :class:`CheckpointError` if no run of ours was ever started in ``out``.
     """
+    _checked_survey(out, resume=resume, overwrite=overwrite)
+    return Path(out)
+
+
+def _checked_survey(out: str | Path, *, resume: bool, overwrite: bool) -> Survey | None:
+    """:func:`check_out_dir`, returning what the directory holds (None: it does not exist yet)."""
     out = Path(out)
     if resume and overwrite:
         raise ValueError("resume continues the run in the output directory and overwrite starts a new one: pick one")
@@ -62,29 +222,44 @@ def check_out_dir(out: str | Path, *, resume: bool = False, overwrite: bool = Fa
             raise ValueError(f"cannot create output directory {str(out)!r}: {str(ancestor)!r} is a file")
         if not os.access(ancestor, os.W_OK | os.X_OK):
             raise ValueError(f"cannot create output directory {str(out)!r}: {str(ancestor)!r} is not writable")
-        return out
+        if resume:
+            raise _nothing_to_resume(out)
+        return None
     if not os.access(out, os.W_OK | os.X_OK):
         raise ValueError(f"output directory {str(out)!r} is not writable")
-    if not (resume or overwrite):
-        held = sorted(p.name for p in out.iterdir() if not _debris(p))
-        if held:
-            shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
-            raise ValueError(
-                f"output directory {str(out)!r} already holds files ({shown}); continue that run with --resume "
-                "(resume=True), start a new one over it with --overwrite (overwrite=True; files vit-einops did "
-                "not write are kept), or choose another directory"
-            )
-    return out
+    found = survey(out)
+    if resume and not (found.committed or found.started):
+        raise _nothing_to_resume(out)
+    # Under resume, load_checkpoint judges checkpoint.json itself, by its content and the hashes it records.
+    refused = {n: why for n, why in found.unproven.items() if not (resume and n == COMMITTED)}
+    if (resume or overwrite) and refused:
+        listed = "; ".join(f"{name} ({why})" for name, why in sorted(refused.items()))
+        flag = "--resume (resume=True)" if resume else "--overwrite (overwrite=True)"
+        raise ValueError(
+            f"output directory {str(out)!r} holds files at a training run's names that no run of vit-einops is "
+            f"recorded to have written: {listed}. {flag} replaces only files the run's manifest ({MANIFEST_NAME}) "
+            "proves it wrote; move these away or choose another directory"
+        )
+    if not (resume or overwrite) and (found.committed or found.unproven or found.foreign):
+        shown = ", ".join(found.held[:8]) + (f" and {len(found.held) - 8} more" if len(found.held) > 8 else "")
+        raise ValueError(
+            f"output directory {str(out)!r} already holds files ({shown}); continue that run with --resume "
+            "(resume=True), start a new one over it with --overwrite (overwrite=True; it replaces only what a "
+            "run recorded writing, and keeps any other file), or choose another directory"
+        )
+    return found
 
 
-def _debris(path: Path) -> bool:
-    """A leftover of a killed run of ours that had not yet written anything: the lock file or a temporary."""
-    target = temp_target(path.name)
-    return path.name == LOCK_NAME or (target is not None and RUN_FILES.fullmatch(target) is not None)
+def _nothing_to_resume(out: Path) -> CheckpointError:
+    return CheckpointError(
+        f"no checkpoint at {out / CHECKPOINT_DIR / CHECKPOINT_META} and no run was started in {str(out)!r}: nothing "
+        "to resume (run without --resume, resume=False, to start one)"
+    )
 
 
 class RunDir:
     """An output directory held for one run: :meth:`open` checks, creates, locks and cleans; :meth:`close` unlocks.
+    :meth:`record` and :meth:`settle` keep the manifest ahead of every write.
 
     Use as a context manager. On platforms without ``fcntl`` (Windows) the directory is not locked.
     """
@@ -92,24 +267,65 @@ class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
+        self.removed: list[str] = []  # what open() removed: a previous run's files (overwrite, or a killed start)
+        self.committed = False  # open() found a checkpoint to resume from
+        self._settled: dict[str, list[str]] = {}  # each file of ours on disk now -> its SHA-256 (a list of one)
 
     @classmethod
     def open(cls, out: str | Path, *, resume: bool = False, overwrite: bool = False) -> "RunDir":
-        run = cls(check_out_dir(out, resume=resume, overwrite=overwrite))
+        """Check ``out`` for a run with these flags, create and lock it, delete our temporaries of killed runs, and
+        remove a previous run's files when this run starts afresh (``overwrite``, or nothing was committed)."""
+        _checked_survey(out, resume=resume, overwrite=overwrite)
+        run = cls(Path(out))
         run.path.mkdir(parents=True, exist_ok=True)
         run._lock()
         try:
             # Checked again under the lock: a run that started between our first look and the lock has written.
-            check_out_dir(run.path, resume=resume, overwrite=overwrite)
+            found = _checked_survey(run.path, resume=resume, overwrite=overwrite)
             remove_orphan_temps(run.path, RUN_FILES)
             remove_orphan_temps(run.path / CHECKPOINT_DIR, CHECKPOINT_FILES)
-            if overwrite and _is_ours(run.path):  # else the old summary and curves sit beside the new run's files
-                for name in (SUMMARY_NAME, CURVES_NAME):
-                    (run.path / name).unlink(missing_ok=True)
+            run.committed = resume and found.committed
+            if run.committed:
+                run._settled = {name: [digest] for name, digest in found.ours.items()}
+            else:
+                run._start_afresh(found)
         except BaseException:
             run.close()
             raise
         return run
+
+    def _start_afresh(self, found: Survey) -> None:
+        """Delete the files of ours a previous run left (the commit point first, so that a kill halfway leaves no
+        checkpoint naming missing files), then the manifest."""
+        for name in sorted(found.ours, key=lambda n: n != COMMITTED):
+            (self.path / name).unlink(missing_ok=True)
+            self.removed.append(name)
+        (self.path / MANIFEST_NAME).unlink(missing_ok=True)
+
+    def record(self, files: Mapping[str, bytes]) -> dict[str, str]:
+        """Write the manifest for files about to be written (paths relative to the run directory): every file of
+        ours now on disk with its current SHA-256, and each of ``files`` with its new one. Returns the new
+        {path: SHA-256} for :meth:`settle`, to be called once the files are written."""
+        new = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+        entries = {name: list(hashes) for name, hashes in self._settled.items()}
+        for name, digest in new.items():
+            entries[name] = [h for h in entries.get(name, []) if h != digest] + [digest]
+        manifest = {"format": MANIFEST_FORMAT, "version": 1, "files": dict(sorted(entries.items()))}
+        atomic_write_bytes(self.path / MANIFEST_NAME, (json.dumps(manifest, indent=1) + "\n").encode())
+        return new
+
+    def settle(self, written: Mapping[str, str]) -> None:
+        """After the files :meth:`record` announced are written: each now holds its new content, and files of ours
+        that the writes removed (a checkpoint's stale tensor files) drop out at the next :meth:`record`."""
+        self._settled = {n: h for n, h in self._settled.items() if os.path.lexists(self.path / n)}
+        self._settled.update((name, [digest]) for name, digest in written.items())
+
+    def write(self, files: Mapping[str, bytes]) -> None:
+        """Record, write atomically (in the given order) and settle ``files`` (paths relative to the directory)."""
+        written = self.record(files)
+        for name, data in files.items():
+            atomic_write_bytes(self.path / name, data)
+        self.settle(written)
 
     def _lock(self) -> None:
         try:
@@ -153,14 +369,3 @@ class RunDir:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _is_ours(run: Path) -> bool:
-    """True if ``run`` holds a checkpoint of ours, so that summary.json and curves.png beside it are ours too."""
-    try:
-        # Read without blocking: a FIFO in the file's place is not ours, and must not hang the run.
-        path = run / CHECKPOINT_DIR / CHECKPOINT_META
-        meta = loads(read_regular_file(path, max_bytes=MAX_META_BYTES), str(path), max_bytes=MAX_META_BYTES)
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("format") == CHECKPOINT_FORMAT
