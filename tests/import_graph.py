@@ -45,7 +45,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "preprocess",
         "images",
         "inputs",
-        "predict",
+        "prediction",
         "statedict",
         "modelfile",
         "imagenet",

@@ -28,7 +28,7 @@ from vit_einops.bench.noise import (
     spread_verdict,
     summary,
 )
-from vit_einops.bench.run import measure_with_retries
+from vit_einops.bench.runner import measure_with_retries
 
 
 def timing(median: float, iqr: float) -> Timing:
@@ -369,12 +369,13 @@ def test_header_shows_the_other_processes_cpu_use():
 
 
 def scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 0.0), noisy_job=None):
-    """bench.run.run of the smoke grid with every measurement faked, no timing: the matmul ceilings at the start and
+    """bench.runner.run of the smoke grid with every measurement faked, no timing: the matmul ceilings at the start and
     the end take 10 s and 1000 s of the probe's clock while other processes use ``others_cores`` (start, end) of its
-    2 CPUs (a busy start alone is then too short to make the two windows together busy); each job's rows are synthetic, noisy (IQR/median 0.30) for job number ``noisy_job``. Returns the printed
-    text and, for each job, what had been printed when it began."""
+    2 CPUs (a busy start alone is then too short to make the two windows together busy); each job's rows are
+    synthetic, noisy (IQR/median 0.30) for job number ``noisy_job``. Returns the printed text and, for each job, what
+    had been printed when it began."""
     from vit_einops.bench import plots
-    from vit_einops.bench import run as bench_run
+    from vit_einops.bench import runner as bench_run
 
     start, end = (round(o * s * TICKS) for o, s in zip(others_cores, (10, 1000), strict=True))  # busy ticks
     probe = scripted_probe(

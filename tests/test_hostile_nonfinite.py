@@ -8,7 +8,7 @@ import torch
 from _hostile import assert_user_error, grey_png, run_cli, tiny_model
 
 import vit_einops.inspect.report as report
-from vit_einops.predict import predict
+from vit_einops.prediction import predict
 from vit_einops.inspect import write_report
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing

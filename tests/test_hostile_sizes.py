@@ -25,7 +25,7 @@ from vit_einops import Preprocessing, ViT, ViTConfig, cli, max_memory, parameter
 from vit_einops._budget import ENV_VAR, available_memory, check_threads, memory_limit, parse_bytes
 from vit_einops._json import MAX_DEPTH, loads, read_json
 from vit_einops.bench.budget import check_grid
-from vit_einops.bench.run import with_overrides
+from vit_einops.bench.runner import with_overrides
 from vit_einops.interop import load_hf, resample_pos_embed, resample_vit, save_hf
 from vit_einops.modelfile import load_vit
 from vit_einops.sources import load_model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import import_graph
+import pytest
 
 
 def test_no_cycles_and_no_layer_violations():
@@ -39,3 +40,39 @@ def test_tools_may_not_import_each_other_and_new_units_need_a_layer():
         "vit_einops.newthing: in no layer (add its unit 'newthing' to LAYERS)",
         "vit_einops.train.loop imports vit_einops.inspect.record: between two tools units",
     ]
+
+
+def _packages_with_exports():
+    import importlib
+    import pkgutil
+
+    import vit_einops
+
+    yield vit_einops
+    for info in pkgutil.iter_modules(vit_einops.__path__, "vit_einops."):
+        if info.ispkg:
+            package = importlib.import_module(info.name)
+            if hasattr(package, "_EXPORTS"):
+                yield package
+
+
+@pytest.mark.parametrize("package", list(_packages_with_exports()), ids=lambda p: p.__name__)
+def test_no_lazy_export_shares_its_name_with_a_submodule(package):
+    """Importing a submodule binds it on its package under its own name: an export of the same name (a function
+    ``predict`` beside a module ``predict.py``) would turn into the module as soon as anything imported it, and
+    ``from vit_einops import predict`` would hand back a module."""
+    import pkgutil
+
+    submodules = {info.name for info in pkgutil.iter_modules(package.__path__)}
+    assert sorted(set(package._EXPORTS) & submodules) == []
+
+
+def test_an_exported_function_survives_its_modules_import():
+    import subprocess
+    import sys
+
+    # The module that defines predict, and one that imports it, first.
+    code = "import vit_einops.prediction, vit_einops.inspect.report; from vit_einops import predict; "
+    code += "print(callable(predict))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "True"

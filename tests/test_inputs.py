@@ -22,7 +22,7 @@ from vit_einops.explore import write_explorer
 from vit_einops.images import sample_images, to_uint8
 from vit_einops.inputs import model_inputs, model_inputs_and_pictures
 from vit_einops.inspect import attention_relevance, record_attention, show_attention
-from vit_einops.predict import predict
+from vit_einops.prediction import predict
 from vit_einops.preprocess import CONVENTIONS, Preprocessing
 
 

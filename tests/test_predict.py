@@ -18,7 +18,7 @@ from vit_einops.cli import main
 from vit_einops.images import open_image
 from vit_einops.interop import save_state_dict_file, to_torchvision
 from vit_einops.modelfile import save_vit
-from vit_einops.predict import Prediction, class_name, predict
+from vit_einops.prediction import Prediction, class_name, predict
 from vit_einops.preprocess import Preprocessing
 
 

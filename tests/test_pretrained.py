@@ -26,7 +26,7 @@ from vit_einops.cli import main
 from vit_einops.imagenet import ASSUMED, imagenet1k_classes
 from vit_einops.interop import save_state_dict_file, to_timm, to_torchvision
 from vit_einops.pretrained import PRETRAINED, PublishedWeights
-from vit_einops.predict import predict
+from vit_einops.prediction import predict
 from vit_einops.preprocess import Preprocessing
 from vit_einops.presets import PRESETS
 from vit_einops.sources import detect_source

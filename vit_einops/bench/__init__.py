@@ -15,6 +15,6 @@ from __future__ import annotations
 
 from .._lazy import lazy_exports
 
-_EXPORTS = {"GRIDS": "run", "BenchOptions": "run", "run": "run", "with_overrides": "run"}
+_EXPORTS = {"GRIDS": "runner", "BenchOptions": "runner", "run": "runner", "with_overrides": "runner"}
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -150,8 +150,8 @@ def run(args: argparse.Namespace) -> int:
 
     from .._io import output_lock, remove_orphan_temps
     from ..bench.budget import check_grid
-    from ..bench.run import check_out, result_files, with_overrides
-    from ..bench.run import run as run_bench
+    from ..bench.runner import check_out, result_files, with_overrides
+    from ..bench.runner import run as run_bench
 
     # The profiler that measures peak memory otherwise logs two lines to stderr on every use (kineto's USDT
     # level, 5); 6 silences kineto's log. Set before its first use; an explicit KINETO_LOG_LEVEL wins.

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .._checks import check_positive_int
     from .._text import printable
-    from ..predict import predict
+    from ..prediction import predict
 
     check_positive_int("--top-k", args.top_k)
     model = load_model_from_args(args)

@@ -43,7 +43,7 @@ from ..inspect import (
     record_attention,
     token_norms,
 )
-from ..predict import class_name
+from ..prediction import class_name
 
 DEFAULT_BITS = 8
 HALF_RELATIVE = 2.0**-11  # float16: 10 stored mantissa bits, rounding to nearest

@@ -20,7 +20,7 @@ from .._checks import check_index
 from .._plot import new_figure
 from ..images import to_display
 from ..inputs import model_inputs_and_pictures
-from ..predict import class_name
+from ..prediction import class_name
 from .record import record_attention
 from .rollout import attention_rollout, class_attention_grid
 

@@ -13,7 +13,7 @@ from .._checks import check_index
 from .._io import atomic_write_bytes, staged_directory
 from .._plot import save_figure
 from ..model import ViT
-from ..predict import check_finite_outputs, class_name
+from ..prediction import check_finite_outputs, class_name
 from .distance import distance_sums, mean_attention_distance, patch_distances, ratio_or_nan
 from .embeddings import embedding_filter_components, position_similarity
 from .figures import plot_attention_distance, plot_attention_overlays, plot_filters, plot_position_similarity
