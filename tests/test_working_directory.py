@@ -39,8 +39,10 @@ def test_outputs_left_where_pytest_starts_change_no_outcome(pytester, monkeypatc
         (start / name).parent.mkdir(parents=True, exist_ok=True)
         (start / name).write_text("an earlier run's file\n")
     before = tree(start)
+    # -n 0: the inner run is one test, and pyproject's addopts would otherwise start xdist workers for it (two more
+    # processes importing torch: 15 s of the suite).
     result = pytester.runpytest_inprocess(
-        f"{__file__}::test_a_default_output_lands_in_the_tests_own_folder", "-p", "no:cacheprovider", "-q"
+        f"{__file__}::test_a_default_output_lands_in_the_tests_own_folder", "-p", "no:cacheprovider", "-q", "-n", "0"
     )
     result.assert_outcomes(passed=1)
     assert tree(start) == before
