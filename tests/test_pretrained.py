@@ -21,7 +21,7 @@ from _loopback import closed_port_url, serve
 from PIL import Image
 
 from vit_einops import ViT, create_vit, load_model, save_vit
-from vit_einops._download import DownloadError
+from vit_einops._download import DownloadError, download
 from vit_einops.cli import main
 from vit_einops.imagenet import ASSUMED, imagenet1k_classes
 from vit_einops.interop import save_state_dict_file, to_timm, to_torchvision
@@ -154,11 +154,19 @@ def test_a_download_killed_midway_leaves_no_file_under_the_cached_name(tmp_path,
             while not any(p.stat().st_size for p in cache.glob(f".{file}.*.tmp")) and time.monotonic() < deadline:
                 time.sleep(0.05)  # until the first bytes are on disk
             assert any(p.stat().st_size for p in cache.glob(f".{file}.*.tmp"))
+            # A second download of the same file meanwhile is told at once, never a second writer.
+            busy = rf"is being written by another vit-einops process \(pid {process.pid}"
+            with pytest.raises(BlockingIOError, match=busy):
+                download(f"{site.url}/{file}", cache / file, sha256_prefix=PRETRAINED["vit_b_16"].sha256_prefix)
         finally:
             process.kill()
             process.wait()
-    assert not (cache / file).exists()  # only a temporary, never the cached name, holds part of a download
-    assert [p.name for p in cache.iterdir() if not p.name.endswith(".tmp")] == []
+        assert not (cache / file).exists()  # only a temporary, never the cached name, holds part of a download
+        assert [p.name for p in cache.iterdir() if not p.name.endswith((".tmp", ".lock"))] == []
+        site.stall.clear()
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "does not start with" in done.stderr  # zeros are not vit_b_16's weights...
+    assert sorted(p.name for p in cache.iterdir()) == []  # ...and the killed run's temporary and lock are gone too
 
 
 def test_timm_names_without_huggingface_hub_say_how_to_get_it(cache, monkeypatch):

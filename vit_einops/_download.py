@@ -3,7 +3,10 @@
 The body streams into a temporary beside the target (:func:`vit_einops._io.atomic_write_chunks`), hashed as it
 comes; it is renamed into place only if its length equals the server's Content-Length and its sha256 starts with
 the expected prefix (torch.hub's convention: the prefix is in the published file's name). A refused, interrupted or
-killed download leaves no file under the target's name, so a cache never holds a partial or corrupt copy.
+killed download leaves no file under the target's name, so a cache never holds a partial or corrupt copy. A
+download holds the target's output lock (:func:`vit_einops._io.output_lock`) from the request to the commit: a
+second process fetching the same file at that moment is told so at once, and the temporary of a killed download is
+removed by the next one.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from ._io import atomic_write_chunks
+from ._io import atomic_write_chunks, output_lock
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60.0  # per blocking read: a stalled connection fails instead of hanging
@@ -32,7 +35,13 @@ def download(url: str, path: str | Path, *, sha256_prefix: str, timeout: float =
     if len(sha256_prefix) < 8 or any(c not in "0123456789abcdef" for c in sha256_prefix):
         raise ValueError(f"sha256_prefix must be at least 8 lowercase hex digits, got {sha256_prefix!r}")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(path, parents=True):  # and the leftovers of a killed download are removed
+        if path.is_file():  # another process finished it while this one waited to be called
+            return path
+        return _download(url, path, sha256_prefix, timeout)
+
+
+def _download(url: str, path: Path, sha256_prefix: str, timeout: float) -> Path:
     digest = hashlib.sha256()
     received = 0
     try:
