@@ -182,3 +182,15 @@ def test_save_figure_is_a_separate_atomic_step(tmp_path):
     assert path.read_bytes()[:8] == PNG_MAGIC
     assert [p.name for p in tmp_path.iterdir()] == ["d.png"]  # no temporary file left behind
     assert save_figure(fig, tmp_path / "again.png").read_bytes()[:8] == PNG_MAGIC  # the figure stays usable
+
+
+def test_distance_figure_names_heads_whose_distance_is_undefined():
+    """nan is a head attending only to the class token: drawn as a red cross at 0 on its layer, counted in the
+    legend; the defined heads keep their dots."""
+    distance = torch.tensor([[10.0, float("nan")], [float("nan"), float("nan")], [4.0, 6.0]])
+    ax = plot_attention_distance(distance).axes[0]
+    crosses = [c for c in ax.collections if c.get_label().startswith("n/a")]
+    assert len(crosses) == 1 and crosses[0].get_label() == "n/a: attends only to the class token (3 heads)"
+    assert crosses[0].get_offsets().tolist() == [[0, 0], [1, 0], [1, 0]]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [crosses[0].get_label()]
+    assert plot_attention_distance(torch.ones(3, 2)).axes[0].get_legend() is None  # no undefined head, no legend

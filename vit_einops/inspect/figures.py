@@ -175,7 +175,8 @@ def show_attention(
 
 def plot_attention_distance(distance: torch.Tensor, uniform_distance: float | None = None):
     """Mean attention distance (l, h) over layers, one dot per head coloured by its index (Figure 7 right /
-    Figure 11); layers and heads numbered from 0. Returns a Figure."""
+    Figure 11); layers and heads numbered from 0. A head whose distance is undefined (nan: its patches attend only
+    to the class token) is drawn as a red cross on the axis and named in the legend. Returns a Figure."""
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import BoundaryNorm
@@ -188,8 +189,15 @@ def plot_attention_distance(distance: torch.Tensor, uniform_distance: float | No
     values = distance.detach().float().cpu()
     for h in range(heads):
         ax.scatter(range(layers), values[:, h].numpy(), s=18, color=cmap(norm(h)), edgecolors="none")
+    undefined = torch.isnan(values).nonzero().tolist()  # [[layer, head], ...]
+    if undefined:
+        ax.scatter(
+            [layer for layer, _ in undefined], [0] * len(undefined), marker="x", s=30, color="red", clip_on=False,
+            label=f"n/a: attends only to the class token ({len(undefined)} head{'s' if len(undefined) > 1 else ''})",
+        )  # fmt: skip
     if uniform_distance is not None:
         ax.axhline(uniform_distance, color="grey", linestyle="--", linewidth=1, label="uniform attention")
+    if undefined or uniform_distance is not None:
         ax.legend(fontsize=7, loc="lower right")
     ax.set(xlabel="layer (0-based)", ylabel="mean attention distance (pixels)", title="Mean attention distance")
     ax.set_xticks(range(layers))
