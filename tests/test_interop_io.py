@@ -175,3 +175,23 @@ def test_zip_without_torch_payload_is_a_clear_error(tmp_path):
         z.writestr("hello.txt", "not a checkpoint")
     with pytest.raises(ValueError, match="w.pth: not a readable torch file"):
         load_state_dict_file(tmp_path / "w.pth")
+
+
+@pytest.mark.parametrize(
+    ("data", "shown"),
+    [
+        (b"<!DOCTYPE html><html>404 Not Found</html>", r"it starts with b'<!DOCTYPE html><'"),  # a saved error page
+        (b"hello", r"it starts with b'hello'"),  # torch.load raised a bare KeyError: 101
+        (b"", r"it is empty \(0 bytes\)"),  # torch.load raised an EOFError with no message
+    ],
+)
+def test_a_file_that_is_no_torch_file_says_so_not_that_its_pickle_could_run_code(tmp_path, data, shown):
+    from vit_einops.sources import load_model
+
+    path = tmp_path / "vit_b_16.pth"
+    path.write_bytes(data)
+    expected = rf"vit_b_16.pth: not a torch file: {shown}; torch.save writes a zip archive .*A failed download"
+    with pytest.raises(ValueError, match=expected):
+        load_state_dict_file(path)
+    with pytest.raises(ValueError, match=expected):
+        load_model(path)  # detecting the form reads the keys, through the same check

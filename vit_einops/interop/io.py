@@ -53,6 +53,14 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             return load_file(path, device="cpu")
         except (SafetensorError, ValueError, OSError) as e:
             raise _unreadable_safetensors(path, e) from e
+    head = _head(path)
+    if not head.startswith(TORCH_FILE_STARTS):
+        # Not a zip or a pickle: an HTML error page saved under the weights' name, a text file... torch.load would
+        # call it a pickle of forbidden objects, or raise a bare KeyError.
+        raise ValueError(
+            f"{path}: not a torch file: " + (f"it starts with {head!r}" if head else "it is empty (0 bytes)") + "; "
+            "torch.save writes a zip archive (b'PK') or a pickle (b'\\x80'). A failed download saved under its name?"
+        )
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -60,9 +68,19 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             f"{path}: refused to load: the pickle holds objects other than tensors, which "
             f"torch.load(weights_only=True) will not build (they could run code). Original error: {e}"
         ) from e
-    except (RuntimeError, EOFError, OSError) as e:
+    except (RuntimeError, EOFError, OSError, KeyError) as e:
         raise ValueError(f"{path}: not a readable torch file (truncated or corrupt?): {e}") from e
     return _unwrap(obj, path)
+
+
+# The first bytes of what torch.save writes: a zip archive (torch >= 1.6), or a pickle of protocol 2 or more (the
+# legacy format; torch.save's default protocol is 2).
+TORCH_FILE_STARTS = (b"PK\x03\x04", b"\x80")
+
+
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(16)
 
 
 def state_dict_keys(path: str | os.PathLike) -> list[str]:
