@@ -279,3 +279,14 @@ def test_predict_a_torchvision_file_and_its_conversion_without_from_print_imagen
         lines = capsys.readouterr().out.splitlines()
         assert lines[0] == str(photo) and len(lines) == 4
         assert [line.split("%  ", 1)[1].rsplit("  (", 1)[0] for line in lines[1:]] == top
+
+
+def test_an_empty_or_non_path_weights_argument_is_refused_never_read_from_the_current_directory(tiny_model, cache):
+    save_vit(tiny_model, "model.safetensors")  # in the test's own empty cwd: what Path("") would have loaded
+    with pytest.raises(ValueError, match=r"^weights is an empty string; expected a model file or directory$"):
+        create_vit(NAME, weights="")
+    with pytest.raises(ValueError, match=r"^path is an empty string; expected a model file or directory$"):
+        load_model("")
+    with pytest.raises(TypeError, match=r"^weights must be a model file or directory \(str or os.PathLike\), got True$"):
+        create_vit(NAME, weights=True)  # pretrained=True's twin; pathlib said "expected str, bytes or os.PathLike"
+    assert isinstance(create_vit(NAME, weights="model.safetensors"), ViT)  # the same file, named, loads

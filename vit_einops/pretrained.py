@@ -129,7 +129,7 @@ def create_vit(
     expected = preset_config(name)  # checks the name
     num_classes = overrides.pop("num_classes", None)
     if weights is not None:
-        model = _load_local(name, Path(weights), expected["heads"], overrides)
+        model = _load_local(name, weights, expected["heads"], overrides)
     else:
         model = _load_published(name, overrides)
     _check_architecture(model, name, expected, weights)
@@ -138,9 +138,10 @@ def create_vit(
     return model
 
 
-def _load_local(name: str, path: Path, heads: int, overrides: dict[str, Any]) -> ViT:
-    from .sources import detect_source, load_model
+def _load_local(name: str, weights: str | os.PathLike, heads: int, overrides: dict[str, Any]) -> ViT:
+    from .sources import detect_source, existing_model_path, load_model
 
+    path = existing_model_path(weights, "weights")
     source = detect_source(path)
     if source in ("torchvision", "timm"):
         overrides = {"heads": heads, **overrides}  # a state dict cannot tell h; the name does

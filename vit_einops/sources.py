@@ -73,11 +73,17 @@ def load_model(path: str | os.PathLike, *, source: str | None = None, **kwargs: 
     """
     if source is not None:
         check_choice("source", source, SOURCES)
-    path = _existing(path)
+    path = existing_model_path(path)
     return SOURCES[source or detect_source(path)](path, **kwargs)
 
 
-def _existing(path: str | os.PathLike) -> Path:
+def existing_model_path(path: str | os.PathLike, name: str = "path") -> Path:
+    """``path`` as a Path that exists; ``name`` names the argument in the errors."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a model file or directory (str or os.PathLike), got {path!r}")
+    if os.fspath(path) == "":
+        # Path("") is ".": an empty string would load whatever model the current directory holds.
+        raise ValueError(f"{name} is an empty string; expected a model file or directory")
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such model file or directory")
@@ -106,7 +112,7 @@ def detect_source(path: str | os.PathLike) -> str:
 
     A file whose keys fit no form, or more than one, is a ValueError that lists what was found; it is never a guess.
     """
-    path = _existing(path)
+    path = existing_model_path(path)
     if path.is_dir():
         weights = path / "model.safetensors"
         if (path / "checkpoint.json").exists() or (path / "checkpoint").is_dir():
