@@ -273,7 +273,9 @@ RAW_RANGE = (
 @pytest.mark.parametrize(
     ("images", "kwargs", "error", "message"),
     [
-        ([], {}, TypeError, f"images must be {ACCEPTED}; got list"),
+        ([], {}, ValueError, f"images is an empty list; expected {ACCEPTED}"),  # was "must be ...; got list"
+        ((), {}, ValueError, f"images is an empty tuple; expected {ACCEPTED}"),
+        (b"photo.jpg", {}, TypeError, f"images must be {ACCEPTED}; got bytes"),  # was "images[0] ...; got int"
         (42, {}, TypeError, f"images must be {ACCEPTED}; got int"),
         ([np.zeros((32, 32, 3))], {}, TypeError, f"images must be {ACCEPTED}; got ndarray of shape (32, 32, 3)"),
         (

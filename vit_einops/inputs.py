@@ -120,8 +120,11 @@ def _read(model: Any, images: Any, preprocessed: bool | None, name: str) -> list
 
     if isinstance(images, (str, os.PathLike, Image.Image, torch.Tensor)):
         images = [images]
-    elif not isinstance(images, Sequence) or not images:
+    elif not isinstance(images, Sequence) or isinstance(images, (bytes, bytearray)):
+        # bytes are a Sequence: read as one, a bytes path failed on its first byte, "images[0] ... got int"
         raise TypeError(f"{name} must be {ACCEPTED}; got {_describe(images)}")
+    elif not images:
+        raise ValueError(f"{name} is an empty {type(images).__name__}; expected {ACCEPTED}")
     items = []
     for i, image in enumerate(images):
         label = f"{name}[{i}]" if len(images) > 1 else name
