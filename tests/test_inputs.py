@@ -174,6 +174,18 @@ def test_a_float_tensor_of_unsaid_reading_is_refused_by_every_entry_point(photo,
     assert not (tmp_path / "e.html").exists()
 
 
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_a_nan_input_is_refused_by_every_entry_point_even_when_said_preprocessed(model, tmp_path, entry):
+    """record_attention, attention_relevance and show_attention took it and gave nan maps (a blank figure) as if
+    real; predict and write_explorer refused it only after running the model."""
+    name = "image" if entry == "show_attention" else "images"
+    x = torch.zeros(1, 3, 32, 32)
+    x[0, 1, 4, 5] = float("nan")
+    with pytest.raises(ValueError, match=re.escape(f"{name} holds non-finite values (nan or inf)")):
+        ENTRY_POINTS[entry](model, x, {"preprocessed": True}, tmp_path)
+    assert not (tmp_path / "e.html").exists()
+
+
 def test_a_list_names_the_float_tensor_it_cannot_read(photo, model):
     with pytest.raises(ValueError, match=ambiguous("images[1]", (3, 2, 2), "0.5", "0.5")):
         model_inputs(model, [photo, torch.full((3, 2, 2), 0.5)])
@@ -276,6 +288,8 @@ RAW_RANGE = (
         ([], {}, ValueError, f"images is an empty list; expected {ACCEPTED}"),  # was "must be ...; got list"
         ((), {}, ValueError, f"images is an empty tuple; expected {ACCEPTED}"),
         (b"photo.jpg", {}, TypeError, f"images must be {ACCEPTED}; got bytes"),  # was "images[0] ...; got int"
+        (torch.full((1, 3, 32, 32), float("nan")), {"preprocessed": True}, ValueError, "images holds non-finite"),
+        (torch.full((3, 8, 8), float("inf")), {}, ValueError, "images holds non-finite values (nan or inf)"),
         (42, {}, TypeError, f"images must be {ACCEPTED}; got int"),
         ([np.zeros((32, 32, 3))], {}, TypeError, f"images must be {ACCEPTED}; got ndarray of shape (32, 32, 3)"),
         (

@@ -164,13 +164,14 @@ def _tensor_items(model: Any, x: torch.Tensor, preprocessed: bool | None, label:
 def _float_kind(model: Any, x: torch.Tensor, preprocessed: bool | None, label: str) -> str:
     """"input" or "raw" for a float tensor, by ``preprocessed``, or where that is None by the rule of the module
     docstring; a ValueError where the two readings differ, or raw pixels leave [0, 1]."""
+    if not torch.isfinite(x).all():
+        # Checked however the tensor is taken: a nan input gives nan attention maps and relevance, drawn as if real.
+        raise ValueError(f"{label} holds non-finite values (nan or inf)")
     if preprocessed:
         return "input"
     prep = getattr(model, "preprocessing", None)
     if preprocessed is None and prep is None:
         return "input"  # nothing to preprocess with: the tensor can only be the model's input
-    if not torch.isfinite(x).all():
-        raise ValueError(f"{label} holds non-finite values (nan or inf)")
     lo, hi = x.min().item(), x.max().item()
     in_range = 0 <= lo and hi <= 1
     if preprocessed is None:
