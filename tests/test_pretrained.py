@@ -290,3 +290,11 @@ def test_an_empty_or_non_path_weights_argument_is_refused_never_read_from_the_cu
     with pytest.raises(TypeError, match=r"^weights must be a model file or directory \(str or os.PathLike\), got True$"):
         create_vit(NAME, weights=True)  # pretrained=True's twin; pathlib said "expected str, bytes or os.PathLike"
     assert isinstance(create_vit(NAME, weights="model.safetensors"), ViT)  # the same file, named, loads
+
+
+def test_a_mistyped_weights_host_is_the_one_line_download_error(cache, monkeypatch):
+    monkeypatch.setenv("VIT_EINOPS_WEIGHTS_URL", "downloads.example")  # no scheme: urllib raised a bare ValueError
+    with pytest.raises(DownloadError, match=r"^create_vit\('vit_b_16', pretrained=True\) could not fetch "
+                       r"downloads.example/vit_b_16-c867db91.pth: unknown url type: .*weights='vit_b_16-c867db91.pth'"):
+        create_vit("vit_b_16", pretrained=True)
+    assert not cache.exists() or list(cache.iterdir()) == []

@@ -48,7 +48,8 @@ def _download(url: str, path: Path, sha256_prefix: str, timeout: float) -> Path:
         response = urllib.request.urlopen(url, timeout=timeout)
     except urllib.error.HTTPError as err:
         raise DownloadError(f"could not download {url}: HTTP {err.code} {err.reason}") from None
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as err:
+        # ValueError: a URL urllib cannot parse ("unknown url type"), e.g. from a mistyped $VIT_EINOPS_WEIGHTS_URL
         reason = err.reason if isinstance(err, urllib.error.URLError) else err
         raise DownloadError(f"could not download {url}: {reason}") from None
     length = response.headers.get("Content-Length")
