@@ -99,3 +99,9 @@ def test_a_float_tiff_is_not_read_as_black(tmp_path):
 def test_non_finite_float_pixels_are_refused(bad):
     with pytest.raises(ValueError, match=r"a F image holds non-finite pixels \(nan or inf\)"):
         to_model_mode(Image.fromarray(np.array([[0.0, bad]], dtype=np.float32), mode="F"), 1)
+
+
+def test_an_empty_path_is_named_as_empty_not_as_the_current_directory():
+    # Path("") is "."; the error said "cannot read image '.': not a regular file"
+    with pytest.raises(ValueError, match=r"^cannot read image '': the path is an empty string$"):
+        open_image("")

@@ -39,6 +39,8 @@ def open_image(path: str | os.PathLike) -> Any:
 
     from PIL import Image, UnidentifiedImageError
 
+    if os.fspath(path) == "":  # Path("") is ".": the error would name the current directory
+        raise ValueError("cannot read image '': the path is an empty string")
     path = Path(path)
     try:
         st = os.stat(path)
