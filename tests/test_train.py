@@ -157,6 +157,11 @@ def test_image_folder_through_a_models_own_transforms(tmp_path):
             ValueError,
             "transform made images of 2 shapes",
         ),
+        (  # a std of 0 in a hand-made Normalize: it was loaded, and training went nan
+            {"transform": lambda im: torch.full((3, 4, 4), float("nan") if im.size[0] == 11 else 0.5)},
+            ValueError,
+            r"transform .* made 1 of 11 images with non-finite values \(nan or inf\)$",
+        ),
     ],
 )
 def test_image_folder_transform_errors(tmp_path, kwargs, error, message):

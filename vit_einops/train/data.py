@@ -178,6 +178,11 @@ def _check_transformed(images: list[Any], transform: Any) -> None:
     shapes = sorted({tuple(x.shape) for x in images})
     if len(shapes) > 1:
         raise ValueError(f"transform made images of {len(shapes)} shapes ({shapes[:3]}...); it must give one size")
+    bad = sum(not torch.isfinite(x).all().item() for x in images)
+    if bad:  # training on them would give a nan loss many steps later, far from the cause
+        raise ValueError(
+            f"transform {transform!r} made {bad} of {len(images)} images with non-finite values (nan or inf)"
+        )
 
 
 def load_folder_split(
