@@ -287,7 +287,8 @@ def test_an_empty_or_non_path_weights_argument_is_refused_never_read_from_the_cu
         create_vit(NAME, weights="")
     with pytest.raises(ValueError, match=r"^path is an empty string; expected a model file or directory$"):
         load_model("")
-    with pytest.raises(TypeError, match=r"^weights must be a model file or directory \(str or os.PathLike\), got True$"):
+    expected = r"^weights must be a model file or directory \(str or os.PathLike\), got True$"
+    with pytest.raises(TypeError, match=expected):
         create_vit(NAME, weights=True)  # pretrained=True's twin; pathlib said "expected str, bytes or os.PathLike"
     assert isinstance(create_vit(NAME, weights="model.safetensors"), ViT)  # the same file, named, loads
 
