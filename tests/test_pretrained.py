@@ -299,3 +299,18 @@ def test_a_mistyped_weights_host_is_the_one_line_download_error(cache, monkeypat
                        r"downloads.example/vit_b_16-c867db91.pth: unknown url type: .*weights='vit_b_16-c867db91.pth'"):
         create_vit("vit_b_16", pretrained=True)
     assert not cache.exists() or list(cache.iterdir()) == []
+
+
+def test_a_cached_file_damaged_after_its_download_says_to_delete_it(tiny_model, cache, monkeypatch):
+    data = _torchvision_bytes(tiny_model)
+    with serve() as site:
+        file = _publish(monkeypatch, site, data)
+        create_vit(NAME, pretrained=True)
+        assert site.requests == [("GET", file)]
+        (cache / file).write_bytes(data[: len(data) // 2])  # a copy cut short over the cached file
+        damaged = rf"{file}: the cached download of these weights is damaged .* delete it to download it again \("
+        with pytest.raises(ValueError, match=damaged):
+            create_vit(NAME, pretrained=True)
+        (cache / file).unlink()
+        assert isinstance(create_vit(NAME, pretrained=True), ViT)  # deleted: downloaded again, and loads
+    assert len(site.requests) == 2

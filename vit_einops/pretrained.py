@@ -163,7 +163,11 @@ def _load_published(name: str, overrides: dict[str, Any]) -> ViT:
     else:
         path, origin = _fetch_hub(name, published)
         kwargs["global_pool"] = "token"  # every ViT in the table pools the class token
-    model = load_model(path, source=published.library, **{**kwargs, **overrides})
+    try:
+        model = load_model(path, source=published.library, **{**kwargs, **overrides})
+    except ValueError as err:
+        _check_cached_file(path, published, err)
+        raise
     model.preprocessing = published.preprocessing
     model.source = {**(model.source or {}), "pretrained": name, "url": origin}
     if model.class_names is not None:
@@ -231,6 +235,26 @@ def _fetch_hub(name: str, published: PublishedWeights) -> tuple[Path, str]:
     return path, url
 
 
+def _check_cached_file(path: Path, published: PublishedWeights, err: ValueError) -> None:
+    """A cached file is used without hashing it again (hundreds of MB at every call), so one damaged after its
+    download (a copy cut short, an error page saved under its name) fails to load at every call: say so, and how
+    to fetch it again."""
+    prefix = published.sha256_prefix
+    if prefix is not None and not _sha256(path).startswith(prefix):
+        raise ValueError(
+            f"{path}: the cached download of these weights is damaged (its sha256 does not start with {prefix}, as "
+            f"its name says): delete it to download it again ({err})"
+        ) from err
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _check_hub_blob(path: Path, url: str) -> None:
     """The hub names each cached LFS blob by its sha256 (the ETag the server sent): a download whose content hashes
     otherwise is deleted and refused."""
@@ -239,14 +263,11 @@ def _check_hub_blob(path: Path, url: str) -> None:
     blob = path.resolve()
     if not re.fullmatch(r"[0-9a-f]{64}", blob.name):
         return  # a file stored in git, not LFS: its ETag is a git hash, checked by huggingface_hub's size check only
-    digest = hashlib.sha256()
-    with open(blob, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    if digest.hexdigest() != blob.name:
+    digest = _sha256(blob)
+    if digest != blob.name:
         blob.unlink(missing_ok=True)
         path.unlink(missing_ok=True)
-        raise DownloadError(f"refused {url}: its sha256 {digest.hexdigest()[:16]}... is not its ETag {blob.name[:16]}")
+        raise DownloadError(f"refused {url}: its sha256 {digest[:16]}... is not its ETag {blob.name[:16]}")
 
 
 def _check_architecture(model: ViT, name: str, expected: dict[str, Any], weights: Any) -> None:
