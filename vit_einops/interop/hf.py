@@ -373,7 +373,14 @@ def load_hf(
     if not (directory / CONFIG_NAME).exists():
         raise ValueError(f"{directory}: no {CONFIG_NAME} beside {weights.name}; HF weights need their config")
     hf = _read_json(directory / CONFIG_NAME)
-    config = hf_config(hf, **overrides)
+    try:
+        config = hf_config(hf, **overrides)
+    except (TypeError, ValueError) as err:
+        message = str(err)
+        if not message.startswith(CONFIG_NAME):
+            raise
+        # hf_config reads a dict and says "config.json ..."; here the file is known: name it in full
+        raise type(err)(f"{directory / CONFIG_NAME}{message.removeprefix(CONFIG_NAME)}") from err
     check_file_holds(config, weights.stat().st_size, str(weights))  # a tiny file claiming a huge depth, at once
     itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
     check_model_memory(config, itemsize, copies=2, action="loading")
