@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vit_einops import ViT, ViTConfig, parameter_count
-from vit_einops.interop import timm_config, to_hf, to_torchvision, torchvision_kwargs
+from vit_einops.interop import timm_config, to_hf, to_timm, to_torchvision, torchvision_kwargs
 from vit_einops.interop.resample import resample_vit
 from vit_einops.explore.payload import build_payload
 from vit_einops.inspect.figures import show_attention
@@ -159,8 +159,6 @@ def test_layer_scale_models_are_refused_by_torchvision_and_hf():
 
 def test_timm_keys_tell_registers_layer_scale_and_the_position_layout():
     """timm_config on a state dict of our own export: each option is read back from the keys and shapes alone."""
-    from vit_einops.interop import to_timm
-
     for registers, prefix in ((0, True), (R, True), (R, False), (0, False)):
         model = tiny_vit(TINY_RGB16, register_tokens=registers, pos_embed_prefix=prefix, layer_scale=1e-5)
         read = timm_config(to_timm(model), heads=4)
@@ -169,10 +167,20 @@ def test_timm_keys_tell_registers_layer_scale_and_the_position_layout():
 
 def test_timm_position_rows_that_fit_both_layouts_ask_for_the_image_size():
     """4 registers: 9 rows are a 3 x 3 grid alone, or 2 x 2 after the 5 prefix rows; only image_size can tell."""
-    from vit_einops.interop import to_timm
-
     model = tiny_vit(TINY_RGB16, image_size=12, register_tokens=4, pos_embed_prefix=False)
     state = to_timm(model)
     with pytest.raises(ValueError, match="the timm pos_embed has 9 rows: a square grid both with"):
         timm_config(state, heads=4)
     assert timm_config(state, heads=4, image_size=12) == model.config
+    assert timm_config(state, heads=4, pos_embed_prefix=False) == model.config
+
+
+def test_a_plain_timm_vit_keeps_the_papers_layout_unless_told():
+    """No registers, no LayerScale: pos_embed covers the class token, as in the paper, unless the caller says
+    pos_embed_prefix=False (a plain ViT trained with timm's no_embed_class)."""
+    model = tiny_vit(TINY_RGB16, pos_embed_prefix=False)  # 16 rows: read as the paper's layout they are 15 patches
+    with pytest.raises(ValueError, match="15 patch rows, not a square grid; pass image_size"):
+        timm_config(to_timm(model), heads=4)
+    assert timm_config(to_timm(model), heads=4, pos_embed_prefix=False) == model.config
+    with pytest.raises(TypeError, match="pos_embed_prefix must be a bool or None, got str"):
+        timm_config(to_timm(model), heads=4, pos_embed_prefix="no")

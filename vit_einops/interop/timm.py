@@ -74,6 +74,7 @@ def timm_config(
     heads: int | None = None,
     image_size: int | tuple[int, int] | None = None,
     global_pool: str = "token",
+    pos_embed_prefix: bool | None = None,
     **overrides: Any,
 ) -> ViTConfig:
     """The ViTConfig of a timm ViT state dict.
@@ -84,6 +85,9 @@ def timm_config(
         image_size: the checkpoint's (H, W); by default a square grid is assumed.
         global_pool: the timm model's ``global_pool``, "token" or "avg"; the state dicts of both have the same
             keys, so it cannot be inferred.
+        pos_embed_prefix: whether pos_embed has rows for the class and register tokens (False: timm's
+            no_embed_class); None reads it off the rows for a model with registers or LayerScale, and takes the
+            paper's True for any other.
         **overrides: fields no tensor holds: dropout, attn_dropout, patchify, layer_norm_eps.
     """
     check_free_fields(overrides)
@@ -96,7 +100,15 @@ def timm_config(
     fc1 = require(state_dict, "blocks.0.mlp.fc1.weight", 2, SOURCE)
     head = state_dict.get("head.weight")
     registers = require(state_dict, "reg_token", 3, SOURCE).shape[1] if "reg_token" in state_dict else 0
-    pos_embed_prefix = _pos_embed_prefix(pos.shape[1], 1 + registers, tuple(patch), image_size)
+    layer_scale = "blocks.0.ls1.gamma" in state_dict
+    if pos_embed_prefix is None:
+        # Only the families with registers or LayerScale (DINOv2, DeiT III) drop the prefix rows; a plain ViT keeps
+        # the paper's layout, so that its pos_embed rows alone say whether the grid is square.
+        pos_embed_prefix = not (registers or layer_scale) or _pos_embed_prefix(
+            pos.shape[1], 1 + registers, tuple(patch), image_size
+        )
+    elif not isinstance(pos_embed_prefix, bool):
+        raise TypeError(f"pos_embed_prefix must be a bool or None, got {type(pos_embed_prefix).__name__}")
     return ViTConfig(
         image_size=infer_image_size(pos.shape[1] - (1 + registers) * pos_embed_prefix, tuple(patch), image_size, SOURCE),
         patch_size=tuple(patch),
@@ -108,7 +120,7 @@ def timm_config(
         mlp_dim=fc1.shape[0],
         pool=GLOBAL_POOLS[global_pool],
         fc_norm="fc_norm.weight" in state_dict,
-        layer_scale=LAYER_SCALE_INIT if "blocks.0.ls1.gamma" in state_dict else None,
+        layer_scale=LAYER_SCALE_INIT if layer_scale else None,
         register_tokens=registers,
         pos_embed_prefix=pos_embed_prefix,
         **overrides,
@@ -185,6 +197,7 @@ def load_timm(
     heads: int | None = None,
     image_size: int | tuple[int, int] | None = None,
     global_pool: str = "token",
+    pos_embed_prefix: bool | None = None,
     dtype: torch.dtype | None = torch.float32,
     attn_impl: str | Sequence[str] = "einsum",
     **overrides: Any,
@@ -198,7 +211,14 @@ def load_timm(
     :func:`vit_einops.interop.resample_vit` (``mode="timm"`` matches timm's own).
     """
     state_dict = source if isinstance(source, Mapping) else load_state_dict_file(source)
-    config = timm_config(state_dict, heads=heads, image_size=image_size, global_pool=global_pool, **overrides)
+    config = timm_config(
+        state_dict,
+        heads=heads,
+        image_size=image_size,
+        global_pool=global_pool,
+        pos_embed_prefix=pos_embed_prefix,
+        **overrides,
+    )
     model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype), config), attn_impl)
     model.preprocessing = Preprocessing.timm(crop=config.image_size)  # the augreg ViTs' crop_pct 0.9, bicubic, 0.5
     model.source = {"library": SOURCE, "file": None if isinstance(source, Mapping) else str(source)}
