@@ -271,7 +271,8 @@ class ViT(Sequential):
             x: (b, C, H, W) images.
             indices: None for every block, an int n for the last n blocks, or a sequence of block indices
                 (0-based, negative from the end). Intermediates come in block order.
-            return_prefix_tokens: also return each block's class token: a list of (patch tokens, (b, 1, D)).
+            return_prefix_tokens: also return each block's class and register tokens: a list of (patch tokens,
+                (b, 1 + register_tokens, D)).
             norm: apply the final LayerNorm to each (not for a model with fc_norm, whose norm follows pooling).
             stop_early: run no block after the last one asked for (the final features then come from there).
             output_fmt: "NCHW" for (b, D, gh, gw) patch-token maps, "NLC" for (b, N', D) patch tokens.
