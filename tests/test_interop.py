@@ -263,10 +263,21 @@ def test_mismatch_error_lists_missing_unexpected_and_mis_shaped_keys():
 
 def test_timm_extras_we_do_not_model_are_unexpected_keys():
     theirs = to_timm(ViT(**TINY))
-    theirs["blocks.0.ls1.gamma"] = torch.ones(48)  # layer scale (init_values)
-    theirs["reg_token"] = torch.zeros(1, 4, 48)  # register tokens
-    with pytest.raises(StateDictMismatchError, match=r"unexpected keys \(2\): blocks.0.ls1.gamma, reg_token"):
+    # LayerScale and register tokens are modelled now (tests/test_model_registers.py); these two are not yet.
+    theirs["blocks.0.attn.q_norm.weight"] = torch.ones(12)  # qk-norm
+    theirs["dist_token"] = torch.zeros(1, 1, 48)  # DeiT's distillation token
+    with pytest.raises(
+        StateDictMismatchError, match=r"unexpected keys \(2\): blocks.0.attn.q_norm.weight, dist_token"
+    ):
         load_timm(theirs, heads=4)
+
+
+def test_timm_layer_scale_in_some_blocks_only_names_the_missing_gammas():
+    theirs = to_timm(ViT(**TINY))
+    theirs["blocks.0.ls1.gamma"] = torch.ones(48)
+    theirs["blocks.0.ls2.gamma"] = torch.ones(48)
+    with pytest.raises(StateDictMismatchError, match=r"missing keys \(2\): blocks.1.ls1.gamma, blocks.1.ls2.gamma"):
+        load_timm(theirs, heads=4, pos_embed_prefix=True)
 
 
 def test_missing_block_in_the_middle_is_named():

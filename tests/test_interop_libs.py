@@ -236,3 +236,62 @@ def test_resample_matches_timm_resample_abs_pos_embed(old, new):
     pos = torch.randn(1, 1 + old[0] * old[1], 32)
     theirs = resample_abs_pos_embed(pos, new_size=list(new), old_size=list(old), num_prefix_tokens=1)
     assert torch.equal(resample_pos_embed(pos, new, old, mode="timm"), theirs)
+
+
+# ---- LayerScale, register tokens, positions for the patches only (DINOv2, DeiT III) ----
+
+DINOV2_CASES = {
+    "vit_small_patch14_dinov2": dict(),  # LayerScale, E_pos over the class token too
+    "vit_small_patch14_reg4_dinov2": dict(),  # LayerScale, 4 registers, E_pos over the patches only
+    "vit_small_patch14_reg4_dinov2 (avg, 10 classes)": dict(global_pool="avg", num_classes=10),
+}
+
+
+def compare_features(name: str, ours: torch.nn.Module, theirs: torch.nn.Module, x: torch.Tensor) -> None:
+    """forward_features (every token, registers included) and the logits (or pooled features) of both, each also
+    within 1e-5 max abs difference (issue 19's bound for float32)."""
+    with torch.no_grad():
+        expected, actual = theirs.forward_features(x), ours.eval().forward_features(x)
+    DIFFS[f"{name} forward_features"] = assert_close(actual, expected, F32_TOL, f"{name} forward_features")
+    compare(name, ours, theirs, x)
+    assert max(DIFFS[f"{name} forward_features"], DIFFS[name]) <= 1e-5, name
+
+
+@pytest.mark.parametrize("case", sorted(DINOV2_CASES))
+def test_timm_dinov2_registers_layer_scale(case):
+    """timm's DINOv2 ViT-S/14 with and without registers (random init, 126 px: a 9 x 9 grid), read from its keys
+    alone (registers, LayerScale, which tokens E_pos covers), then at 98 px, where timm resamples in its forward
+    (dynamic_img_size) and we once with resample_vit."""
+    kwargs = DINOV2_CASES[case]
+    name = case.split(" ")[0]
+    tm = perturbed(timm.create_model(name, pretrained=False, img_size=126, dynamic_img_size=True, **kwargs))
+    state = tm.state_dict()
+    model = load_timm(state, global_pool=kwargs.get("global_pool", "token"))
+    registers = 4 if "reg4" in name else 0
+    assert (model.config.register_tokens, model.config.pos_embed_prefix) == (registers, not registers)
+    assert model.config.layer_scale is not None
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in tm.parameters())
+    compare_features(f"timm {case} @126", model, tm, torch.randn(2, 3, 126, 126))
+    assert_same_state(to_timm(model), state)
+    compare_features(f"timm {case} @98 (resampled from 126)", resample_vit(model, 98, mode="timm"), tm,
+                     torch.randn(2, 3, 98, 98))  # fmt: skip
+
+
+@pytest.mark.parametrize("reg_tokens", [0, 3])
+@pytest.mark.parametrize("no_embed_class", [False, True])
+@pytest.mark.parametrize("global_pool", ["token", "avg"])
+def test_timm_small_registers_layer_scale_both_ways(reg_tokens, no_embed_class, global_pool):
+    """Every combination at a tiny size: timm -> ours (logits and tokens), and ours -> a timm model built from
+    timm_kwargs, bit-identical state dicts both ways. init_values 0.5 so that a LayerScale read wrong shows."""
+    tm = TimmViT(img_size=(28, 42), patch_size=7, embed_dim=32, depth=2, num_heads=4, num_classes=5,
+                 global_pool=global_pool, fc_norm=False, reg_tokens=reg_tokens, no_embed_class=no_embed_class,
+                 init_values=0.5)  # fmt: skip
+    tm = perturbed(tm, 0.1)
+    model = load_timm(tm.state_dict(), heads=4, image_size=(28, 42), global_pool=global_pool)
+    assert (model.config.register_tokens, model.config.pos_embed_prefix) == (reg_tokens, not no_embed_class)
+    tag = f"timm tiny reg={reg_tokens} no_embed_class={no_embed_class} {global_pool}"
+    compare_features(tag, model, tm, torch.randn(2, 3, 28, 42))
+    back = TimmViT(**timm_kwargs(model.config)).eval()
+    back.load_state_dict(to_timm(model))
+    assert_same_state(back.state_dict(), tm.state_dict())
+    compare_features(f"{tag}, timm from our export", model, back, torch.randn(2, 3, 28, 42))

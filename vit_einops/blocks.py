@@ -23,6 +23,30 @@ class ResidualAdd(nn.Module):
         return self.fn(x, **kwargs) + x
 
 
+class LayerScale(nn.Module):
+    """x * gamma, a learned per-channel scale on a residual branch (Touvron et al. 2021, CaiT; timm's LayerScale),
+    gamma starting at ``init``. Shapes: (b, n, D) -> (b, n, D)."""
+
+    def __init__(self, dim: int, init: float) -> None:
+        super().__init__()
+        self.init = init
+        self.gamma = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+    def extra_repr(self) -> str:
+        return f"dim={self.gamma.shape[0]}, init={self.init:g}"
+
+
+def _branch(config: ViTConfig, name: str, fn: nn.Module) -> ResidualAdd:
+    """ResidualAdd(LayerNorm, fn[, LayerScale]): one pre-norm residual branch; ``ls`` when config.layer_scale."""
+    stages = [("norm", nn.LayerNorm(config.dim, eps=config.layer_norm_eps)), (name, fn)]
+    if config.layer_scale is not None:
+        stages.append(("ls", LayerScale(config.dim, config.layer_scale)))
+    return ResidualAdd(nn.Sequential(OrderedDict(stages)))
+
+
 class FeedForwardBlock(Sequential):
     """The MLP of Eq. 3: Linear(D, mlp_dim), exact (erf) GELU, Dropout, Linear(mlp_dim, D), Dropout.
 
@@ -48,6 +72,9 @@ class TransformerEncoderBlock(Sequential):
     ``attn``: z'_l = MSA(LN(z_{l-1})) + z_{l-1}   (Eq. 2)
     ``mlp``:  z_l  = MLP(LN(z'_l)) + z'_l         (Eq. 3)
 
+    With ``config.layer_scale`` each branch ends in a :class:`LayerScale` ``ls`` (DINOv2, DeiT III): MSA and MLP
+    outputs are scaled per channel before the addition.
+
     Shapes: (b, n, D) -> (b, n, D).
     """
 
@@ -55,22 +82,8 @@ class TransformerEncoderBlock(Sequential):
         check_config(config, "TransformerEncoderBlock")
         super().__init__(
             OrderedDict(
-                attn=ResidualAdd(
-                    nn.Sequential(
-                        OrderedDict(
-                            norm=nn.LayerNorm(config.dim, eps=config.layer_norm_eps),
-                            mha=MultiHeadAttention(config),
-                        )
-                    )
-                ),
-                mlp=ResidualAdd(
-                    nn.Sequential(
-                        OrderedDict(
-                            norm=nn.LayerNorm(config.dim, eps=config.layer_norm_eps),
-                            ff=FeedForwardBlock(config),
-                        )
-                    )
-                ),
+                attn=_branch(config, "mha", MultiHeadAttention(config)),
+                mlp=_branch(config, "ff", FeedForwardBlock(config)),
             )
         )
 

@@ -54,6 +54,11 @@ class ViTConfig:
     representation_size: int | None = None  # the pre-training head's hidden layer (tanh), None at fine-tuning
     fc_norm: bool = False  # final LayerNorm after pooling (timm's fc_norm) rather than on every token before it
     layer_norm_eps: float = 1e-6  # torchvision and timm; torch's default 1e-5 would not load their weights exactly
+    layer_scale: float | None = None  # LayerScale's initial gamma in each residual branch (timm's init_values;
+    # DINOv2 1e-5, DeiT III 1e-6), None for none (the paper)
+    register_tokens: int = 0  # learned tokens after the class token, before the patches (Darcet et al. 2024: 4)
+    pos_embed_prefix: bool = True  # E_pos covers the class (and register) tokens (the paper); False adds positions
+    # to the patches only, then prepends the prefix tokens (timm's no_embed_class: DINOv2 with registers, DeiT III)
 
     def __post_init__(self) -> None:
         # Frozen: normalised values are stored with object.__setattr__, once, here.
@@ -82,6 +87,14 @@ class ViTConfig:
         if self.representation_size is not None:
             store("representation_size", check_positive_int("representation_size", self.representation_size))
         store("layer_norm_eps", check_positive_float("layer_norm_eps", self.layer_norm_eps))
+        if self.layer_scale is not None:
+            store("layer_scale", check_positive_float("layer_scale", self.layer_scale))
+        store("register_tokens", check_nonnegative_int("register_tokens", self.register_tokens))
+        if not isinstance(self.pos_embed_prefix, bool):
+            raise TypeError(
+                f"pos_embed_prefix must be a bool, got {self.pos_embed_prefix!r} of type "
+                f"{type(self.pos_embed_prefix).__name__}"
+            )
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -94,9 +107,36 @@ class ViTConfig:
         return self.grid_size[0] * self.grid_size[1]
 
     @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: the class token and the register tokens (timm's name)."""
+        return 1 + self.register_tokens
+
+    @property
     def num_tokens(self) -> int:
-        """N = N' + 1, the class token included."""
-        return self.num_patches + 1
+        """N = N' + 1 + registers, the tokens the encoder sees."""
+        return self.num_patches + self.num_prefix_tokens
+
+    @property
+    def num_pos_tokens(self) -> int:
+        """Rows of E_pos: every token, or the patches alone when ``pos_embed_prefix`` is False."""
+        return self.num_tokens if self.pos_embed_prefix else self.num_patches
+
+    def beyond_paper(self) -> list[str]:
+        """The options set here that the 2021 paper's ViT lacks (LayerScale, registers, positions for the patches
+        only), each as "field value"; empty for the paper's architecture. Formats and tools that know only that
+        architecture refuse a config with any of them."""
+        options = [("layer_scale", None), ("register_tokens", 0), ("pos_embed_prefix", True)]
+        return [f"{name} {getattr(self, name)}" for name, plain in options if getattr(self, name) != plain]
+
+    def check_class_token_layout(self, tool: str) -> None:
+        """ValueError unless the tokens are the class token then the patches, E_pos's first row the class token's:
+        the layout ``tool`` reads (no register tokens, ``pos_embed_prefix``)."""
+        different = [o for o in self.beyond_paper() if not o.startswith("layer_scale")]
+        if different:
+            raise ValueError(
+                f"{tool} reads token 0 as the class token, the patches after it and E_pos's first row as the class "
+                f"token's; this model has {', '.join(different)}, which it does not read yet"
+            )
 
     @property
     def head_dim(self) -> int:

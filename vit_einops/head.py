@@ -25,17 +25,19 @@ def head_swap_help(dim: int, features: int) -> str:
 
 class TokenPool(nn.Module):
     """(b, n, D) -> (b, D): "cls" takes the class token z^0 (the paper); "mean" averages the patch tokens,
-    the class token excluded."""
+    the ``num_prefix_tokens`` before them (class and register tokens) excluded."""
 
-    def __init__(self, mode: str = "cls") -> None:
+    def __init__(self, mode: str = "cls", num_prefix_tokens: int = 1) -> None:
         super().__init__()
         self.mode = check_choice("pool", mode, POOLS)
+        self.num_prefix_tokens = num_prefix_tokens
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x[:, 0] if self.mode == "cls" else x[:, 1:].mean(dim=1)
+        return x[:, 0] if self.mode == "cls" else x[:, self.num_prefix_tokens :].mean(dim=1)
 
     def extra_repr(self) -> str:
-        return f"mode={self.mode!r}"
+        prefix = f", num_prefix_tokens={self.num_prefix_tokens}" if self.num_prefix_tokens != 1 else ""
+        return f"mode={self.mode!r}{prefix}"
 
 
 class ClassificationHead(Sequential):
@@ -54,7 +56,7 @@ class ClassificationHead(Sequential):
 
     def __init__(self, config: ViTConfig) -> None:
         check_config(config, "ClassificationHead")
-        stages = [("norm", nn.LayerNorm(config.dim, eps=config.layer_norm_eps)), ("pool", TokenPool(config.pool))]
+        stages = [("norm", nn.LayerNorm(config.dim, eps=config.layer_norm_eps)), ("pool", TokenPool(config.pool, config.num_prefix_tokens))]
         if config.fc_norm:
             stages.reverse()
         features = config.dim

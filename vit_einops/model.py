@@ -51,7 +51,6 @@ class ViT(Sequential):
     are not checked: they make that image's logits non-finite and leave the other images of the batch unchanged.
     """
 
-    num_prefix_tokens = 1  # timm's name: tokens before the patch tokens (the class token)
 
     def __init__(
         self,
@@ -71,6 +70,9 @@ class ViT(Sequential):
         representation_size: int | None = None,
         fc_norm: bool = False,
         layer_norm_eps: float = 1e-6,
+        layer_scale: float | None = None,
+        register_tokens: int = 0,
+        pos_embed_prefix: bool = True,
         attn_impl: str | Sequence[str] = "einsum",
     ) -> None:
         arguments = locals()  # the keywords above: ViTConfig's fields (tests hold them equal), then attn_impl
@@ -88,6 +90,7 @@ class ViT(Sequential):
             )
         )
         self._built_config = config  # model.config starts here (see read_config)
+        self.num_prefix_tokens = config.num_prefix_tokens  # timm's name: the class and register tokens
         # What a model file carries beside the weights (vit_einops.modelfile): plain attributes, set by the loaders
         # and by training, None when unknown.
         self.preprocessing: Preprocessing | None = None  # how an image becomes this model's input
@@ -268,7 +271,8 @@ class ViT(Sequential):
             x: (b, C, H, W) images.
             indices: None for every block, an int n for the last n blocks, or a sequence of block indices
                 (0-based, negative from the end). Intermediates come in block order.
-            return_prefix_tokens: also return each block's class token: a list of (patch tokens, (b, 1, D)).
+            return_prefix_tokens: also return each block's class and register tokens: a list of (patch tokens,
+                (b, 1 + register_tokens, D)).
             norm: apply the final LayerNorm to each (not for a model with fc_norm, whose norm follows pooling).
             stop_early: run no block after the last one asked for (the final features then come from there).
             output_fmt: "NCHW" for (b, D, gh, gw) patch-token maps, "NLC" for (b, N', D) patch tokens.

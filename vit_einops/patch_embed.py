@@ -33,6 +33,23 @@ class ClassToken(nn.Module):
         return torch.cat([cls, x], dim=1)
 
 
+class RegisterTokens(nn.Module):
+    """Inserts R learnable register tokens after the class token, before the patches (Darcet et al. 2024):
+    (b, 1 + n, D) -> (b, 1 + R + n, D). Kept as a module with a ``weight`` (1, R, D), as :class:`ClassToken`."""
+
+    def __init__(self, count: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(1, count, dim))
+        trunc_normal_(self.weight, EMBED_INIT_STD)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        registers = repeat(self.weight, "1 r d -> b r d", b=x.shape[0])
+        return torch.cat([x[:, :1], registers, x[:, 1:]], dim=1)
+
+    def extra_repr(self) -> str:
+        return f"count={self.weight.shape[1]}"
+
+
 class PositionEmbedding(nn.Module):
     """Adds the learnable 1-D E_pos in R^{N x D} (class token's row first): (b, N, D) -> (b, N, D)."""
 
@@ -61,10 +78,13 @@ class PatchEmbedding(Sequential):
     patchify="conv": ``proj`` = Conv2d(C, D, kernel=stride=P), then ``flatten`` 'b d h w -> b (h w) d'.
     patchify="linear": ``to_patches`` 'b c (h p1) (w p2) -> b (h w) (p1 p2 c)', then ``proj`` = Linear(P^2 C, D),
     the matrix E of Eq. 1 literally. Both compute the same map (see :func:`conv_to_linear_weight`).
-    Then ``cls_token`` prepends x_class, ``pos_embed`` adds E_pos, ``dropout`` follows the addition. Reads
-    ``image_size``, ``patch_size``, ``in_channels``, ``dim``, ``dropout`` and ``patchify`` of its :class:`ViTConfig`.
+    Then ``cls_token`` prepends x_class, ``reg_token`` inserts the ``register_tokens`` after it (when there are
+    any), ``pos_embed`` adds E_pos, ``dropout`` follows the addition. With ``pos_embed_prefix=False`` E_pos has the
+    patches' rows only and is added before the prefix tokens come (timm's no_embed_class). Reads ``image_size``,
+    ``patch_size``, ``in_channels``, ``dim``, ``dropout``, ``patchify``, ``register_tokens`` and
+    ``pos_embed_prefix`` of its :class:`ViTConfig`.
 
-    Shapes: (b, C, H, W) -> (b, N' + 1, D).
+    Shapes: (b, C, H, W) -> (b, N' + 1 + R, D).
     """
 
     def __init__(self, config: ViTConfig) -> None:
@@ -79,11 +99,12 @@ class PatchEmbedding(Sequential):
         # LeCun normal on the patch projection, as torchvision does (fan_in = C * P^2), in either form.
         trunc_normal_(proj.weight, (c * ph * pw) ** -0.5)
         nn.init.zeros_(proj.bias)
-        stages += [
-            ("cls_token", ClassToken(dim)),
-            ("pos_embed", PositionEmbedding(config.num_tokens, dim)),
-            ("dropout", nn.Dropout(config.dropout)),
-        ]
+        prefix = [("cls_token", ClassToken(dim))]
+        if config.register_tokens:
+            prefix.append(("reg_token", RegisterTokens(config.register_tokens, dim)))
+        position = [("pos_embed", PositionEmbedding(config.num_pos_tokens, dim))]
+        stages += prefix + position if config.pos_embed_prefix else position + prefix
+        stages.append(("dropout", nn.Dropout(config.dropout)))
         super().__init__(OrderedDict(stages))
         self.image_size, self.patch_size, self.grid_size = config.image_size, config.patch_size, config.grid_size
         self.patchify, self.in_channels = config.patchify, c

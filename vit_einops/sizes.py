@@ -20,8 +20,11 @@ BLOCK_OVERHEAD_BYTES = 64 * 1024
 def parameter_count(config: ViTConfig) -> int:
     """The number of parameters of ``ViT.from_config(config)``, in exact integers however large."""
     c, (ph, pw), d, m = config.in_channels, config.patch_size, config.dim, config.mlp_dim
-    embed = d * c * ph * pw + d + d + config.num_tokens * d  # E (conv or linear, same count) and bias, class, E_pos
+    # E (conv or linear, same count) and bias, class token, registers, E_pos
+    embed = d * c * ph * pw + d + d + config.register_tokens * d + config.num_pos_tokens * d
     block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * m + m) + (m * d + d)
+    if config.layer_scale is not None:
+        block += 2 * d  # gamma of each branch
     head = 2 * d  # the final LayerNorm (on every token, or after pooling with fc_norm)
     features = d
     if config.representation_size is not None:

@@ -129,6 +129,7 @@ def build_payload(
     patches in row-major order).
     """
     cfg = model.config
+    cfg.check_class_token_layout("vit-einops explore")
     weights = "check the model's weights (non-finite or huge values)"
     logits, maps = record_attention(model, images, preprocessed=True)  # maps (l, b, h, n, n)
     check_finite("model's logits", logits, weights)

@@ -144,6 +144,7 @@ def show_attention(
     Returns a Figure (save it with ``vit_einops._plot.save_figure`` or ``fig.savefig``).
     """
     inputs, pictures = model_inputs_and_pictures(model, image, preprocessed=preprocessed, name="image")
+    model.config.check_class_token_layout("show_attention")
     if len(inputs) != 1:
         raise ValueError(f"show_attention draws one image: (C, H, W) or (1, C, H, W), got shape {tuple(inputs.shape)}")
     depth, heads = len(model.blocks), model.config.heads

@@ -83,11 +83,12 @@ def write_report(
     (each ``<name>.png``, written atomically), arrays (``arrays.npz``: the recorded maps, the drawn
     ``class_attention`` of layer ``class_attention_layer``, rollout, distances, similarities, filters).
     """
+    cfg = model.config
+    cfg.check_class_token_layout("vit-einops inspect")
     depth = len(model.blocks)
     layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
     model.eval()
     out = Path(out_dir)
-    cfg = model.config
     with AttentionRecorder(model) as recorder:
         logits = model(images)
     check_finite_outputs(images, logits)

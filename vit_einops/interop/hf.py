@@ -233,6 +233,8 @@ def to_hf(model: ViT) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         problems.append("both a pre-logits layer and a classifier (ViTForImageClassification has no pooler)")
     if not config.num_classes and config.representation_size is None:
         problems.append("neither a classifier nor a pooler")
+    if config.beyond_paper():
+        problems.append(f"{', '.join(config.beyond_paper())} (HF's ViT has the paper's blocks and tokens only)")
     if problems:
         raise ValueError("Hugging Face's ViT cannot express this model: it has " + "; ".join(problems))
     state = convert_patchify({k: v.detach() for k, v in model.state_dict().items()}, config, config.patchify, "conv")

@@ -95,5 +95,8 @@ def resample_vit(model: ViT, image_size: int | tuple[int, int], *, mode: str = "
     config = ViTConfig.from_dict({**model.config.to_dict(), "image_size": list(to_pair("image_size", image_size))})
     state_dict = model.state_dict()
     key = "patch_embed.pos_embed.weight"
-    state_dict[key] = resample_pos_embed(state_dict[key], config.grid_size, model.config.grid_size, mode=mode)
+    prefix = config.num_prefix_tokens if config.pos_embed_prefix else 0  # rows copied unchanged
+    state_dict[key] = resample_pos_embed(
+        state_dict[key], config.grid_size, model.config.grid_size, num_prefix_tokens=prefix, mode=mode
+    )
     return build_vit(config, state_dict, model.attn_impl).train(model.training)

@@ -140,6 +140,8 @@ def torchvision_kwargs(config: ViTConfig) -> dict[str, Any]:
         problems.append(f"class-token pooling only (pool {config.pool!r})")
     if config.layer_norm_eps != 1e-6:
         problems.append(f"LayerNorm eps 1e-6 (layer_norm_eps {config.layer_norm_eps})")
+    if config.beyond_paper():
+        problems.append(f"the paper's blocks and tokens only ({', '.join(config.beyond_paper())})")
     if problems:
         raise ValueError("torchvision's VisionTransformer cannot express this config: it has " + "; ".join(problems))
     return dict(
