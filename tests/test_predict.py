@@ -93,7 +93,7 @@ def test_named_classes_in_the_table_carry_their_index(model, images, tmp_path, c
 @pytest.mark.parametrize(
     ("images_arg", "error", "words"),
     [
-        ([], TypeError, "non-empty list"),
+        ([], ValueError, "images is an empty list"),
         (42, TypeError, "images must be a path"),
         (torch.zeros(1, 3, 16, 16), ValueError, "say how to take it"),
     ],
