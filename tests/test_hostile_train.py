@@ -12,12 +12,10 @@ import json
 import os
 import re
 import signal
-import stat
 import struct
 import subprocess
 import sys
 import time
-import traceback
 import zlib
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from io import StringIO
@@ -26,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _fork import exit_code, fork
 from _tiny import TINY_DIGITS, model_flags
 from PIL import Image
 
@@ -83,25 +82,8 @@ def assert_cli_error(done, message):
     assert re.fullmatch(r"vit-einops train: error: " + message, lines[0]), lines[0]
 
 
-def fork(child):
-    """Run ``child()`` in a forked process and return its pid: the child shares this process's imports, so it starts
-    at once, and ends with os._exit(3) after ``child`` (never returning into pytest), or by SIGALRM after TIMEOUT."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)
-            signal.alarm(TIMEOUT)
-            child()
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(3)
-    return pid
 
 
-def exit_code(pid):
-    """Wait for child ``pid``; its exit status, or minus the signal that ended it."""
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def tree_hashes(root):

@@ -14,11 +14,11 @@ import hashlib
 import os
 import signal
 import stat
-import traceback
 from pathlib import Path
 
 import pytest
 import torch
+from _fork import exit_code, fork
 from _tiny import TINY_DIGITS, tiny_vit
 
 from vit_einops import _io
@@ -28,7 +28,6 @@ from vit_einops.interop import save_state_dict_file
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing
 
-TIMEOUT = 120  # seconds a forked child may run before SIGALRM ends it
 REPORT = ["arrays.npz", "attention.png", "attention_distance.png", "embedding_filters.png", "position_similarity.png"]
 INSPECT = ["--num-images", "1", "--distance-images", "2"]  # the smallest report
 
@@ -107,24 +106,8 @@ def hf_dir(tmp_path, capsys):
     return tmp_path / "hf"
 
 
-def fork(child) -> int:
-    """Run ``child()`` in a forked process; returns its pid. It ends with os._exit(3) after ``child``, never
-    returning into pytest, or by SIGALRM after TIMEOUT."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)
-            signal.alarm(TIMEOUT)
-            child()
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(3)
-    return pid
 
 
-def exit_code(pid: int) -> int:
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 class Holder:
