@@ -168,41 +168,38 @@ def test_a_file_that_appears_while_convert_runs_is_kept(tmp_path, model_file, mo
     assert dst.read_text() == "theirs" and sorted(os.listdir(tmp_path)) == ["dst.safetensors", "m.safetensors"]
 
 
-def test_a_folder_that_appears_while_convert_writes_hf_is_kept(tmp_path, model_file, monkeypatch, capsys):
-    import vit_einops.interop.hf as hf
-
-    dst = tmp_path / "hf"
-
-    def make():
-        dst.mkdir()
-        (dst / "config.json").write_text("theirs")
-
-    appearing(monkeypatch, hf, "safetensors_bytes", make)
-    code, err = cli(capsys, "convert", model_file, dst, "--to", "hf")
-    assert code == 2
-    assert err == f"vit-einops convert: error: {dst} already holds config.json; pass --force to replace them\n"
-    theirs = hashlib.sha256(b"theirs").hexdigest()
-    assert tree(tmp_path) == {"hf": "dir", "hf/config.json": theirs, **tree_of(model_file)}
-
-
 def tree_of(file) -> dict[str, str]:
     return {Path(file).name: digest(file)}
 
 
-def test_a_report_that_appears_while_inspect_runs_is_kept(tmp_path, model_file, monkeypatch, capsys):
-    import vit_einops.inspect.report as report
+@pytest.mark.parametrize(
+    "command, module, step, name",
+    [
+        ("convert", "vit_einops.interop.hf", "safetensors_bytes", "config.json"),
+        ("inspect", "vit_einops.inspect.report", "plot_filters", "attention.png"),
+    ],
+    ids=["convert to hf", "inspect"],
+)
+def test_a_folder_that_appears_while_a_directory_is_written_is_kept(
+    tmp_path, model_file, monkeypatch, capsys, command, module, step, name
+):
+    import importlib
 
     out = tmp_path / "out"
 
     def make():
         out.mkdir()
-        (out / "attention.png").write_text("theirs")
+        (out / name).write_text("theirs")
 
-    appearing(monkeypatch, report, "plot_filters", make)
-    code, err = cli(capsys, "inspect", model_file, "--out", out, *INSPECT)
+    appearing(monkeypatch, importlib.import_module(module), step, make)
+    if command == "convert":
+        code, err = cli(capsys, "convert", model_file, out, "--to", "hf")
+    else:
+        code, err = cli(capsys, "inspect", model_file, "--out", out, *INSPECT)
     assert code == 2
-    assert err == f"vit-einops inspect: error: {out} already holds attention.png; pass --force to replace them\n"
-    assert (out / "attention.png").read_text() == "theirs" and sorted(os.listdir(tmp_path)) == ["m.safetensors", "out"]
+    assert err == f"vit-einops {command}: error: {out} already holds {name}; pass --force to replace them\n"
+    theirs = hashlib.sha256(b"theirs").hexdigest()
+    assert tree(tmp_path) == {"out": "dir", f"out/{name}": theirs, **tree_of(model_file)}
 
 
 # --- two writers of one output: exactly one wins, the other is told ------------------------------------------------
