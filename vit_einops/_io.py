@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 # atomic_write_bytes's temporaries: "." + the target's name + "." + mkstemp's 8 random characters + ".tmp".
 _TEMP = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
@@ -361,6 +363,15 @@ def read_regular_file(path: str | Path, max_bytes: int | None = None) -> bytes:
         raise
     with os.fdopen(fd, "rb") as f:
         return f.read()
+
+
+def sha256_of(f: BinaryIO) -> str:
+    """The SHA-256 hex digest of what is left to read in the open binary file ``f``, read in 1 MiB chunks (a weights
+    file need not fit in memory)."""
+    digest = hashlib.sha256()
+    while chunk := f.read(1 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def temp_target(name: str) -> str | None:

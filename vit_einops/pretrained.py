@@ -18,13 +18,13 @@ server on 127.0.0.1). ``create_vit(name, weights=PATH)`` loads a local file or d
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._io import sha256_of
 from .preprocess import Preprocessing
 from .presets import create_vit as create_architecture
 from .presets import preset_config
@@ -248,11 +248,8 @@ def _check_cached_file(path: Path, published: PublishedWeights, err: ValueError)
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return sha256_of(f)
 
 
 def _check_hub_blob(path: Path, url: str) -> None:

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._io import atomic_write_bytes, read_regular_file, remove_orphan_temps, temp_target
+from .._io import atomic_write_bytes, read_regular_file, remove_orphan_temps, sha256_of, temp_target
 from .._json import loads
 
 METRICS_NAME = "metrics.jsonl"
@@ -57,7 +57,6 @@ RUN_FILES = re.compile(
     "|".join(map(re.escape, (METRICS_NAME, SUMMARY_NAME, CURVES_NAME, CONFUSION_NAME, MODEL_NAME, MANIFEST_NAME)))
 )
 CHECKPOINT_FILES = re.compile(r"checkpoint\.json|(model|optimizer)-[0-9a-f]{16}\.safetensors")
-_CHUNK = 2**20
 
 
 class RunDirLockedError(OSError):
@@ -152,10 +151,7 @@ def _sha256(path: Path) -> tuple[str | None, str | None]:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             return None, _kind(mode)
-        digest = hashlib.sha256()
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest(), None
+        return sha256_of(f), None
 
 
 def _kind(mode: int) -> str:
