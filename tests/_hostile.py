@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from io import StringIO
 from pathlib import Path
 from unittest import mock
@@ -79,3 +80,20 @@ def grey_png(path: Path) -> Path:
 
     Image.fromarray((np.arange(64, dtype=np.uint8) * 4).reshape(8, 8)).save(path)
     return path
+
+
+@contextmanager
+def bounded(seconds):
+    """Fail (TimeoutError) once ``seconds`` (an int) have passed, instead of hanging: SIGALRM interrupts a blocking
+    open() of a FIFO, or work a check should have refused. A guard against hangs; it times nothing."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

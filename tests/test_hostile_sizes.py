@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from contextlib import contextmanager
 
 import pytest
 import torch
-from _tiny import TINY_DIGITS, TINY_RGB, tiny_vit
+from _hostile import bounded
+from _tiny import TINY_RGB, tiny_vit
 from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
@@ -31,8 +31,8 @@ from vit_einops.modelfile import load_vit
 from vit_einops.sources import load_model
 from vit_einops.summary import count_parameters
 
-BOUND_S = 5.0  # generous: each refusal is arithmetic on the sizes; building what they ask for takes minutes
-CLI_BOUND_S = 20.0  # a command in-process imports its tools (scikit-learn, matplotlib) first: seconds when busy
+BOUND_S = 5  # generous: each refusal is arithmetic on the sizes; building what they ask for takes minutes
+CLI_BOUND_S = 20  # a command in-process imports its tools (scikit-learn, matplotlib) first: seconds when busy
 GIB = "over the max-memory limit of 1.0 GiB"
 
 
@@ -45,10 +45,8 @@ def _no_env_limit(monkeypatch):
 def refused(match: str, *, error: type[Exception] = ValueError, limit: str | None = "1GiB"):
     """The block raises ``error`` matching ``match`` (an exact message when escaped), within BOUND_S, under
     ``limit``."""
-    start = time.perf_counter()
-    with max_memory(limit), pytest.raises(error, match=match):
+    with bounded(BOUND_S), max_memory(limit), pytest.raises(error, match=match):
         yield
-    assert time.perf_counter() - start < BOUND_S
 
 
 def allow(size: str) -> str:
@@ -58,10 +56,9 @@ def allow(size: str) -> str:
 
 def run_cli(capsys, *argv: str) -> tuple[int, str]:
     """The command line in-process: (exit status, stderr); stdout must stay empty (nothing was done)."""
-    start = time.perf_counter()
-    code = cli.main(list(argv))
+    with bounded(CLI_BOUND_S):
+        code = cli.main(list(argv))
     captured = capsys.readouterr()
-    assert time.perf_counter() - start < CLI_BOUND_S
     assert "Traceback" not in captured.err
     return code, captured.err
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import zlib
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from io import StringIO
 from pathlib import Path
 
@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import torch
 from _fork import exit_code, fork
+from _hostile import bounded
 from _tiny import TINY_DIGITS, model_flags
 from PIL import Image
 
@@ -107,20 +108,6 @@ def untimed(records):
     return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in records]
 
 
-@contextmanager
-def bounded(seconds):
-    """Fail (TimeoutError) instead of hanging: SIGALRM interrupts a blocking open() of a FIFO."""
-
-    def expire(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # --- numbers and paths checked at entry, before any work ----------------------------------------------------------
