@@ -112,6 +112,12 @@ class ViTConfig:
         return 1 + self.register_tokens
 
     @property
+    def prefix_tokens(self) -> tuple[str, ...]:
+        """The names of the tokens before the patches, in order: "cls" (the class token), then "reg1".."regR"
+        (the register tokens); the tools label those rows and columns of A with them."""
+        return ("cls",) + tuple(f"reg{i + 1}" for i in range(self.register_tokens))
+
+    @property
     def num_tokens(self) -> int:
         """N = N' + 1 + registers, the tokens the encoder sees."""
         return self.num_patches + self.num_prefix_tokens

@@ -108,3 +108,9 @@ class PatchEmbedding(Sequential):
         super().__init__(OrderedDict(stages))
         self.image_size, self.patch_size, self.grid_size = config.image_size, config.patch_size, config.grid_size
         self.patchify, self.in_channels = config.patchify, c
+
+    def grid_for(self, image_size: tuple[int, int]) -> tuple[int, int]:
+        """The patch grid (gh, gw) of an input of ``image_size`` (H, W): the tokens after the prefix form it."""
+        (h, w), (ph, pw) = image_size, self.patch_size
+        return (h // ph, w // pw)
+
