@@ -100,6 +100,13 @@ def check_probability(name: str, value: Any) -> float:
     return value
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is a bool (not 0/1, not a string): a TypeError naming it otherwise."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r} of type {type(value).__name__}")
+    return value
+
+
 def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
     choices = tuple(choices)
     if not isinstance(value, str) or value not in choices:

@@ -168,6 +168,9 @@ class MultiHeadAttention(nn.Module):
         self.dim, self.heads = config.dim, config.heads
         self.qkv = nn.Linear(config.dim, 3 * config.dim)
         self.split_heads = Rearrange("b n (qkv h d) -> qkv b h n d", qkv=3, h=config.heads)
+        if config.qk_norm:  # each head's q and k normed over D_h before Eq. 6 (Dehghani et al. 2023; timm's qk_norm)
+            self.q_norm = nn.LayerNorm(config.head_dim, eps=config.layer_norm_eps)
+            self.k_norm = nn.LayerNorm(config.head_dim, eps=config.layer_norm_eps)
         self.attend = Attend(config.head_dim, config.attn_dropout)
         self.merge_heads = Rearrange("b h n d -> b n (h d)")
         self.proj = nn.Linear(config.dim, config.dim)
@@ -187,6 +190,8 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             mask = self._check_mask(mask, x)
         q, k, v = self.split_heads(self.qkv(x))
+        if "q_norm" in self._modules:
+            q, k = self.q_norm(q), self.k_norm(k)
         return self.dropout(self.proj(self.merge_heads(self.attend(q, k, v, mask))))
 
     def _check_mask(self, mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

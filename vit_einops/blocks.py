@@ -47,10 +47,26 @@ def _branch(config: ViTConfig, name: str, fn: nn.Module) -> ResidualAdd:
     return ResidualAdd(nn.Sequential(OrderedDict(stages)))
 
 
-class FeedForwardBlock(Sequential):
-    """The MLP of Eq. 3: Linear(D, mlp_dim), exact (erf) GELU, Dropout, Linear(mlp_dim, D), Dropout.
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x), the GELU approximation OpenAI's CLIP was trained with (timm's and HF's quick_gelu)."""
 
-    Reads ``dim``, ``mlp_dim`` and ``dropout`` of its :class:`ViTConfig`. Shapes: (b, n, D) -> (b, n, D).
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def activation(name: str) -> nn.Module:
+    """The MLP nonlinearity ``name`` of ViTConfig.act: "gelu" exact (erf, the paper), "gelu_tanh" (the tanh
+    approximation: HF's gelu_pytorch_tanh) or "quick_gelu"."""
+    if name == "quick_gelu":
+        return QuickGELU()
+    return nn.GELU(approximate="tanh" if name == "gelu_tanh" else "none")
+
+
+class FeedForwardBlock(Sequential):
+    """The MLP of Eq. 3: Linear(D, mlp_dim), GELU (exact, erf, unless ``config.act`` says otherwise), Dropout,
+    Linear(mlp_dim, D), Dropout.
+
+    Reads ``dim``, ``mlp_dim``, ``act`` and ``dropout`` of its :class:`ViTConfig`. Shapes: (b, n, D) -> (b, n, D).
     """
 
     def __init__(self, config: ViTConfig) -> None:
@@ -58,7 +74,7 @@ class FeedForwardBlock(Sequential):
         super().__init__(
             OrderedDict(
                 fc1=nn.Linear(config.dim, config.mlp_dim),
-                act=nn.GELU(),  # approximate="none": the paper's GELU, not the tanh approximation
+                act=activation(config.act),
                 drop1=nn.Dropout(config.dropout),
                 fc2=nn.Linear(config.mlp_dim, config.dim),
                 drop2=nn.Dropout(config.dropout),

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ._checks import (
+    check_bool,
     check_choice,
     check_nonnegative_int,
     check_positive_float,
@@ -18,7 +19,10 @@ from ._checks import (
 
 # The attention paths a model can run (runtime state, not architecture: ViT(attn_impl=...), model.set_attn_impl).
 ATTN_IMPLS = ("einsum", "chunked", "sdpa")
-POOLS = ("cls", "mean")
+POOLS = ("cls", "mean", "map")
+ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")
+# How a model with dynamic_size resamples E_pos for another input size: the library whose numbers it reproduces.
+DYNAMIC_SIZES = ("timm", "hf")
 PATCHIFY = ("conv", "linear")
 # Configs written before the attention path became runtime state list it among their fields; a stored config that
 # does still loads, and its model starts on that impl (vit_einops.attention.stored_attn_impl).
@@ -59,6 +63,17 @@ class ViTConfig:
     register_tokens: int = 0  # learned tokens after the class token, before the patches (Darcet et al. 2024: 4)
     pos_embed_prefix: bool = True  # E_pos covers the class (and register) tokens (the paper); False adds positions
     # to the patches only, then prepends the prefix tokens (timm's no_embed_class: DINOv2 with registers, DeiT III)
+    class_token: bool = True  # x_class of Eq. 1; False (SigLIP) leaves the patches alone, pooled by "mean" or "map"
+    distill_token: bool = False  # DeiT's distillation token after the class token, read by a second classifier
+    # ``head.fc_dist``; the two classifiers' logits are averaged (Touvron et al. 2021, timm and HF at inference)
+    pre_norm: bool = False  # a LayerNorm on z_0 before the first block (CLIP's ln_pre, timm's norm_pre)
+    patch_bias: bool = True  # the patch projection's bias (CLIP has none)
+    act: str = "gelu"  # the MLP's nonlinearity: "gelu" (exact, the paper), "gelu_tanh" (SigLIP's HF config),
+    # "quick_gelu" (x * sigmoid(1.702 x), OpenAI's CLIP)
+    qk_norm: bool = False  # a LayerNorm over D_h on every head's q and k before Eq. 6 (timm's qk_norm)
+    head_bias: bool = True  # the classifier's bias; CLIP's projection to the joint embedding has none
+    dynamic_size: str | None = None  # None: inputs must be image_size; "timm" or "hf": any multiple of the patch
+    # size, E_pos resampled at forward as that library does (timm's dynamic_img_size, HF's interpolate_pos_encoding)
 
     def __post_init__(self) -> None:
         # Frozen: normalised values are stored with object.__setattr__, once, here.
@@ -82,19 +97,34 @@ class ViTConfig:
         store("attn_dropout", check_probability("attn_dropout", self.attn_dropout))
         check_choice("pool", self.pool, POOLS)
         check_choice("patchify", self.patchify, PATCHIFY)
-        if not isinstance(self.fc_norm, bool):
-            raise TypeError(f"fc_norm must be a bool, got {self.fc_norm!r} of type {type(self.fc_norm).__name__}")
+        check_bool("fc_norm", self.fc_norm)
         if self.representation_size is not None:
             store("representation_size", check_positive_int("representation_size", self.representation_size))
         store("layer_norm_eps", check_positive_float("layer_norm_eps", self.layer_norm_eps))
         if self.layer_scale is not None:
             store("layer_scale", check_positive_float("layer_scale", self.layer_scale))
         store("register_tokens", check_nonnegative_int("register_tokens", self.register_tokens))
-        if not isinstance(self.pos_embed_prefix, bool):
-            raise TypeError(
-                f"pos_embed_prefix must be a bool, got {self.pos_embed_prefix!r} of type "
-                f"{type(self.pos_embed_prefix).__name__}"
-            )
+        for name in ("pos_embed_prefix", "class_token", "distill_token", "pre_norm", "patch_bias", "qk_norm", "head_bias"):
+            check_bool(name, getattr(self, name))
+        check_choice("act", self.act, ACTIVATIONS)
+        if self.dynamic_size is not None:
+            check_choice("dynamic_size", self.dynamic_size, DYNAMIC_SIZES)
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        """The options that only make sense together, as timm and HF build them."""
+        if not self.class_token and self.pool == "cls":
+            raise ValueError('pool "cls" reads the class token, but class_token is False; use pool "mean" or "map"')
+        if self.distill_token:
+            if not self.class_token or self.pool != "cls":
+                raise ValueError(
+                    f'distill_token needs the class token and pool "cls" (DeiT reads both tokens), got class_token '
+                    f"{self.class_token}, pool {self.pool!r}"
+                )
+            if self.fc_norm or self.representation_size is not None:
+                raise ValueError("distill_token has no fc_norm or representation_size (DeiT's heads are plain Linears)")
+        if self.pool == "map" and (self.fc_norm or self.representation_size is not None):
+            raise ValueError('pool "map" (attention pooling) has no fc_norm or representation_size, as in timm')
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -108,18 +138,20 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: the class token and the register tokens (timm's name)."""
-        return 1 + self.register_tokens
+        """Tokens before the patches: the class, distillation and register tokens (timm's name)."""
+        return len(self.prefix_tokens)
 
     @property
     def prefix_tokens(self) -> tuple[str, ...]:
-        """The names of the tokens before the patches, in order: "cls" (the class token), then "reg1".."regR"
-        (the register tokens); the tools label those rows and columns of A with them."""
-        return ("cls",) + tuple(f"reg{i + 1}" for i in range(self.register_tokens))
+        """The names of the tokens before the patches, in order: "cls" (the class token), "dist" (DeiT's
+        distillation token), then "reg1".."regR" (the register tokens); the tools label those rows and columns of A
+        with them. Empty for a model without a class token (SigLIP)."""
+        named = ("cls",) * self.class_token + ("dist",) * self.distill_token
+        return named + tuple(f"reg{i + 1}" for i in range(self.register_tokens))
 
     @property
     def num_tokens(self) -> int:
-        """N = N' + 1 + registers, the tokens the encoder sees."""
+        """N = N' + the prefix tokens (1 in the paper), the tokens the encoder sees."""
         return self.num_patches + self.num_prefix_tokens
 
     @property
@@ -129,15 +161,15 @@ class ViTConfig:
 
     def beyond_paper(self) -> list[str]:
         """The options set here that the 2021 paper's ViT lacks (LayerScale, registers, positions for the patches
-        only), each as "field value"; empty for the paper's architecture. Formats and tools that know only that
-        architecture refuse a config with any of them."""
-        options = [("layer_scale", None), ("register_tokens", 0), ("pos_embed_prefix", True)]
-        return [f"{name} {getattr(self, name)}" for name, plain in options if getattr(self, name) != plain]
+        only, ...: :data:`BEYOND_PAPER`), each as "field value"; empty for the paper's architecture. Formats and
+        tools that know only that architecture refuse a config with any of them."""
+        found = [f"{name} {getattr(self, name)}" for name, plain in BEYOND_PAPER.items() if getattr(self, name) != plain]
+        return found + (["pool 'map'"] if self.pool == "map" else [])
 
     def check_class_token_layout(self, tool: str) -> None:
         """ValueError unless the tokens are the class token then the patches, E_pos's first row the class token's:
         the layout ``tool`` reads (no register tokens, ``pos_embed_prefix``)."""
-        different = [o for o in self.beyond_paper() if not o.startswith("layer_scale")]
+        different = [o for o in self.beyond_paper() if o.startswith(("register_tokens", "pos_embed_prefix", "class_token", "distill_token"))]
         if different:
             raise ValueError(
                 f"{tool} reads token 0 as the class token, the patches after it and E_pos's first row as the class "
@@ -156,8 +188,13 @@ class ViTConfig:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: tuples become lists."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        """JSON-ready: tuples become lists. The options beyond the paper are left out at their plain values, so a
+        paper ViT's config (and the files holding it) reads as it did before those options existed."""
+        return {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in asdict(self).items()
+            if not (k in BEYOND_PAPER and v == BEYOND_PAPER[k])
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ViTConfig:
@@ -170,6 +207,21 @@ class ViTConfig:
             raise ValueError(f"unknown ViTConfig fields {unknown}; expected a subset of {sorted(known)}")
         return cls(**{k: v for k, v in d.items() if k in known})
 
+
+# The fields of options the 2021 paper's ViT lacks, each with the value that leaves it out.
+BEYOND_PAPER: dict[str, Any] = {
+    "layer_scale": None,
+    "register_tokens": 0,
+    "pos_embed_prefix": True,
+    "class_token": True,
+    "distill_token": False,
+    "pre_norm": False,
+    "patch_bias": True,
+    "act": "gelu",
+    "qk_norm": False,
+    "head_bias": True,
+    "dynamic_size": None,
+}
 
 MOVED = (
     "the attention path is runtime state, not architecture: pass attn_impl= to ViT(...), ViT.from_config(config, "

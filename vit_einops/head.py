@@ -6,11 +6,15 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
+from einops.layers.torch import Rearrange
 from torch import nn
 
 from ._checks import check_choice
+from ._init import trunc_normal_
 from ._sequential import Sequential
-from .config import POOLS, ViTConfig, check_config
+from .attention import Attend
+from .blocks import FeedForwardBlock
+from .config import ViTConfig, check_config
 
 
 def head_swap_help(dim: int, features: int) -> str:
@@ -25,19 +29,62 @@ def head_swap_help(dim: int, features: int) -> str:
 
 class TokenPool(nn.Module):
     """(b, n, D) -> (b, D): "cls" takes the class token z^0 (the paper); "mean" averages the patch tokens,
-    the ``num_prefix_tokens`` before them (class and register tokens) excluded."""
+    the ``num_prefix_tokens`` before them (class, distillation and register tokens) excluded.
 
-    def __init__(self, mode: str = "cls", num_prefix_tokens: int = 1) -> None:
+    ``distilled``: "cls" takes the class and distillation tokens, (b, n, D) -> (b, 2, D), for DeiT's two
+    classifiers."""
+
+    def __init__(self, mode: str = "cls", num_prefix_tokens: int = 1, distilled: bool = False) -> None:
         super().__init__()
-        self.mode = check_choice("pool", mode, POOLS)
+        self.mode = check_choice("pool", mode, ("cls", "mean"))
         self.num_prefix_tokens = num_prefix_tokens
+        self.distilled = distilled
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x[:, 0] if self.mode == "cls" else x[:, self.num_prefix_tokens :].mean(dim=1)
+        if self.mode == "cls":
+            return x[:, :2] if self.distilled else x[:, 0]
+        return x[:, self.num_prefix_tokens :].mean(dim=1)
 
     def extra_repr(self) -> str:
         prefix = f", num_prefix_tokens={self.num_prefix_tokens}" if self.num_prefix_tokens != 1 else ""
-        return f"mode={self.mode!r}{prefix}"
+        return f"mode={self.mode!r}{prefix}" + (", distilled=True" if self.distilled else "")
+
+
+class AttentionPool(nn.Module):
+    """Multi-head attention pooling, "MAP" (Zhai et al. 2022; SigLIP's head, timm's AttentionPoolLatent, HF's
+    SiglipMultiheadAttentionPoolingHead): one learned query ``latent`` attends over every token, then a
+    pre-norm MLP is added to the result, as in an encoder block: (b, n, D) -> (b, D).
+
+    ``q`` and ``kv`` project the query and the tokens (kv laid out (kv h d), as timm's); ``attend`` is an
+    :class:`~vit_einops.attention.Attend`, so the pooling attention (1 query over the n tokens, per head) is
+    recorded like the encoder's; ``proj`` is the output projection, ``norm`` and ``mlp`` the residual MLP.
+    """
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        d = config.dim
+        self.latent = nn.Parameter(torch.empty(1, 1, d))
+        trunc_normal_(self.latent, d**-0.5)  # timm's init of the latent query
+        self.q = nn.Linear(d, d)
+        self.kv = nn.Linear(d, 2 * d)
+        self.split_q = Rearrange("b n (h d) -> b h n d", h=config.heads)
+        self.split_kv = Rearrange("b n (kv h d) -> kv b h n d", kv=2, h=config.heads)
+        self.attend = Attend(config.head_dim)
+        self.merge_heads = Rearrange("b h n d -> b n (h d)")
+        self.proj = nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.mlp = FeedForwardBlock(config)
+
+    @property
+    def mode(self) -> str:
+        return "map"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.split_q(self.q(self.latent.expand(x.shape[0], -1, -1)))
+        k, v = self.split_kv(self.kv(x))
+        pooled = self.proj(self.merge_heads(self.attend(q, k, v)))
+        pooled = pooled + self.mlp(self.norm(pooled))
+        return pooled[:, 0]
 
 
 class ClassificationHead(Sequential):
@@ -48,6 +95,10 @@ class ClassificationHead(Sequential):
     With ``fc_norm`` the LayerNorm comes after the pooling (timm's ``fc_norm``, its default for average pooling).
     For "cls" pooling the order makes no difference (LayerNorm acts on each token alone); for "mean" it does.
 
+    ``pool`` is an :class:`AttentionPool` for pool "map" (SigLIP). With a distillation token the pooling keeps the
+    class and distillation tokens and a second classifier ``fc_dist`` reads the latter; the logits are the mean of
+    the two (:meth:`classify`).
+
     ``fc`` may be replaced by an ``nn.Linear(in_features, K)`` or an ``nn.Identity()``; anything else (another
     module, a Linear of the wrong width, a new stage) raises, since ViTConfig could not describe the result.
 
@@ -56,7 +107,11 @@ class ClassificationHead(Sequential):
 
     def __init__(self, config: ViTConfig) -> None:
         check_config(config, "ClassificationHead")
-        stages = [("norm", nn.LayerNorm(config.dim, eps=config.layer_norm_eps)), ("pool", TokenPool(config.pool, config.num_prefix_tokens))]
+        if config.pool == "map":
+            pool: nn.Module = AttentionPool(config)
+        else:
+            pool = TokenPool(config.pool, config.num_prefix_tokens, config.distill_token)
+        stages = [("norm", nn.LayerNorm(config.dim, eps=config.layer_norm_eps)), ("pool", pool)]
         if config.fc_norm:
             stages.reverse()
         features = config.dim
@@ -64,8 +119,26 @@ class ClassificationHead(Sequential):
             features = config.representation_size
             pre_logits = nn.Sequential(OrderedDict(fc=nn.Linear(config.dim, features), act=nn.Tanh()))
             stages.append(("pre_logits", pre_logits))
-        stages.append(("fc", nn.Linear(features, config.num_classes) if config.num_classes else nn.Identity()))
+        k, bias = config.num_classes, config.head_bias
+        stages.append(("fc", nn.Linear(features, k, bias=bias) if k else nn.Identity()))
+        if config.distill_token:
+            stages.append(("fc_dist", nn.Linear(features, k, bias=bias) if k else nn.Identity()))
         super().__init__(OrderedDict(stages))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classify(self.pool_features(x))
+
+    def classify(self, x: torch.Tensor) -> torch.Tensor:
+        """``fc`` on the pooled features; with a distillation token the mean of ``fc`` on the class token and
+        ``fc_dist`` on the distillation token (DeiT at inference, as timm and HF average them)."""
+        if "fc_dist" in self._modules:
+            return (self.fc(x[:, 0]) + self.fc_dist(x[:, 1])) / 2
+        return self.fc(x)
+
+    @property
+    def distilled(self) -> bool:
+        """True when the head has DeiT's second classifier ``fc_dist``."""
+        return "fc_dist" in self._modules
 
     @property
     def dim(self) -> int:
@@ -100,7 +173,7 @@ class ClassificationHead(Sequential):
         skipped here when it acts on tokens.
         """
         for name, stage in self.named_children():
-            if name == "fc":
+            if name in ("fc", "fc_dist"):
                 break
             if not (name == "norm" and normed and self.token_norm):
                 x = stage(x)
@@ -126,7 +199,7 @@ class ClassificationHead(Sequential):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if isinstance(value, nn.Module) and "_modules" in self.__dict__:
-            if name == "fc":
+            if name in ("fc", "fc_dist"):
                 value = self.check_classifier(value)
             elif name not in self._modules:
                 raise TypeError(

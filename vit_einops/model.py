@@ -20,7 +20,7 @@ from .config import ViTConfig
 from .head import ClassificationHead, head_swap_help
 from .patch_embed import PatchEmbedding
 from .preprocess import Preprocessing
-from .sizes import check_model_memory
+from .sizes import check_forward_memory, check_model_memory
 
 # timm's default for every Linear in the encoder and head; the embeddings have their own init.
 LINEAR_INIT_STD = 0.02
@@ -73,6 +73,14 @@ class ViT(Sequential):
         layer_scale: float | None = None,
         register_tokens: int = 0,
         pos_embed_prefix: bool = True,
+        class_token: bool = True,
+        distill_token: bool = False,
+        pre_norm: bool = False,
+        patch_bias: bool = True,
+        act: str = "gelu",
+        qk_norm: bool = False,
+        head_bias: bool = True,
+        dynamic_size: str | None = None,
         attn_impl: str | Sequence[str] = "einsum",
     ) -> None:
         arguments = locals()  # the keywords above: ViTConfig's fields (tests hold them equal), then attn_impl
@@ -90,7 +98,7 @@ class ViT(Sequential):
             )
         )
         self._built_config = config  # model.config starts here (see read_config)
-        self.num_prefix_tokens = config.num_prefix_tokens  # timm's name: the class and register tokens
+        self.num_prefix_tokens = config.num_prefix_tokens  # timm's name: the class, distillation and register tokens
         # What a model file carries beside the weights (vit_einops.modelfile): plain attributes, set by the loaders
         # and by training, None when unknown.
         self.preprocessing: Preprocessing | None = None  # how an image becomes this model's input
@@ -100,7 +108,8 @@ class ViT(Sequential):
             for m in module.modules():
                 if isinstance(m, nn.Linear):
                     trunc_normal_(m.weight, LINEAR_INIT_STD)
-                    nn.init.zeros_(m.bias)
+                    if m.bias is not None:
+                        nn.init.zeros_(m.bias)
         set_attn_impl(self, impls)
 
     @classmethod
@@ -155,9 +164,7 @@ class ViT(Sequential):
         if x.shape[1] != c:
             raise ValueError(f"expected {c} channels, got {x.shape[1]} (input shape {tuple(x.shape)})")
         if tuple(x.shape[2:]) != (h, w):
-            raise ValueError(
-                f"expected height, width ({h}, {w}), got {tuple(x.shape[2:])} (input shape {tuple(x.shape)})"
-            )
+            self._check_other_size(x)
         weight = pe.proj.weight
         if x.device != weight.device:
             raise ValueError(
@@ -172,6 +179,26 @@ class ViT(Sequential):
                 )
             x = x.to(weight.dtype)  # exact: every value of x.dtype is a value of the model's dtype
         return x
+
+    def _check_other_size(self, x: torch.Tensor) -> None:
+        """Admit an input of another size than the training one when the model resamples E_pos for it
+        (``dynamic_size``): H and W multiples of the patch size, its activations within the memory budget."""
+        (h, w), (ph, pw) = self.patch_embed.image_size, self.patch_embed.patch_size
+        size = tuple(x.shape[2:])
+        dynamic = self.patch_embed.pos_embed.dynamic
+        if dynamic is None:
+            raise ValueError(
+                f"expected height, width ({h}, {w}), got {size} (input shape {tuple(x.shape)}); resize the "
+                f"images, or resample the model once (vit_einops.interop.resample_vit(model, {size})), or let it take "
+                f"any size by building it with dynamic_size='timm' or 'hf' (E_pos resampled at each forward)"
+            )
+        if size[0] % ph or size[1] % pw or 0 in size:
+            fit = (max(ph, size[0] // ph * ph), max(pw, size[1] // pw * pw))
+            raise ValueError(
+                f"height, width {size} are not positive multiples of the patch size ({ph}, {pw}); crop or resize "
+                f"to e.g. {fit}"
+            )
+        check_forward_memory(replace(self._built_config, image_size=size), x.shape[0])
 
     # -- timm's interface ----------------------------------------------------------------------------------
 
@@ -210,7 +237,9 @@ class ViT(Sequential):
             got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"forward_head expects the (b, n, {dim}) tokens of forward_features, got {got}")
         x = self.head.pool_features(x, normed=True)
-        return x if pre_logits else self.head.fc(x)
+        if pre_logits:
+            return x.mean(dim=1) if self.head.distilled else x  # DeiT: the mean of the two tokens, as timm's
+        return self.head.classify(x)
 
     def get_classifier(self) -> nn.Module:
         """The classifier ``head.fc``: an nn.Linear(head_hidden_size, K), or nn.Identity when K is 0."""
@@ -237,23 +266,42 @@ class ViT(Sequential):
                     f"{type(global_pool).__name__}; class names go by keyword: class_names=[...]"
                 )
             global_pool = GLOBAL_POOLS[check_choice("global_pool", global_pool, GLOBAL_POOLS)]
+            self._check_pool(global_pool)
         names = check_class_names(class_names, num_classes)
-        if num_classes:
-            ref = self.head.norm.weight
-            fc = nn.Linear(self.head.in_features, num_classes, device=ref.device, dtype=ref.dtype)
-            nn.init.zeros_(fc.weight)
-            nn.init.zeros_(fc.bias)
-        else:
-            fc = nn.Identity()
-        self.head.fc = fc
+        for name in ("fc", "fc_dist") if self.head.distilled else ("fc",):
+            if num_classes:
+                ref = self.head.norm.weight
+                fc = nn.Linear(self.head.in_features, num_classes, device=ref.device, dtype=ref.dtype)
+                nn.init.zeros_(fc.weight)
+                nn.init.zeros_(fc.bias)
+            else:
+                fc = nn.Identity()
+            setattr(self.head, name, fc)
         if global_pool is not None:
             self.head.pool.mode = global_pool
         self.class_names = names
 
+    def _check_pool(self, pool: str) -> None:
+        """ValueError unless the head can switch to ``pool`` ("cls" or "mean") in place."""
+        current = self.head.pool.mode
+        if pool == current:
+            return
+        if current == "map":
+            raise ValueError(
+                "this model pools by attention (pool 'map', a learned module); it cannot switch to another pooling in "
+                "place: build one with dataclasses.replace(model.config, pool=...) and load the other weights"
+            )
+        if pool == "cls" and "cls" not in self.config.prefix_tokens:
+            raise ValueError("global_pool 'token' / 'cls' reads the class token, which this model has not")
+        if self.head.distilled:
+            raise ValueError("a distilled model (DeiT) pools its class and distillation tokens; it has no other pooling")
+
     def no_weight_decay(self) -> set[str]:
-        """Parameter names that weight decay should skip: the class token and the position embedding (timm's
-        ``cls_token``, ``pos_embed``), under this model's names, so timm's optimizer factory can match them."""
-        return {"patch_embed.cls_token.weight", "patch_embed.pos_embed.weight"}
+        """Parameter names that weight decay should skip: the class, distillation and register tokens and the
+        position embedding (timm's ``cls_token``, ``dist_token``, ``reg_token``, ``pos_embed``), under this model's
+        names, so timm's optimizer factory can match them."""
+        tokens = ("cls_token", "dist_token", "reg_token", "pos_embed")
+        return {f"patch_embed.{name}.weight" for name in tokens if name in self.patch_embed._modules}
 
     def forward_intermediates(
         self,
@@ -271,8 +319,8 @@ class ViT(Sequential):
             x: (b, C, H, W) images.
             indices: None for every block, an int n for the last n blocks, or a sequence of block indices
                 (0-based, negative from the end). Intermediates come in block order.
-            return_prefix_tokens: also return each block's class and register tokens: a list of (patch tokens,
-                (b, 1 + register_tokens, D)).
+            return_prefix_tokens: also return each block's prefix tokens (class, distillation, register): a list
+                of (patch tokens, (b, num_prefix_tokens, D)).
             norm: apply the final LayerNorm to each (not for a model with fc_norm, whose norm follows pooling).
             stop_early: run no block after the last one asked for (the final features then come from there).
             output_fmt: "NCHW" for (b, D, gh, gw) patch-token maps, "NLC" for (b, N', D) patch tokens.
@@ -284,7 +332,9 @@ class ViT(Sequential):
         take = self._take_indices(indices)
         if norm and not self.head.token_norm:
             raise ValueError("norm=True needs a LayerNorm on every token; this model's (fc_norm=True) follows pooling")
-        x = self.patch_embed(self.check_input(x))
+        x = self.check_input(x)
+        gh, gw = self.patch_embed.grid_for(x.shape[-2:])
+        x = self.patch_embed(x)
         blocks = list(self.blocks)[: max(take) + 1] if stop_early else self.blocks
         intermediates = []
         for i, block in enumerate(blocks):
@@ -294,7 +344,6 @@ class ViT(Sequential):
         prefix = [y[:, : self.num_prefix_tokens] for y in intermediates]
         intermediates = [y[:, self.num_prefix_tokens :] for y in intermediates]
         if output_fmt == "NCHW":
-            gh, gw = self.patch_embed.grid_size
             intermediates = [rearrange(y, "b (h w) d -> b d h w", h=gh, w=gw) for y in intermediates]
         if return_prefix_tokens:
             intermediates = list(zip(intermediates, prefix, strict=True))
@@ -450,9 +499,11 @@ def read_config(model: ViT) -> ViTConfig:
     named = list(model.named_modules())
     dropouts = {n: m.p for n, m in named if isinstance(m, nn.Dropout) and not n.endswith(".attend.dropout")}
     attn_dropouts = {n: m.p for n, m in named if isinstance(m, nn.Dropout) and n.endswith(".attend.dropout")}
+    fc = head.fc
     return replace(
         model._built_config,
         num_classes=head.num_classes,
+        head_bias=fc.bias is not None if isinstance(fc, nn.Linear) else model._built_config.head_bias,
         pool=head.pool.mode,
         representation_size=head.pre_logits.fc.out_features if "pre_logits" in head._modules else None,
         depth=len(blocks),

@@ -4,7 +4,8 @@ microseconds (:func:`vit_einops._budget.check_memory`) instead of after minutes 
 
 The counts follow the modules one to one (tests hold :func:`parameter_count` equal to a built model's count for
 random configs): Eq. 1's projection E, class token and E_pos; per block (Eqs. 2-3) two LayerNorms, the fused qkv
-and output projections, the MLP's two Linears; the head's LayerNorm, pre-logits layer and classifier.
+and output projections, the MLP's two Linears; the head's LayerNorm, pre-logits layer and classifier; and the
+options beyond the paper (registers, LayerScale, qk-norm, pre-norm, attention pooling, a distillation classifier).
 """
 
 from __future__ import annotations
@@ -20,18 +21,26 @@ BLOCK_OVERHEAD_BYTES = 64 * 1024
 def parameter_count(config: ViTConfig) -> int:
     """The number of parameters of ``ViT.from_config(config)``, in exact integers however large."""
     c, (ph, pw), d, m = config.in_channels, config.patch_size, config.dim, config.mlp_dim
-    # E (conv or linear, same count) and bias, class token, registers, E_pos
-    embed = d * c * ph * pw + d + d + config.register_tokens * d + config.num_pos_tokens * d
-    block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * m + m) + (m * d + d)
+    mlp = (d * m + m) + (m * d + d)
+    # E (conv or linear, same count) and its bias, the prefix tokens (class, distillation, registers), E_pos,
+    # CLIP's pre-norm
+    embed = d * c * ph * pw + d * config.patch_bias + config.num_prefix_tokens * d + config.num_pos_tokens * d
+    embed += 2 * d * config.pre_norm
+    block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + mlp
     if config.layer_scale is not None:
         block += 2 * d  # gamma of each branch
+    if config.qk_norm:
+        block += 4 * config.head_dim  # LayerNorms over D_h on q and k
     head = 2 * d  # the final LayerNorm (on every token, or after pooling with fc_norm)
+    if config.pool == "map":  # latent query, q, kv, output projection, LayerNorm and MLP
+        head += d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + 2 * d + mlp
     features = d
     if config.representation_size is not None:
         features = config.representation_size
         head += d * features + features
     if config.num_classes:
-        head += features * config.num_classes + config.num_classes
+        classifiers = 1 + config.distill_token  # DeiT's second classifier reads the distillation token
+        head += classifiers * (features * config.num_classes + config.num_classes * config.head_bias)
     return embed + config.depth * block + head
 
 
