@@ -73,6 +73,8 @@ def test_distilled_logits_average_the_two_classifiers_and_pre_logits_the_two_tok
     model.reset_classifier(3)
     assert model.head.fc.out_features == model.head.fc_dist.out_features == 3
     assert not model.head.fc_dist.weight.any() and model(x).shape == (2, 3)
+    assert model.get_classifier() == (model.head.fc, model.head.fc_dist)  # timm's pair for a distilled model
+    assert model.freeze_backbone() == ["head.fc.weight", "head.fc.bias", "head.fc_dist.weight", "head.fc_dist.bias"]
 
 
 def test_pre_norm_no_patch_bias_and_bias_free_head_as_written_out():

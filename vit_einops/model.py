@@ -241,9 +241,10 @@ class ViT(Sequential):
             return x.mean(dim=1) if self.head.distilled else x  # DeiT: the mean of the two tokens, as timm's
         return self.head.classify(x)
 
-    def get_classifier(self) -> nn.Module:
-        """The classifier ``head.fc``: an nn.Linear(head_hidden_size, K), or nn.Identity when K is 0."""
-        return self.head.fc
+    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
+        """The classifier ``head.fc``: an nn.Linear(head_hidden_size, K), or nn.Identity when K is 0; for a
+        distilled model (DeiT) the pair ``(head.fc, head.fc_dist)``, as timm's."""
+        return (self.head.fc, self.head.fc_dist) if self.head.distilled else self.head.fc
 
     def reset_classifier(
         self, num_classes: int, global_pool: str | None = None, *, class_names: Sequence[str] | None = None
@@ -389,11 +390,12 @@ class ViT(Sequential):
     # -- fine-tuning -------------------------------------------------------------------------------------
 
     def freeze_backbone(self) -> list[str]:
-        """Stop gradients everywhere but the classifier ``head.fc``; returns the names of the parameters left
-        trainable. With :meth:`reset_classifier` this is a frozen feature extractor under a new head."""
+        """Stop gradients everywhere but the classifier ``head.fc`` (and a distilled model's ``head.fc_dist``);
+        returns the names of the parameters left trainable. With :meth:`reset_classifier` this is a frozen feature
+        extractor under a new head."""
         trainable = []
         for name, param in self.named_parameters():
-            param.requires_grad_(name.startswith("head.fc."))
+            param.requires_grad_(name.startswith(("head.fc.", "head.fc_dist.")))
             if param.requires_grad:
                 trainable.append(name)
         return trainable
