@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from .._text import printable
-from ._model import add_model_arguments, default_images, load_model_from_args, model_inputs
+from ._model import add_model_arguments, default_images, is_digits_model, load_model_from_args, model_inputs
 
 DIGIT_IMAGES = 4  # test digits 0..3: a small model, a small page
 
@@ -61,17 +61,17 @@ def _explore(args: argparse.Namespace) -> int:
 
     check_file_output(args.out, args.force, "pass --force to replace it")  # before the work; again at the commit
     models = [load_model_from_args(args, path).eval() for path in args.models]
-    chosen = [default_images(model, args.image, DIGIT_IMAGES) for model in models]
-    titles = chosen[0]["titles"]
-    if any(images["titles"] != titles for images in chosen):
+    if not args.image and len({is_digits_model(model) for model in models}) > 1:
         raise ValueError(
             f"{args.models[0]} and {args.models[1]} have different default images (test digits for a digits model, "
             "sample photos otherwise): give --image FILE to explore both on the same images"
         )
+    chosen = [default_images(model, args.image, DIGIT_IMAGES) for model in models]
+    titles = chosen[0]["titles"]
+    for model in models:  # the page holds every layer's attention of every image, quantised from a float64 copy
+        check_forward_memory(model.config, len(titles), keep_attention=True, itemsize=8)
     panes = []
     for path, model, images in zip(args.models, models, chosen, strict=True):
-        # The page holds every layer's attention of every image, quantised from a float64 copy.
-        check_forward_memory(model.config, len(images["inputs"]), keep_attention=True, itemsize=8)
         panes.append(
             explorer_pane(
                 model,
