@@ -105,20 +105,21 @@ def _console_errors(driver):
 
 def _read(driver):
     """(query or None, key, value, bound) from the readout under the pointer."""
-    text = driver.find_element("id", "readout").text
+    text = driver.find_element("css selector", "#pane-0 .readout").text
     match = READOUT.match(text)
     assert match, f"unexpected readout {text!r}"
     query, key, value, bound = match.groups()
     return (None if query is None else int(query)), int(key), float(value), float(bound)
 
 
-def _hover_patch(driver, token, grid=4, click=False):
-    """Move the pointer to the centre of patch ``token`` (1..16 on the 4x4 grid), and click there if asked."""
+def _hover_patch(driver, token, grid=4, click=False, pane=0, prefix=1):
+    """Move the pointer to the centre of patch ``token`` (prefix..prefix + grid^2 - 1 on the grid x grid patches) of
+    pane ``pane``, and click there if asked."""
     from selenium.webdriver.common.action_chains import ActionChains
 
-    canvas = driver.find_element("id", "image-canvas")
+    canvas = driver.find_element("css selector", f"#pane-{pane} .image-canvas")
     cell = canvas.size["width"] / grid
-    p = token - 1
+    p = token - prefix
     # Selenium 4 measures offsets from the element's centre.
     x = (p % grid + 0.5) * cell - canvas.size["width"] / 2
     y = (p // grid + 0.5) * cell - canvas.size["height"] / 2
@@ -135,8 +136,9 @@ def _select(driver, element_id, value):
 # What the page shows, read in one round trip: texts by id, the scale's exact range, and the heat map's colour at
 # the centre of each patch of the 4x4 grid (away from the grid lines and the query and hover boxes).
 SHOWN = """
-const text = (id) => document.getElementById(id).textContent;
-const canvas = document.getElementById("image-canvas");
+const pane = document.getElementById("pane-0");
+const text = (name) => pane.querySelector("." + name).textContent;
+const canvas = pane.querySelector(".image-canvas");
 const ctx = canvas.getContext("2d");
 const cell = canvas.width / 4;
 const pixels = [];
@@ -144,7 +146,7 @@ for (let p = 0; p < 16; p++) {
   const x = Math.floor((p % 4 + 0.5) * cell), y = Math.floor((Math.floor(p / 4) + 0.5) * cell);
   pixels.push(Array.from(ctx.getImageData(x, y, 1, 1).data.slice(0, 3)));
 }
-const box = document.getElementById("colour-scale");
+const box = pane.querySelector(".colour-scale");
 const ids = ["query-line", "footer-row", "view-note", "scale-line", "legend-query", "legend-hover", "legend-head",
   "legend-layer", "chart-note", "readout"];
 return {min: Number(box.dataset.min), max: Number(box.dataset.max), pixels,
@@ -244,7 +246,7 @@ def test_every_view_after_each_step_of_several_click_sequences(browser, tmp_path
 
     # 1. As opened: attention, layer 0, mean of heads, the class token's row.
     text = check_view(browser, recorded, "attention", image=0)
-    assert text["chart-note"].endswith("n/a (attends only to the class token), patch mass 0: layer 0 head 0")
+    assert text["chart-note"].endswith("n/a (attends only to the prefix tokens), patch mass 0: layer 0 head 0")
 
     # 2. Layer 2, head 1; click patch 6 (the query), then hover patch 11.
     _select(browser, "layer-select", 2)
@@ -262,9 +264,9 @@ def test_every_view_after_each_step_of_several_click_sequences(browser, tmp_path
     # 4. The class token as the query, then the second class from the prediction list.
     from selenium.webdriver.common.action_chains import ActionChains
 
-    class_token = browser.find_element("id", "class-token")
+    class_token = browser.find_element("css selector", '#pane-0 .prefix-tokens li[data-name="cls"]')
     class_token.click()
-    browser.find_elements("css selector", "#predictions li")[1].click()
+    browser.find_elements("css selector", "#pane-0 .predictions li")[1].click()
     ActionChains(browser).move_to_element(class_token).perform()
     check_view(browser, recorded, "relevance", image=0, layer=2, head=1, query=0, rank=1, hover=0)
 
@@ -290,7 +292,7 @@ def test_every_view_after_each_step_of_several_click_sequences(browser, tmp_path
     check_view(browser, recorded, "norms", image=1, layer=1, query=9, hover=14)
 
     # A click on a chart picks that chart's layer.
-    chart = browser.find_element("id", "chart-entropy")
+    chart = browser.find_element("css selector", "#pane-0 .chart-entropy")
     left = chart.size["width"] / 2 - 52  # the plot starts 52 px from the chart's left edge (PAD.left)
     column = (chart.size["width"] - 52 - 8) / 3
     ActionChains(browser).move_to_element_with_offset(chart, int(-left + 2.5 * column), 0).click().perform()
@@ -307,7 +309,7 @@ def test_strings_from_files_show_literally_and_run_nothing_and_identity_relevanc
     _open(browser, page)
     shown = browser.execute_script(
         "return {options: Array.from(document.querySelectorAll('#image-select option'), (o) => o.textContent),"
-        " predictions: Array.from(document.querySelectorAll('#predictions li'), (li) => li.textContent),"
+        " predictions: Array.from(document.querySelectorAll('#pane-0 .predictions li'), (li) => li.textContent),"
         " pwned: window.pwned === undefined ? null : window.pwned, scripts: document.scripts.length};"
     )
     assert shown["options"] == [f"{i}: {title}" for i, title in enumerate(titles)]
@@ -315,7 +317,7 @@ def test_strings_from_files_show_literally_and_run_nothing_and_identity_relevanc
     assert names == sorted(HOSTILE)
     assert shown["pwned"] is None and shown["scripts"] == 2  # the data block and the page's own code
     _select(browser, "view-select", "relevance")
-    note = browser.find_element("id", "view-note").text
+    note = browser.find_element("css selector", "#pane-0 .view-note").text
     assert note.startswith("Relevance is the identity matrix for this class") and "zero-initialised" in note
-    assert float(browser.find_element("id", "colour-scale").get_attribute("data-max")) == 0
+    assert float(browser.find_element("css selector", "#pane-0 .colour-scale").get_attribute("data-max")) == 0
     assert _console_errors(browser) == []

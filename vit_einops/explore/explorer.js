@@ -711,7 +711,19 @@ function fillSelect(select, options) {
   );
 }
 
+// The class selector and each pane's prediction list, rebuilt only when the image changes (an element under the
+// pointer stays the one that was there), the chosen class marked on every update.
+let classesFor = null;
 function fillClasses() {
+  if (classesFor === state.image) {
+    $("class-select").value = String(state.classRank);
+    for (const pane of panes) {
+      [...pane.el("predictions").children].forEach((item, rank) =>
+        item.classList.toggle("chosen", rank === state.classRank && state.view === "relevance"));
+    }
+    return;
+  }
+  classesFor = state.image;
   const tops = panes.map((pane) => pane.data.images[state.image].top);
   const ranks = Math.min(...tops.map((top) => top.length));
   state.classRank = Math.min(state.classRank, ranks - 1);
