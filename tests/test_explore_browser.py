@@ -1,7 +1,8 @@
 """The explorer page in a real browser (Debian's chromium + chromedriver, driven by selenium): after every step of
 several click sequences, the heat map's colours, its colour scale, the legend and the row the page names are the
 recorded numbers of that row, to the precision the page states; strings from files show literally and run nothing;
-and there is no console error.
+two models side by side show their own prefix tokens (registers named) and DINO's masks, driven by one set of
+controls; and there is no console error. One browser session serves every test.
 
 In CI (CI=true) a missing browser, driver or selenium is a failure, so the test cannot vanish silently; on a
 developer machine it is skipped with the reason and the install command.
@@ -320,4 +321,87 @@ def test_strings_from_files_show_literally_and_run_nothing_and_identity_relevanc
     note = browser.find_element("css selector", "#pane-0 .view-note").text
     assert note.startswith("Relevance is the identity matrix for this class") and "zero-initialised" in note
     assert float(browser.find_element("css selector", "#pane-0 .colour-scale").get_attribute("data-max")) == 0
+    assert _console_errors(browser) == []
+
+
+# Pane 0's heat map at the centre of each of its 4x4 patches.
+CENTRES = """
+const canvas = document.querySelector("#pane-0 .image-canvas");
+const ctx = canvas.getContext("2d");
+const cell = canvas.width / 4;
+const pixels = [];
+for (let p = 0; p < 16; p++) {
+  const x = Math.floor((p % 4 + 0.5) * cell), y = Math.floor((Math.floor(p / 4) + 0.5) * cell);
+  pixels.push(Array.from(ctx.getImageData(x, y, 1, 1).data.slice(0, 3)));
+}
+return pixels;
+"""
+
+
+def test_two_models_side_by_side_with_register_tokens_and_dino_masks(browser, tmp_path):
+    from test_explore_models import PREFIX, loop_mask, model_files
+
+    from vit_einops.cli import main
+    from vit_einops.modelfile import load_vit
+
+    files, photo = model_files(tmp_path, "photo.jpg")
+    page = tmp_path / "x.html"
+    assert main(["explore", str(files["reg"]), str(files["plain"]), "--image", str(photo), "--out", str(page)]) == 0
+    _open(browser, page)
+    text = lambda selector: browser.find_element("css selector", selector).get_attribute("textContent")  # noqa: E731
+    attribute = lambda selector, name: browser.find_element("css selector", selector).get_attribute(name)  # noqa: E731
+    panes = browser.find_elements("css selector", "#panes .pane")
+    assert [pane.find_element("css selector", ".pane-name").text for pane in panes] == [
+        "reg.safetensors",
+        "plain.safetensors",
+    ]
+    # The register tokens are named beside the first map, the class token alone beside the second.
+    names = "return Array.from(document.querySelectorAll('#pane-%d .prefix-tokens li'), (li) => li.dataset.name);"
+    assert browser.execute_script(names % 0) == PREFIX and browser.execute_script(names % 1) == ["cls"]
+    assert text('#pane-0 .prefix-tokens li[data-name="reg1"]').startswith("reg1 (token 1, register token 1): ")
+    compare = text("#compare-line")
+    assert "layers 2 vs 3; heads 2 vs 4; patch grid 4×4 vs 2×2" in compare
+    assert "prefix tokens cls, reg1, reg2, reg3, reg4 vs cls" in compare
+    norms = text("#pane-0 .norm-line")
+    assert norms.startswith("after layer 0: prefix tokens cls ") and ", reg4 " in norms and "patches: median" in norms
+
+    # One selector drives both; where a model has fewer layers or heads it shows its last and says so.
+    _select(browser, "layer-select", 2)
+    _select(browser, "head-select", 3)
+    assert text("#pane-0 .clamp-note") == (
+        "this model has 2 layers: layer 2 is past its last, layer 1 is shown; "
+        "this model has 2 heads: head 3 is past its last, head 1 is shown"
+    )
+    assert text("#pane-1 .clamp-note") == "" and "layer 2, head 3, row 0" in text("#pane-1 .query-line")
+    # A patch clicked in one model is the patch under its centre in the other: (row 1, col 0) of the 2x2 grid
+    # is (row 3, col 1) of the 4x4 one.
+    _hover_patch(browser, 3, grid=2, click=True, pane=1)
+    assert text("#pane-1 .query-line").endswith("row 3: query token 3 (patch row 1, col 0)")
+    assert text("#pane-0 .query-line").endswith("row 18: query token 18 (patch row 3, col 1)")
+
+    # DINO's view: the last layer's class-token row, and the mask of each head and of their mean.
+    models = [load_vit(files[name]).eval() for name in ("reg", "plain")]
+    last = [record_attention(model, str(photo))[1][-1, 0].double() for model in models]  # (h, n, n)
+    browser.execute_script(
+        "const o = document.getElementById('opacity'); o.value = 100; o.dispatchEvent(new Event('input'));"
+    )
+    _select(browser, "view-select", "dino")
+    for head in ("mean", 1):
+        _select(browser, "head-select", head)
+        for index, (rows, prefix) in enumerate(zip(last, (5, 1), strict=True)):
+            row = (rows.mean(0) if head == "mean" else rows[head])[0, prefix:].numpy()
+            kept = np.flatnonzero(loop_mask(row))
+            line = f"#pane-{index} .dino-line"
+            assert attribute(line, "data-mask") == ",".join(map(str, kept))
+            assert f"the {len(kept)} highest of {len(row)} patches that hold 60% of the class token's" in text(line)
+    assert text("#pane-0 .query-line") == "attention A, layer 1, head 1, row 0: query token 0 (class token)"
+    # The mask darkens the patches outside it and leaves those inside as they were.
+    masked = np.array(browser.execute_script(CENTRES), dtype=float)
+    browser.find_element("id", "mask-toggle").click()
+    plain = np.array(browser.execute_script(CENTRES), dtype=float)
+    assert text("#pane-0 .dino-line").endswith("(mask hidden)")
+    inside = np.zeros(16, dtype=bool)
+    inside[list(map(int, attribute("#pane-0 .dino-line", "data-mask").split(",")))] = True
+    assert np.abs(masked[inside] - plain[inside]).max() <= 1
+    np.testing.assert_allclose(masked[~inside], plain[~inside] * 0.55, atol=1.5)
     assert _console_errors(browser) == []

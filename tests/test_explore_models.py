@@ -144,16 +144,17 @@ def test_bad_model_lists_are_named(tmp_path):
 # --- the command ------------------------------------------------------------------------------------------------
 
 
-def model_files(tmp_path):
-    """reg.safetensors (registers, 4x4 grid), plain.safetensors (2x2 grid, resizing to 32 px but normalised
-    otherwise) and grey.safetensors (a 1-channel digits-sized model), with a 48x64 photo."""
+def model_files(tmp_path, photo_name="photo.png"):
+    """reg.safetensors (registers, 4x4 grid, 2 layers of 2 heads), plain.safetensors (2x2 grid, 3 layers of 4 heads,
+    resizing to 32 px but normalised otherwise) and grey.safetensors (a 1-channel digits-sized model), with a 48x64
+    photo."""
     registers = register_vit()
     registers.preprocessing = Preprocessing.plain(32)
-    plain = tiny_vit(TINY_RGB, patch_size=16)
+    plain = tiny_vit(TINY_RGB, patch_size=16, depth=3)
     plain.preprocessing = Preprocessing(resize=(32, 32), mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
     grey = tiny_vit(TINY_DIGITS)
     grey.preprocessing = Preprocessing.plain(8, channels=1)
-    photo = tmp_path / "photo.png"
+    photo = tmp_path / photo_name
     Image.fromarray(np.arange(48 * 64 * 3, dtype=np.uint8).reshape(48, 64, 3)).save(photo)
     files = {
         name: save_vit(model, tmp_path / f"{name}.safetensors")
