@@ -14,7 +14,7 @@ from test_explore import decode, embedded
 from test_explore_stats import per_query_distance
 
 from vit_einops.explore import write_explorer
-from vit_einops.explore.payload import dino_mask, dino_view
+from vit_einops.explore.payload import dino_mask, dino_view, prefix_statistics
 from vit_einops.inspect import record_attention, token_norms
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing
@@ -239,3 +239,22 @@ def test_explore_refuses_with_one_line_and_writes_nothing(tmp_path, case):
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith(f"vit-einops explore: error: {message}") and result.stderr.count("\n") == 1
     assert digests(tmp_path) == before
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 3])
+def test_prefix_statistics_match_loops_for_any_number_of_prefix_tokens(prefix):
+    generator = torch.Generator().manual_seed(prefix)
+    gh, gw = 2, 3
+    n = prefix + gh * gw
+    maps = torch.randn(2, 2, 3, n, n, generator=generator, dtype=torch.float64).mul(2).softmax(-1)
+    stats = prefix_statistics(maps, (gh, gw), (4, 5), prefix)
+    # The loop reads patches from index 1: one token (zero, when there is none) left before them.
+    block = torch.nn.functional.pad(maps[..., prefix:, prefix:], (1, 0, 1, 0)).numpy()
+    for b in range(2):
+        expected = per_query_distance(block[:, b : b + 1], gh, gw, 4, 5)
+        np.testing.assert_allclose(stats["distance"][:, b].numpy(), expected, rtol=1e-10)
+    assert stats["prefix_share"].shape == (2, 2, 3, prefix)
+    total = stats["prefix_share"].sum(-1) + stats["patch_mass"]
+    torch.testing.assert_close(total, torch.ones_like(total), rtol=0, atol=1e-12)
+    for t in range(prefix):
+        torch.testing.assert_close(stats["prefix_share"][..., t], maps[..., prefix:, t].mean(-1), rtol=0, atol=1e-15)

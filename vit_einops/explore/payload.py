@@ -1,5 +1,13 @@
 """The numbers an explorer page carries: computed with vit_einops.inspect, quantised, and packed for JSON.
 
+The page holds one pane per model (:func:`build_payload`; two models are shown side by side on the same images)
+and what the panes share (:func:`page_payload`). A pane knows its model's prefix tokens, the tokens before the
+patches (``config.prefix_tokens``: "cls", "dist", "reg1", ...), and the patch grid of the input it ran on
+(``model.patch_embed.grid_for``): maps over the image show the patches, the prefix tokens are listed beside them
+with their share of each row (:func:`prefix_statistics` gives the patches' mean share per layer and head). DINO's
+view (:func:`dino_view`) is the last layer's class-token attention over the patches per head, with the mask that
+keeps 60% of its mass (:func:`dino_mask`), computed from the recorded attention before it is quantised.
+
 Sizes: ViT-B/16 at 224 px records 12 layers x 12 heads x 197 x 197 = 5.6 million attention weights per image.
 Each row of A (one query, all keys) is stored as integers of ``bits`` bits (8 by default, L = 2^bits - 1
 levels) scaled by the row's own maximum,
@@ -16,9 +24,9 @@ of two for values too small for a normal float16. Every binary array is compress
 it with the browser's own DecompressionStream) and written as base64.
 
 Every number is finite: non-finite logits, maps, norms or relevance (a model with nan, inf or huge weights) are a
-ValueError naming the array, never a page of nan. The one undefined statistic, the mean attention distance of a
-head that sends no attention between patches (it attends only to the class token), is written as null beside its
-patch mass 0. A class whose relevance is exactly the identity (its logit gives no gradient, e.g. a
+ValueError naming the array, never a page of nan. The undefined statistics are written as null: the mean
+attention distance of a head that sends no attention between patches (it attends only to the prefix tokens),
+beside its patch mass 0, and the mass DINO's mask keeps where the class token puts none on the patches. A class whose relevance is exactly the identity (its logit gives no gradient, e.g. a
 zero-initialised head) is flagged ``relevance_identity`` so the page can say why its map is blank.
 """
 
