@@ -330,7 +330,8 @@ function drawPrefix(pane, row, scaled, query, hover) {
   } else if (state.view === "norms") {
     line.textContent = pane.P ? "norms of the prefix tokens, on the map's scale (clipped at its top)" : "";
   } else {
-    line.textContent = `this row on the prefix tokens ${prefixSum.toPrecision(4)}, on the patches ${patches.toPrecision(4)}`;
+    line.textContent =
+      `this row on the prefix tokens ${prefixSum.toPrecision(4)}, on the patches ${patches.toPrecision(4)}`;
   }
   if (!pane.P) line.textContent = "this model has no prefix tokens: every token is a patch";
 }
@@ -423,7 +424,8 @@ function clampNote(pane) {
     notes.push(`this model has ${pane.data.heads} heads: head ${state.head} is past its last, head ` +
       `${pane.data.heads - 1} is shown`);
   }
-  if (state.view !== "dino" && state.query.prefix !== undefined && !pane.data.prefix_tokens.includes(state.query.prefix)) {
+  const missing = state.query.prefix !== undefined && !pane.data.prefix_tokens.includes(state.query.prefix);
+  if (state.view !== "dino" && missing) {
     notes.push(`this model has no ${state.query.prefix} token: its ${tokenName(pane, paneQuery(pane))} is the query`);
   }
   return notes.join("; ");
@@ -516,7 +518,8 @@ function drawTokenChart(pane) {
   const low = Math.min(0, ...norms);
   const pad = TOKEN_CHART;
   const x = (t) => pad.left + ((t + 0.5) / N) * (canvas.width - pad.left - pad.right);
-  const y = (v) => canvas.height - pad.bottom - ((v - low) / (high - low || 1)) * (canvas.height - pad.top - pad.bottom);
+  const plotH = canvas.height - pad.top - pad.bottom;
+  const y = (v) => canvas.height - pad.bottom - ((v - low) / (high - low || 1)) * plotH;
   ctx.clearRect(0, 0, canvas.width, canvas.height);
   ctx.fillStyle = "#333";
   ctx.font = "10px sans-serif";
@@ -578,7 +581,8 @@ function chartPoints(pane, chart) {
     chartValues(pane, chart, l).forEach((y, i) => {
       if (chart.key === "norms") {
         const isQuery = i === query;
-        const colour = i < pane.P ? prefixColour(pane.data.prefix_tokens[i]) : isQuery ? "#000" : "rgba(40, 90, 160, 0.35)";
+        const patch = isQuery ? "#000" : "rgba(40, 90, 160, 0.35)";
+        const colour = i < pane.P ? prefixColour(pane.data.prefix_tokens[i]) : patch;
         points.push({ layer: l, y, label: `layer ${l}, ${tokenName(pane, i)}: norm ${y.toFixed(4)}`, colour,
           size: isQuery || i < pane.P ? 3 : 1.6 });
       } else if (y === null) {

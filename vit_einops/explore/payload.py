@@ -26,8 +26,9 @@ it with the browser's own DecompressionStream) and written as base64.
 Every number is finite: non-finite logits, maps, norms or relevance (a model with nan, inf or huge weights) are a
 ValueError naming the array, never a page of nan. The undefined statistics are written as null: the mean
 attention distance of a head that sends no attention between patches (it attends only to the prefix tokens),
-beside its patch mass 0, and the mass DINO's mask keeps where the class token puts none on the patches. A class whose relevance is exactly the identity (its logit gives no gradient, e.g. a
-zero-initialised head) is flagged ``relevance_identity`` so the page can say why its map is blank.
+beside its patch mass 0, and the mass DINO's mask keeps where the class token puts none on the patches. A class
+whose relevance is exactly the identity (its logit gives no gradient, e.g. a zero-initialised head) is flagged
+``relevance_identity`` so the page can say why its map is blank.
 """
 
 from __future__ import annotations
