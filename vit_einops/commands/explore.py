@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from .._io import check_output, output_lock
 
     if len(args.models) > 2:
-        raise ValueError(f"explore shows one MODEL or two side by side, got {len(args.models)}: {args.models}")
+        raise ValueError(f"explore shows one MODEL or two side by side, got {len(args.models)}")
     inputs = [path for model in args.models for path in model_inputs(model, args.source)]
     check_output(args.out, [*inputs, *(args.image or ())])
     with output_lock(args.out):  # held from the first check to the commit: a second writer fails at once
