@@ -54,7 +54,7 @@ def test_register_model_payload_shares_statistics_and_dino_masks_are_the_recorde
     torch.manual_seed(0)
     model = register_vit()
     images = torch.rand(2, 3, 32, 32)
-    [pane] = embedded(write_explorer(model, images, tmp_path / "e.html"))["panes"]
+    [pane] = embedded(write_explorer(model, images, tmp_path / "e.html", top_k=1))["panes"]
     _, maps = record_attention(model, images)
     maps = maps.double().numpy()  # (l, b, h, 21, 21)
     _, norms = token_norms(model, images)
@@ -113,7 +113,9 @@ def test_two_models_side_by_side_are_each_their_own_models(tmp_path):
     plain = tiny_vit(TINY_RGB, patch_size=16, depth=3)  # a 2x2 grid, 3 layers of 4 heads, the class token alone
     images = torch.rand(2, 3, 32, 32)
     hostile = "</script><b>reg</b>"
-    page = write_explorer([registers, plain], images, tmp_path / "e.html", names=[hostile, "plain"], titles=["x", "y"])
+    page = write_explorer(
+        [registers, plain], images, tmp_path / "e.html", names=[hostile, "plain"], titles=["x", "y"], top_k=1
+    )
     assert page.read_text(encoding="utf-8").count("</script>") == 2
     data = embedded(page)
     assert data["titles"] == ["x", "y"] and [pane["name"] for pane in data["panes"]] == [hostile, "plain"]
@@ -170,7 +172,7 @@ def digests(folder):
 def test_explore_two_model_files_on_one_photo(tmp_path):
     files, photo = model_files(tmp_path)
     out = tmp_path / "x.html"
-    result = run_cli("explore", files["reg"], files["plain"], "--image", photo, "--out", out)
+    result = run_cli("explore", files["reg"], files["plain"], "--image", photo, "--out", out, "--top-k", "1")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"explorer: {out} (") and "1 images, 2 models side by side)" in result.stdout
     data = embedded(out)
@@ -195,12 +197,14 @@ def decode_png(text):
 def test_explore_one_file_twice_and_models_of_other_channels(tmp_path):
     files, photo = model_files(tmp_path)
     out = tmp_path / "same.html"
-    assert run_cli("explore", files["reg"], files["reg"], "--image", photo, "--out", out).returncode == 0
+    # --top-k 1 here and below: one relevance map (one backward pass) per model keeps the test fast.
+    result = run_cli("explore", files["reg"], files["reg"], "--image", photo, "--out", out, "--top-k", "1")
+    assert result.returncode == 0, result.stderr
     a, b = embedded(out)["panes"]
     assert a == b and a["name"] == "reg.safetensors"
     # A grey model beside an RGB one: each reads the photo in its own mode and size.
     out = tmp_path / "grey.html"
-    result = run_cli("explore", files["grey"], files["reg"], "--image", photo, "--out", out)
+    result = run_cli("explore", files["grey"], files["reg"], "--image", photo, "--out", out, "--top-k", "1")
     assert result.returncode == 0, result.stderr
     grey, rgb = embedded(out)["panes"]
     assert (grey["in_channels"], rgb["in_channels"]) == (1, 3)
