@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 from _hostile import run_cli
-from _tiny import TINY_DIGITS, TINY_RGB, tiny_vit
+from _tiny import TINY_DIGITS, TINY_RGB, TINY_RGB16, tiny_vit
 from PIL import Image
 from test_explore import decode, embedded
-from test_explore_stats import per_query_distance
+from test_explore_stats import class_sink, per_query_distance
 
 from vit_einops.explore import write_explorer
 from vit_einops.explore.payload import dino_mask, dino_view, prefix_statistics
@@ -105,6 +105,16 @@ def test_dino_view_needs_a_class_token():
     maps = torch.rand(2, 1, 2, 5, 5).softmax(-1)
     assert dino_view(maps, ()) is None and dino_view(maps, ("reg1",)) is None
     assert dino_view(maps, ("cls",))["masks"].shape == (1, 3, 4)
+
+
+def test_a_class_token_reading_only_itself_has_no_dino_mask(tmp_path):
+    torch.manual_seed(0)
+    model = class_sink(tiny_vit(TINY_RGB16, depth=1, heads=2))  # the last layer's head 0 reads the class token alone
+    [pane] = embedded(write_explorer(model, torch.rand(1, 3, 16, 16), tmp_path / "e.html", top_k=1))["panes"]
+    dino = pane["images"][0]["dino"]
+    assert dino["masks"][0] == [0] * 16 and dino["kept"][0] is None  # head 0: no mass on the patches to split
+    assert sum(dino["masks"][1]) > 0 and dino["kept"][1] >= 0.6  # head 1, and the mean of heads, have masks
+    assert sum(dino["masks"][2]) > 0 and dino["kept"][2] >= 0.6
 
 
 def test_two_models_side_by_side_are_each_their_own_models(tmp_path):
@@ -251,7 +261,7 @@ def test_prefix_statistics_match_loops_for_any_number_of_prefix_tokens(prefix):
     gh, gw = 2, 3
     n = prefix + gh * gw
     maps = torch.randn(2, 2, 3, n, n, generator=generator, dtype=torch.float64).mul(2).softmax(-1)
-    stats = prefix_statistics(maps, (gh, gw), (4, 5), prefix)
+    stats = prefix_statistics(maps, (gh, gw), (4, 5), ["cls", "reg1", "reg2"][:prefix])
     # The loop reads patches from index 1: one token (zero, when there is none) left before them.
     block = torch.nn.functional.pad(maps[..., prefix:, prefix:], (1, 0, 1, 0)).numpy()
     for b in range(2):

@@ -475,12 +475,16 @@ function dinoLine(pane) {
   const kept = dino.mask.flatMap((m, p) => (m ? [p] : []));
   box.dataset.mask = kept.join(",");
   const head = paneHead(pane);
+  const which = `DINO's mask (Caron et al. 2021) for ${head === "mean" ? "the mean of heads" : `head ${head}`}, ` +
+    `layer ${pane.data.depth - 1}: `;
+  if (dino.kept === null) {
+    box.textContent = which + "none, the class token puts no attention on the patches";
+    return;
+  }
   const keep = Math.round(100 * pane.data.dino_keep);
-  const mass = dino.kept === null ? "undefined (no attention on the patches)" : `${(100 * dino.kept).toFixed(1)}%`;
   box.textContent =
-    `DINO's mask (Caron et al. 2021) for ${head === "mean" ? "the mean of heads" : `head ${head}`}, layer ` +
-    `${pane.data.depth - 1}: the ${kept.length} highest of ${dino.mask.length} patches that hold ${keep}% of the ` +
-    `class token's attention over the patches; they hold ${mass}` + (state.mask ? "" : " (mask hidden)");
+    which + `the ${kept.length} highest of ${dino.mask.length} patches that hold ${keep}% of the class token's ` +
+    `attention over the patches; they hold ${(100 * dino.kept).toFixed(1)}%` + (state.mask ? "" : " (mask hidden)");
 }
 
 function drawReadout(pane, row) {

@@ -125,9 +125,10 @@ def relevance_is_identity(relevance: torch.Tensor) -> bool:
 
 
 def prefix_statistics(
-    maps: torch.Tensor, grid: tuple[int, int], patch_size: tuple[int, int], prefix: int
+    maps: torch.Tensor, grid: tuple[int, int], patch_size: tuple[int, int], prefix_tokens: Sequence[str]
 ) -> dict[str, torch.Tensor]:
-    """Per layer, image and head, with the ``prefix`` tokens before the patches (class, distillation, registers):
+    """Per layer, image and head, with the tokens ``prefix_tokens`` before the patches (class, distillation,
+    registers):
 
     - ``distance``: the mean attention distance in pixels over patch queries and patch keys (nan where they send
       each other no attention, exactly where ``patch_mass`` is 0);
@@ -138,7 +139,8 @@ def prefix_statistics(
 
     Shapes: maps (l, b, h, n, n) with n = prefix + gh * gw -> each (l, b, h), ``prefix_share`` (l, b, h, prefix).
     """
-    # TODO(merge): use vit_einops.inspect.head_statistics once it reads the prefix tokens itself.
+    # TODO(merge): use vit_einops.inspect.head_statistics(maps, grid, patch_size, prefix_tokens), prefix-aware there.
+    prefix = len(prefix_tokens)
     patches = maps[..., prefix:, prefix:].double()  # patch queries i, patch keys j
     weighted = einsum(patches, patch_distances(grid, patch_size).to(patches.device), "l b h i j, i j -> l b h")
     mass = patches.sum(dim=(-2, -1))
@@ -153,7 +155,7 @@ def prefix_statistics(
 def dino_mask(class_attention: torch.Tensor, keep: float = DINO_KEEP) -> torch.Tensor:
     """DINO's mask (Caron et al. 2021, their visualize_attention.py): per row, the attention normalised to sum 1,
     sorted ascending and summed cumulatively; the patches where that sum exceeds ``1 - keep`` are kept, the
-    fewest highest patches that together hold at least ``keep`` of the mass.
+    fewest highest patches that together hold at least ``keep`` of the mass. Every row needs some weight.
 
     Shapes: (..., patches) -> bool (..., patches)."""
     # TODO(merge): use vit_einops.inspect.dino_mask
@@ -165,14 +167,18 @@ def dino_mask(class_attention: torch.Tensor, keep: float = DINO_KEEP) -> torch.T
 
 def dino_view(maps: torch.Tensor, prefix_tokens: Sequence[str]) -> dict[str, Any] | None:
     """The last layer's class-token attention over the patches, per head and for the mean of the heads, and
-    :func:`dino_mask` of each: {"masks" (b, h + 1, patches) bool, "kept" (b, h + 1) the mass each mask holds,
-    the last entry the mean of heads}. None for a model with no class token (no "cls" in ``prefix_tokens``)."""
+    :func:`dino_mask` of each: {"masks" (b, h + 1, patches) bool, "kept" (b, h + 1) the share of the row's mass
+    each mask holds}, the last entry the mean of heads. A row with no weight on any patch (the class token reads
+    only prefix tokens) has no mask: all False, ``kept`` nan. None for a model with no class token (no "cls" in
+    ``prefix_tokens``)."""
     if "cls" not in prefix_tokens:
         return None
     rows = maps[-1, :, :, prefix_tokens.index("cls"), len(prefix_tokens) :].double()  # (b, h, patches)
     rows = torch.cat([rows, rows.mean(dim=1, keepdim=True)], dim=1)
-    masks = dino_mask(rows)
-    kept = (rows * masks).sum(dim=-1) / rows.sum(dim=-1)
+    total = rows.sum(dim=-1)
+    some = total > 0
+    masks = dino_mask(torch.where(some[..., None], rows, 1.0)) & some[..., None]
+    kept = torch.where(some, (rows * masks).sum(dim=-1) / torch.where(some, total, 1.0), torch.nan)
     return {"masks": masks, "kept": kept}
 
 
@@ -216,7 +222,7 @@ def build_payload(
     check_finite("relevance maps", relevance, f"the gradients overflowed; {weights}")
     rollout = attention_rollout(maps.double())  # (b, n, n)
     patch_size = tuple(cfg.patch_size)
-    stats = prefix_statistics(maps, grid, patch_size, prefix)  # each (l, b, h), prefix_share (l, b, h, prefix)
+    stats = prefix_statistics(maps, grid, patch_size, prefix_tokens)  # each (l, b, h), prefix_share (l, b, h, prefix)
     dino = dino_view(maps, prefix_tokens)
     maps64 = maps.detach().double().cpu().numpy()
 
