@@ -864,11 +864,13 @@ function compareLine() {
   each("input channels", (d) => d.in_channels);
   each("prefix tokens", (d) => d.prefix_tokens.join(", ") || "none");
   if (!differ.length) return "The two models have the same layout: every selection applies to both.";
-  return (
-    `The two models differ: ${differ.join("; ")}. The layer and head selectors run to the larger; a model past ` +
-    "its last layer or head shows its last, and says so above its map. A clicked patch is found in each model by " +
-    "its place in the picture, a prefix token by its name."
-  );
+  const notes = [`The two models differ: ${differ.join("; ")}.`];
+  if (a.depth !== b.depth || a.heads !== b.heads) {
+    notes.push("The layer and head selectors run to the larger; a model past its last layer or head shows its " +
+      "last, and says so above its map.");
+  }
+  notes.push("A clicked patch is found in each model by its place in the picture, a prefix token by its name.");
+  return notes.join(" ");
 }
 
 function describe() {
