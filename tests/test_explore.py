@@ -50,13 +50,15 @@ def test_embedded_arrays_are_the_recorded_numbers_within_the_stated_precision(tm
     model = tiny_vit(EXPLORED)
     images = torch.rand(2, 3, 16, 16)
     page = write_explorer(model, images, tmp_path / "e.html", titles=["a", "b"], bits=bits)
-    data = embedded(page)
+    shared = embedded(page)
+    [data] = shared["panes"]
     logits, maps = record_attention(model, images)
     maps = maps.double().numpy()
     depth, _, heads, n, _ = maps.shape
     assert (data["depth"], data["heads"], data["tokens"], data["grid"], data["patch"]) == (2, 4, 17, [4, 4], [4, 4])
+    assert data["prefix_tokens"] == ["cls"] and data["name"] == "model"
     levels = 2**bits - 1
-    assert data["attention_levels"] == levels
+    assert shared["attention_levels"] == levels
     top = logits.softmax(-1).topk(5, dim=-1)
     relevance = attention_relevance(model, images, top.indices).double().numpy()
     rollout = attention_rollout(torch.from_numpy(maps)).numpy()
@@ -78,12 +80,15 @@ def test_embedded_arrays_are_the_recorded_numbers_within_the_stated_precision(tm
             assert (np.abs(stored - relevance[i, c]) <= bound).all()
         stored = decode(image["rollout"], np.float16, (n, n)).astype(np.float64) * image["rollout_scale"]
         assert (np.abs(stored - rollout[i]) <= np.abs(rollout[i]) * 2**-11 + image["rollout_scale"] * 2**-25).all()
-        for key in ("distance", "entropy", "class_share"):
+        for key in ("distance", "entropy", "patch_mass"):
             np.testing.assert_allclose(image["stats"][key], stats[key][:, i].numpy(), atol=5e-7, rtol=0)
+        # The one prefix token's share is the class token's share of inspect's statistics.
+        share = stats["class_share"][:, i, :, None]
+        np.testing.assert_allclose(image["stats"]["prefix_share"], share, atol=5e-7, rtol=0)
         np.testing.assert_allclose(image["stats"]["norms"], norms[:, i].numpy(), atol=5e-5 + 1e-6, rtol=0)
         picture = Image.open(io.BytesIO(base64.b64decode(image["png"])))
         assert np.array_equal(np.asarray(picture), to_uint8(images[i]))  # inputs in [0, 1] are drawn as they are
-    assert [image["title"] for image in data["images"]] == ["a", "b"]
+    assert shared["titles"] == ["a", "b"]
 
 
 def test_page_is_self_contained_and_states_its_precision(tmp_path):
@@ -101,7 +106,7 @@ def test_titles_cannot_break_out_of_the_page(tmp_path):
     page = write_explorer(tiny_vit(EXPLORED), torch.rand(1, 3, 16, 16), tmp_path / "e.html", titles=[hostile])
     text = page.read_text(encoding="utf-8")
     assert text.count("</script>") == 2  # the data block's and the code's own
-    assert embedded(page)["images"][0]["title"] == hostile
+    assert embedded(page)["titles"] == [hostile]
 
 
 def test_class_names_and_pictures_are_used(tmp_path):
@@ -109,7 +114,7 @@ def test_class_names_and_pictures_are_used(tmp_path):
     model.class_names = [f"name{i}" for i in range(7)]
     picture = np.full((40, 40, 3), 200, dtype=np.uint8)
     page = write_explorer(model, torch.rand(1, 3, 16, 16), tmp_path / "e.html", pictures=[picture], top_k=3)
-    image = embedded(page)["images"][0]
+    image = embedded(page)["panes"][0]["images"][0]
     assert [c["name"] for c in image["top"]] == [f"name{c['index']}" for c in image["top"]]
     assert len(image["top"]) == 3
     shown = np.asarray(Image.open(io.BytesIO(base64.b64decode(image["png"]))))
@@ -185,8 +190,10 @@ def test_explore_command_on_a_digits_model_file(tmp_path, capsys):
     out = tmp_path / "explore.html"
     assert main(["explore", str(model_file), "--out", str(out)]) == 0
     data = embedded(out)
-    assert [image["title"] for image in data["images"]] == [f"test digit, label {d}" for d in range(4)]
-    assert all(c["name"] == str(c["index"]) for image in data["images"] for c in image["top"])
+    assert data["titles"] == [f"test digit, label {d}" for d in range(4)]
+    [pane] = data["panes"]
+    assert pane["name"] == "digits.safetensors"
+    assert all(c["name"] == str(c["index"]) for image in pane["images"] for c in image["top"])
     assert f"explorer: {out}" in capsys.readouterr().out
     before = out.read_bytes()
     assert main(["explore", str(model_file), "--out", str(out)]) == 2
@@ -194,7 +201,7 @@ def test_explore_command_on_a_digits_model_file(tmp_path, capsys):
     assert err.startswith("vit-einops explore: error: ") and "exists" in err and err.count("\n") == 1
     assert out.read_bytes() == before
     assert main(["explore", str(model_file), "--out", str(out), "--force", "--top-k", "2"]) == 0
-    assert len(embedded(out)["images"][0]["top"]) == 2
+    assert len(embedded(out)["panes"][0]["images"][0]["top"]) == 2
 
 
 def test_explore_command_with_image_files_and_sample_photos(tmp_path, capsys):
@@ -207,13 +214,13 @@ def test_explore_command_with_image_files_and_sample_photos(tmp_path, capsys):
     out = tmp_path / "one.html"
     assert main(["explore", str(model_file), "--image", str(photo), "--out", str(out), "--bits", "6"]) == 0
     data = embedded(out)
-    assert [image["title"] for image in data["images"]] == ["photo.png"] and data["attention_bits"] == 6
-    shown = np.asarray(Image.open(io.BytesIO(base64.b64decode(data["images"][0]["png"]))))
+    assert data["titles"] == ["photo.png"] and data["attention_bits"] == 6
+    shown = np.asarray(Image.open(io.BytesIO(base64.b64decode(data["panes"][0]["images"][0]["png"]))))
     expected = np.asarray(Image.open(photo).resize((32, 32), Image.Resampling.BILINEAR))
     assert np.array_equal(shown, expected)  # the picture is what the model saw, normalisation undone
     out2 = tmp_path / "samples.html"
     assert main(["explore", str(model_file), "--out", str(out2)]) == 0
-    assert [image["title"] for image in embedded(out2)["images"]] == ["china.jpg", "flower.jpg"]
+    assert embedded(out2)["titles"] == ["china.jpg", "flower.jpg"]
 
 
 def test_explore_command_errors_are_one_line(tmp_path, capsys):

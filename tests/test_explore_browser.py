@@ -1,7 +1,8 @@
 """The explorer page in a real browser (Debian's chromium + chromedriver, driven by selenium): after every step of
 several click sequences, the heat map's colours, its colour scale, the legend and the row the page names are the
 recorded numbers of that row, to the precision the page states; strings from files show literally and run nothing;
-and there is no console error.
+two models side by side show their own prefix tokens (registers named) and DINO's masks, driven by one set of
+controls; and there is no console error. One browser session serves every test.
 
 In CI (CI=true) a missing browser, driver or selenium is a failure, so the test cannot vanish silently; on a
 developer machine it is skipped with the reason and the install command.
@@ -105,20 +106,21 @@ def _console_errors(driver):
 
 def _read(driver):
     """(query or None, key, value, bound) from the readout under the pointer."""
-    text = driver.find_element("id", "readout").text
+    text = driver.find_element("css selector", "#pane-0 .readout").text
     match = READOUT.match(text)
     assert match, f"unexpected readout {text!r}"
     query, key, value, bound = match.groups()
     return (None if query is None else int(query)), int(key), float(value), float(bound)
 
 
-def _hover_patch(driver, token, grid=4, click=False):
-    """Move the pointer to the centre of patch ``token`` (1..16 on the 4x4 grid), and click there if asked."""
+def _hover_patch(driver, token, grid=4, click=False, pane=0, prefix=1):
+    """Move the pointer to the centre of patch ``token`` (prefix..prefix + grid^2 - 1 on the grid x grid patches) of
+    pane ``pane``, and click there if asked."""
     from selenium.webdriver.common.action_chains import ActionChains
 
-    canvas = driver.find_element("id", "image-canvas")
+    canvas = driver.find_element("css selector", f"#pane-{pane} .image-canvas")
     cell = canvas.size["width"] / grid
-    p = token - 1
+    p = token - prefix
     # Selenium 4 measures offsets from the element's centre.
     x = (p % grid + 0.5) * cell - canvas.size["width"] / 2
     y = (p // grid + 0.5) * cell - canvas.size["height"] / 2
@@ -135,8 +137,9 @@ def _select(driver, element_id, value):
 # What the page shows, read in one round trip: texts by id, the scale's exact range, and the heat map's colour at
 # the centre of each patch of the 4x4 grid (away from the grid lines and the query and hover boxes).
 SHOWN = """
-const text = (id) => document.getElementById(id).textContent;
-const canvas = document.getElementById("image-canvas");
+const pane = document.getElementById("pane-0");
+const text = (name) => pane.querySelector("." + name).textContent;
+const canvas = pane.querySelector(".image-canvas");
 const ctx = canvas.getContext("2d");
 const cell = canvas.width / 4;
 const pixels = [];
@@ -144,7 +147,7 @@ for (let p = 0; p < 16; p++) {
   const x = Math.floor((p % 4 + 0.5) * cell), y = Math.floor((Math.floor(p / 4) + 0.5) * cell);
   pixels.push(Array.from(ctx.getImageData(x, y, 1, 1).data.slice(0, 3)));
 }
-const box = document.getElementById("colour-scale");
+const box = pane.querySelector(".colour-scale");
 const ids = ["query-line", "footer-row", "view-note", "scale-line", "legend-query", "legend-hover", "legend-head",
   "legend-layer", "chart-note", "readout"];
 return {min: Number(box.dataset.min), max: Number(box.dataset.max), pixels,
@@ -244,7 +247,7 @@ def test_every_view_after_each_step_of_several_click_sequences(browser, tmp_path
 
     # 1. As opened: attention, layer 0, mean of heads, the class token's row.
     text = check_view(browser, recorded, "attention", image=0)
-    assert text["chart-note"].endswith("n/a (attends only to the class token), patch mass 0: layer 0 head 0")
+    assert text["chart-note"].endswith("n/a (attends only to the prefix tokens), patch mass 0: layer 0 head 0")
 
     # 2. Layer 2, head 1; click patch 6 (the query), then hover patch 11.
     _select(browser, "layer-select", 2)
@@ -262,9 +265,9 @@ def test_every_view_after_each_step_of_several_click_sequences(browser, tmp_path
     # 4. The class token as the query, then the second class from the prediction list.
     from selenium.webdriver.common.action_chains import ActionChains
 
-    class_token = browser.find_element("id", "class-token")
+    class_token = browser.find_element("css selector", '#pane-0 .prefix-tokens li[data-name="cls"]')
     class_token.click()
-    browser.find_elements("css selector", "#predictions li")[1].click()
+    browser.find_elements("css selector", "#pane-0 .predictions li")[1].click()
     ActionChains(browser).move_to_element(class_token).perform()
     check_view(browser, recorded, "relevance", image=0, layer=2, head=1, query=0, rank=1, hover=0)
 
@@ -290,7 +293,7 @@ def test_every_view_after_each_step_of_several_click_sequences(browser, tmp_path
     check_view(browser, recorded, "norms", image=1, layer=1, query=9, hover=14)
 
     # A click on a chart picks that chart's layer.
-    chart = browser.find_element("id", "chart-entropy")
+    chart = browser.find_element("css selector", "#pane-0 .chart-entropy")
     left = chart.size["width"] / 2 - 52  # the plot starts 52 px from the chart's left edge (PAD.left)
     column = (chart.size["width"] - 52 - 8) / 3
     ActionChains(browser).move_to_element_with_offset(chart, int(-left + 2.5 * column), 0).click().perform()
@@ -307,7 +310,7 @@ def test_strings_from_files_show_literally_and_run_nothing_and_identity_relevanc
     _open(browser, page)
     shown = browser.execute_script(
         "return {options: Array.from(document.querySelectorAll('#image-select option'), (o) => o.textContent),"
-        " predictions: Array.from(document.querySelectorAll('#predictions li'), (li) => li.textContent),"
+        " predictions: Array.from(document.querySelectorAll('#pane-0 .predictions li'), (li) => li.textContent),"
         " pwned: window.pwned === undefined ? null : window.pwned, scripts: document.scripts.length};"
     )
     assert shown["options"] == [f"{i}: {title}" for i, title in enumerate(titles)]
@@ -315,7 +318,91 @@ def test_strings_from_files_show_literally_and_run_nothing_and_identity_relevanc
     assert names == sorted(HOSTILE)
     assert shown["pwned"] is None and shown["scripts"] == 2  # the data block and the page's own code
     _select(browser, "view-select", "relevance")
-    note = browser.find_element("id", "view-note").text
+    note = browser.find_element("css selector", "#pane-0 .view-note").text
     assert note.startswith("Relevance is the identity matrix for this class") and "zero-initialised" in note
-    assert float(browser.find_element("id", "colour-scale").get_attribute("data-max")) == 0
+    assert float(browser.find_element("css selector", "#pane-0 .colour-scale").get_attribute("data-max")) == 0
+    assert _console_errors(browser) == []
+
+
+# Pane 0's heat map at the centre of each of its 4x4 patches.
+CENTRES = """
+const canvas = document.querySelector("#pane-0 .image-canvas");
+const ctx = canvas.getContext("2d");
+const cell = canvas.width / 4;
+const pixels = [];
+for (let p = 0; p < 16; p++) {
+  const x = Math.floor((p % 4 + 0.5) * cell), y = Math.floor((Math.floor(p / 4) + 0.5) * cell);
+  pixels.push(Array.from(ctx.getImageData(x, y, 1, 1).data.slice(0, 3)));
+}
+return pixels;
+"""
+
+
+def test_two_models_side_by_side_with_register_tokens_and_dino_masks(browser, tmp_path):
+    from test_explore_models import PREFIX, loop_mask, model_files
+
+    from vit_einops.cli import main
+    from vit_einops.modelfile import load_vit
+
+    files, photo = model_files(tmp_path, "photo.jpg")
+    page = tmp_path / "x.html"
+    args = [str(files["reg"]), str(files["plain"]), "--image", str(photo), "--out", str(page), "--top-k", "1"]
+    assert main(["explore", *args]) == 0
+    _open(browser, page)
+    text = lambda selector: browser.find_element("css selector", selector).get_attribute("textContent")  # noqa: E731
+    attribute = lambda selector, name: browser.find_element("css selector", selector).get_attribute(name)  # noqa: E731
+    panes = browser.find_elements("css selector", "#panes .pane")
+    assert [pane.find_element("css selector", ".pane-name").text for pane in panes] == [
+        "reg.safetensors",
+        "plain.safetensors",
+    ]
+    # The register tokens are named beside the first map, the class token alone beside the second.
+    names = "return Array.from(document.querySelectorAll('#pane-%d .prefix-tokens li'), (li) => li.dataset.name);"
+    assert browser.execute_script(names % 0) == PREFIX and browser.execute_script(names % 1) == ["cls"]
+    assert text('#pane-0 .prefix-tokens li[data-name="reg1"]').startswith("reg1 (token 1, register token 1): ")
+    compare = text("#compare-line")
+    assert "layers 2 vs 3; heads 2 vs 4; patch grid 4×4 vs 2×2" in compare
+    assert "prefix tokens cls, reg1, reg2, reg3, reg4 vs cls" in compare
+    norms = text("#pane-0 .norm-line")
+    assert norms.startswith("after layer 0: prefix tokens cls ") and ", reg4 " in norms and "patches: median" in norms
+
+    # One selector drives both; where a model has fewer layers or heads it shows its last and says so.
+    _select(browser, "layer-select", 2)
+    _select(browser, "head-select", 3)
+    assert text("#pane-0 .clamp-note") == (
+        "this model has 2 layers: layer 2 is past its last, layer 1 is shown; "
+        "this model has 2 heads: head 3 is past its last, head 1 is shown"
+    )
+    assert text("#pane-1 .clamp-note") == "" and "layer 2, head 3, row 0" in text("#pane-1 .query-line")
+    # A patch clicked in one model is the patch under its centre in the other: (row 1, col 0) of the 2x2 grid
+    # is (row 3, col 1) of the 4x4 one.
+    _hover_patch(browser, 3, grid=2, click=True, pane=1)
+    assert text("#pane-1 .query-line").endswith("row 3: query token 3 (patch row 1, col 0)")
+    assert text("#pane-0 .query-line").endswith("row 18: query token 18 (patch row 3, col 1)")
+
+    # DINO's view: the last layer's class-token row, and the mask of each head and of their mean.
+    models = [load_vit(files[name]).eval() for name in ("reg", "plain")]
+    last = [record_attention(model, str(photo))[1][-1, 0].double() for model in models]  # (h, n, n)
+    browser.execute_script(
+        "const o = document.getElementById('opacity'); o.value = 100; o.dispatchEvent(new Event('input'));"
+    )
+    _select(browser, "view-select", "dino")
+    for head in ("mean", 1):
+        _select(browser, "head-select", head)
+        for index, (rows, prefix) in enumerate(zip(last, (5, 1), strict=True)):
+            row = (rows.mean(0) if head == "mean" else rows[head])[0, prefix:].numpy()
+            kept = np.flatnonzero(loop_mask(row))
+            line = f"#pane-{index} .dino-line"
+            assert attribute(line, "data-mask") == ",".join(map(str, kept))
+            assert f"the {len(kept)} highest of {len(row)} patches that hold 60% of the class token's" in text(line)
+    assert text("#pane-0 .query-line") == "attention A, layer 1, head 1, row 0: query token 0 (class token)"
+    # The mask darkens the patches outside it and leaves those inside as they were.
+    masked = np.array(browser.execute_script(CENTRES), dtype=float)
+    browser.find_element("id", "mask-toggle").click()
+    plain = np.array(browser.execute_script(CENTRES), dtype=float)
+    assert text("#pane-0 .dino-line").endswith("(mask hidden)")
+    inside = np.zeros(16, dtype=bool)
+    inside[list(map(int, attribute("#pane-0 .dino-line", "data-mask").split(",")))] = True
+    assert np.abs(masked[inside] - plain[inside]).max() <= 1
+    np.testing.assert_allclose(masked[~inside], plain[~inside] * 0.55, atol=1.5)
     assert _console_errors(browser) == []

@@ -136,7 +136,7 @@ def test_the_page_marks_the_class_sink_heads_distance_as_null_beside_its_patch_m
     data = embedded(write_explorer(model, images, tmp_path / "e.html"))
     _, maps = record_attention(model, images)
     stats = head_statistics(maps.double(), (4, 4), 4)
-    for i, image in enumerate(data["images"]):
+    for i, image in enumerate(data["panes"][0]["images"]):
         distance, mass = np.array(image["stats"]["distance"], dtype=float), np.array(image["stats"]["patch_mass"])
         assert np.isnan(distance[0, 0]) and mass[0, 0] == 0  # null in the JSON
         assert np.isfinite(np.delete(distance.ravel(), 0)).all()
@@ -164,10 +164,10 @@ def test_a_non_finite_model_is_refused_with_the_cause_and_nothing_is_written(tmp
 def test_relevance_is_flagged_as_the_identity_when_the_classifier_gives_no_gradient(tmp_path):
     model = tiny_vit(TINY_RGB16)
     trained = embedded(write_explorer(model, torch.rand(1, 3, 16, 16), tmp_path / "a.html"))
-    assert [c["relevance_identity"] for c in trained["images"][0]["top"]] == [False] * 5
+    assert [c["relevance_identity"] for c in trained["panes"][0]["images"][0]["top"]] == [False] * 5
     model.reset_classifier(5)  # the paper's zero-initialised head: every logit is 0, whatever the attention
     fresh = embedded(write_explorer(model, torch.rand(1, 3, 16, 16), tmp_path / "b.html"))
-    assert [c["relevance_identity"] for c in fresh["images"][0]["top"]] == [True] * 5
+    assert [c["relevance_identity"] for c in fresh["panes"][0]["images"][0]["top"]] == [True] * 5
 
 
 @settings(max_examples=30, deadline=None)

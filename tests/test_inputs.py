@@ -113,8 +113,9 @@ def explorer_numbers(page: Path) -> dict:
     """The explorer's embedded data without its pictures (a preprocessed input is drawn min-max scaled)."""
     text = page.read_text(encoding="utf-8")
     data = json.loads(re.search(r'id="explorer-data">(.*?)</script>', text, re.S).group(1))
-    for image in data["images"]:
-        image.pop("png")
+    for pane in data["panes"]:
+        for image in pane["images"]:
+            image.pop("png")
     return data
 
 

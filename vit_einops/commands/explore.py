@@ -1,24 +1,33 @@
-"""`vit-einops explore MODEL [--image IMG...] --out explore.html`: one self-contained HTML page to study a model's
-attention interactively (layer, head, query patch, rollout, relevance, per-head statistics).
+"""`vit-einops explore MODEL [MODEL_B] [--image IMG...] --out explore.html`: one self-contained HTML page to study a
+model's attention interactively (layer, head, query patch, prefix tokens, rollout, relevance, DINO's mask, per-head
+statistics), or two models' side by side on the same images.
 
 MODEL is read as every command reads it (a model file, a training run, or with --from a torchvision/timm/HF
-model); images go through the model's own preprocessing, and the page shows them as the model saw them (resized
-and cropped, not normalised). Without --image: test digits for a model trained on the digits, else scikit-learn's
-two photos.
+model; the reading and preprocessing flags apply to both models); images go through each model's own
+preprocessing, and each pane shows them as its model saw them (resized and cropped, not normalised). Without
+--image: test digits for a model trained on the digits, else scikit-learn's two photos.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from .._text import printable
-from ._model import add_model_arguments, default_images, load_model_from_args, model_inputs
+from ._model import add_model_arguments, default_images, is_digits_model, load_model_from_args, model_inputs
 
 DIGIT_IMAGES = 4  # test digits 0..3: a small model, a small page
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser)
+    parser.add_argument(
+        "models",
+        nargs="+",
+        metavar="MODEL",
+        help="a vit-einops model file (.safetensors), a training run or checkpoint directory, a torchvision/timm "
+        "weights file or a Hugging Face directory; a second MODEL is shown beside the first, on the same images",
+    )
+    add_model_arguments(parser, positional=False)
     parser.add_argument("--image", action="append", metavar="FILE", help="an image to explore (repeatable)")
     parser.add_argument("--out", required=True, metavar="HTML", help="the page to write, e.g. explore.html")
     parser.add_argument("--force", action="store_true", help="replace --out if it exists")
@@ -36,34 +45,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .._io import check_output, output_lock
 
-    check_output(args.out, [*model_inputs(args.model, args.source), *(args.image or ())])
+    if len(args.models) > 2:
+        raise ValueError(f"explore shows one MODEL or two side by side, got {len(args.models)}")
+    inputs = [path for model in args.models for path in model_inputs(model, args.source)]
+    check_output(args.out, [*inputs, *(args.image or ())])
     with output_lock(args.out):  # held from the first check to the commit: a second writer fails at once
         return _explore(args)
 
 
 def _explore(args: argparse.Namespace) -> int:
     from .._io import check_file_output
-    from ..explore import write_explorer
+    from ..explore.page import explorer_pane, write_panes
     from ..images import to_uint8
     from ..sizes import check_forward_memory
 
     check_file_output(args.out, args.force, "pass --force to replace it")  # before the work; again at the commit
-    model = load_model_from_args(args).eval()
-    images = default_images(model, args.image, DIGIT_IMAGES)
-    # The page holds every layer's attention of every image, quantised from a float64 copy.
-    check_forward_memory(model.config, len(images["inputs"]), keep_attention=True, itemsize=8)
-    inputs = images["inputs"]
-    path = write_explorer(
-        model,
-        inputs,
-        args.out,
-        preprocessed=True,
-        titles=images["titles"],
-        class_names=model.class_names,
-        pictures=[to_uint8(picture) for picture in images["display"]],
-        top_k=args.top_k,
-        bits=args.bits,
-        overwrite=args.force,
-    )
-    print(f"explorer: {printable(path)} ({path.stat().st_size / 1e6:.2f} MB, {len(inputs)} images)")
+    models = [load_model_from_args(args, path).eval() for path in args.models]
+    if not args.image and len({is_digits_model(model) for model in models}) > 1:
+        raise ValueError(
+            f"{args.models[0]} and {args.models[1]} have different default images (test digits for a digits model, "
+            "sample photos otherwise): give --image FILE to explore both on the same images"
+        )
+    chosen = [default_images(model, args.image, DIGIT_IMAGES) for model in models]
+    titles = chosen[0]["titles"]
+    for model in models:  # the page holds every layer's attention of every image, quantised from a float64 copy
+        check_forward_memory(model.config, len(titles), keep_attention=True, itemsize=8)
+    panes = []
+    for path, model, images in zip(args.models, models, chosen, strict=True):
+        panes.append(
+            explorer_pane(
+                model,
+                images["inputs"],
+                name=Path(path).name,
+                preprocessed=True,
+                class_names=model.class_names,
+                pictures=[to_uint8(picture) for picture in images["display"]],
+                top_k=args.top_k,
+                bits=args.bits,
+            )
+        )
+    path = write_panes(panes, args.out, titles=titles, bits=args.bits, overwrite=args.force)
+    both = ", 2 models side by side" if len(models) == 2 else ""
+    print(f"explorer: {printable(path)} ({path.stat().st_size / 1e6:.2f} MB, {len(titles)} images{both})")
     return 0

@@ -1,28 +1,33 @@
 // The attention explorer. Everything it draws comes from the JSON in #explorer-data, written by
 // vit_einops.explore (see payload.py there for how the arrays are stored and how precise they are).
 //
-// Numbering, as in the rest of vit-einops: layers, heads, tokens and classes count from 0. Token 0 is the
-// class token; patch (row r, col c) of a gh x gw grid is token 1 + r * gw + c.
+// One pane per model (one, or two side by side on the same images), all driven by the same controls.
+// Numbering, as in the rest of vit-einops: layers, heads, tokens and classes count from 0. A model's tokens are
+// its prefix tokens (pane.prefix: "cls", "dist", "reg1", ... in token order), then the patches: patch (row r,
+// col c) of its gh x gw grid is token P + r * gw + c, P the number of prefix tokens.
 "use strict";
 
 const DATA = JSON.parse(document.getElementById("explorer-data").textContent);
-const N = DATA.tokens;
-const [GH, GW] = DATA.grid;
+const $ = (id) => document.getElementById(id);
 
-// What is shown: the whole page is redrawn from this object whenever it changes.
+// What is shown: every pane is redrawn from this object whenever it changes. The query and the hovered key are
+// said in the image's terms (a prefix token by name, or a point of the picture as fractions of its height and
+// width), so that each pane finds its own token there whatever its grid.
 const state = {
   image: 0,
-  view: "attention", // attention | rollout | relevance | norms
+  view: "attention", // attention | dino | rollout | relevance | norms
   layer: 0,
   head: "mean", // "mean" or a head index
   classRank: 0, // which of the image's top classes the relevance is for
-  query: 0, // the token whose row is drawn (0 = class token)
+  query: { prefix: "cls" }, // {prefix: name} or {point: [y, x]}
   opacity: 0.6, // of the heat map over the picture
-  hoverKey: null, // the token under the pointer
+  hover: null, // the key under the pointer, as the query is said
+  mask: true, // draw DINO's mask in the DINO view
 };
 
-const decoded = []; // per image: {attention, rowmax, rollout, relevance[], picture}
-const $ = (id) => document.getElementById(id);
+const PREFIX_KIND = { cls: "class token", dist: "distillation token" };
+const PREFIX_COLOUR = { cls: "#d22", dist: "#8a2be2" }; // registers: REGISTER_COLOUR
+const REGISTER_COLOUR = "#e08a00";
 
 // ---- decoding ------------------------------------------------------------------------------------------
 
@@ -72,46 +77,120 @@ async function decodeImage(page) {
     attention: await inflate(page.attention), // uint8 codes (layer, head, query, key)
     rowmax: float32Array(await inflate(page.attention_rowmax)), // (layer, head, query)
     rollout: halfMatrix(await inflate(page.rollout), page.rollout_scale), // (query, key)
-    rolloutScale: page.rollout_scale,
     relevance: await Promise.all(page.top.map(async (c) => halfMatrix(await inflate(c.relevance), c.relevance_scale))),
     picture: await loadPicture(page.png),
   };
 }
 
+// ---- panes -----------------------------------------------------------------------------------------------
+
+const panes = []; // {index, data, root, decoded[], N, P, GH, GW}
+
+function makePane(data, index) {
+  const root = $("pane-template").content.firstElementChild.cloneNode(true);
+  root.id = `pane-${index}`;
+  $("panes").append(root);
+  return {
+    index,
+    data,
+    root,
+    decoded: [],
+    N: data.tokens,
+    P: data.prefix_tokens.length,
+    GH: data.grid[0],
+    GW: data.grid[1],
+    el: (name) => root.querySelector(`.${name}`),
+  };
+}
+
+// The layer and head this pane shows: the selected ones, or its own last where it has fewer (said above it).
+function paneLayer(pane) {
+  if (state.view === "dino") return pane.data.depth - 1;
+  return Math.min(state.layer, pane.data.depth - 1);
+}
+
+function paneHead(pane) {
+  return state.head === "mean" ? "mean" : Math.min(state.head, pane.data.heads - 1);
+}
+
+// A query or key said in the image's terms -> this pane's token (null: none).
+function tokenOf(pane, where) {
+  if (where === null) return null;
+  if (where.prefix !== undefined) {
+    const i = pane.data.prefix_tokens.indexOf(where.prefix);
+    return i >= 0 ? i : null;
+  }
+  const [y, x] = where.point;
+  const row = Math.min(Math.floor(y * pane.GH), pane.GH - 1);
+  const col = Math.min(Math.floor(x * pane.GW), pane.GW - 1);
+  return pane.P + row * pane.GW + col;
+}
+
+// The query this pane draws: in the DINO view the class token's row (-1: it has none), else the selected one,
+// or where this model lacks that prefix token its first prefix token (the centre patch if it has none).
+function paneQuery(pane) {
+  if (state.view === "dino") return pane.data.prefix_tokens.indexOf("cls");
+  const token = tokenOf(pane, state.query);
+  if (token !== null) return token;
+  return pane.P > 0 ? 0 : Math.floor(pane.GH / 2) * pane.GW + Math.floor(pane.GW / 2);
+}
+
+function prefixLabel(name) {
+  if (PREFIX_KIND[name]) return PREFIX_KIND[name];
+  const register = /^reg(\d+)$/.exec(name);
+  return register ? `register token ${register[1]}` : name;
+}
+
+function prefixColour(name) {
+  return PREFIX_COLOUR[name] || REGISTER_COLOUR;
+}
+
+function tokenName(pane, token) {
+  if (token < pane.P) return `token ${token} (${prefixLabel(pane.data.prefix_tokens[token])})`;
+  const p = token - pane.P;
+  return `token ${token} (patch row ${Math.floor(p / pane.GW)}, col ${p % pane.GW})`;
+}
+
 // ---- the row being drawn: values over all N keys, and each value's error bound ------------------------
 
-// Row `query` of the selected matrix: {values, bounds, name}. bounds[j] is how far values[j] may be from the
-// number the model computed (the quantisation of the stored arrays, see the footer).
-function currentRow() {
-  const d = decoded[state.image];
-  const page = DATA.images[state.image];
+// The selected matrix's row for this pane: {values, bounds, name, digits}. bounds[j] is how far values[j] may
+// be from the number the model computed (the quantisation of the stored arrays, see the footer). null where the
+// pane has nothing to draw (the DINO view of a model without a class token).
+function currentRow(pane) {
+  const N = pane.N;
+  const d = pane.decoded[state.image];
+  const page = pane.data.images[state.image];
   const values = new Float64Array(N);
   const bounds = new Float64Array(N);
-  if (state.view === "attention") {
-    const heads = state.head === "mean" ? [...Array(DATA.heads).keys()] : [state.head];
+  const layer = paneLayer(pane);
+  const query = paneQuery(pane);
+  if (state.view === "attention" || state.view === "dino") {
+    if (query < 0) return null;
+    const head = paneHead(pane);
+    const heads = head === "mean" ? [...Array(pane.data.heads).keys()] : [head];
     for (const h of heads) {
-      const rowIndex = (state.layer * DATA.heads + h) * N + state.query;
+      const rowIndex = (layer * pane.data.heads + h) * N + query;
       const step = d.rowmax[rowIndex] / DATA.attention_levels; // one uint8 step of this row
       for (let j = 0; j < N; j++) {
         values[j] += (d.attention[rowIndex * N + j] * step) / heads.length;
         bounds[j] += step / 2 / heads.length; // rounding to the nearest step: half a step
       }
     }
-    const head = state.head === "mean" ? "mean of heads" : `head ${state.head}`;
-    return { values, bounds, name: `attention A, layer ${state.layer}, ${head}`, digits: "fixed" };
+    const named = head === "mean" ? "mean of heads" : `head ${head}`;
+    return { values, bounds, name: `attention A, layer ${layer}, ${named}`, digits: "fixed" };
   }
   if (state.view === "norms") {
-    const norms = page.stats.norms[state.layer];
+    const norms = page.stats.norms[layer];
     for (let j = 0; j < N; j++) {
       values[j] = norms[j];
       bounds[j] = 5e-5; // stored rounded to 4 decimals
     }
-    return { values, bounds, name: `token norm ||z||, after layer ${state.layer}`, digits: "significant" };
+    return { values, bounds, name: `token norm ||z||, after layer ${layer}`, digits: "significant" };
   }
   const matrix = state.view === "rollout" ? d.rollout : d.relevance[state.classRank];
   const scale = state.view === "rollout" ? page.rollout_scale : page.top[state.classRank].relevance_scale;
   for (let j = 0; j < N; j++) {
-    values[j] = matrix[state.query * N + j];
+    values[j] = matrix[query * N + j];
     bounds[j] = Math.abs(values[j]) * DATA.half_relative + scale * DATA.half_subnormal;
   }
   const cls = page.top[state.classRank];
@@ -131,12 +210,6 @@ function className(c) {
   return c.name === `class ${c.index}` ? c.name : `${c.name} (class ${c.index})`;
 }
 
-function tokenName(token) {
-  if (token === 0) return "token 0 (class token)";
-  const p = token - 1;
-  return `token ${token} (patch row ${Math.floor(p / GW)}, col ${p % GW})`;
-}
-
 // ---- drawing -----------------------------------------------------------------------------------------------
 
 // Viridis, sampled at 9 points and interpolated linearly: dark blue (low) to yellow (high).
@@ -152,21 +225,38 @@ function colour(t, alpha) {
   return `rgba(${rgb[0]}, ${rgb[1]}, ${rgb[2]}, ${alpha})`;
 }
 
-function drawImage() {
-  const canvas = $("image-canvas");
+// DINO's mask of this pane's image and head (the last entry: the mean of heads), or null.
+function dinoMask(pane) {
+  const dino = pane.data.images[state.image].dino;
+  if (dino === null) return null;
+  const head = paneHead(pane);
+  const k = head === "mean" ? pane.data.heads : head;
+  return { mask: dino.masks[k], kept: dino.kept[k] };
+}
+
+function drawImage(pane, row) {
+  const canvas = pane.el("image-canvas");
   const ctx = canvas.getContext("2d");
-  const d = decoded[state.image];
-  const row = currentRow();
+  const d = pane.decoded[state.image];
+  const { P, N, GH, GW } = pane;
   const cellW = canvas.width / GW;
   const cellH = canvas.height / GH;
   ctx.imageSmoothingEnabled = false;
   ctx.drawImage(d.picture, 0, 0, canvas.width, canvas.height);
-  // Heat map over the patches, linear from 0 to this row's largest patch value (the class token is shown apart,
-  // on the same scale, clipped).
-  const peak = patchPeak(row);
+  if (row === null) {
+    pane.data.prefix_tokens.forEach((name, t) => {
+      pane.el("prefix-tokens").children[t].textContent = `${name} (token ${t}, ${prefixLabel(name)})`;
+    });
+    pane.el("patch-mass").textContent = "";
+    drawScale(pane, null, 0);
+    return;
+  }
+  // Heat map over the patches, linear from 0 to this row's largest patch value (the prefix tokens are listed
+  // beside it, on the same scale, clipped).
+  const peak = patchPeak(pane, row);
   const scaled = (v) => (peak > 0 ? Math.min(Math.max(v / peak, 0), 1) : 0);
-  for (let j = 1; j < N; j++) {
-    const p = j - 1;
+  for (let j = P; j < N; j++) {
+    const p = j - P;
     ctx.fillStyle = colour(scaled(row.values[j]), state.opacity);
     ctx.fillRect((p % GW) * cellW, Math.floor(p / GW) * cellH, cellW, cellH);
   }
@@ -175,42 +265,107 @@ function drawImage() {
   ctx.lineWidth = 1;
   for (let c = 1; c < GW; c++) line(ctx, c * cellW, 0, c * cellW, canvas.height);
   for (let r = 1; r < GH; r++) line(ctx, 0, r * cellH, canvas.width, r * cellH);
+  // DINO's mask: the patches outside it hatched, its edge drawn in white.
+  const dino = state.view === "dino" && state.mask ? dinoMask(pane) : null;
+  if (dino !== null) drawMask(ctx, pane, dino.mask, cellW, cellH);
   // The query patch (dashed white) and the key under the pointer (solid red).
-  if (state.view !== "norms" && state.query > 0) outline(ctx, state.query, cellW, cellH, "#fff", [5, 3]);
-  if (state.hoverKey !== null && state.hoverKey > 0) outline(ctx, state.hoverKey, cellW, cellH, "#e22", []);
-  const cls = $("class-token");
-  cls.style.background = colour(scaled(row.values[0]), 0.8);
-  cls.style.color = scaled(row.values[0]) > 0.6 ? "#000" : "#fff";
-  cls.classList.toggle("query", state.query === 0 && state.view !== "norms");
-  drawScale(row, peak);
+  const query = paneQuery(pane);
+  if (!["norms", "dino"].includes(state.view) && query >= P) outline(ctx, pane, query, cellW, cellH, "#fff", [5, 3]);
+  const hover = tokenOf(pane, state.hover);
+  if (hover !== null && hover >= P) outline(ctx, pane, hover, cellW, cellH, "#e22", []);
+  drawPrefix(pane, row, scaled, query, hover);
+  drawScale(pane, row, peak);
 }
 
-// The largest value over the patches (tokens 1..N-1): the top of the colour scale.
-function patchPeak(row) {
+function drawMask(ctx, pane, mask, cellW, cellH) {
+  const { GW } = pane;
+  ctx.save();
+  for (let p = 0; p < mask.length; p++) {
+    if (mask[p]) continue;
+    const x = (p % GW) * cellW;
+    const y = Math.floor(p / GW) * cellH;
+    ctx.fillStyle = "rgba(0, 0, 0, 0.45)";
+    ctx.fillRect(x, y, cellW, cellH);
+  }
+  ctx.strokeStyle = "#fff";
+  ctx.lineWidth = 2;
+  const inside = (r, c) => r >= 0 && c >= 0 && r < pane.GH && c < GW && mask[r * GW + c] === 1;
+  for (let p = 0; p < mask.length; p++) {
+    if (!mask[p]) continue;
+    const r = Math.floor(p / GW);
+    const c = p % GW;
+    const [x, y] = [c * cellW, r * cellH];
+    if (!inside(r - 1, c)) line(ctx, x, y, x + cellW, y);
+    if (!inside(r + 1, c)) line(ctx, x, y + cellH, x + cellW, y + cellH);
+    if (!inside(r, c - 1)) line(ctx, x, y, x, y + cellH);
+    if (!inside(r, c + 1)) line(ctx, x + cellW, y, x + cellW, y + cellH);
+  }
+  ctx.restore();
+}
+
+// The prefix tokens beside the map: each one's value in this row (for attention: the share of the query's mass
+// on it), coloured on the map's scale; and the patches' total.
+function drawPrefix(pane, row, scaled, query, hover) {
+  const items = pane.el("prefix-tokens").children;
+  let prefixSum = 0;
+  pane.data.prefix_tokens.forEach((name, t) => {
+    const item = items[t];
+    const value = row.values[t];
+    prefixSum += value;
+    item.textContent = `${name} (token ${t}, ${prefixLabel(name)}): ${formatValue(value, row.bounds[t], row.digits)}`;
+    item.dataset.value = String(value);
+    item.style.background = colour(scaled(value), 0.8);
+    item.style.color = scaled(value) > 0.6 ? "#000" : "#fff";
+    item.style.borderColor = prefixColour(name);
+    item.classList.toggle("query", t === query && state.view !== "norms");
+    item.classList.toggle("hovered", t === hover);
+  });
+  let patches = 0;
+  for (let j = pane.P; j < pane.N; j++) patches += row.values[j];
+  const line = pane.el("patch-mass");
+  if (state.view === "attention" || state.view === "dino") {
+    line.textContent =
+      `share of the query's attention: prefix tokens ${prefixSum.toFixed(4)}, patches ${patches.toFixed(4)}` +
+      " (each row of A sums to 1)";
+  } else if (state.view === "norms") {
+    line.textContent = pane.P ? "norms of the prefix tokens, on the map's scale (clipped at its top)" : "";
+  } else {
+    line.textContent =
+      `this row on the prefix tokens ${prefixSum.toPrecision(4)}, on the patches ${patches.toPrecision(4)}`;
+  }
+  if (!pane.P) line.textContent = "this model has no prefix tokens: every token is a patch";
+}
+
+// The largest value over the patches: the top of the colour scale.
+function patchPeak(pane, row) {
   let peak = 0;
-  for (let j = 1; j < N; j++) peak = Math.max(peak, row.values[j]);
+  for (let j = pane.P; j < pane.N; j++) peak = Math.max(peak, row.values[j]);
   return peak;
 }
 
 // The colour scale under the picture: its ramp and range, in every view. data-min / data-max hold the exact
 // numbers (the text rounds them).
-function drawScale(row, peak) {
-  const bar = $("scale-bar");
+function drawScale(pane, row, peak) {
+  const bar = pane.el("scale-bar");
   const ctx = bar.getContext("2d");
   for (let x = 0; x < bar.width; x++) {
     ctx.fillStyle = colour(x / (bar.width - 1), 1);
     ctx.fillRect(x, 0, 1, bar.height);
   }
-  const box = $("colour-scale");
+  const box = pane.el("colour-scale");
   box.dataset.min = "0";
   box.dataset.max = String(peak);
-  $("scale-min").textContent = "0";
-  $("scale-max").textContent = peak.toPrecision(4);
-  const own = row.values[0];
-  const clipped = peak > 0 && own > peak ? ", above the scale: drawn at its top" : "";
-  $("scale-line").textContent =
+  pane.el("scale-min").textContent = "0";
+  pane.el("scale-max").textContent = peak.toPrecision(4);
+  if (row === null) {
+    pane.el("scale-line").textContent = "";
+    return;
+  }
+  const above = pane.data.prefix_tokens.filter((_, t) => peak > 0 && row.values[t] > peak);
+  const clipped = above.length ? `; above the scale, drawn at its top: ${above.join(", ")}` : "";
+  pane.el("scale-line").textContent =
     `colour: linear from 0 (dark blue) to ${peak.toPrecision(4)} (yellow), the largest value on a patch in ` +
-    `this ${state.view === "norms" ? "layer" : "row"}; class token ${own.toPrecision(4)}${clipped}`;
+    `this ${state.view === "norms" ? "layer" : "row"}${clipped}`;
 }
 
 function line(ctx, x0, y0, x1, y1) {
@@ -220,108 +375,225 @@ function line(ctx, x0, y0, x1, y1) {
   ctx.stroke();
 }
 
-function outline(ctx, token, cellW, cellH, style, dash) {
-  const p = token - 1;
+function outline(ctx, pane, token, cellW, cellH, style, dash) {
+  const p = token - pane.P;
   ctx.save();
   ctx.strokeStyle = style;
   ctx.lineWidth = 2.5;
   ctx.setLineDash(dash);
-  ctx.strokeRect((p % GW) * cellW + 1, Math.floor(p / GW) * cellH + 1, cellW - 2, cellH - 2);
+  ctx.strokeRect((p % pane.GW) * cellW + 1, Math.floor(p / pane.GW) * cellH + 1, cellW - 2, cellH - 2);
   ctx.restore();
 }
 
 // Which row is drawn, said the same way in the line under the picture and in the footer.
-function rowName(row) {
-  if (state.view === "norms") return `${row.name} (every token's own norm: no query row)`;
-  return `${row.name}, row ${state.query}: query ${tokenName(state.query)}`;
+function rowName(pane, row) {
+  if (row === null) return "nothing: this model has no class token, whose attention DINO's view shows";
+  if (state.view === "norms") return `${row.name} (every token; no query row)`;
+  const q = paneQuery(pane);
+  return `${row.name}, row ${q}: query ${tokenName(pane, q)}`;
 }
 
-function drawLegend() {
-  const q = state.query;
-  $("legend-query").textContent =
+function drawLegend(pane) {
+  const q = paneQuery(pane);
+  const hover = tokenOf(pane, state.hover);
+  pane.el("legend-query").textContent =
     state.view === "norms"
       ? "query (dashed white box): none, token norms have no query"
-      : `query (dashed white box${q === 0 ? "; for the class token, the dashed box above" : ""}): ${tokenName(q)}`;
-  $("legend-hover").textContent =
-    `hovered key (red box): ${state.hoverKey === null ? "none" : tokenName(state.hoverKey)}`;
-  const head = state.head === "mean" ? "mean of heads (all blue)" : `head ${state.head}`;
-  const used = { attention: "", rollout: "; the rollout uses every head", relevance: "; relevance uses every head",
-    norms: "; token norms have no heads" }[state.view];
-  $("legend-head").textContent = `selected head (charts: blue dots, the others grey): ${head}${used}`;
+      : `query (dashed white box${q < pane.P ? "; for a prefix token, the dashed box beside the map" : ""}): ` +
+        (q < 0 ? "none" : tokenName(pane, q));
+  pane.el("legend-hover").textContent =
+    `hovered key (red box): ${hover === null ? "none" : tokenName(pane, hover)}`;
+  const head = paneHead(pane);
+  const named = head === "mean" ? "mean of heads (all blue)" : `head ${head}`;
+  const used = { attention: "", dino: "", rollout: "; the rollout uses every head",
+    relevance: "; relevance uses every head", norms: "; token norms have no heads" }[state.view];
+  pane.el("legend-head").textContent = `selected head (charts: blue dots, the others grey): ${named}${used}`;
   const layers = ["rollout", "relevance"].includes(state.view) ? `; the ${state.view} combines every layer` : "";
-  $("legend-layer").textContent = `selected layer (yellow column in the charts): layer ${state.layer}${layers}`;
+  pane.el("legend-layer").textContent =
+    `selected layer (yellow column in the charts): layer ${paneLayer(pane)}${layers}`;
+}
+
+// Where this pane shows other than what the controls select (fewer layers or heads, no such prefix token).
+function clampNote(pane) {
+  const notes = [];
+  if (state.view !== "dino" && state.layer > pane.data.depth - 1 && !["rollout", "relevance"].includes(state.view)) {
+    notes.push(`this model has ${pane.data.depth} layers: layer ${state.layer} is past its last, layer ` +
+      `${pane.data.depth - 1} is shown`);
+  }
+  if (state.head !== "mean" && state.head > pane.data.heads - 1 && ["attention", "dino"].includes(state.view)) {
+    notes.push(`this model has ${pane.data.heads} heads: head ${state.head} is past its last, head ` +
+      `${pane.data.heads - 1} is shown`);
+  }
+  const missing = state.query.prefix !== undefined && !pane.data.prefix_tokens.includes(state.query.prefix);
+  if (state.view !== "dino" && missing) {
+    notes.push(`this model has no ${state.query.prefix} token: its ${tokenName(pane, paneQuery(pane))} is the query`);
+  }
+  return notes.join("; ");
 }
 
 // Why a map looks the way it does, where that is not its data's fault: identity relevance, a row with nothing
 // on the patches, and which row of R is the usual one.
-function viewNote(row) {
+function viewNote(pane, row) {
   const notes = [];
-  const cls = DATA.images[state.image].top[state.classRank];
-  if (state.view === "relevance" && cls.relevance_identity) {
+  const cls = pane.data.images[state.image].top[state.classRank];
+  if (row === null) {
+    notes.push("This model has no class token (no \"cls\" among its prefix tokens), so it has no class-token " +
+      "attention for DINO's view; the attention view shows any query's row.");
+  } else if (state.view === "relevance" && cls.relevance_identity) {
     notes.push(
       "Relevance is the identity matrix for this class: no head's gradient-weighted attention " +
         "(∂y/∂A ⊙ A)⁺ is positive, so every row holds its own token alone and the patches get 0. The class's " +
         "logit does not depend on the attention: a zero-initialised classification head (a new or reset " +
         "classifier, as the paper initialises it) gives ∂y/∂A = 0.",
     );
-  } else if (state.view !== "norms" && patchPeak(row) <= 0) {
-    notes.push("This row puts no weight on any patch (all of it on the class token), so the map is blank.");
+  } else if (state.view !== "norms" && patchPeak(pane, row) <= 0) {
+    notes.push("This row puts no weight on any patch (all of it on the prefix tokens), so the map is blank.");
   }
-  if (["rollout", "relevance"].includes(state.view) && state.query !== 0) {
-    notes.push(`Shown: row ${state.query}, the clicked patch's. Row 0 (the class token's, what the classifier ` +
-      "reads) is the usual map: click the class token to show it.");
+  const q = paneQuery(pane);
+  if (["rollout", "relevance"].includes(state.view) && q >= pane.P) {
+    notes.push(`Shown: row ${q}, the clicked patch's. The class token's row (what the classifier ` +
+      "reads) is the usual map: click the class token beside the map to show it.");
   }
   return notes.join(" ");
 }
 
-function drawReadout() {
-  const row = currentRow();
-  $("query-line").textContent = rowName(row);
-  $("footer-row").textContent = `Drawn over the patches: ${rowName(row)}.`;
-  $("view-note").textContent = viewNote(row);
-  drawLegend();
-  if (state.hoverKey === null) {
-    $("readout").textContent = "move the pointer over a patch (or the class token)";
+// DINO's view in words: which head's mask, how many patches it keeps and how much mass they hold. data-mask
+// lists the kept patches (row-major patch indices).
+function dinoLine(pane) {
+  const box = pane.el("dino-line");
+  if (state.view !== "dino") {
+    box.textContent = "";
+    box.dataset.mask = "";
     return;
   }
-  const key = state.hoverKey;
-  const what = { attention: "weight", rollout: "weight", relevance: "relevance", norms: "norm" }[state.view];
-  const query = state.view === "norms" ? "" : `query ${state.query} · `;
-  $("readout").textContent =
-    `${query}key ${key} · ${what} ${formatValue(row.values[key], row.bounds[key], row.digits)} · ${tokenName(key)}`;
+  const dino = dinoMask(pane);
+  if (dino === null) {
+    box.textContent = "DINO's mask: none, this model has no class token";
+    box.dataset.mask = "";
+    return;
+  }
+  const kept = dino.mask.flatMap((m, p) => (m ? [p] : []));
+  box.dataset.mask = kept.join(",");
+  const head = paneHead(pane);
+  const which = `DINO's mask (Caron et al. 2021) for ${head === "mean" ? "the mean of heads" : `head ${head}`}, ` +
+    `layer ${pane.data.depth - 1}: `;
+  if (dino.kept === null) {
+    box.textContent = which + "none, the class token puts no attention on the patches";
+    return;
+  }
+  const keep = Math.round(100 * pane.data.dino_keep);
+  box.textContent =
+    which + `the ${kept.length} highest of ${dino.mask.length} patches that hold ${keep}% of the class token's ` +
+    `attention over the patches; they hold ${(100 * dino.kept).toFixed(1)}%` + (state.mask ? "" : " (mask hidden)");
+}
+
+function drawReadout(pane, row) {
+  pane.el("query-line").textContent = rowName(pane, row);
+  pane.el("footer-row").textContent = `Drawn over the patches: ${rowName(pane, row)}.`;
+  pane.el("view-note").textContent = viewNote(pane, row);
+  pane.el("clamp-note").textContent = clampNote(pane);
+  dinoLine(pane);
+  drawLegend(pane);
+  const key = tokenOf(pane, state.hover);
+  if (key === null || row === null) {
+    pane.el("readout").textContent = "move the pointer over a patch (or a prefix token)";
+    return;
+  }
+  const what = { attention: "weight", dino: "weight", rollout: "weight", relevance: "relevance", norms: "norm" }[
+    state.view
+  ];
+  const query = state.view === "norms" ? "" : `query ${paneQuery(pane)} · `;
+  pane.el("readout").textContent =
+    `${query}key ${key} · ${what} ${formatValue(row.values[key], row.bounds[key], row.digits)} · ` +
+    tokenName(pane, key);
+}
+
+// ---- the selected layer's token norms, token by token: prefix tokens marked, the patches' outliers named ------
+
+const TOKEN_CHART = { left: 52, right: 8, top: 8, bottom: 20 };
+
+function drawTokenChart(pane) {
+  const canvas = pane.el("token-chart");
+  const ctx = canvas.getContext("2d");
+  const layer = paneLayer(pane);
+  const norms = pane.data.images[state.image].stats.norms[layer];
+  const { N, P } = pane;
+  const high = Math.max(...norms);
+  const low = Math.min(0, ...norms);
+  const pad = TOKEN_CHART;
+  const x = (t) => pad.left + ((t + 0.5) / N) * (canvas.width - pad.left - pad.right);
+  const plotH = canvas.height - pad.top - pad.bottom;
+  const y = (v) => canvas.height - pad.bottom - ((v - low) / (high - low || 1)) * plotH;
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  ctx.fillStyle = "#333";
+  ctx.font = "10px sans-serif";
+  ctx.fillText(high.toPrecision(4), 2, pad.top + 8);
+  ctx.fillText(low.toPrecision(4), 2, canvas.height - pad.bottom);
+  norms.forEach((v, t) => {
+    ctx.fillStyle = t < P ? prefixColour(pane.data.prefix_tokens[t]) : "rgba(40, 90, 160, 0.8)";
+    ctx.fillRect(x(t) - 1, y(v), 2, canvas.height - pad.bottom - y(v));
+  });
+  pane.data.prefix_tokens.forEach((name, t) => {
+    ctx.fillStyle = prefixColour(name);
+    ctx.fillText(name, x(t) - 4, canvas.height - 6 - (t % 2) * 9);
+  });
+  // The patches' median and their highest norms: the register paper's artifact is a few patches far above it.
+  const patches = norms.slice(P).map((v, p) => [v, p]).sort((a, b) => b[0] - a[0]);
+  const median = patches[Math.floor(patches.length / 2)][0];
+  const highest = patches.slice(0, 3).map(([v, p]) => `${v.toFixed(2)} (${tokenName(pane, P + p)})`);
+  const prefix = pane.data.prefix_tokens.map((name, t) => `${name} ${norms[t].toFixed(2)}`);
+  pane.el("norm-line").textContent =
+    `after layer ${layer}: ` + (prefix.length ? `prefix tokens ${prefix.join(", ")}; ` : "") +
+    `patches: median ${median.toFixed(2)}, highest ${highest.join(", ")}`;
 }
 
 // ---- charts: one small scatter per statistic, x = layer, one dot per head ------------------------------------
 
 const CHARTS = [
-  { key: "distance", title: "mean attention distance (px)", reference: DATA.uniform_distance, refName: "uniform" },
-  { key: "entropy", title: "attention entropy (nats)", reference: DATA.uniform_entropy, refName: "log n" },
-  { key: "class_share", title: "share of attention on the class token", reference: 1 / N, refName: "1/n" },
-  { key: "norms", title: "token norms (red: class token)", reference: null },
+  { key: "distance", title: "mean attention distance (px)", refName: "uniform" },
+  { key: "entropy", title: "attention entropy (nats)", refName: "log n" },
+  { key: "prefix_share", title: "share of the patches' attention on the prefix tokens", refName: "P/n" },
+  { key: "norms", title: "token norms (prefix tokens in colour)", refName: null },
 ];
-// The mean attention distance of a head whose patches attend only to the class token (no attention between
+
+function chartReference(pane, chart) {
+  if (chart.key === "distance") return pane.data.uniform_distance;
+  if (chart.key === "entropy") return pane.data.uniform_entropy;
+  if (chart.key === "prefix_share") return pane.P / pane.N;
+  return null;
+}
+
+// A statistic by layer and head: prefix_share is summed over the prefix tokens.
+function chartValues(pane, chart, layer) {
+  const values = pane.data.images[state.image].stats[chart.key][layer];
+  return chart.key === "prefix_share" ? values.map((shares) => shares.reduce((a, b) => a + b, 0)) : values;
+}
+
+// The mean attention distance of a head whose patches attend only to the prefix tokens (no attention between
 // patches: patch mass 0) is undefined.
-const NOT_DEFINED = "n/a (attends only to the class token)";
+const NOT_DEFINED = "n/a (attends only to the prefix tokens)";
 const CHART_W = 300;
 const CHART_H = 150;
 const PAD = { left: 52, right: 8, top: 8, bottom: 20 };
 
-function chartPoints(chart) {
-  // [{layer, y, label, highlight, colour}] for the current image.
-  const stats = DATA.images[state.image].stats;
+function chartPoints(pane, chart) {
+  // [{layer, y, label, colour, size}] for the current image.
   const points = [];
-  for (let l = 0; l < DATA.depth; l++) {
-    const values = stats[chart.key][l];
-    values.forEach((y, i) => {
+  const query = paneQuery(pane);
+  const head = paneHead(pane);
+  for (let l = 0; l < pane.data.depth; l++) {
+    chartValues(pane, chart, l).forEach((y, i) => {
       if (chart.key === "norms") {
-        const isQuery = i === state.query;
-        points.push({ layer: l, y, label: `layer ${l}, ${tokenName(i)}: norm ${y.toFixed(4)}`,
-          colour: i === 0 ? "#d22" : isQuery ? "#000" : "rgba(40, 90, 160, 0.35)", size: isQuery || i === 0 ? 3 : 1.6 });
+        const isQuery = i === query;
+        const patch = isQuery ? "#000" : "rgba(40, 90, 160, 0.35)";
+        const colour = i < pane.P ? prefixColour(pane.data.prefix_tokens[i]) : patch;
+        points.push({ layer: l, y, label: `layer ${l}, ${tokenName(pane, i)}: norm ${y.toFixed(4)}`, colour,
+          size: isQuery || i < pane.P ? 3 : 1.6 });
       } else if (y === null) {
         // Undefined (payload.py writes null): drawn hollow on the bottom edge.
         points.push({ layer: l, y: null, label: `layer ${l}, head ${i}: ${NOT_DEFINED}`, colour: "#b00", size: 3 });
       } else {
-        const chosen = state.head === "mean" || state.head === i;
+        const chosen = head === "mean" || head === i;
         points.push({ layer: l, y, label: `layer ${l}, head ${i}: ${y.toFixed(4)}`,
           colour: chosen ? "rgba(40, 90, 160, 0.9)" : "rgba(150, 150, 150, 0.5)", size: chosen ? 2.6 : 2 });
       }
@@ -330,7 +602,7 @@ function chartPoints(chart) {
   return points;
 }
 
-function chartScale(points, reference) {
+function chartScale(pane, points, reference) {
   const ys = points.filter((p) => p.y !== null).map((p) => p.y);
   let low = ys.length ? Math.min(...ys) : 0;
   let high = ys.length ? Math.max(...ys) : 1;
@@ -339,34 +611,36 @@ function chartScale(points, reference) {
     high = Math.max(high, reference);
   }
   if (high - low < 1e-12) high = low + 1;
-  const x = (layer) => PAD.left + ((layer + 0.5) / DATA.depth) * (CHART_W - PAD.left - PAD.right);
+  const x = (layer) => PAD.left + ((layer + 0.5) / pane.data.depth) * (CHART_W - PAD.left - PAD.right);
   const plotH = CHART_H - PAD.top - PAD.bottom;
   const y = (v) => CHART_H - PAD.bottom - (v === null ? 0 : ((v - low) / (high - low)) * plotH);
   return { x, y, low, high };
 }
 
-function drawChart(chart, canvas) {
+function drawChart(pane, chart, canvas) {
   const ctx = canvas.getContext("2d");
-  const points = chartPoints(chart);
-  const s = chartScale(points, chart.reference);
+  const depth = pane.data.depth;
+  const points = chartPoints(pane, chart);
+  const reference = chartReference(pane, chart);
+  const s = chartScale(pane, points, reference);
   ctx.clearRect(0, 0, CHART_W, CHART_H);
   // The chosen layer's column.
-  const colW = (CHART_W - PAD.left - PAD.right) / DATA.depth;
+  const colW = (CHART_W - PAD.left - PAD.right) / depth;
   ctx.fillStyle = "rgba(255, 200, 0, 0.25)";
-  ctx.fillRect(s.x(state.layer) - colW / 2, PAD.top, colW, CHART_H - PAD.top - PAD.bottom);
+  ctx.fillRect(s.x(paneLayer(pane)) - colW / 2, PAD.top, colW, CHART_H - PAD.top - PAD.bottom);
   ctx.fillStyle = "#333";
   ctx.font = "10px sans-serif";
   // Enough digits that the two axis labels differ.
   const digits = Math.min(7, 3 + Math.max(0, Math.ceil(Math.log10(Math.abs(s.high) / (s.high - s.low)))));
   ctx.fillText(s.high.toPrecision(digits), 2, PAD.top + 8);
   ctx.fillText(s.low.toPrecision(digits), 2, CHART_H - PAD.bottom);
-  for (let l = 0; l < DATA.depth; l += Math.ceil(DATA.depth / 12)) ctx.fillText(String(l), s.x(l) - 3, CHART_H - 6);
-  if (chart.reference !== null) {
+  for (let l = 0; l < depth; l += Math.ceil(depth / 12)) ctx.fillText(String(l), s.x(l) - 3, CHART_H - 6);
+  if (reference !== null) {
     ctx.strokeStyle = "#999";
     ctx.setLineDash([4, 3]);
-    line(ctx, PAD.left, s.y(chart.reference), CHART_W - PAD.right, s.y(chart.reference));
+    line(ctx, PAD.left, s.y(reference), CHART_W - PAD.right, s.y(reference));
     ctx.setLineDash([]);
-    const labelY = s.y(chart.reference) < PAD.top + 12 ? s.y(chart.reference) + 11 : s.y(chart.reference) - 3;
+    const labelY = s.y(reference) < PAD.top + 12 ? s.y(reference) + 11 : s.y(reference) - 3;
     ctx.fillText(chart.refName, CHART_W - PAD.right - 30, labelY);
   }
   for (const p of points) {
@@ -385,9 +659,9 @@ function drawChart(chart, canvas) {
     ctx.strokeStyle = "rgba(40, 90, 160, 0.9)";
     ctx.beginPath();
     let drawing = false;
-    for (let l = 0; l < DATA.depth; l++) {
+    for (let l = 0; l < depth; l++) {
       // The mean over the heads where the statistic is defined; a gap where it is defined for none.
-      const values = DATA.images[state.image].stats[chart.key][l].filter((v) => v !== null);
+      const values = chartValues(pane, chart, l).filter((v) => v !== null);
       if (!values.length) {
         drawing = false;
         continue;
@@ -401,33 +675,33 @@ function drawChart(chart, canvas) {
   }
 }
 
-function buildCharts() {
+function buildCharts(pane) {
   for (const chart of CHARTS) {
     const figure = document.createElement("figure");
     const canvas = document.createElement("canvas");
     canvas.width = CHART_W;
     canvas.height = CHART_H;
-    canvas.id = `chart-${chart.key}`;
+    canvas.className = `chart-${chart.key}`;
     const caption = document.createElement("figcaption");
     caption.textContent = `${chart.title}, by layer`;
     figure.append(caption, canvas);
-    $("charts").append(figure);
+    pane.el("charts").append(figure);
     // Hover: the nearest dot's numbers; click: choose that layer.
     canvas.addEventListener("mousemove", (event) => {
-      const points = chartPoints(chart);
-      const s = chartScale(points, chart.reference);
+      const points = chartPoints(pane, chart);
+      const s = chartScale(pane, points, chartReference(pane, chart));
       let best = null;
       let bestDistance = Infinity;
       for (const p of points) {
         const distance = Math.hypot(s.x(p.layer) - event.offsetX, s.y(p.y) - event.offsetY);
         if (distance < bestDistance) [best, bestDistance] = [p, distance];
       }
-      $("chart-readout").textContent = best && bestDistance < 12 ? best.label : "";
+      pane.el("chart-readout").textContent = best && bestDistance < 12 ? best.label : "";
     });
     canvas.addEventListener("click", (event) => {
-      const colW = (CHART_W - PAD.left - PAD.right) / DATA.depth;
+      const colW = (CHART_W - PAD.left - PAD.right) / pane.data.depth;
       const layer = Math.floor((event.offsetX - PAD.left) / colW);
-      if (layer >= 0 && layer < DATA.depth) update({ layer });
+      if (layer >= 0 && layer < pane.data.depth) update({ layer });
     });
   }
 }
@@ -445,21 +719,40 @@ function fillSelect(select, options) {
   );
 }
 
+// The class selector and each pane's prediction list, rebuilt only when the image changes (an element under the
+// pointer stays the one that was there), the chosen class marked on every update.
+let classesFor = null;
 function fillClasses() {
-  const top = DATA.images[state.image].top;
-  fillSelect($("class-select"), top.map((c, rank) => [rank, className(c)]));
-  $("class-select").value = String(state.classRank);
-  const list = $("predictions");
-  list.replaceChildren(
-    ...top.map((c, rank) => {
-      const item = document.createElement("li");
-      item.textContent = `${className(c)}: ${(100 * c.probability).toFixed(1)} %, logit ${c.logit.toFixed(3)}`;
-      item.title = "show the relevance for this class";
-      item.classList.toggle("chosen", rank === state.classRank && state.view === "relevance");
-      item.addEventListener("click", () => update({ view: "relevance", classRank: rank }));
-      return item;
-    }),
+  if (classesFor === state.image) {
+    $("class-select").value = String(state.classRank);
+    for (const pane of panes) {
+      [...pane.el("predictions").children].forEach((item, rank) =>
+        item.classList.toggle("chosen", rank === state.classRank && state.view === "relevance"));
+    }
+    return;
+  }
+  classesFor = state.image;
+  const tops = panes.map((pane) => pane.data.images[state.image].top);
+  const ranks = Math.min(...tops.map((top) => top.length));
+  state.classRank = Math.min(state.classRank, ranks - 1);
+  fillSelect(
+    $("class-select"),
+    [...Array(ranks).keys()].map((rank) => [rank, tops.map((top) => className(top[rank])).join(" | ")]),
   );
+  $("class-select").value = String(state.classRank);
+  for (const pane of panes) {
+    const top = pane.data.images[state.image].top;
+    pane.el("predictions").replaceChildren(
+      ...top.map((c, rank) => {
+        const item = document.createElement("li");
+        item.textContent = `${className(c)}: ${(100 * c.probability).toFixed(1)} %, logit ${c.logit.toFixed(3)}`;
+        item.title = "show the relevance for this class";
+        item.classList.toggle("chosen", rank === state.classRank && state.view === "relevance");
+        item.addEventListener("click", () => update({ view: "relevance", classRank: Math.min(rank, ranks - 1) }));
+        return item;
+      }),
+    );
+  }
 }
 
 function update(changes) {
@@ -469,62 +762,127 @@ function update(changes) {
   $("layer-select").value = String(state.layer);
   $("head-select").value = String(state.head);
   $("layer-select").disabled = !["attention", "norms"].includes(state.view);
-  $("head-select").disabled = state.view !== "attention";
+  $("head-select").disabled = !["attention", "dino"].includes(state.view);
   $("class-select").disabled = state.view !== "relevance";
+  $("mask-toggle").checked = state.mask;
   fillClasses();
-  drawImage();
-  drawReadout();
-  CHARTS.forEach((chart) => drawChart(chart, $(`chart-${chart.key}`)));
-  $("chart-note").textContent = undefinedDistances();
+  for (const pane of panes) {
+    const row = currentRow(pane);
+    drawImage(pane, row);
+    drawReadout(pane, row);
+    drawTokenChart(pane);
+    CHARTS.forEach((chart) => drawChart(pane, chart, pane.el(`chart-${chart.key}`)));
+    pane.el("chart-note").textContent = undefinedDistances(pane);
+  }
 }
 
 // The heads of this image whose mean attention distance is undefined, named (hollow red dots in the chart).
-function undefinedDistances() {
+function undefinedDistances(pane) {
   const heads = [];
-  DATA.images[state.image].stats.distance.forEach((values, l) =>
+  pane.data.images[state.image].stats.distance.forEach((values, l) =>
     values.forEach((v, h) => v === null && heads.push(`layer ${l} head ${h}`)),
   );
   return heads.length ? `mean attention distance ${NOT_DEFINED}, patch mass 0: ${heads.join(", ")}` : "";
 }
 
-function keyAt(event) {
-  const canvas = $("image-canvas");
-  const col = Math.floor((event.offsetX / canvas.clientWidth) * GW);
-  const row = Math.floor((event.offsetY / canvas.clientHeight) * GH);
-  if (col < 0 || col >= GW || row < 0 || row >= GH) return null;
-  return 1 + row * GW + col;
+// The point of the picture under the pointer, as fractions of its height and width (null: outside).
+function pointAt(event) {
+  const canvas = event.currentTarget;
+  const y = event.offsetY / canvas.clientHeight;
+  const x = event.offsetX / canvas.clientWidth;
+  if (x < 0 || x >= 1 || y < 0 || y >= 1) return null;
+  return { point: [y, x] };
+}
+
+function wirePane(pane) {
+  const canvas = pane.el("image-canvas");
+  canvas.addEventListener("mousemove", (e) => update({ hover: pointAt(e) }));
+  canvas.addEventListener("mouseleave", () => update({ hover: null }));
+  canvas.addEventListener("click", (e) => {
+    const where = pointAt(e);
+    // The centre of the clicked patch, so that the other pane finds the patch under that centre.
+    if (where !== null) {
+      const [y, x] = where.point;
+      const centre = [(Math.floor(y * pane.GH) + 0.5) / pane.GH, (Math.floor(x * pane.GW) + 0.5) / pane.GW];
+      update({ query: { point: centre } });
+    }
+  });
+  const list = pane.el("prefix-tokens");
+  pane.data.prefix_tokens.forEach((name, t) => {
+    const item = document.createElement("li");
+    item.dataset.token = String(t);
+    item.dataset.name = name;
+    item.title = `the ${prefixLabel(name)}: click to make it the query`;
+    item.addEventListener("click", () => update({ query: { prefix: name } }));
+    item.addEventListener("mouseenter", () => update({ hover: { prefix: name } }));
+    item.addEventListener("mouseleave", () => update({ hover: null }));
+    list.append(item);
+  });
 }
 
 function wireControls() {
-  fillSelect($("image-select"), DATA.images.map((page, i) => [i, `${i}: ${page.title}`]));
-  fillSelect($("layer-select"), [...Array(DATA.depth).keys()].map((l) => [l, `layer ${l}`]));
-  fillSelect($("head-select"), [["mean", "mean of heads"], ...[...Array(DATA.heads).keys()].map((h) => [h, `head ${h}`])]);
+  const depth = Math.max(...panes.map((pane) => pane.data.depth));
+  const heads = Math.max(...panes.map((pane) => pane.data.heads));
+  fillSelect($("image-select"), DATA.titles.map((title, i) => [i, `${i}: ${title}`]));
+  fillSelect($("layer-select"), [...Array(depth).keys()].map((l) => [l, `layer ${l}`]));
+  fillSelect($("head-select"), [["mean", "mean of heads"], ...[...Array(heads).keys()].map((h) => [h, `head ${h}`])]);
   $("image-select").addEventListener("change", (e) => update({ image: Number(e.target.value), classRank: 0 }));
   $("view-select").addEventListener("change", (e) => update({ view: e.target.value }));
   $("layer-select").addEventListener("change", (e) => update({ layer: Number(e.target.value) }));
   $("head-select").addEventListener("change", (e) =>
     update({ head: e.target.value === "mean" ? "mean" : Number(e.target.value) }));
   $("class-select").addEventListener("change", (e) => update({ classRank: Number(e.target.value) }));
+  $("mask-toggle").addEventListener("change", (e) => update({ mask: e.target.checked }));
   $("opacity").addEventListener("input", (e) => update({ opacity: Number(e.target.value) / 100 }));
-  const canvas = $("image-canvas");
-  canvas.addEventListener("mousemove", (e) => update({ hoverKey: keyAt(e) }));
-  canvas.addEventListener("mouseleave", () => update({ hoverKey: null }));
-  canvas.addEventListener("click", (e) => {
-    const key = keyAt(e);
-    if (key !== null) update({ query: key });
-  });
-  const cls = $("class-token");
-  cls.addEventListener("click", () => update({ query: 0 }));
-  cls.addEventListener("mouseenter", () => update({ hoverKey: 0 }));
-  cls.addEventListener("mouseleave", () => update({ hoverKey: null }));
+  panes.forEach(wirePane);
+}
+
+function paneLine(pane) {
+  const d = pane.data;
+  const [ph, pw] = d.patch;
+  const prefix = d.prefix_tokens.length
+    ? `${pane.P} prefix token${pane.P > 1 ? "s" : ""} (${d.prefix_tokens.join(", ")}, tokens 0..${pane.P - 1}) then`
+    : "no prefix tokens, only";
+  return (
+    `${d.depth} layers × ${d.heads} heads · ${pane.GH}×${pane.GW} patches of ${ph}×${pw} px on a ` +
+    `${d.input_size[0]}×${d.input_size[1]} input · ${pane.N} tokens: ${prefix} the patches, patch (row r, col c) ` +
+    `is token ${pane.P} + r·${pane.GW} + c.`
+  );
+}
+
+// Where two models differ in what the shared controls select.
+function compareLine() {
+  if (panes.length < 2) return "";
+  const [a, b] = panes.map((pane) => pane.data);
+  const differ = [];
+  const each = (what, f) => f(a) !== f(b) && differ.push(`${what} ${f(a)} vs ${f(b)}`);
+  each("layers", (d) => d.depth);
+  each("heads", (d) => d.heads);
+  each("patch grid", (d) => d.grid.join("×"));
+  each("patch size", (d) => d.patch.join("×"));
+  each("input size", (d) => d.input_size.join("×"));
+  each("input channels", (d) => d.in_channels);
+  each("prefix tokens", (d) => d.prefix_tokens.join(", ") || "none");
+  if (!differ.length) return "The two models have the same layout: every selection applies to both.";
+  const notes = [`The two models differ: ${differ.join("; ")}.`];
+  if (a.depth !== b.depth || a.heads !== b.heads) {
+    notes.push("The layer and head selectors run to the larger; a model past its last layer or head shows its " +
+      "last, and says so above its map.");
+  }
+  notes.push("A clicked patch is found in each model by its place in the picture, a prefix token by its name.");
+  return notes.join(" ");
 }
 
 function describe() {
-  const [ph, pw] = DATA.patch;
   $("model-line").textContent =
-    `${DATA.depth} layers × ${DATA.heads} heads · ${GH}×${GW} patches of ${ph}×${pw} px · ${N} tokens. ` +
-    "Layers, heads and tokens are numbered from 0; token 0 is the class token, patch (row r, col c) is token " +
-    `1 + r·${GW} + c. Click a patch (or the class token) to make it the query; hover to read a key's weight.`;
+    "Layers, heads and tokens are numbered from 0. Click a patch (or a prefix token beside the map) to make it " +
+    "the query; hover to read a key's weight." +
+    (panes.length > 1 ? " One set of controls drives both models, on the same image." : "");
+  $("compare-line").textContent = compareLine();
+  for (const pane of panes) {
+    pane.el("pane-name").textContent = pane.data.name;
+    pane.el("pane-line").textContent = paneLine(pane);
+  }
   $("precision").textContent =
     `Stated precision. Attention weights are stored as ${DATA.attention_bits}-bit integers scaled by each row's ` +
     `maximum: each weight ` +
@@ -534,9 +892,12 @@ function describe() {
     `Every "±" printed on this page includes the rounding of the printed digits. ` +
     `Relevance: Chefer, Gur and Wolf (2021), R = I; R ← R + mean_h((∂y_c/∂A ⊙ A)⁺) R over the layers; ` +
     `y_c is the logit of the chosen class. Rollout: Abnar and Zuidema (2020), residual 0.5, mean of heads. ` +
-    `Both draw the query's row of R (row 0, the class token's, until a patch is clicked), named above. ` +
+    `Both draw the query's row of R (the class token's until a patch is clicked), named above. ` +
     `Mean attention distance: over patch-to-patch attention, weighted by the mass it gets; ${NOT_DEFINED} ` +
-    `where a head's patches put no weight on patches.`;
+    `where a head's patches put no weight on patches. DINO's view (Caron et al. 2021): the last layer's ` +
+    `class-token attention over the patches, per head, normalised to sum 1; the mask keeps the highest patches ` +
+    `whose mass adds to 60% (sorted ascending, the patches where the cumulative sum exceeds 0.4), computed from ` +
+    `the recorded attention before it was stored.`;
 }
 
 async function main() {
@@ -544,10 +905,13 @@ async function main() {
     if (typeof DecompressionStream === "undefined") {
       throw new Error("this browser has no DecompressionStream; open the page in a current Chrome, Firefox or Safari");
     }
-    for (const page of DATA.images) decoded.push(await decodeImage(page));
+    DATA.panes.forEach((data, i) => panes.push(makePane(data, i)));
+    for (const pane of panes) {
+      for (const page of pane.data.images) pane.decoded.push(await decodeImage(page));
+    }
     describe();
     wireControls();
-    buildCharts();
+    panes.forEach(buildCharts);
     update({});
     document.body.dataset.ready = "true";
   } catch (err) {

@@ -17,7 +17,7 @@ import torch
 from .._io import check_file_output, write_file
 from ..images import to_uint8
 from ..inputs import model_inputs, model_inputs_and_pictures
-from .payload import DEFAULT_BITS, build_payload, check_bits
+from .payload import DEFAULT_BITS, build_payload, check_bits, page_payload
 
 
 def _asset(name: str) -> str:
@@ -63,44 +63,36 @@ def render_page(payload: dict[str, Any], title: str) -> str:
     )
 
 
-def write_explorer(
+def check_page_path(path: str | Path, overwrite: bool) -> Path:
+    """``path`` as a Path, where the page may be written: not a directory, not an existing file unless
+    ``overwrite``, in a directory that exists (checked again when the file is committed)."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; give the explorer a file name such as explore.html")
+    check_file_output(path, overwrite, "pass overwrite=True (vit-einops explore --force) to replace it")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"the directory {path.parent} does not exist")
+    return path
+
+
+def explorer_pane(
     model: torch.nn.Module,
     images: Any,
-    path: str | Path,
     *,
+    name: str,
     preprocessed: bool | None = None,
     titles: Sequence[str] | None = None,
     class_names: Sequence[str] | None = None,
     pictures: Sequence[Any] | None = None,
     top_k: int = 5,
     bits: int = DEFAULT_BITS,
-    overwrite: bool = False,
-) -> Path:
-    """Write the attention explorer for ``model`` on ``images`` to ``path`` (one HTML file); returns the path.
-
-    Args:
-        model: a vit-einops ViT (any attention impl); run in eval mode, its mode is restored afterwards.
-        images: paths, PIL images, uint8 or float tensors, or a list of them, as :func:`vit_einops.predict` takes
-            them.
-        preprocessed: how a float tensor is taken: False for raw pixels in [0, 1], True for the model's input
-            (see :mod:`vit_einops.inputs`).
-        titles: one label per image (default "image 0", ...).
-        class_names: names of the model's outputs (default ``model.class_names``); unnamed ones are "class i".
-        pictures: what to show for each image, PIL images or uint8 arrays; default: each image as the model saw
-            it (resized and cropped, not normalised; a preprocessed input as :func:`vit_einops.images.to_display`
-            draws it).
-        top_k: how many top classes get a prediction line and a relevance map.
-        bits: bits per stored attention weight, 2..8; each weight is within 1 / (2 (2^bits - 1)) of its row's
-            maximum of the recorded A (the page states it).
-        overwrite: replace an existing regular file at ``path`` (keeping its permissions); otherwise an existing
-            file is a FileExistsError, also one that appears while the page is built.
-
-    The page holds A of every layer and head for every image (quantised: see
-    :mod:`vit_einops.explore.payload`), so keep to a handful of images: ViT-B/16 costs a few MB per image.
-    """
-    path = Path(path)
+) -> dict[str, Any]:
+    """One model's pane of the page (:func:`~vit_einops.explore.payload.build_payload`), its arguments as
+    :func:`write_explorer` takes them; ``titles`` only count the images."""
     if not hasattr(model, "config") or not hasattr(model, "blocks"):
         raise TypeError(f"write_explorer needs a vit-einops ViT, got {type(model).__name__}")
+    if not isinstance(name, str):
+        raise TypeError(f"a model's name must be a str, got {type(name).__name__}")
     if pictures is None:
         images, seen = model_inputs_and_pictures(model, images, preprocessed=preprocessed)
     else:
@@ -110,14 +102,8 @@ def write_explorer(
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive int, got {top_k!r}")
     check_bits(bits)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory; give the explorer a file name such as explore.html")
-    check_file_output(path, overwrite, "pass overwrite=True (vit-einops explore --force) to replace it")
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"the directory {path.parent} does not exist")
     b = len(images)
-    titles = list(titles) if titles is not None else [f"image {i}" for i in range(b)]
-    if len(titles) != b:
+    if titles is not None and len(titles) != b:
         raise ValueError(f"got {len(titles)} titles for {b} images")
     if seen is not None:
         shown = [to_uint8(picture) for picture in seen]
@@ -130,10 +116,91 @@ def write_explorer(
     was_training = model.training
     model.eval()
     try:
-        payload = build_payload(
-            model, images, titles=titles, class_names=class_names, pictures=shown, top_k=top_k, bits=bits
-        )
+        return build_payload(model, images, name=name, class_names=class_names, pictures=shown, top_k=top_k, bits=bits)
     finally:
         model.train(was_training)
+
+
+def write_panes(
+    panes: Sequence[dict[str, Any]], path: str | Path, *, titles: Sequence[str], bits: int, overwrite: bool = False
+) -> Path:
+    """Write the page of one or two :func:`explorer_pane` panes of the same ``titles`` images to ``path``."""
+    if not 1 <= len(panes) <= 2:
+        raise ValueError(f"the explorer shows one model or two side by side, got {len(panes)}")
+    counts = [len(pane["images"]) for pane in panes]
+    if any(count != len(titles) for count in counts):
+        raise ValueError(f"got {len(titles)} titles for panes of {counts} images")
+    path = check_page_path(path, overwrite)
+    payload = page_payload(panes, titles, bits)
     write_file(path, render_page(payload, "Attention explorer").encode("utf-8"), replace=overwrite)
     return path
+
+
+def write_explorer(
+    model: torch.nn.Module | Sequence[torch.nn.Module],
+    images: Any,
+    path: str | Path,
+    *,
+    names: Sequence[str] | None = None,
+    preprocessed: bool | None = None,
+    titles: Sequence[str] | None = None,
+    class_names: Sequence[str] | None = None,
+    pictures: Sequence[Any] | None = None,
+    top_k: int = 5,
+    bits: int = DEFAULT_BITS,
+    overwrite: bool = False,
+) -> Path:
+    """Write the attention explorer for ``model`` on ``images`` to ``path`` (one HTML file); returns the path.
+
+    Args:
+        model: a vit-einops ViT (any attention impl), or a list of two, shown side by side on the same images
+            (layer by layer, one layer and head selector for both); each runs in eval mode, its mode restored
+            afterwards.
+        images: paths, PIL images, uint8 or float tensors, or a list of them, as :func:`vit_einops.predict` takes
+            them; each model takes them through its own preprocessing.
+        names: one name per model, shown above its pane (default "model", or "model A" and "model B").
+        preprocessed: how a float tensor is taken: False for raw pixels in [0, 1], True for the model's input
+            (see :mod:`vit_einops.inputs`).
+        titles: one label per image (default "image 0", ...).
+        class_names: names of the model's outputs (default ``model.class_names``); unnamed ones are "class i".
+            With two models, each model's own ``class_names``; this argument is then refused.
+        pictures: what to show for each image, PIL images or uint8 arrays; default: each image as the model saw
+            it (resized and cropped, not normalised; a preprocessed input as :func:`vit_einops.images.to_display`
+            draws it).
+        top_k: how many top classes get a prediction line and a relevance map.
+        bits: bits per stored attention weight, 2..8; each weight is within 1 / (2 (2^bits - 1)) of its row's
+            maximum of the recorded A (the page states it).
+        overwrite: replace an existing regular file at ``path`` (keeping its permissions); otherwise an existing
+            file is a FileExistsError, also one that appears while the page is built.
+
+    The page holds A of every layer and head for every image (quantised: see
+    :mod:`vit_einops.explore.payload`), so keep to a handful of images: ViT-B/16 costs a few MB per image.
+    """
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    if not 1 <= len(models) <= 2:
+        raise ValueError(f"the explorer shows one model or two side by side, got {len(models)}")
+    if names is None:
+        names = ["model"] if len(models) == 1 else ["model A", "model B"]
+    names = list(names)
+    if len(names) != len(models):
+        raise ValueError(f"got {len(names)} names for {len(models)} models")
+    if class_names is not None and len(models) > 1:
+        raise ValueError("with two models, each names its classes itself (model.class_names); class_names is for one")
+    path = check_page_path(path, overwrite)
+    panes = [
+        explorer_pane(
+            m,
+            images,
+            name=name,
+            preprocessed=preprocessed,
+            titles=titles,
+            class_names=class_names,
+            pictures=pictures,
+            top_k=top_k,
+            bits=bits,
+        )
+        for m, name in zip(models, names, strict=True)
+    ]
+    b = len(panes[0]["images"])
+    titles = list(titles) if titles is not None else [f"image {i}" for i in range(b)]
+    return write_panes(panes, path, titles=titles, bits=bits, overwrite=overwrite)

@@ -1,5 +1,13 @@
 """The numbers an explorer page carries: computed with vit_einops.inspect, quantised, and packed for JSON.
 
+The page holds one pane per model (:func:`build_payload`; two models are shown side by side on the same images)
+and what the panes share (:func:`page_payload`). A pane knows its model's prefix tokens, the tokens before the
+patches (``config.prefix_tokens``: "cls", "dist", "reg1", ...), and the patch grid of the input it ran on
+(``model.patch_embed.grid_for``): maps over the image show the patches, the prefix tokens are listed beside them
+with their share of each row (:func:`prefix_statistics` gives the patches' mean share per layer and head). DINO's
+view (:func:`dino_view`) is the last layer's class-token attention over the patches per head, with the mask that
+keeps 60% of its mass (:func:`dino_mask`), computed from the recorded attention before it is quantised.
+
 Sizes: ViT-B/16 at 224 px records 12 layers x 12 heads x 197 x 197 = 5.6 million attention weights per image.
 Each row of A (one query, all keys) is stored as integers of ``bits`` bits (8 by default, L = 2^bits - 1
 levels) scaled by the row's own maximum,
@@ -16,10 +24,11 @@ of two for values too small for a normal float16. Every binary array is compress
 it with the browser's own DecompressionStream) and written as base64.
 
 Every number is finite: non-finite logits, maps, norms or relevance (a model with nan, inf or huge weights) are a
-ValueError naming the array, never a page of nan. The one undefined statistic, the mean attention distance of a
-head that sends no attention between patches (it attends only to the class token), is written as null beside its
-patch mass 0. A class whose relevance is exactly the identity (its logit gives no gradient, e.g. a
-zero-initialised head) is flagged ``relevance_identity`` so the page can say why its map is blank.
+ValueError naming the array, never a page of nan. The undefined statistics are written as null: the mean
+attention distance of a head that sends no attention between patches (it attends only to the prefix tokens),
+beside its patch mass 0, and the mass DINO's mask keeps where the class token puts none on the patches. A class
+whose relevance is exactly the identity (its logit gives no gradient, e.g. a zero-initialised head) is flagged
+``relevance_identity`` so the page can say why its map is blank.
 """
 
 from __future__ import annotations
@@ -33,12 +42,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from einops import einsum
 
 from .._checks import check_int_in_range
 from ..inspect import (
+    attention_entropy,
     attention_relevance,
     attention_rollout,
-    head_statistics,
     patch_distances,
     record_attention,
     token_norms,
@@ -48,6 +58,7 @@ from ..prediction import class_name
 DEFAULT_BITS = 8
 HALF_RELATIVE = 2.0**-11  # float16: 10 stored mantissa bits, rounding to nearest
 HALF_SUBNORMAL = 2.0**-25  # half the spacing of float16's subnormals (2^-24), relative to the stored scale
+DINO_KEEP = 0.6  # the share of the class token's attention DINO's masks keep (Caron et al. 2021, Fig. 3)
 
 
 def pack(array: np.ndarray) -> str:
@@ -113,27 +124,95 @@ def relevance_is_identity(relevance: torch.Tensor) -> bool:
     return bool(torch.equal(relevance, torch.eye(relevance.shape[-1], dtype=relevance.dtype, device=relevance.device)))
 
 
+def prefix_statistics(
+    maps: torch.Tensor, grid: tuple[int, int], patch_size: tuple[int, int], prefix_tokens: Sequence[str]
+) -> dict[str, torch.Tensor]:
+    """Per layer, image and head, with the tokens ``prefix_tokens`` before the patches (class, distillation,
+    registers):
+
+    - ``distance``: the mean attention distance in pixels over patch queries and patch keys (nan where they send
+      each other no attention, exactly where ``patch_mass`` is 0);
+    - ``patch_mass``: the mean over patch queries of the weight they put on patch keys;
+    - ``prefix_share`` (l, b, h, prefix): the mean over patch queries of the weight on each prefix token, so that
+      ``prefix_share.sum(-1) + patch_mass`` is 1 (each row of A sums to 1);
+    - ``entropy``: the mean over all queries of :func:`~vit_einops.inspect.attention_entropy`, nats.
+
+    Shapes: maps (l, b, h, n, n) with n = prefix + gh * gw -> each (l, b, h), ``prefix_share`` (l, b, h, prefix).
+    """
+    # TODO(merge): use vit_einops.inspect.head_statistics(maps, grid, patch_size, prefix_tokens), prefix-aware there.
+    prefix = len(prefix_tokens)
+    patches = maps[..., prefix:, prefix:].double()  # patch queries i, patch keys j
+    weighted = einsum(patches, patch_distances(grid, patch_size).to(patches.device), "l b h i j, i j -> l b h")
+    mass = patches.sum(dim=(-2, -1))
+    return {
+        "distance": torch.where(mass > 0, weighted / torch.where(mass > 0, mass, 1), torch.nan),
+        "patch_mass": mass / patches.shape[-2],
+        "prefix_share": maps[..., prefix:, :prefix].double().mean(dim=-2),
+        "entropy": attention_entropy(maps.double()).mean(dim=-1),
+    }
+
+
+def dino_mask(class_attention: torch.Tensor, keep: float = DINO_KEEP) -> torch.Tensor:
+    """DINO's mask (Caron et al. 2021, their visualize_attention.py): per row, the attention normalised to sum 1,
+    sorted ascending and summed cumulatively; the patches where that sum exceeds ``1 - keep`` are kept, the
+    fewest highest patches that together hold at least ``keep`` of the mass. Every row needs some weight.
+
+    Shapes: (..., patches) -> bool (..., patches)."""
+    # TODO(merge): use vit_einops.inspect.dino_mask
+    share = class_attention / class_attention.sum(dim=-1, keepdim=True)
+    values, order = share.sort(dim=-1)
+    kept = values.cumsum(dim=-1) > 1 - keep
+    return torch.zeros_like(kept).scatter(-1, order, kept)
+
+
+def dino_view(maps: torch.Tensor, prefix_tokens: Sequence[str]) -> dict[str, Any] | None:
+    """The last layer's class-token attention over the patches, per head and for the mean of the heads, and
+    :func:`dino_mask` of each: {"masks" (b, h + 1, patches) bool, "kept" (b, h + 1) the share of the row's mass
+    each mask holds}, the last entry the mean of heads. A row with no weight on any patch (the class token reads
+    only prefix tokens) has no mask: all False, ``kept`` nan. None for a model with no class token (no "cls" in
+    ``prefix_tokens``)."""
+    if "cls" not in prefix_tokens:
+        return None
+    rows = maps[-1, :, :, prefix_tokens.index("cls"), len(prefix_tokens) :].double()  # (b, h, patches)
+    rows = torch.cat([rows, rows.mean(dim=1, keepdim=True)], dim=1)
+    total = rows.sum(dim=-1)
+    some = total > 0
+    masks = dino_mask(torch.where(some[..., None], rows, 1.0)) & some[..., None]
+    kept = torch.where(some, (rows * masks).sum(dim=-1) / torch.where(some, total, 1.0), torch.nan)
+    return {"masks": masks, "kept": kept}
+
+
 def build_payload(
     model: torch.nn.Module,
     images: torch.Tensor,
     *,
-    titles: Sequence[str],
+    name: str,
     class_names: Sequence[str] | None,
     pictures: Sequence[np.ndarray],
     top_k: int,
     bits: int = DEFAULT_BITS,
 ) -> dict[str, Any]:
-    """Everything the page draws, for ``model`` (in eval mode) on ``images`` (b, C, H, W); see the module docstring.
+    """Everything one pane of the page draws, for ``model`` (in eval mode) on ``images`` (b, C, H, W); see the
+    module docstring.
 
-    Layers, heads, tokens and classes are numbered from 0 (token 0 is the class token, patch p is token p + 1,
-    patches in row-major order).
+    Layers, heads, tokens and classes are numbered from 0. The tokens are the model's prefix tokens
+    (``prefix_tokens``, in token order), then the patches of the input's grid in row-major order.
     """
     cfg = model.config
-    cfg.check_class_token_layout("vit-einops explore")
+    prefix_tokens = list(cfg.prefix_tokens)
+    prefix = len(prefix_tokens)
+    grid = tuple(model.patch_embed.grid_for(tuple(images.shape[-2:])))
     weights = "check the model's weights (non-finite or huge values)"
-    logits, maps = record_attention(model, images, preprocessed=True)  # maps (l, b, h, n, n)
+    # The encoder's layers only (the first len(blocks) Attend modules): an attention-pooling head has one too.
+    logits, maps = record_attention(model, images, range(len(model.blocks)), preprocessed=True)  # (l, b, h, n, n)
     check_finite("model's logits", logits, weights)
     check_finite("attention maps", maps, weights)
+    depth, b, heads, n, _ = maps.shape
+    if n != prefix + grid[0] * grid[1]:
+        raise ValueError(
+            f"the model attends over {n} tokens, not its {prefix} prefix tokens {tuple(prefix_tokens)} and the "
+            f"{grid[0]}x{grid[1]} patches of a {images.shape[-2]}x{images.shape[-1]} input"
+        )
     _, norms = token_norms(model, images)  # (l, b, n)
     check_finite("token norms", norms, weights)
     probs = logits.double().softmax(dim=-1)
@@ -142,9 +221,9 @@ def build_payload(
     relevance = attention_relevance(model, images, top.indices, preprocessed=True)  # (b, k, n, n)
     check_finite("relevance maps", relevance, f"the gradients overflowed; {weights}")
     rollout = attention_rollout(maps.double())  # (b, n, n)
-    # The distance is nan exactly where a head sends no attention between patches (patch_mass 0): stored as null.
-    stats = head_statistics(maps.double(), cfg.grid_size, cfg.patch_size)  # each (l, b, h)
-    depth, b, heads, n, _ = maps.shape
+    patch_size = tuple(cfg.patch_size)
+    stats = prefix_statistics(maps, grid, patch_size, prefix_tokens)  # each (l, b, h), prefix_share (l, b, h, prefix)
+    dino = dino_view(maps, prefix_tokens)
     maps64 = maps.detach().double().cpu().numpy()
 
     pages = []
@@ -168,7 +247,6 @@ def build_payload(
             )
         pages.append(
             {
-                "title": titles[i],
                 "png": png_base64(pictures[i]),
                 "attention": pack(codes),
                 "attention_rowmax": pack(rowmax),
@@ -179,24 +257,40 @@ def build_payload(
                     "distance": _as_list(stats["distance"][:, i]),
                     "patch_mass": _as_list(stats["patch_mass"][:, i]),
                     "entropy": _as_list(stats["entropy"][:, i]),
-                    "class_share": _as_list(stats["class_share"][:, i]),
+                    "prefix_share": _as_list(stats["prefix_share"][:, i]),
                     "norms": _as_list(norms[:, i], 4),
                 },
+                "dino": None
+                if dino is None
+                else {"masks": dino["masks"][i].int().tolist(), "kept": _as_list(dino["kept"][i])},
             }
         )
     return {
-        "format": 1,
+        "name": name,
         "depth": depth,
         "heads": heads,
         "tokens": n,
-        "grid": list(cfg.grid_size),
-        "patch": list(cfg.patch_size),
-        "image_size": list(cfg.image_size),
+        "prefix_tokens": prefix_tokens,
+        "grid": list(grid),
+        "patch": list(patch_size),
+        "input_size": list(images.shape[-2:]),
+        "in_channels": int(images.shape[-3]),
+        "uniform_entropy": math.log(n),
+        "uniform_distance": patch_distances(grid, patch_size).mean().item(),
+        "dino_keep": DINO_KEEP,
+        "images": pages,
+    }
+
+
+def page_payload(panes: Sequence[dict[str, Any]], titles: Sequence[str], bits: int) -> dict[str, Any]:
+    """The page's JSON: one or two panes (:func:`build_payload`, one per model) of the same images, and what
+    they share (the image titles, the stated precision)."""
+    return {
+        "format": 2,
+        "titles": list(titles),
         "attention_bits": bits,
         "attention_levels": 2**bits - 1,
         "half_relative": HALF_RELATIVE,
         "half_subnormal": HALF_SUBNORMAL,
-        "uniform_entropy": math.log(n),
-        "uniform_distance": patch_distances(cfg.grid_size, cfg.patch_size).mean().item(),
-        "images": pages,
+        "panes": list(panes),
     }

@@ -1,0 +1,274 @@
+"""The explorer on models with tokens before the patches, DINO's mask, and two models side by side: the payload's
+prefix shares, statistics and masks are those an independent computation of the recorded attention gives, each
+pane is its own model's, and `vit-einops explore A B` refuses what it cannot show with one line."""
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+from _hostile import run_cli
+from _tiny import TINY_DIGITS, TINY_RGB, TINY_RGB16, tiny_vit
+from PIL import Image
+from test_explore import decode, embedded
+from test_explore_stats import class_sink, per_query_distance
+
+from vit_einops.explore import write_explorer
+from vit_einops.explore.payload import dino_mask, dino_view, prefix_statistics
+from vit_einops.inspect import record_attention, token_norms
+from vit_einops.modelfile import save_vit
+from vit_einops.preprocess import Preprocessing
+
+# fam-common's test model with registers: 32 px in 8 px patches (a 4x4 grid), 4 registers, positions for the
+# patches only: 1 + 4 prefix tokens, 21 tokens.
+REGISTERS = dict(register_tokens=4, layer_scale=1e-5, pos_embed_prefix=False)
+PREFIX = ["cls", "reg1", "reg2", "reg3", "reg4"]
+
+
+def register_vit(**overrides):
+    return tiny_vit(TINY_RGB, dim=32, heads=2, mlp_dim=64, **REGISTERS, **overrides)
+
+
+def loop_mask(row: np.ndarray, keep: float = 0.6) -> np.ndarray:
+    """DINO's mask by a loop: the patches taken highest first while the mass taken so far is below ``keep``."""
+    share = row / row.sum()
+    mask = np.zeros(len(row), dtype=bool)
+    taken = 0.0
+    for p in np.argsort(-share, kind="stable"):
+        if taken >= keep:
+            break
+        mask[p] = True
+        taken += share[p]
+    return mask
+
+
+def check_minimal_mask(row: np.ndarray, mask: np.ndarray, keep: float = 0.6) -> None:
+    """The mask holds at least ``keep`` of the row's mass, its highest patches, and no fewer would do."""
+    share = row / row.sum()
+    assert share[mask].sum() >= keep
+    assert share[mask].min() >= share[~mask].max(initial=0)
+    assert share[mask].sum() - share[mask].min() < keep
+
+
+def test_register_model_payload_shares_statistics_and_dino_masks_are_the_recorded_attentions(tmp_path):
+    torch.manual_seed(0)
+    model = register_vit()
+    images = torch.rand(2, 3, 32, 32)
+    [pane] = embedded(write_explorer(model, images, tmp_path / "e.html", top_k=1))["panes"]
+    _, maps = record_attention(model, images)
+    maps = maps.double().numpy()  # (l, b, h, 21, 21)
+    _, norms = token_norms(model, images)
+    assert (pane["prefix_tokens"], pane["tokens"], pane["grid"], pane["input_size"]) == (PREFIX, 21, [4, 4], [32, 32])
+    for i, image in enumerate(pane["images"]):
+        stats = {key: np.array(value, dtype=float) for key, value in image["stats"].items()}
+        shares = maps[:, i, :, 5:, :5].mean(axis=-2)  # (l, h, 5): patch queries' mass on each prefix token
+        mass = maps[:, i, :, 5:, 5:].sum(axis=-1).mean(axis=-1)
+        np.testing.assert_allclose(stats["prefix_share"], shares, atol=5e-7, rtol=0)
+        np.testing.assert_allclose(stats["patch_mass"], mass, atol=5e-7, rtol=0)
+        np.testing.assert_allclose(stats["prefix_share"].sum(-1) + stats["patch_mass"], 1, atol=5e-6, rtol=0)
+        # Distance over patches only: the loop of test_explore_stats, on the block after the first four prefix
+        # tokens (it reads keys and queries from index 1, skipping the one token left before the patches).
+        distance = per_query_distance(maps[:, i : i + 1, :, 4:, 4:], 4, 4, 8, 8)
+        np.testing.assert_allclose(stats["distance"], distance, atol=5e-7, rtol=0)
+        entropy = -(maps[:, i] * np.log(maps[:, i])).sum(-1).mean(-1)
+        np.testing.assert_allclose(stats["entropy"], entropy, atol=5e-7, rtol=0)
+        np.testing.assert_allclose(stats["norms"], norms[:, i].numpy(), atol=5e-5 + 1e-6, rtol=0)
+        assert stats["norms"].shape == (2, 21)
+        # DINO: the last layer's class-token row over the 16 patches, per head, then the mean of heads.
+        rows = maps[-1, i, :, 0, 5:]
+        rows = np.concatenate([rows, rows.mean(0, keepdims=True)])
+        masks = np.array(image["dino"]["masks"], dtype=bool)
+        assert masks.shape == (3, 16)
+        for head, (row, mask) in enumerate(zip(rows, masks, strict=True)):
+            assert np.array_equal(mask, loop_mask(row)), head
+            check_minimal_mask(row, mask)
+            assert image["dino"]["kept"][head] == pytest.approx((row / row.sum())[mask].sum(), abs=5e-7)
+        codes = decode(image["attention"], np.uint8, (2, 2, 21, 21))
+        assert codes.shape[-1] == 21  # every token's column is stored: the page lists the prefix ones apart
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dino_mask_is_the_minimal_highest_set_holding_the_share(seed):
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.randn(3, 5, 49, generator=generator, dtype=torch.float64).mul(2).softmax(-1)
+    for keep in (0.6, 0.3, 0.95):
+        masks = dino_mask(rows, keep)
+        assert masks.dtype == torch.bool and masks.shape == rows.shape
+        for row, mask in zip(rows.reshape(-1, 49).numpy(), masks.reshape(-1, 49).numpy(), strict=True):
+            assert np.array_equal(mask, loop_mask(row, keep))
+            check_minimal_mask(row, mask, keep)
+    # Unnormalised rows are normalised first: the same mask at any scale.
+    assert torch.equal(dino_mask(rows * 7.5), dino_mask(rows))
+
+
+def test_dino_view_needs_a_class_token():
+    maps = torch.rand(2, 1, 2, 5, 5).softmax(-1)
+    assert dino_view(maps, ()) is None and dino_view(maps, ("reg1",)) is None
+    assert dino_view(maps, ("cls",))["masks"].shape == (1, 3, 4)
+
+
+def test_a_class_token_reading_only_itself_has_no_dino_mask(tmp_path):
+    torch.manual_seed(0)
+    model = class_sink(tiny_vit(TINY_RGB16, depth=1, heads=2))  # the last layer's head 0 reads the class token alone
+    [pane] = embedded(write_explorer(model, torch.rand(1, 3, 16, 16), tmp_path / "e.html", top_k=1))["panes"]
+    dino = pane["images"][0]["dino"]
+    assert dino["masks"][0] == [0] * 16 and dino["kept"][0] is None  # head 0: no mass on the patches to split
+    assert sum(dino["masks"][1]) > 0 and dino["kept"][1] >= 0.6  # head 1, and the mean of heads, have masks
+    assert sum(dino["masks"][2]) > 0 and dino["kept"][2] >= 0.6
+
+
+def test_two_models_side_by_side_are_each_their_own_models(tmp_path):
+    torch.manual_seed(0)
+    registers = register_vit()
+    plain = tiny_vit(TINY_RGB, patch_size=16, depth=3)  # a 2x2 grid, 3 layers of 4 heads, the class token alone
+    images = torch.rand(2, 3, 32, 32)
+    hostile = "</script><b>reg</b>"
+    page = write_explorer(
+        [registers, plain], images, tmp_path / "e.html", names=[hostile, "plain"], titles=["x", "y"], top_k=1
+    )
+    assert page.read_text(encoding="utf-8").count("</script>") == 2
+    data = embedded(page)
+    assert data["titles"] == ["x", "y"] and [pane["name"] for pane in data["panes"]] == [hostile, "plain"]
+    a, b = data["panes"]
+    assert (a["depth"], a["heads"], a["grid"], a["prefix_tokens"]) == (2, 2, [4, 4], PREFIX)
+    assert (b["depth"], b["heads"], b["grid"], b["prefix_tokens"]) == (3, 4, [2, 2], ["cls"])
+    for pane, model in ((a, registers), (b, plain)):
+        _, maps = record_attention(model, images)
+        for i, image in enumerate(pane["images"]):
+            rowmax = decode(image["attention_rowmax"], np.float32, (pane["depth"], pane["heads"], pane["tokens"]))
+            assert np.array_equal(rowmax, maps[:, i].double().numpy().max(-1).astype(np.float32))
+            assert len(image["dino"]["masks"][0]) == pane["grid"][0] * pane["grid"][1]
+
+
+def test_bad_model_lists_are_named(tmp_path):
+    model, images = tiny_vit(TINY_RGB), torch.rand(1, 3, 32, 32)
+    with pytest.raises(ValueError, match="one model or two side by side, got 3"):
+        write_explorer([model] * 3, images, tmp_path / "e.html")
+    with pytest.raises(ValueError, match="got 1 names for 2 models"):
+        write_explorer([model, model], images, tmp_path / "e.html", names=["a"])
+    with pytest.raises(ValueError, match=r"each names its classes itself \(model.class_names\)"):
+        write_explorer([model, model], images, tmp_path / "e.html", class_names=["a"] * 5)
+    with pytest.raises(TypeError, match="a model's name must be a str, got int"):
+        write_explorer(model, images, tmp_path / "e.html", names=[3])
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- the command ------------------------------------------------------------------------------------------------
+
+
+def model_files(tmp_path, photo_name="photo.png"):
+    """reg.safetensors (registers, 4x4 grid, 2 layers of 2 heads), plain.safetensors (2x2 grid, 3 layers of 4 heads,
+    resizing to 32 px but normalised otherwise) and grey.safetensors (a 1-channel digits-sized model), with a 48x64
+    photo."""
+    registers = register_vit()
+    registers.preprocessing = Preprocessing.plain(32)
+    plain = tiny_vit(TINY_RGB, patch_size=16, depth=3)
+    plain.preprocessing = Preprocessing(resize=(32, 32), mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    grey = tiny_vit(TINY_DIGITS)
+    grey.preprocessing = Preprocessing.plain(8, channels=1)
+    photo = tmp_path / photo_name
+    Image.fromarray(np.arange(48 * 64 * 3, dtype=np.uint8).reshape(48, 64, 3)).save(photo)
+    files = {
+        name: save_vit(model, tmp_path / f"{name}.safetensors")
+        for name, model in (("reg", registers), ("plain", plain), ("grey", grey))
+    }
+    return files, photo
+
+
+def digests(folder):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def test_explore_two_model_files_on_one_photo(tmp_path):
+    files, photo = model_files(tmp_path)
+    out = tmp_path / "x.html"
+    result = run_cli("explore", files["reg"], files["plain"], "--image", photo, "--out", out, "--top-k", "1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"explorer: {out} (") and "1 images, 2 models side by side)" in result.stdout
+    data = embedded(out)
+    assert data["titles"] == ["photo.png"]
+    assert [(p["name"], p["prefix_tokens"], p["grid"]) for p in data["panes"]] == [
+        ("reg.safetensors", PREFIX, [4, 4]),
+        ("plain.safetensors", ["cls"], [2, 2]),
+    ]
+    # Each pane shows the photo as its own model saw it: the same resize, normalisation undone.
+    seen = np.asarray(Image.open(photo).resize((32, 32), Image.Resampling.BILINEAR))
+    for pane in data["panes"]:
+        assert np.array_equal(decode_png(pane["images"][0]["png"]), seen)
+
+
+def decode_png(text):
+    import base64
+    import io
+
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(text))))
+
+
+def test_explore_one_file_twice_and_models_of_other_channels(tmp_path):
+    files, photo = model_files(tmp_path)
+    out = tmp_path / "same.html"
+    # --top-k 1 here and below: one relevance map (one backward pass) per model keeps the test fast.
+    result = run_cli("explore", files["reg"], files["reg"], "--image", photo, "--out", out, "--top-k", "1")
+    assert result.returncode == 0, result.stderr
+    a, b = embedded(out)["panes"]
+    assert a == b and a["name"] == "reg.safetensors"
+    # A grey model beside an RGB one: each reads the photo in its own mode and size.
+    out = tmp_path / "grey.html"
+    result = run_cli("explore", files["grey"], files["reg"], "--image", photo, "--out", out, "--top-k", "1")
+    assert result.returncode == 0, result.stderr
+    grey, rgb = embedded(out)["panes"]
+    assert (grey["in_channels"], rgb["in_channels"]) == (1, 3)
+    assert decode_png(grey["images"][0]["png"]).shape == (8, 8)
+    assert decode_png(rgb["images"][0]["png"]).shape == (32, 32, 3)
+
+
+@pytest.mark.parametrize("case", ["out is model A", "out is model B", "out is the image", "three models", "defaults"])
+def test_explore_refuses_with_one_line_and_writes_nothing(tmp_path, case):
+    files, photo = model_files(tmp_path)
+    before = digests(tmp_path)
+    args, message = {
+        "out is model A": (
+            [files["reg"], files["plain"], "--image", photo, "--out", files["reg"], "--force"],
+            f"the output {files['reg']} is the input {files['reg']}; refused even with --force: write elsewhere",
+        ),
+        "out is model B": (
+            [files["reg"], files["plain"], "--image", photo, "--out", files["plain"], "--force"],
+            f"the output {files['plain']} is the input {files['plain']}; refused even with --force: write elsewhere",
+        ),
+        "out is the image": (
+            [files["reg"], files["plain"], "--image", photo, "--out", photo, "--force"],
+            f"the output {photo} is the input {photo}; refused even with --force: write elsewhere",
+        ),
+        "three models": (
+            [files["reg"], files["plain"], files["reg"], "--out", tmp_path / "x.html"],
+            "explore shows one MODEL or two side by side, got 3",
+        ),
+        "defaults": (
+            [files["grey"], files["reg"], "--out", tmp_path / "x.html"],
+            f"{files['grey']} and {files['reg']} have different default images (test digits for a digits model, "
+            "sample photos otherwise): give --image FILE to explore both on the same images",
+        ),
+    }[case]
+    result = run_cli("explore", *args)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"vit-einops explore: error: {message}") and result.stderr.count("\n") == 1
+    assert digests(tmp_path) == before
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 3])
+def test_prefix_statistics_match_loops_for_any_number_of_prefix_tokens(prefix):
+    generator = torch.Generator().manual_seed(prefix)
+    gh, gw = 2, 3
+    n = prefix + gh * gw
+    maps = torch.randn(2, 2, 3, n, n, generator=generator, dtype=torch.float64).mul(2).softmax(-1)
+    stats = prefix_statistics(maps, (gh, gw), (4, 5), ["cls", "reg1", "reg2"][:prefix])
+    # The loop reads patches from index 1: one token (zero, when there is none) left before them.
+    block = torch.nn.functional.pad(maps[..., prefix:, prefix:], (1, 0, 1, 0)).numpy()
+    for b in range(2):
+        expected = per_query_distance(block[:, b : b + 1], gh, gw, 4, 5)
+        np.testing.assert_allclose(stats["distance"][:, b].numpy(), expected, rtol=1e-10)
+    assert stats["prefix_share"].shape == (2, 2, 3, prefix)
+    total = stats["prefix_share"].sum(-1) + stats["patch_mass"]
+    torch.testing.assert_close(total, torch.ones_like(total), rtol=0, atol=1e-12)
+    for t in range(prefix):
+        torch.testing.assert_close(stats["prefix_share"][..., t], maps[..., prefix:, t].mean(-1), rtol=0, atol=1e-15)
