@@ -114,7 +114,8 @@ def test_head_statistics_per_image_match_the_shared_functions():
     _, maps = record_attention(model, torch.rand(3, 1, 8, 8))
     stats = head_statistics(maps, (4, 4), 2)
     names = ("distance", "patch_mass", "entropy", "class_share")
-    assert {k: v.shape for k, v in stats.items()} == {k: (3, 3, 2) for k in names}
+    assert {k: v.shape for k, v in stats.items()} == {**{k: (3, 3, 2) for k in names}, "prefix_share": (3, 3, 2, 1)}
+    assert torch.equal(stats["prefix_share"][..., 0], stats["class_share"])
     torch.testing.assert_close(stats["distance"][:, 1], mean_attention_distance(maps[:, 1:2], (4, 4), 2))
     # The pooled distance is the per-image ones weighted by the attention mass each image sends between patches.
     mass = stats["patch_mass"]
