@@ -18,10 +18,10 @@ HEAD_FUSIONS = ("mean", "max", "min")
 
 
 def check_maps(maps: torch.Tensor) -> None:
+    """ValueError unless ``maps`` is a (layers, b, h, n, n) tensor."""
     if not isinstance(maps, torch.Tensor) or maps.ndim != 5 or maps.shape[-1] != maps.shape[-2]:
-        raise ValueError(
-            f"expected attention maps (layers, b, h, n, n), got {getattr(maps, 'shape', type(maps).__name__)}"
-        )
+        got = tuple(maps.shape) if isinstance(maps, torch.Tensor) else type(maps).__name__
+        raise ValueError(f"expected attention maps (layers, b, h, n, n), got {got}")
 
 
 def attention_rollout(maps: torch.Tensor, residual: float = 0.5, head_fusion: str = "mean") -> torch.Tensor:
