@@ -172,10 +172,11 @@ def chefer_reference(model: ViT, x: torch.Tensor, target: torch.Tensor) -> torch
     return relevance.detach()
 
 
+@pytest.mark.parametrize("registers", [0, 3])
 @pytest.mark.parametrize("impl", ATTN_IMPLS)
-def test_relevance_matches_chefers_recipe_on_the_einsum_softmax(impl):
+def test_relevance_matches_chefers_recipe_on_the_einsum_softmax(impl, registers):
     torch.manual_seed(4)
-    model = tiny_vit(TINY).double()
+    model = tiny_vit(TINY, register_tokens=registers).double()
     x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
     target = torch.tensor([2, 0])
     expected = chefer_reference(model, x, target)

@@ -278,10 +278,13 @@ def show_attention(
     return fig
 
 
-def plot_attention_distance(distance: torch.Tensor, uniform_distance: float | None = None):
+def plot_attention_distance(
+    distance: torch.Tensor, uniform_distance: float | None = None, prefix_tokens: Sequence[str] = ("cls",)
+):
     """Mean attention distance (l, h) over layers, one dot per head coloured by its index (Figure 7 right /
     Figure 11); layers and heads numbered from 0. A head whose distance is undefined (nan: its patches attend only
-    to the class token) is drawn as a red cross on the axis and named in the legend. Returns a Figure."""
+    to the class token, or to the ``prefix_tokens``) is drawn as a red cross on the axis and named in the legend.
+    Returns a Figure."""
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import BoundaryNorm
@@ -295,10 +298,11 @@ def plot_attention_distance(distance: torch.Tensor, uniform_distance: float | No
     for h in range(heads):
         ax.scatter(range(layers), values[:, h].numpy(), s=18, color=cmap(norm(h)), edgecolors="none")
     undefined = torch.isnan(values).nonzero().tolist()  # [[layer, head], ...]
+    sinks = "the class token" if tuple(prefix_tokens) == ("cls",) else f"prefix tokens ({', '.join(prefix_tokens)})"
     if undefined:
         ax.scatter(
             [layer for layer, _ in undefined], [0] * len(undefined), marker="x", s=30, color="red", clip_on=False,
-            label=f"n/a: attends only to the class token ({len(undefined)} head{'s' if len(undefined) > 1 else ''})",
+            label=f"n/a: attends only to {sinks} ({len(undefined)} head{'s' if len(undefined) > 1 else ''})",
         )  # fmt: skip
     if uniform_distance is not None:
         ax.axhline(uniform_distance, color="grey", linestyle="--", linewidth=1, label="uniform attention")

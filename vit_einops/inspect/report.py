@@ -176,7 +176,7 @@ def write_report(
     shown = images if display_images is None else display_images
     figures = {
         "attention": plot_attention_overlays(shown, heads, rollout_grid, titles, layer=layer),
-        "attention_distance": plot_attention_distance(distance, uniform),
+        "attention_distance": plot_attention_distance(distance, uniform, prefix),
         "position_similarity": plot_position_similarity(similarity),
         "embedding_filters": plot_filters(components, explained),
         "prefix_share": plot_prefix_share(share, prefix),
