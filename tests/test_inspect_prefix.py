@@ -96,17 +96,18 @@ def test_class_and_patch_grids_equal_a_loop_over_the_patch_tokens(prefix, gh, gw
 
 def test_prefix_share_is_each_prefix_tokens_mean_over_the_patch_queries():
     maps = random_maps(2, 2, 3, 4 + 9)
-    share = prefix_token_share(maps, NAMES)
+    share = prefix_token_share(maps, (3, 3), NAMES)
     assert share.shape == (2, 2, 3, 4)
     for t, _ in enumerate(NAMES):
         expected = sum(maps[..., q, t] for q in range(4, 13)) / 9
         torch.testing.assert_close(share[..., t], expected, rtol=1e-12, atol=0)
-    assert torch.equal(class_token_share(maps, NAMES), share[..., 0])
-    assert torch.equal(class_token_share(maps, ("dist", "cls", "reg1", "reg2")), share[..., 1])
+    assert torch.equal(class_token_share(maps, (3, 3), NAMES), share[..., 0])
+    assert torch.equal(class_token_share(maps, (3, 3), ("dist", "cls", "reg1", "reg2")), share[..., 1])
     with pytest.raises(ValueError, match=r"class_token_share reads the class token's row, but this model has none"):
-        class_token_share(maps, ("reg1", "reg2", "reg3", "reg4"))
-    with pytest.raises(ValueError, match=r"with n > 13 \(the prefix tokens .* and at least one patch\), got"):
-        prefix_token_share(maps, tuple(f"t{i}" for i in range(13)))
+        class_token_share(maps, (3, 3), ("reg1", "reg2", "reg3", "reg4"))
+    # The registers are never read as patches: the default (one class token) does not fit 13 tokens on a 3x3 grid.
+    with pytest.raises(ValueError, match=r"attention over 13 tokens does not fit a 3x3 grid after the 1 prefix"):
+        class_token_share(maps, (3, 3))
 
 
 def test_distance_and_statistics_count_patch_queries_and_keys_only():
@@ -144,7 +145,7 @@ def test_prefix_tokens_that_are_not_distinct_names_are_refused(prefix, error, me
     maps = random_maps(1, 1, 1, 6)
     for call in (
         lambda: class_attention_grid(maps[0], (2, 2), prefix),
-        lambda: prefix_token_share(maps, prefix),
+        lambda: prefix_token_share(maps, (2, 2), prefix),
         lambda: mean_attention_distance(maps, (2, 2), 1, prefix),
     ):
         with pytest.raises(error, match=f"^{message.replace('(', '[(]').replace(')', '[)]')}$"):
@@ -239,7 +240,7 @@ def test_report_of_a_register_model_names_its_prefix_tokens(tmp_path, unrendered
     np.testing.assert_allclose(arrays["dino_attention"], rows[-1].reshape(2, 4, 4, 4).numpy(), atol=1e-6)
     maps = torch.from_numpy(arrays["attention"])
     assert maps.shape == (2, 2, 4, 20, 20)
-    np.testing.assert_array_equal(arrays["prefix_share"], prefix_token_share(maps, NAMES).numpy())
+    np.testing.assert_array_equal(arrays["prefix_share"], prefix_token_share(maps, (4, 4), NAMES).numpy())
     np.testing.assert_array_equal(arrays["token_norms"], token_norms(model, x).norms.numpy())
     np.testing.assert_allclose(
         arrays["mean_attention_distance"], mean_attention_distance(maps, (4, 4), 4, NAMES).numpy(), rtol=1e-6

@@ -150,7 +150,7 @@ def write_report(
 
     similarity = model_position_similarity(model)
     components, explained = embedding_filter_components(model)
-    share = prefix_token_share(maps, prefix)  # (l, b, h, p)
+    share = prefix_token_share(maps, grid, prefix)  # (l, b, h, p)
     norms = torch.stack(norms)  # (l, b, n)
 
     arrays = {

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .distance import distance_sums, ratio_or_nan
-from .tokens import CLASS_TOKEN, check_prefix_tokens, class_index, model_grid, model_prefix_tokens
+from .tokens import CLASS_TOKEN, check_prefix_tokens, class_index, model_grid, model_prefix_tokens, num_patch_tokens
 
 
 def _check_rows(maps: torch.Tensor) -> None:
@@ -57,36 +57,40 @@ def attention_entropy(maps: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(maps, maps).sum(dim=-1)
 
 
-def prefix_token_share(maps: torch.Tensor, prefix_tokens: Sequence[str] = ("cls",)) -> torch.Tensor:
+def prefix_token_share(
+    maps: torch.Tensor, grid_size: tuple[int, int], prefix_tokens: Sequence[str] = ("cls",)
+) -> torch.Tensor:
     """The share of the patches' attention that goes to each prefix token: for prefix token p, the mean over patch
     queries i of ``A[i, p]``.
 
     1/n where attention is uniform; near 1 for a token the patches mostly read (a "sink": the class token in many
     trained ViTs, the registers in DINOv2 with registers). The prefix tokens' own queries are left out: the class
     token's row is what the classifier reads, drawn as the class attention. ``1 - share.sum(-1)`` is what the
-    patches put on patches.
+    patches put on patches. ``grid_size`` (the patch grid of the run) is required so that maps of another layout
+    (registers read as patches) are refused, not misread.
 
-    Shapes: maps (l, b, h, n, n) -> (l, b, h, p), the last axis in ``prefix_tokens`` order (the model's
-    ``config.prefix_tokens``; by default the paper's single class token).
+    Shapes: maps (l, b, h, n, n) with n = len(prefix_tokens) + gh * gw -> (l, b, h, p), the last axis in
+    ``prefix_tokens`` order (the model's ``config.prefix_tokens``; by default the paper's single class token).
     """
     _check_rows(maps)
-    names = check_prefix_tokens(prefix_tokens)
-    if maps.ndim != 5 or maps.shape[-1] != maps.shape[-2] or maps.shape[-1] <= len(names):
-        raise ValueError(
-            f"expected attention maps (layers, b, h, n, n) with n > {len(names)} (the prefix tokens {names!r} and "
-            f"at least one patch), got {tuple(maps.shape)}"
-        )
-    return maps[..., len(names) :, : len(names)].mean(dim=-2)
+    if maps.ndim != 5 or maps.shape[-1] != maps.shape[-2]:
+        raise ValueError(f"expected attention maps (layers, b, h, n, n), got {tuple(maps.shape)}")
+    p = num_patch_tokens(maps.shape[-1], grid_size, prefix_tokens)
+    if maps.shape[-1] == p:
+        raise ValueError(f"expected attention maps with at least one patch after the {p} prefix tokens")
+    return maps[..., p:, :p].mean(dim=-2)
 
 
-def class_token_share(maps: torch.Tensor, prefix_tokens: Sequence[str] = ("cls",)) -> torch.Tensor:
+def class_token_share(
+    maps: torch.Tensor, grid_size: tuple[int, int], prefix_tokens: Sequence[str] = ("cls",)
+) -> torch.Tensor:
     """The share of the patches' attention that goes to the class token: :func:`prefix_token_share`'s "cls"
     column; a model without a class token is refused.
 
     Shapes: maps (l, b, h, n, n) -> (l, b, h).
     """
     row = class_index(prefix_tokens, "class_token_share")
-    return prefix_token_share(maps, prefix_tokens)[..., row]
+    return prefix_token_share(maps, grid_size, prefix_tokens)[..., row]
 
 
 def _encoder_blocks(model: nn.Module) -> list[nn.Module]:
@@ -173,7 +177,7 @@ def head_statistics(
     """
     names = check_prefix_tokens(prefix_tokens)
     weighted, mass = distance_sums(maps, grid_size, patch_size, names)
-    share = prefix_token_share(maps, names)
+    share = prefix_token_share(maps, grid_size, names)
     stats = {
         "distance": ratio_or_nan(weighted, mass).to(maps.dtype),
         "patch_mass": (mass / (maps.shape[-2] - len(names))).to(maps.dtype),
