@@ -24,7 +24,8 @@ from ..inputs import model_inputs_and_pictures
 from ..prediction import class_name
 from .dino import DinoView
 from .record import AttentionRecorder
-from .rollout import attention_rollout, class_attention_grid
+from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
+from .tokens import CLASS_TOKEN
 
 PANEL_INCHES = 1.45  # one attention panel; the grid's figure size follows from it
 ATTENTION_CMAP = "inferno"
@@ -234,8 +235,11 @@ def show_attention(
     model: Any, image: Any, layer: int = -1, head: int | None = None, *, preprocessed: bool | None = None
 ):
     """One image's attention maps, for a notebook: the input as the model saw it, and the class token's attention
-    in ``layer`` (a block index: 0 is the first, -1 the last): with ``head=None`` every head and the attention
-    rollout through all layers, with ``head=k`` head k alone.
+    over the patches in ``layer`` (a block index: 0 is the first, -1 the last): with ``head=None`` every head and
+    the attention rollout through all layers, with ``head=k`` head k alone. The prefix tokens (registers,
+    distillation) are named by ``model.config.prefix_tokens`` and left out of the maps; a model without a class
+    token shows the attention each patch receives from the patches
+    (:func:`~vit_einops.inspect.patch_attention_grid`).
 
     Args:
         model: a ViT (any attention impl: the maps are recorded with :class:`AttentionRecorder`). It runs in eval
@@ -262,8 +266,9 @@ def show_attention(
     finally:
         model.train(was_training)
     maps, grid, prefix = recorder.maps, recorder.grid, recorder.prefix_tokens  # maps (l, 1, h, n, n)
-    head_maps = class_attention_grid(maps[layer, 0], grid, prefix)  # (h, gh, gw)
-    rollout = class_attention_grid(attention_rollout(maps)[0], grid, prefix)
+    token_map = class_attention_grid if CLASS_TOKEN in prefix else patch_attention_grid
+    head_maps = token_map(maps[layer, 0], grid, prefix)  # (h, gh, gw)
+    rollout = token_map(attention_rollout(maps)[0], grid, prefix)
     title = f"layer {layer} of 0..{depth - 1}"
     if logits.ndim == 2 and model.num_classes:
         index = int(logits[0].argmax())
