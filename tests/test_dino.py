@@ -67,6 +67,9 @@ def test_mask_keeps_the_heaviest_patches_holding_at_least_keep_of_the_mass():
 
 def test_keep_one_keeps_every_patch_with_weight_and_equal_weights_are_all_kept():
     assert dino_mask(torch.tensor([0.0, 0.5, 0.0, 0.5]), 1.0).tolist() == [False, True, False, True]
+    # No weight on any patch (all of it on prefix tokens, the rest underflowed): no mass, nothing kept.
+    nothing = torch.tensor([[0.0, 0.0, 0.0], [0.2, 0.0, 0.0]])
+    assert dino_mask(nothing, 1.0).tolist() == [[False, False, False], [True, False, False]]
     assert dino_mask(torch.full((9,), 1 / 9)).all()  # one tie group: split it and the mask would depend on order
 
 
@@ -100,7 +103,6 @@ def test_keep_outside_zero_one_is_refused_by_name(keep, error, message):
         (torch.tensor([0.5, float("nan")]), ValueError, r"non-finite values \(nan or inf\)"),
         (torch.tensor([0.5, float("inf")]), ValueError, r"non-finite values \(nan or inf\)"),
         (torch.tensor([0.5, -0.25]), ValueError, "must be >= 0, got a minimum of -0.25"),
-        (torch.tensor([[0.5, 0.5], [0.0, 0.0]]), ValueError, "a row with no weight on any patch"),
     ],
 )
 def test_weights_that_are_not_attention_are_refused(weights, error, message):

@@ -210,7 +210,8 @@ def test_distance_figure_names_heads_whose_distance_is_undefined():
 def test_distance_figure_names_the_prefix_tokens_a_model_has():
     distance = torch.tensor([[float("nan"), 1.0]])
     ax = plot_attention_distance(distance, prefix_tokens=("cls", "reg1")).axes[0]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["n/a: attends only to prefix tokens (cls, reg1) (1 head)"]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["n/a: attends only to prefix tokens (cls, reg1) (1 head)"]
 
 
 def test_token_norm_chart_marks_each_prefix_token_beside_the_patches():
@@ -252,4 +253,5 @@ def test_dino_figure_counts_and_outlines_each_heads_kept_patches():
         assert name == f"layer 5 head {h}"
         assert detail.endswith(f"keeps {int(mask[i, h].sum())}/16")
         assert len(ax.collections) == (0 if (i, h) == (1, 2) else 1)  # the outline's contour set
-    assert [sub._suptitle.get_text() for sub in fig.subfigs] == ["a\noutlined: 60% of the mass", "b\noutlined: 60% of the mass"]
+    suptitles = [sub._suptitle.get_text() for sub in fig.subfigs]
+    assert suptitles == ["a\noutlined: 60% of the mass", "b\noutlined: 60% of the mass"]

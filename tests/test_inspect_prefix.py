@@ -264,8 +264,9 @@ def test_a_plain_vits_report_keeps_its_arrays_and_adds_the_prefix_ones(tmp_path,
 
 def test_a_model_without_a_class_token_shows_the_patches_attention(tmp_path, unrendered, monkeypatch):
     """No "cls" among the prefix tokens (SigLIP's layout): the drawn maps are the attention each patch receives
-    from the patches, in the report and in show_attention, and there is no DINO figure. The core has no class-token-free ViT yet, so the register
-    model's tokens are renamed: the layout (4 prefix tokens, then the patches) is the same."""
+    from the patches, in the report and in show_attention, and there is no DINO figure. The core has no
+    class-token-free ViT yet, so the register model's tokens are renamed: the layout (4 prefix tokens, then the
+    patches) is the same."""
     renamed = ("sink", "reg1", "reg2", "reg3")
     monkeypatch.setattr(ViTConfig, "prefix_tokens", property(lambda self: renamed))
     model = registers_vit()

@@ -37,8 +37,9 @@ def dino_mask(class_attention: torch.Tensor, keep: float = DINO_KEEP) -> torch.T
 
     Args:
         class_attention: (..., j), attention weights over the patches along the last axis (any leading axes, e.g.
-            (b, h, j)); non-negative and finite, with some weight on some patch. They need not sum to 1: each
-            row is normalised first, as DINO does once the class token's weight on the prefix tokens is dropped.
+            (b, h, j)); non-negative and finite. They need not sum to 1: each row is normalised first, as DINO
+            does once the class token's weight on the prefix tokens is dropped. A row of zeros (a head whose weight
+            on every patch underflowed: it reads only prefix tokens) has no mass to keep: its mask is all False.
         keep: the share of the mass to keep, in (0, 1]; 1 keeps every patch with any weight.
     """
     keep = _check_keep(keep)
@@ -55,14 +56,13 @@ def dino_mask(class_attention: torch.Tensor, keep: float = DINO_KEEP) -> torch.T
     if (weights < 0).any():
         raise ValueError(f"class_attention must be >= 0, got a minimum of {weights.min().item():.3g}")
     total = weights.sum(dim=-1, keepdim=True)
-    if (total == 0).any():
-        raise ValueError("class_attention has a row with no weight on any patch: its mass cannot be split")
-    weights = weights / total
+    # A head whose weight on the patches all underflowed to 0 (it reads only prefix tokens) has no mass to keep.
+    weights = weights / torch.where(total > 0, total, 1.0)
     ascending = weights.sort(dim=-1).values
     below = ascending.cumsum(dim=-1)  # below[k]: the mass of the k + 1 smallest weights
     # Each patch's position after its last tie in the ascending order: the mass up to and including its value.
     last_tie = torch.searchsorted(ascending.contiguous(), weights.contiguous(), right=True) - 1
-    return below.gather(-1, last_tie) > 1.0 - keep
+    return (below.gather(-1, last_tie) > 1.0 - keep) & (total > 0)
 
 
 class DinoView(NamedTuple):

@@ -116,7 +116,7 @@ def write_report(
     layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
     model.eval()
     out = Path(out_dir)
-    with AttentionRecorder(model) as recorder, recording_token_norms(model) as norms:
+    with AttentionRecorder(model) as recorder, recording_token_norms(model) as norm_records:
         logits = model(images)
     check_finite_outputs(images, logits)
     maps, grid, prefix = recorder.maps, recorder.grid, recorder.prefix_tokens  # maps (l, b, h, n, n)
@@ -151,7 +151,7 @@ def write_report(
     similarity = model_position_similarity(model)
     components, explained = embedding_filter_components(model)
     share = prefix_token_share(maps, grid, prefix)  # (l, b, h, p)
-    norms = torch.stack(norms)  # (l, b, n)
+    norms = torch.stack(norm_records)  # (l, b, n)
 
     arrays = {
         "images": images,
