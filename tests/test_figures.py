@@ -15,10 +15,15 @@ from matplotlib.figure import Figure
 
 from vit_einops import ViT
 from vit_einops.inspect import (
+    DinoView,
+    dino_mask,
     plot_attention_distance,
     plot_attention_overlays,
+    plot_dino_view,
     plot_filters,
     plot_position_similarity,
+    plot_prefix_share,
+    plot_token_norms,
     record_attention,
     save_figure,
     show_attention,
@@ -60,6 +65,10 @@ def test_every_plot_function_returns_a_figure_that_pyplot_does_not_hold():
         plot_position_similarity(torch.rand(4, 4, 4, 4)),
         plot_filters(torch.rand(3, 1, 4, 4), torch.tensor([0.5, 0.3, 0.2])),
         show_attention(vit(), torch.rand(3, 16, 16)),
+        plot_token_norms(torch.rand(2, 3, 21), ("cls", "reg1", "reg2", "reg3", "reg4")),
+        plot_prefix_share(torch.rand(2, 3, 4, 2) / 2, ("cls", "dist")),
+        plot_dino_view(torch.rand(1, 3, 16, 16), DinoView(torch.rand(1, 2, 4, 4), torch.rand(1, 2, 4, 4) > 0.5),
+                       layer=1, keep=0.6),  # fmt: skip
     ]
     assert all(type(fig) is Figure for fig in figures)
     if "matplotlib.pyplot" in sys.modules:  # another test may have imported it; none of ours registered there
@@ -169,7 +178,9 @@ def test_write_report_layer_chooses_the_drawn_layer(tmp_path):
     assert int(arrays["class_attention_layer"]) == 0
     expected = class_attention_by_softmax_hook(model, images, 0)  # image 0
     np.testing.assert_allclose(arrays["class_attention"][0].reshape(4, -1), expected.numpy(), rtol=1e-5, atol=1e-7)
-    for name in ("attention", "attention_distance", "position_similarity", "embedding_filters"):
+    drawn = ("attention", "attention_distance", "position_similarity", "embedding_filters", "prefix_share",
+             "token_norms", "dino")  # fmt: skip
+    for name in drawn:
         assert paths[name] == tmp_path / f"{name}.png" and paths[name].read_bytes()[:8] == PNG_MAGIC
     with pytest.raises(ValueError, match="layer -3 out of range"):
         write_report(model, images, tmp_path / "other", layer=-3)
@@ -194,3 +205,53 @@ def test_distance_figure_names_heads_whose_distance_is_undefined():
     assert crosses[0].get_offsets().tolist() == [[0, 0], [1, 0], [1, 0]]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [crosses[0].get_label()]
     assert plot_attention_distance(torch.ones(3, 2)).axes[0].get_legend() is None  # no undefined head, no legend
+
+
+def test_distance_figure_names_the_prefix_tokens_a_model_has():
+    distance = torch.tensor([[float("nan"), 1.0]])
+    ax = plot_attention_distance(distance, prefix_tokens=("cls", "reg1")).axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["n/a: attends only to prefix tokens (cls, reg1) (1 head)"]
+
+
+def test_token_norm_chart_marks_each_prefix_token_beside_the_patches():
+    """The histogram holds every patch token of the chosen block, and each prefix token is a named line at its
+    mean norm over the images; the right panel follows the patches' median and largest norm, block by block."""
+    names = ("cls", "reg1", "reg2")
+    norms = torch.rand(2, 4, 3 + 9) + 1
+    norms[1, 0, 3 + 5] = 50.0  # one high-norm patch: the register paper's artifact
+    hist, lines = plot_token_norms(norms, names, layer=1).axes
+    assert sum(bar.get_height() for bar in hist.patches) == 4 * 9
+    assert [t.get_text() for t in hist.get_legend().get_texts()] == ["patch tokens", *names]
+    for p, line in enumerate(hist.get_lines()):
+        assert line.get_xdata()[0] == pytest.approx(norms[1, :, p].mean().item())
+    assert hist.get_xlim()[1] >= 50
+    drawn = {line.get_label(): line.get_ydata() for line in lines.get_lines()}
+    assert list(drawn) == ["patches: median", "patches: largest", *names]
+    np.testing.assert_allclose(drawn["patches: largest"], norms[..., 3:].flatten(1).max(1).values.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(drawn["reg2"], norms[..., 2].mean(1).numpy(), rtol=1e-6)
+
+
+def test_prefix_share_chart_draws_each_tokens_mean_and_the_patches_rest():
+    share = torch.rand(3, 2, 4, 2) / 2  # (layers, images, heads, prefix tokens)
+    ax = plot_prefix_share(share, ("cls", "dist")).axes[0]
+    drawn = {line.get_label(): line.get_ydata() for line in ax.get_lines()}
+    assert list(drawn) == ["cls", "dist", "patches"]
+    np.testing.assert_allclose(drawn["dist"], share[..., 1].double().mean((1, 2)).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(drawn["patches"], 1 - share.double().sum(-1).mean((1, 2)).numpy(), rtol=1e-6)
+
+
+def test_dino_figure_counts_and_outlines_each_heads_kept_patches():
+    attention = torch.rand(2, 3, 4, 4)
+    mask = dino_mask(attention.flatten(-2)).unflatten(-1, (4, 4))
+    mask[1, 2] = True  # a mask keeping every patch has no border to draw
+    fig = plot_dino_view(torch.rand(2, 3, 16, 16), DinoView(attention, mask), ["a", "b"], layer=5, keep=0.6)
+    heads = [ax for ax in image_axes(fig) if ax.get_title().startswith("layer")]
+    assert len(heads) == 6
+    for ax, (i, h) in zip(heads, [(i, h) for i in range(2) for h in range(3)], strict=True):
+        name, detail = ax.get_title().split("\n")
+        assert name == f"layer 5 head {h}"
+        assert detail.endswith(f"keeps {int(mask[i, h].sum())}/16")
+        assert len(ax.collections) == (0 if (i, h) == (1, 2) else 1)  # the outline's contour set
+    suptitles = [sub._suptitle.get_text() for sub in fig.subfigs]
+    assert suptitles == ["a\noutlined: 60% of the mass", "b\noutlined: 60% of the mass"]

@@ -81,7 +81,7 @@ def test_inspect_writes_nothing_when_any_array_is_not_finite(tmp_path, monkeypat
     Only inf is an overflow there.)"""
     name = {
         "mean_attention_distance": "mean_attention_distance",
-        "position_similarity": "position_similarity",
+        "position_similarity": "model_position_similarity",
         "filter_explained_variance": "embedding_filter_components",
     }[array]
     original = getattr(report, name)

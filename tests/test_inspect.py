@@ -243,11 +243,11 @@ def test_position_similarity_of_a_row_one_hot_embedding():
 def test_position_similarity_of_angles_is_the_cosine_of_their_difference():
     angles = torch.rand(6) * 2 * math.pi
     pos = torch.stack([angles.cos(), angles.sin()], dim=-1) * torch.rand(6, 1).add(0.5)  # lengths do not matter
-    sim = position_similarity(pos, (2, 3), class_token=False)
+    sim = position_similarity(pos, (2, 3), prefix_rows=0)
     expected = torch.cos(angles[:, None] - angles[None, :]).reshape(2, 3, 2, 3)
     torch.testing.assert_close(sim, expected, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="3x3 grid"):
-        position_similarity(pos, (3, 3), class_token=False)
+        position_similarity(pos, (3, 3), prefix_rows=0)
 
 
 @pytest.mark.parametrize("patchify", ["conv", "linear"])

@@ -18,10 +18,10 @@ from vit_einops.modelfile import save_vit
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def inspected_model():
+def inspected_model(**options):
     """The interop tests' RGB model, smaller where the figures draw a panel each: 2 heads (per image), a 2x2 grid
     of positions and 16 embedding filters (dim 16) keep every figure at a third of TINY_RGB's drawing time."""
-    return perturbed(tiny_vit(TINY_RGB, image_size=16, heads=2, dim=16, mlp_dim=32))
+    return perturbed(tiny_vit(TINY_RGB, image_size=16, heads=2, dim=16, mlp_dim=32, **options))
 
 
 @pytest.fixture
@@ -58,12 +58,27 @@ def test_inspect_a_converted_file_with_images_of_several_modes(tmp_path, files, 
     assert np.allclose(arrays["class_attention"], arrays["attention"][0][:, :, 0, 1:].reshape(4, 2, 2, 2), atol=1e-6)
 
 
-def test_default_photos_for_a_model_not_trained_on_digits(tmp_path, capsys):
-    model = inspected_model()
+def test_default_photos_for_a_register_model_not_trained_on_digits(tmp_path, capsys):
+    """DINOv2's layout (registers, E_pos on the patches only): the report names the prefix tokens, draws the
+    class token's attention over the patches alone, and adds the prefix-token, token-norm and DINO figures."""
+    model = inspected_model(register_tokens=3, layer_scale=1e-5, pos_embed_prefix=False)
     model.preprocessing = Preprocessing.timm(crop=16)
     save_vit(model, tmp_path / "m.safetensors")
     assert main(["inspect", str(tmp_path / "m.safetensors"), "--out", str(tmp_path / "out")]) == 0
-    assert np.load(tmp_path / "out" / "arrays.npz")["images"].shape == (2, 3, 16, 16)  # scikit-learn's two photos
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "arrays.npz", "attention.png", "attention_distance.png", "dino.png", "embedding_filters.png",
+        "position_similarity.png", "prefix_share.png", "token_norms.png",
+    ]  # fmt: skip
+    for name in ("dino", "prefix_share", "token_norms"):
+        assert (out / f"{name}.png").read_bytes()[:8] == PNG
+    arrays = np.load(out / "arrays.npz")
+    assert arrays["images"].shape == (2, 3, 16, 16)  # scikit-learn's two photos
+    assert arrays["prefix_tokens"].tolist() == ["cls", "reg1", "reg2", "reg3"]
+    assert arrays["attention"].shape == (2, 2, 2, 8, 8)  # (layers, images, heads, 4 prefix + 4 patches, ...)
+    last = arrays["attention"][-1][:, :, 0, 4:].reshape(2, 2, 2, 2)  # the class row over the patches
+    np.testing.assert_allclose(arrays["class_attention"], last, atol=1e-6)
+    np.testing.assert_allclose(arrays["dino_attention"], last, atol=1e-6)
 
 
 def test_existing_output_layer_range_and_missing_preprocessing(tmp_path, files, capsys):

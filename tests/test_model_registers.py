@@ -14,8 +14,6 @@ from vit_einops import ViT, ViTConfig, parameter_count
 from vit_einops.interop import timm_config, to_hf, to_timm, to_torchvision, torchvision_kwargs
 from vit_einops.interop.resample import resample_vit
 from vit_einops.explore.payload import build_payload
-from vit_einops.inspect.figures import show_attention
-from vit_einops.inspect.report import write_report
 
 R = 3  # registers in these tests: not 1 or 4, so that an index off by one or a hard-coded 4 shows
 
@@ -134,11 +132,6 @@ def test_resample_keeps_the_prefix_rows_and_resizes_the_grid():
 @pytest.mark.parametrize("options", [dict(register_tokens=R), dict(pos_embed_prefix=False)])
 def test_tools_and_formats_that_know_only_the_papers_tokens_refuse(options, tmp_path):
     model = tiny_vit(TINY_RGB16, **options)
-    with pytest.raises(ValueError, match="show_attention reads token 0 as the class token"):
-        show_attention(model, torch.rand(3, 16, 16), preprocessed=True)
-    with pytest.raises(ValueError, match="vit-einops inspect reads token 0 as the class token"):
-        write_report(model, torch.rand(1, 3, 16, 16), tmp_path / "report")
-    assert not (tmp_path / "report").exists()
     with pytest.raises(ValueError, match="vit-einops explore reads token 0 as the class token"):
         build_payload(model, torch.rand(1, 3, 16, 16), titles=["a"], class_names=None, pictures=[], top_k=1)
     with pytest.raises(ValueError, match="torchvision's VisionTransformer cannot express this config"):

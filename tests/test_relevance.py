@@ -80,19 +80,19 @@ def test_entropy_rejects_what_is_not_a_distribution(rows, error, match):
 def test_class_token_share_closed_forms():
     n = 5
     uniform = torch.full((1, 1, 1, n, n), 1.0 / n)
-    torch.testing.assert_close(class_token_share(uniform), torch.full((1, 1, 1), 1.0 / n))
+    torch.testing.assert_close(class_token_share(uniform, (2, 2)), torch.full((1, 1, 1), 1.0 / n))
     sink = torch.zeros(1, 1, 1, n, n)
     sink[..., 0] = 1.0  # every query reads only the class token
-    assert torch.equal(class_token_share(sink), torch.ones(1, 1, 1))
+    assert torch.equal(class_token_share(sink, (2, 2)), torch.ones(1, 1, 1))
     mixed = torch.eye(n)[None, None, None].clone()  # each token reads itself ...
     mixed[..., 1:3, :] = torch.tensor([0.25, 0.75, 0.0, 0.0, 0.0])  # ... except patches 1 and 2
     # patch queries 1..4 put 0.25, 0.25, 0, 0 on the class token; the class token's own row is left out.
-    torch.testing.assert_close(class_token_share(mixed), torch.full((1, 1, 1), 0.125))
+    torch.testing.assert_close(class_token_share(mixed, (2, 2)), torch.full((1, 1, 1), 0.125))
 
 
 def test_class_token_share_rejects_rows_that_are_not_square_maps():
     with pytest.raises(ValueError, match=r"\(layers, b, h, n, n\)"):
-        class_token_share(torch.full((2, 3, 4), 0.25))
+        class_token_share(torch.full((2, 3, 4), 0.25), (1, 3))
 
 
 def test_token_norms_are_the_lengths_of_each_block_output():
@@ -114,7 +114,8 @@ def test_head_statistics_per_image_match_the_shared_functions():
     _, maps = record_attention(model, torch.rand(3, 1, 8, 8))
     stats = head_statistics(maps, (4, 4), 2)
     names = ("distance", "patch_mass", "entropy", "class_share")
-    assert {k: v.shape for k, v in stats.items()} == {k: (3, 3, 2) for k in names}
+    assert {k: v.shape for k, v in stats.items()} == {**{k: (3, 3, 2) for k in names}, "prefix_share": (3, 3, 2, 1)}
+    assert torch.equal(stats["prefix_share"][..., 0], stats["class_share"])
     torch.testing.assert_close(stats["distance"][:, 1], mean_attention_distance(maps[:, 1:2], (4, 4), 2))
     # The pooled distance is the per-image ones weighted by the attention mass each image sends between patches.
     mass = stats["patch_mass"]
@@ -171,10 +172,11 @@ def chefer_reference(model: ViT, x: torch.Tensor, target: torch.Tensor) -> torch
     return relevance.detach()
 
 
+@pytest.mark.parametrize("registers", [0, 3])
 @pytest.mark.parametrize("impl", ATTN_IMPLS)
-def test_relevance_matches_chefers_recipe_on_the_einsum_softmax(impl):
+def test_relevance_matches_chefers_recipe_on_the_einsum_softmax(impl, registers):
     torch.manual_seed(4)
-    model = tiny_vit(TINY).double()
+    model = tiny_vit(TINY, register_tokens=registers).double()
     x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
     target = torch.tensor([2, 0])
     expected = chefer_reference(model, x, target)

@@ -1,6 +1,7 @@
-"""`vit-einops inspect MODEL [--image IMG...]`: attention maps, rollout, attention distance, position similarity and
-embedding filters of any ViT (a model file, a training run, or with --from a torchvision/timm/HF model), as PNG
-figures and raw arrays.
+"""`vit-einops inspect MODEL [--image IMG...]`: attention maps, rollout, attention distance, position similarity,
+embedding filters, the prefix tokens' attention share, token norms and DINO's view (the last layer's class attention
+per head and the patches holding 60% of it) of any ViT (a model file, a training run, or with --from a
+torchvision/timm/HF model), class, distillation and register tokens named, as PNG figures and raw arrays.
 
 Images go through the model's own preprocessing; no training data is read when images are given. Without
 --image, a model trained on the digits is shown test digits, and any other model scikit-learn's two photos.

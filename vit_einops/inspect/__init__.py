@@ -1,26 +1,47 @@
 """Look inside a ViT: record attention on any attention implementation, roll it out, weigh it by its gradient
-(relevance), measure how far heads look and how spread out they are, and draw the paper's Figure 6, 7 and 11 style
-plots (``vit-einops inspect``): each plot function returns a matplotlib Figure, shown inline in a notebook, and
-``save_figure(fig, path)`` writes it atomically."""
+(relevance), measure how far heads look and how spread out they are, see how much attention the prefix tokens
+(class, distillation, register) take and how long the tokens grow, draw DINO's view (the class token's attention
+and the mask keeping 60% of it), and draw the paper's Figure 6, 7 and 11 style plots (``vit-einops inspect``):
+each plot function returns a matplotlib Figure, shown inline in a notebook, and ``save_figure(fig, path)`` writes
+it atomically. Every tool reads the tokens as ``model.config.prefix_tokens`` then the patch grid of the input."""
 
 from .._plot import save_figure
+from .dino import DINO_KEEP, DinoView, dino_mask, dino_view
 from .distance import mean_attention_distance, patch_distances
-from .embeddings import embedding_filter_components, patch_embedding_matrix, position_similarity
+from .embeddings import (
+    embedding_filter_components,
+    model_position_similarity,
+    patch_embedding_matrix,
+    position_similarity,
+)
 from .figures import (
     plot_attention_distance,
     plot_attention_overlays,
+    plot_dino_view,
     plot_filters,
     plot_position_similarity,
+    plot_prefix_share,
+    plot_token_norms,
     show_attention,
 )
 from .record import AttentionRecorder, attention_matrix, record_attention
 from .relevance import attention_gradients, attention_relevance, relevance_from_gradients
 from .report import write_report
-from .rollout import attention_rollout, class_attention_grid, last_layer_class_attention
-from .stats import attention_entropy, class_token_share, head_statistics, token_norms
+from .rollout import attention_rollout, class_attention_grid, last_layer_class_attention, patch_attention_grid
+from .stats import (
+    TokenNorms,
+    attention_entropy,
+    class_token_share,
+    head_statistics,
+    prefix_token_share,
+    token_norms,
+)
 
 __all__ = [
+    "DINO_KEEP",
     "AttentionRecorder",
+    "DinoView",
+    "TokenNorms",
     "attention_entropy",
     "attention_gradients",
     "attention_matrix",
@@ -28,17 +49,25 @@ __all__ = [
     "attention_rollout",
     "class_attention_grid",
     "class_token_share",
+    "dino_mask",
+    "dino_view",
     "embedding_filter_components",
     "head_statistics",
     "last_layer_class_attention",
     "mean_attention_distance",
+    "model_position_similarity",
+    "patch_attention_grid",
     "patch_distances",
     "patch_embedding_matrix",
     "plot_attention_distance",
     "plot_attention_overlays",
+    "plot_dino_view",
     "plot_filters",
     "plot_position_similarity",
+    "plot_prefix_share",
+    "plot_token_norms",
     "position_similarity",
+    "prefix_token_share",
     "record_attention",
     "relevance_from_gradients",
     "save_figure",

@@ -6,10 +6,13 @@ and images, it gives one number per (layer, head), the analogue of a CNN's recep
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from einops import einsum, rearrange
 
 from .._checks import to_pair
+from .tokens import num_patch_tokens
 
 
 def patch_distances(grid_size: tuple[int, int], patch_size: int | tuple[int, int]) -> torch.Tensor:
@@ -21,46 +24,55 @@ def patch_distances(grid_size: tuple[int, int], patch_size: int | tuple[int, int
 
 
 def distance_sums(
-    maps: torch.Tensor, grid_size: tuple[int, int], patch_size: int | tuple[int, int]
+    maps: torch.Tensor,
+    grid_size: tuple[int, int],
+    patch_size: int | tuple[int, int],
+    prefix_tokens: Sequence[str] = ("cls",),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The two sums the mean attention distance is the ratio of, per layer, image and head (float64):
 
-        weighted = sum_{i>=1, j>=1} A_ij d_ij,    mass = sum_{i>=1, j>=1} A_ij
+        weighted = sum_{i, j patches} A_ij d_ij,    mass = sum_{i, j patches} A_ij
 
-    over patch queries i and patch keys j (token 0, the class token, has no position in the image), d_ij the
-    pixel distance between the patch centres. Sums, not means, so batches combine by adding them.
+    over patch queries i and patch keys j (the prefix tokens, ``prefix_tokens``, have no position in the image),
+    d_ij the pixel distance between the patch centres. Sums, not means, so batches combine by adding them.
 
-    Shapes: maps (l, b, h, n, n) with n = gh * gw + 1 -> ((l, b, h), (l, b, h)).
+    Shapes: maps (l, b, h, n, n) with n = len(prefix_tokens) + gh * gw -> ((l, b, h), (l, b, h)).
     """
     gh, gw = to_pair("grid_size", grid_size)
-    if maps.ndim != 5 or maps.shape[-1] != maps.shape[-2] or maps.shape[-1] != gh * gw + 1:
-        raise ValueError(f"expected maps (layers, b, h, n, n) with n = {gh}*{gw}+1, got {tuple(maps.shape)}")
-    patches = maps[..., 1:, 1:].double()
+    if maps.ndim != 5 or maps.shape[-1] != maps.shape[-2]:
+        raise ValueError(f"expected maps (layers, b, h, n, n), got {tuple(maps.shape)}")
+    prefix = num_patch_tokens(maps.shape[-1], (gh, gw), prefix_tokens)
+    patches = maps[..., prefix:, prefix:].double()
     weighted = einsum(patches, patch_distances((gh, gw), patch_size).to(patches.device), "l b h i j, i j -> l b h")
     return weighted, patches.sum(dim=(-2, -1))
 
 
 def mean_attention_distance(
-    maps: torch.Tensor, grid_size: tuple[int, int], patch_size: int | tuple[int, int]
+    maps: torch.Tensor,
+    grid_size: tuple[int, int],
+    patch_size: int | tuple[int, int],
+    prefix_tokens: Sequence[str] = ("cls",),
 ) -> torch.Tensor:
     """Mean attention distance in pixels per layer and head: the distance that the head's patch-to-patch
     attention travels, on average over all of it,
 
-        D = sum_{b, i>=1, j>=1} A_bij d_ij / sum_{b, i>=1, j>=1} A_bij    (see :func:`distance_sums`),
+        D = sum_{b, i, j patches} A_bij d_ij / sum_{b, i, j patches} A_bij    (see :func:`distance_sums`),
 
-    pooled over images b, patch queries i and patch keys j. Equivalently: each patch query's weights over the
-    patch keys renormalised to sum to 1, their mean distance, averaged over queries weighted by the attention
-    mass each query gives to patches. Where every query gives the patches the same mass (no class token
-    attention, or the same share everywhere) that is the plain mean over queries.
+    pooled over images b, patch queries i and patch keys j (the ``prefix_tokens``' rows and columns skipped).
+    Equivalently: each patch query's weights over the patch keys renormalised to sum to 1, their mean distance,
+    averaged over queries weighted by the attention mass each query gives to patches. Where every query gives the
+    patches the same mass (no prefix-token attention, or the same share everywhere) that is the plain mean over
+    queries.
 
-    A head that attends only to the class token (all its patch queries put their whole weight on token 0, common
-    in trained ViTs) sends no attention between patches: its distance is undefined and returned as nan. Tell such
-    heads apart by their patch mass (``head_statistics(...)["patch_mass"]`` is 0), never by the nan alone. A query
-    that puts only part of its weight on the class token counts with the part it puts on patches.
+    A head that attends only to prefix tokens (all its patch queries put their whole weight on the class token or
+    the registers, common in trained ViTs) sends no attention between patches: its distance is undefined and
+    returned as nan. Tell such heads apart by their patch mass (``head_statistics(...)["patch_mass"]`` is 0),
+    never by the nan alone. A query that puts only part of its weight on prefix tokens counts with the part it
+    puts on patches.
 
-    Shapes: maps (l, b, h, n, n) with n = gh * gw + 1 -> (l, h), in maps' dtype.
+    Shapes: maps (l, b, h, n, n) with n = len(prefix_tokens) + gh * gw -> (l, h), in maps' dtype.
     """
-    weighted, mass = distance_sums(maps, grid_size, patch_size)
+    weighted, mass = distance_sums(maps, grid_size, patch_size, prefix_tokens)
     return ratio_or_nan(weighted.sum(dim=1), mass.sum(dim=1)).to(maps.dtype)
 
 

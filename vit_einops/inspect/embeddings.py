@@ -7,29 +7,40 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import check_positive_int
+from .._checks import check_nonnegative_int, check_positive_int
 from ..model import ViT
 from ..patch_embed import conv_to_linear_weight
 
 
-def position_similarity(pos_embed: torch.Tensor, grid_size: tuple[int, int], class_token: bool = True) -> torch.Tensor:
+def position_similarity(pos_embed: torch.Tensor, grid_size: tuple[int, int], prefix_rows: int = 1) -> torch.Tensor:
     """Cosine similarity between the position embeddings of every pair of patches.
 
     Args:
-        pos_embed: E_pos, (1, N, D) or (N, D); with ``class_token`` its first row is the class token's, dropped.
+        pos_embed: E_pos, (1, N, D) or (N, D); its first ``prefix_rows`` rows belong to the prefix tokens and are
+            dropped: 1 for the paper's class token, ``config.num_prefix_tokens`` where E_pos covers the registers
+            too, 0 where it covers the patches only (``pos_embed_prefix=False``, DINOv2 and DeiT III).
+            :func:`model_position_similarity` reads that from a model.
         grid_size: (gh, gw), the patch grid, gh * gw = N'.
 
     Returns (gh, gw, gh, gw): entry [r1, c1, r2, c2] compares patch (r1, c1) with patch (r2, c2); the slice
     [r1, c1] is one tile of the paper's grid of grids.
     """
     gh, gw = grid_size
-    weight = pos_embed.detach().reshape(-1, pos_embed.shape[-1])  # (N, D)
-    if class_token:
-        weight = weight[1:]
+    prefix_rows = check_nonnegative_int("prefix_rows", prefix_rows)
+    weight = pos_embed.detach().reshape(-1, pos_embed.shape[-1])[prefix_rows:]  # (N', D)
     if weight.shape[0] != gh * gw:
-        raise ValueError(f"{weight.shape[0]} patch position embeddings do not fit a {gh}x{gw} grid")
+        raise ValueError(
+            f"{weight.shape[0]} patch position embeddings (after {prefix_rows} prefix rows) do not fit a {gh}x{gw} grid"
+        )
     unit = F.normalize(weight.double(), dim=-1)
     return rearrange(unit @ unit.T, "(r1 c1) (r2 c2) -> r1 c1 r2 c2", r1=gh, r2=gh).to(pos_embed.dtype)
+
+
+def model_position_similarity(model: ViT) -> torch.Tensor:
+    """:func:`position_similarity` of the model's own E_pos on the grid it was trained at, its prefix rows (when
+    E_pos has any: ``config.pos_embed_prefix``) dropped. Shapes: -> (gh, gw, gh, gw)."""
+    cfg = model.config
+    return position_similarity(model.patch_embed.pos_embed.weight, cfg.grid_size, cfg.num_pos_tokens - cfg.num_patches)
 
 
 def patch_embedding_matrix(model: ViT) -> torch.Tensor:

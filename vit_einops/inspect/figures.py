@@ -11,6 +11,7 @@ Head panels are laid out in a grid of ceil(sqrt(panels)) columns, so 3, 12 or 16
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,11 +22,14 @@ from .._plot import new_figure
 from ..images import to_display
 from ..inputs import model_inputs_and_pictures
 from ..prediction import class_name
-from .record import record_attention
-from .rollout import attention_rollout, class_attention_grid
+from .dino import DinoView
+from .record import AttentionRecorder
+from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
+from .tokens import CLASS_TOKEN
 
 PANEL_INCHES = 1.45  # one attention panel; the grid's figure size follows from it
 ATTENTION_CMAP = "inferno"
+MASK_COLOUR = "cyan"  # DINO's mask outline: visible over inferno's dark and bright ends
 
 
 def grid_shape(panels: int) -> tuple[int, int]:
@@ -51,6 +55,15 @@ def _upsample(grid_map: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return up.clamp_min(0) / up.max().clamp_min(1e-12)
 
 
+def _outline(ax, mask: torch.Tensor, size: tuple[int, int]) -> None:
+    """The border of a (gh, gw) bool mask's patches, drawn over an (H, W) panel; nothing when the mask keeps every
+    patch or none (no border exists, and matplotlib would warn of a contour with no level)."""
+    if mask.all() or not mask.any():
+        return
+    up = F.interpolate(mask[None, None].float().cpu(), size=size, mode="nearest")[0, 0]
+    ax.contour(up.numpy(), levels=[0.5], colors=MASK_COLOUR, linewidths=1.0)
+
+
 def _attention_colorbar(fig, axes) -> None:
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
@@ -67,31 +80,42 @@ def _draw_attention(
     title: str,
     layer: int,
     heads: range | None = None,
+    masks: torch.Tensor | None = None,
 ) -> None:
     """One image on ``fig`` (a Figure or SubFigure): the input, the rollout (unless None) and the heads, in a grid.
 
     head_maps (h, gh, gw) is the class token's attention over the patches in layer ``layer`` (0-based) of the
     heads numbered ``heads`` (default 0..h-1); rollout_map (gh, gw) is the rollout through every layer. Each
-    panel is scaled to its own maximum, printed in its title, so the colour bar reads relative to it.
+    panel is scaled to its own maximum, printed in its title, so the colour bar reads relative to it. masks
+    (h, gh, gw) bool, when given, outlines each head's kept patches (DINO's mask) and counts them in the title.
     """
     heads = range(head_maps.shape[0]) if heads is None else heads
-    panels = [("input", None)]
+    panels = [("input", None, None)]
     if rollout_map is not None:
-        panels.append(("rollout\n(all layers)", rollout_map))
-    panels += [(f"layer {layer} head {h}", grid_map) for h, grid_map in zip(heads, head_maps, strict=True)]
+        panels.append(("rollout\n(all layers)", rollout_map, None))
+    head_masks = [None] * len(head_maps) if masks is None else list(masks)
+    panels += [
+        (f"layer {layer} head {h}", grid_map, mask)
+        for h, grid_map, mask in zip(heads, head_maps, head_masks, strict=True)
+    ]
     rows, cols = grid_shape(len(panels))
     axes = fig.subplots(rows, cols, squeeze=False)
     size = tuple(image.shape[-2:])
     for ax in axes.flat:
         ax.set_axis_off()
-    for ax, (name, grid_map) in zip(axes.flat, panels, strict=False):
+    for ax, (name, grid_map, mask) in zip(axes.flat, panels, strict=False):
         ax.set_axis_on()
         _show_image(ax, image)
         if grid_map is None:
             ax.set_title(name, fontsize=8, parse_math=False)
             continue
         ax.imshow(_upsample(grid_map, size).numpy(), cmap=ATTENTION_CMAP, alpha=0.6, vmin=0, vmax=1)
-        ax.set_title(f"{name}\nmax {grid_map.max().item():.3g}", fontsize=8, parse_math=False)
+        if mask is None:
+            ax.set_title(f"{name}\nmax {grid_map.max().item():.3g}", fontsize=8, parse_math=False)
+            continue
+        _outline(ax, mask, size)
+        kept = f"keeps {int(mask.sum())}/{mask.numel()}"
+        ax.set_title(f"{name}\nmax {grid_map.max().item():.3g}, {kept}", fontsize=8, parse_math=False)
     _attention_colorbar(fig, axes)
     # The title holds a file name and a class name: literal text, so "$" in one is a dollar sign, not mathtext.
     fig.suptitle(title, fontsize=10, parse_math=False)
@@ -100,18 +124,21 @@ def _draw_attention(
 def plot_attention_overlays(
     images: torch.Tensor,
     head_maps: torch.Tensor,
-    rollout_maps: torch.Tensor,
+    rollout_maps: torch.Tensor | None,
     titles: list[str] | None = None,
     *,
     layer: int,
+    masks: torch.Tensor | None = None,
 ):
     """Each image with its heads' class-token attention in layer ``layer`` (0-based) and the rollout, over it
     (Figure 6 style): one block per image, the blocks in a near-square grid.
 
-    Shapes: images (b, C, H, W); head_maps (b, h, gh, gw); rollout_maps (b, gh, gw). Returns a Figure.
+    Shapes: images (b, C, H, W); head_maps (b, h, gh, gw); rollout_maps (b, gh, gw), or None for the heads alone;
+    masks (b, h, gh, gw) bool, or None: each head's kept patches, outlined (see :func:`plot_dino_view`).
+    Returns a Figure.
     """
     b, heads = head_maps.shape[:2]
-    rows, cols = grid_shape(heads + 2)
+    rows, cols = grid_shape(heads + (1 if rollout_maps is None else 2))
     block_rows, block_cols = grid_shape(b)
     fig = new_figure(
         figsize=(block_cols * (cols * PANEL_INCHES + 0.9), block_rows * (rows * (PANEL_INCHES + 0.25) + 0.4))
@@ -121,7 +148,85 @@ def plot_attention_overlays(
         sub.set_visible(False)
     for i, sub in enumerate(subfigs.flat[:b]):
         title = titles[i] if titles else f"image {i}"
-        _draw_attention(sub, images[i], head_maps[i], rollout_maps[i], title, layer)
+        rollout = None if rollout_maps is None else rollout_maps[i]
+        _draw_attention(sub, images[i], head_maps[i], rollout, title, layer, masks=None if masks is None else masks[i])
+    return fig
+
+
+def plot_dino_view(images: torch.Tensor, view: DinoView, titles: list[str] | None = None, *, layer: int, keep: float):
+    """DINO's Figure 3 for each image: every head's class-token attention over the patches in layer ``layer``
+    (0-based; DINO draws the last), with the patches that hold ``keep`` of its mass outlined and counted.
+
+    Shapes: images (b, C, H, W); ``view`` a :class:`~vit_einops.inspect.dino.DinoView` of (b, h, gh, gw) maps.
+    Returns a Figure.
+    """
+    share = f"outlined: {100 * keep:.0f}% of the mass"
+    titles = [f"{t}\n{share}" for t in (titles or [f"image {i}" for i in range(len(images))])]
+    return plot_attention_overlays(images, view.attention, None, titles, layer=layer, masks=view.mask)
+
+
+def plot_token_norms(norms: torch.Tensor, prefix_tokens: Sequence[str], *, layer: int = -1):
+    """How long the tokens of the residual stream are, prefix tokens marked (Darcet et al. 2024, Fig. 2/3): on the
+    left, a histogram of the patch tokens' norms after block ``layer`` (all images), each prefix token's norm a
+    named vertical line; on the right, by block, the patches' median and largest norm and each prefix token's.
+    A few patches far above the median are the high-norm artifact that registers absorb.
+
+    Shapes: norms (l, b, n), the first ``len(prefix_tokens)`` tokens the prefix tokens (:func:`token_norms`).
+    Returns a Figure.
+    """
+    from matplotlib import colormaps
+
+    names = tuple(prefix_tokens)
+    layers = norms.shape[0]
+    layer = check_index("layer", layer, layers, f"{layers} layers of norms")
+    values = norms.detach().double().cpu()
+    patches, prefix = values[..., len(names) :], values[..., : len(names)]  # (l, b, N'), (l, b, p)
+    colours = colormaps["tab10"]
+    fig = new_figure(figsize=(9.0, 3.6))
+    hist, lines = fig.subplots(1, 2)
+    hist.hist(patches[layer].flatten().numpy(), bins=40, color="lightgrey", edgecolor="grey", label="patch tokens")
+    for p, name in enumerate(names):
+        hist.axvline(prefix[layer, :, p].mean().item(), color=colours(p % 10), linewidth=1.5, label=name)
+    hist.set(xlabel="token norm", ylabel="patch tokens", title=f"After block {layer} (0-based)")
+    hist.legend(fontsize=7)
+    x = range(layers)
+    flat = patches.flatten(1)  # (l, b * N')
+    lines.plot(x, flat.median(dim=1).values.numpy(), color="grey", label="patches: median")
+    lines.plot(x, flat.max(dim=1).values.numpy(), color="grey", linestyle="--", label="patches: largest")
+    for p, name in enumerate(names):
+        lines.plot(x, prefix[:, :, p].mean(dim=1).numpy(), color=colours(p % 10), marker="o", markersize=3, label=name)
+    lines.set(xlabel="block (0-based)", ylabel="token norm", title="Token norms by block")
+    lines.set_xticks(list(x))
+    lines.legend(fontsize=7)
+    lines.grid(alpha=0.3)
+    return fig
+
+
+def plot_prefix_share(share: torch.Tensor, prefix_tokens: Sequence[str]):
+    """The share of the patches' attention that lands on each prefix token (:func:`prefix_token_share`), by layer:
+    one line per prefix token (the mean over images and heads), a dot per head, and the patches' own share (the
+    rest). A register or class token near 1 is an attention sink. Shapes: share (l, b, h, p). Returns a Figure."""
+    from matplotlib import colormaps
+
+    names = tuple(prefix_tokens)
+    values = share.detach().double().cpu()
+    layers = values.shape[0]
+    per_head = values.mean(dim=1)  # (l, h, p)
+    colours = colormaps["tab10"]
+    fig = new_figure(figsize=(5.6, 3.8))
+    ax = fig.subplots()
+    x = torch.arange(layers).double()
+    for p, name in enumerate(names):
+        ax.scatter(x.repeat_interleave(per_head.shape[1]).numpy(), per_head[..., p].flatten().numpy(), s=8,
+                   color=colours(p % 10), alpha=0.4, edgecolors="none")  # fmt: skip
+        ax.plot(x.numpy(), per_head[..., p].mean(dim=1).numpy(), color=colours(p % 10), marker="o", label=name)
+    patches = 1 - per_head.sum(dim=-1).mean(dim=1)
+    ax.plot(x.numpy(), patches.numpy(), color="grey", linestyle="--", label="patches")
+    ax.set(xlabel="layer (0-based)", ylabel="share of the patches' attention", title="Attention on prefix tokens")
+    ax.set_xticks(range(layers))
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
     return fig
 
 
@@ -130,8 +235,11 @@ def show_attention(
     model: Any, image: Any, layer: int = -1, head: int | None = None, *, preprocessed: bool | None = None
 ):
     """One image's attention maps, for a notebook: the input as the model saw it, and the class token's attention
-    in ``layer`` (a block index: 0 is the first, -1 the last): with ``head=None`` every head and the attention
-    rollout through all layers, with ``head=k`` head k alone.
+    over the patches in ``layer`` (a block index: 0 is the first, -1 the last): with ``head=None`` every head and
+    the attention rollout through all layers, with ``head=k`` head k alone. The prefix tokens (registers,
+    distillation) are named by ``model.config.prefix_tokens`` and left out of the maps; a model without a class
+    token shows the attention each patch receives from the patches
+    (:func:`~vit_einops.inspect.patch_attention_grid`).
 
     Args:
         model: a ViT (any attention impl: the maps are recorded with :class:`AttentionRecorder`). It runs in eval
@@ -144,7 +252,6 @@ def show_attention(
     Returns a Figure (save it with ``vit_einops._plot.save_figure`` or ``fig.savefig``).
     """
     inputs, pictures = model_inputs_and_pictures(model, image, preprocessed=preprocessed, name="image")
-    model.config.check_class_token_layout("show_attention")
     if len(inputs) != 1:
         raise ValueError(f"show_attention draws one image: (C, H, W) or (1, C, H, W), got shape {tuple(inputs.shape)}")
     depth, heads = len(model.blocks), model.config.heads
@@ -154,12 +261,14 @@ def show_attention(
     was_training = model.training
     model.eval()
     try:
-        logits, maps = record_attention(model, inputs, preprocessed=True)  # maps (l, 1, h, n, n)
+        with AttentionRecorder(model) as recorder:
+            logits = model(inputs)
     finally:
         model.train(was_training)
-    grid = model.patch_embed.grid_size
-    head_maps = class_attention_grid(maps[layer, 0], grid)  # (h, gh, gw)
-    rollout = class_attention_grid(attention_rollout(maps)[0], grid)
+    maps, grid, prefix = recorder.maps, recorder.grid, recorder.prefix_tokens  # maps (l, 1, h, n, n)
+    token_map = class_attention_grid if CLASS_TOKEN in prefix else patch_attention_grid
+    head_maps = token_map(maps[layer, 0], grid, prefix)  # (h, gh, gw)
+    rollout = token_map(attention_rollout(maps)[0], grid, prefix)
     title = f"layer {layer} of 0..{depth - 1}"
     if logits.ndim == 2 and model.num_classes:
         index = int(logits[0].argmax())
@@ -174,10 +283,13 @@ def show_attention(
     return fig
 
 
-def plot_attention_distance(distance: torch.Tensor, uniform_distance: float | None = None):
+def plot_attention_distance(
+    distance: torch.Tensor, uniform_distance: float | None = None, prefix_tokens: Sequence[str] = ("cls",)
+):
     """Mean attention distance (l, h) over layers, one dot per head coloured by its index (Figure 7 right /
     Figure 11); layers and heads numbered from 0. A head whose distance is undefined (nan: its patches attend only
-    to the class token) is drawn as a red cross on the axis and named in the legend. Returns a Figure."""
+    to the class token, or to the ``prefix_tokens``) is drawn as a red cross on the axis and named in the legend.
+    Returns a Figure."""
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import BoundaryNorm
@@ -191,10 +303,11 @@ def plot_attention_distance(distance: torch.Tensor, uniform_distance: float | No
     for h in range(heads):
         ax.scatter(range(layers), values[:, h].numpy(), s=18, color=cmap(norm(h)), edgecolors="none")
     undefined = torch.isnan(values).nonzero().tolist()  # [[layer, head], ...]
+    sinks = "the class token" if tuple(prefix_tokens) == ("cls",) else f"prefix tokens ({', '.join(prefix_tokens)})"
     if undefined:
         ax.scatter(
             [layer for layer, _ in undefined], [0] * len(undefined), marker="x", s=30, color="red", clip_on=False,
-            label=f"n/a: attends only to the class token ({len(undefined)} head{'s' if len(undefined) > 1 else ''})",
+            label=f"n/a: attends only to {sinks} ({len(undefined)} head{'s' if len(undefined) > 1 else ''})",
         )  # fmt: skip
     if uniform_distance is not None:
         ax.axhline(uniform_distance, color="grey", linestyle="--", linewidth=1, label="uniform attention")

@@ -4,6 +4,10 @@ A forward hook on each :class:`~vit_einops.attention.Attend` receives the q and 
 recomputes ``A = softmax(q k^T / sqrt(D_h))`` from them, masked as the layer was. The model's own forward is
 untouched, so outputs do not change, and the fused SDPA path (which never forms A) is recorded as faithfully
 as the einsum path. Attention dropout is not applied: A is the distribution the layer attends with in eval.
+
+Of a ViT only the encoder's layers (``model.blocks``) are recorded: an attention-pooling head (pool "map") is an
+Attend too, recorded with ``AttentionRecorder(model.head)``. Rows and columns of A are the tokens in order: the
+prefix tokens named by ``recorder.prefix_tokens``, then the patches of ``recorder.grid`` in row-major order.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from torch import nn
 from .._checks import check_index
 from ..attention import Attend, attention_scores
 from ..inputs import model_inputs
+from .tokens import model_prefix_tokens
 
 
 def attention_matrix(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -28,8 +33,10 @@ def attention_matrix(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch
     return attention_scores(q, k, scale, mask).softmax(dim=-1)
 
 
-def _attend_layers(model: nn.Module) -> list[Attend]:
-    layers = [m for m in model.modules() if isinstance(m, Attend)]
+def encoder_attends(model: nn.Module) -> list[Attend]:
+    """The Attend layers of a ViT's encoder (``model.blocks``) in block order, or of any module holding some."""
+    blocks = getattr(model, "blocks", None)
+    layers = [m for m in (blocks if isinstance(blocks, nn.Module) else model).modules() if isinstance(m, Attend)]
     if not layers:
         raise ValueError(f"{type(model).__name__} has no Attend module to record")
     return layers
@@ -39,16 +46,18 @@ class AttentionRecorder:
     """Records A of the chosen attention layers while the model runs; a context manager.
 
     Args:
-        model: a ViT, or any module containing :class:`Attend` layers (counted in ``model.modules()`` order,
-            which is block order for a ViT).
+        model: a ViT (its encoder's layers, ``model.blocks``, in block order), or any other module containing
+            :class:`Attend` layers (all of them, in ``model.modules()`` order).
         layers: indices of the layers to record (negative counts from the end); None records all.
 
     Inside ``with AttentionRecorder(model) as rec:`` every forward appends to the record; on exit, also after an
     exception, every hook is removed. ``rec.maps`` is (layers, b, h, n, n), b being all images seen, in order.
+    ``rec.prefix_tokens`` names the first rows and columns (``model.config.prefix_tokens``; None for a module
+    without a ViT's config), and ``rec.grid`` is the patch grid of the recorded inputs.
     """
 
     def __init__(self, model: nn.Module, layers: Sequence[int] | None = None) -> None:
-        attends = _attend_layers(model)
+        attends = encoder_attends(model)
         if layers is None:
             layers = range(len(attends))
         chosen = [check_index("layer", i, len(attends), f"the model's {len(attends)} attention layers") for i in layers]
@@ -56,7 +65,10 @@ class AttentionRecorder:
             raise ValueError(f"layers {list(layers)} name a layer twice")
         self.layers = chosen
         self._attends = [attends[i] for i in chosen]
+        self.prefix_tokens = model_prefix_tokens(model)
+        self._patch_embed = getattr(model, "patch_embed", None)
         self._records: list[list[torch.Tensor]] = [[] for _ in chosen]
+        self._grids: list[tuple[int, int]] = []
         self._handles: list[Any] = []
 
     def __enter__(self) -> "AttentionRecorder":
@@ -64,6 +76,8 @@ class AttentionRecorder:
             raise RuntimeError("this AttentionRecorder is already recording")
         for records, attend in zip(self._records, self._attends, strict=True):
             self._handles.append(attend.register_forward_hook(self._hook(records), with_kwargs=True))
+        if hasattr(self._patch_embed, "grid_for"):
+            self._handles.append(self._patch_embed.register_forward_pre_hook(self._grid_hook))
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -83,6 +97,20 @@ class AttentionRecorder:
 
         return hook
 
+    def _grid_hook(self, patch_embed: nn.Module, args: tuple) -> None:
+        self._grids.append(tuple(patch_embed.grid_for(tuple(args[0].shape[-2:]))))
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(gh, gw): the patch grid of the inputs recorded so far (the model's ``patch_embed.grid_for``)."""
+        if not self._grids:
+            if not hasattr(self._patch_embed, "grid_for"):
+                raise RuntimeError("this recorder's module has no patch_embed: its tokens have no patch grid")
+            raise RuntimeError("nothing recorded yet: run the model inside the `with` block first")
+        if len(set(self._grids)) > 1:
+            raise ValueError(f"the recorded inputs have different patch grids: {sorted(set(self._grids))}")
+        return self._grids[0]
+
     @property
     def maps(self) -> torch.Tensor:
         """(layers, b, h, n, n): the recorded attention matrices of every forward so far, batches concatenated."""
@@ -94,6 +122,7 @@ class AttentionRecorder:
         """Forget what was recorded (the hooks stay while inside the `with` block)."""
         for r in self._records:
             r.clear()
+        self._grids.clear()
 
 
 @torch.no_grad()

@@ -10,9 +10,11 @@ replaces the latter's LRP relevance of A by A itself):
     Abar_l = E_h[(dy_t/dA_l * A_l)^+]          (mean over heads of the positive part, element-wise)
     R_0 = I,   R_l = R_{l-1} + Abar_l R_{l-1}    for l = 1..L
 
-where y_t is the logit of the target class t (not its softmax probability, as in their code). Row 0 of R over
-the patch keys is the class token's relevance map. (A model with ``pool="mean"`` classifies the mean of the patch
-tokens, not the class token; the mean of R's patch rows is then the closer reading.)
+where y_t is the logit of the target class t (not its softmax probability, as in their code). The class token's
+row of R over the patch keys (the prefix tokens' columns skipped: :func:`~vit_einops.inspect.class_attention_grid`
+with the model's ``config.prefix_tokens``) is its relevance map. (A model with ``pool="mean"`` classifies the mean
+of the patch tokens, not the class token; the mean of R's patch rows, :func:`~vit_einops.inspect.patch_attention_grid`,
+is then the closer reading.) Only the encoder's layers (``model.blocks``) enter R.
 
 Fused implementations (sdpa, chunked) never form A, so it has no gradient there. Here a forward hook on every
 :class:`~vit_einops.attention.Attend` recomputes A from the layer's q and k inside the autograd graph and
@@ -32,7 +34,7 @@ from torch import nn
 
 from ..attention import Attend
 from ..inputs import model_inputs
-from .record import _attend_layers, attention_matrix
+from .record import attention_matrix, encoder_attends
 
 
 def _targets(target: Any, logits: torch.Tensor) -> torch.Tensor:
@@ -85,7 +87,7 @@ def attention_gradients(
     Returns (logits (b, classes), maps (l, b, h, n, n), grads (k, l, b, h, n, n), targets (b, k)), where
     ``grads[t, l] = d y_{targets[:, t]} / d A_l``.
     """
-    layers = _attend_layers(model)
+    layers = encoder_attends(model)
     maps: list[torch.Tensor] = []
     handles = [attend.register_forward_hook(_attention_in_graph(maps), with_kwargs=True) for attend in layers]
     try:
@@ -112,7 +114,7 @@ def relevance_from_gradients(maps: torch.Tensor, grads: torch.Tensor) -> torch.T
     """Chefer et al.'s rule: ``Abar_l = mean_h (grads_l * A_l)^+``, ``R = I``, ``R <- R + Abar_l R`` for l = 1..L.
 
     Shapes: maps (l, b, h, n, n), grads (..., l, b, h, n, n) -> R (..., b, n, n); row i of R is token i's
-    relevance over the input tokens (row 0, the class token's, is the explanation).
+    relevance over the input tokens (the class token's row is the explanation).
     """
     if not isinstance(maps, torch.Tensor) or maps.ndim != 5 or maps.shape[-1] != maps.shape[-2]:
         raise ValueError(f"expected maps (layers, b, h, n, n), got {getattr(maps, 'shape', type(maps).__name__)}")
@@ -138,8 +140,9 @@ def attention_relevance(
         target: None (the predicted class), an int, (b,) or (b, k) class indices (see
             :func:`attention_gradients`).
 
-    Shapes: images (b, C, H, W) -> R (b, n, n), or (b, k, n, n) for a (b, k) target. ``R[..., 0, 1:]`` is the
-    class token's relevance over the patches; :func:`class_attention_grid` lays it on the patch grid.
+    Shapes: images (b, C, H, W) -> R (b, n, n), or (b, k, n, n) for a (b, k) target, the tokens in the model's
+    order (``config.prefix_tokens``, then the patches). ``class_attention_grid(R, grid, model.config.prefix_tokens)``
+    lays the class token's relevance over the patches on the grid.
     """
     images = model_inputs(model, images, preprocessed=preprocessed)
     _, maps, grads, _ = attention_gradients(model, images, target)

@@ -14,13 +14,32 @@ from .._io import atomic_write_bytes, staged_directory
 from .._plot import save_figure
 from ..model import ViT
 from ..prediction import check_finite_outputs, class_name
+from .dino import DINO_KEEP, dino_view
 from .distance import distance_sums, mean_attention_distance, patch_distances, ratio_or_nan
-from .embeddings import embedding_filter_components, position_similarity
-from .figures import plot_attention_distance, plot_attention_overlays, plot_filters, plot_position_similarity
+from .embeddings import embedding_filter_components, model_position_similarity
+from .figures import (
+    plot_attention_distance,
+    plot_attention_overlays,
+    plot_dino_view,
+    plot_filters,
+    plot_position_similarity,
+    plot_prefix_share,
+    plot_token_norms,
+)
 from .record import AttentionRecorder
-from .rollout import attention_rollout, class_attention_grid
+from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
+from .stats import prefix_token_share, recording_token_norms
+from .tokens import CLASS_TOKEN, model_grid
 
-FIGURES = ("attention", "attention_distance", "position_similarity", "embedding_filters")
+FIGURES = (
+    "attention",
+    "attention_distance",
+    "position_similarity",
+    "embedding_filters",
+    "prefix_share",
+    "token_norms",
+    "dino",  # only for a model with a class token
+)
 # Everything write_report puts in its folder: the only names a folder it replaces may hold.
 REPORT_FILES = frozenset((*(f"{name}.png" for name in FIGURES), "arrays.npz"))
 
@@ -79,29 +98,41 @@ def write_report(
     The folder is written as one unit (:func:`vit_einops._io.staged_directory`): a kill leaves the whole old report
     or the whole new one. A folder holding any file but a report's is never replaced.
 
-    Returns the written paths by name: attention, attention_distance, position_similarity, embedding_filters
-    (each ``<name>.png``, written atomically), arrays (``arrays.npz``: the recorded maps, the drawn
-    ``class_attention`` of layer ``class_attention_layer``, rollout, distances, similarities, filters).
+    The tokens before the patches (``model.config.prefix_tokens``: class, distillation, register tokens) are
+    named: the attention maps show the patches, ``prefix_share.png`` the share of the patches' attention each
+    prefix token takes, ``token_norms.png`` the token norms with the prefix tokens marked (the register paper's
+    high-norm patches), and ``dino.png`` DINO's Figure 3 (the last layer's class-token attention per head, the
+    patches holding 60% of it outlined). A model without a class token draws the attention each patch receives
+    (:func:`~vit_einops.inspect.patch_attention_grid`) instead of the class token's, and no DINO figure.
+
+    Returns the written paths by name: attention, attention_distance, position_similarity, embedding_filters,
+    prefix_share, token_norms, dino (each ``<name>.png``, written atomically), arrays (``arrays.npz``: the
+    recorded maps, the drawn ``class_attention`` (or ``patch_attention``) of layer ``class_attention_layer``,
+    rollout, distances, similarities, filters, ``prefix_tokens`` (their names), ``prefix_share`` (l, b, h, p),
+    ``token_norms`` (l, b, n), ``dino_attention`` and ``dino_mask`` (b, h, gh, gw)).
     """
     cfg = model.config
-    cfg.check_class_token_layout("vit-einops inspect")
     depth = len(model.blocks)
     layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
     model.eval()
     out = Path(out_dir)
-    with AttentionRecorder(model) as recorder:
+    with AttentionRecorder(model) as recorder, recording_token_norms(model) as norm_records:
         logits = model(images)
     check_finite_outputs(images, logits)
-    maps = recorder.maps  # (l, b, h, n, n)
-    heads = class_attention_grid(maps[layer], cfg.grid_size)  # (b, h, gh, gw)
+    maps, grid, prefix = recorder.maps, recorder.grid, recorder.prefix_tokens  # maps (l, b, h, n, n)
+    has_class = CLASS_TOKEN in prefix
+    # Without a class token, the attention each patch receives from the patches is the map there is to draw.
+    token_map = class_attention_grid if has_class else patch_attention_grid
+    heads = token_map(maps[layer], grid, prefix)  # (b, h, gh, gw)
     rollout = attention_rollout(maps)
-    rollout_grid = class_attention_grid(rollout, cfg.grid_size)
+    rollout_grid = token_map(rollout, grid, prefix)
     titles = titles or [f"image {i}" for i in range(len(images))]
     predicted = [class_name(p, classes) for p in logits.argmax(-1).tolist()]
     titles = [f"{title}\npredicted {name}" for title, name in zip(titles, predicted, strict=True)]
 
     if distance_images is None or _same(distance_images, images):
-        distance = mean_attention_distance(maps, cfg.grid_size, cfg.patch_size)  # recorded above already
+        distance = mean_attention_distance(maps, grid, cfg.patch_size, prefix)  # recorded above already
+        distance_grid = grid
     else:
         # The distance is a ratio of sums over images (see distance_sums): batches add their sums.
         weighted = torch.zeros(cfg.depth, cfg.heads, dtype=torch.float64)
@@ -110,40 +141,55 @@ def write_report(
             for start in range(0, len(distance_images), batch_size):
                 recorder.clear()
                 model(distance_images[start : start + batch_size])
-                batch_weighted, batch_mass = distance_sums(recorder.maps, cfg.grid_size, cfg.patch_size)
+                batch_weighted, batch_mass = distance_sums(recorder.maps, recorder.grid, cfg.patch_size, prefix)
                 weighted += batch_weighted.sum(dim=1)
                 mass += batch_mass.sum(dim=1)
         distance = ratio_or_nan(weighted, mass).float()
-    uniform = patch_distances(cfg.grid_size, cfg.patch_size).mean().item()
+        distance_grid = model_grid(model, distance_images)
+    uniform = patch_distances(distance_grid, cfg.patch_size).mean().item()
 
-    similarity = position_similarity(model.patch_embed.pos_embed.weight, cfg.grid_size)
+    similarity = model_position_similarity(model)
     components, explained = embedding_filter_components(model)
+    share = prefix_token_share(maps, grid, prefix)  # (l, b, h, p)
+    norms = torch.stack(norm_records)  # (l, b, n)
 
     arrays = {
         "images": images,
         "logits": logits,
         "attention": maps,
-        "class_attention": heads,
+        "class_attention" if has_class else "patch_attention": heads,
         "class_attention_layer": torch.tensor(layer),
         "rollout": rollout,
         "mean_attention_distance": distance,
         "position_similarity": similarity,
         "filter_components": components,
         "filter_explained_variance": explained,
+        "prefix_share": share,
+        "token_norms": norms,
     }
+    if has_class:
+        dino = dino_view(maps, grid, prefix, keep=DINO_KEEP)
+        arrays.update(dino_attention=dino.attention, dino_mask=dino.mask)
     # Nothing is written when any array is nan or inf: figures of them would draw nothing, and arrays.npz would
     # hand the NaN on to whoever reads it.
     _check_finite(arrays)
+    shown = images if display_images is None else display_images
     figures = {
-        "attention": plot_attention_overlays(
-            images if display_images is None else display_images, heads, rollout_grid, titles, layer=layer
-        ),
-        "attention_distance": plot_attention_distance(distance, uniform),
+        "attention": plot_attention_overlays(shown, heads, rollout_grid, titles, layer=layer),
+        "attention_distance": plot_attention_distance(distance, uniform, prefix),
         "position_similarity": plot_position_similarity(similarity),
         "embedding_filters": plot_filters(components, explained),
+        "prefix_share": plot_prefix_share(share, prefix),
+        "token_norms": plot_token_norms(norms, prefix),
     }
+    if has_class:
+        figures["dino"] = plot_dino_view(shown, dino, titles, layer=depth - 1, keep=DINO_KEEP)
     buf = io.BytesIO()
-    np.savez(buf, **{k: v.detach().cpu().numpy() for k, v in arrays.items()})
+    np.savez(
+        buf,
+        prefix_tokens=np.array(prefix, dtype=str),
+        **{k: v.detach().cpu().numpy() for k, v in arrays.items()},
+    )
     with staged_directory(out, owned=REPORT_FILES, replace=overwrite) as staging:
         for name, fig in figures.items():
             save_figure(fig, staging / f"{name}.png")

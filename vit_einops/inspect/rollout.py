@@ -1,23 +1,27 @@
 """Attention rollout (Abnar and Zuidema 2020) and class-token attention, mapped back onto the patch grid.
 
-Axes: l layers, b images, h heads, i queries, j keys, gh gw the patch grid.
+Axes: l layers, b images, h heads, i queries, j keys, gh gw the patch grid. Tokens are the prefix tokens
+(``prefix_tokens``, see :mod:`vit_einops.inspect.tokens`), then the patches in row-major order.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from einops import rearrange, reduce
 
 from .._checks import check_choice
+from .tokens import class_index, num_patch_tokens
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
-def _check_maps(maps: torch.Tensor) -> None:
+def check_maps(maps: torch.Tensor) -> None:
+    """ValueError unless ``maps`` is a (layers, b, h, n, n) tensor."""
     if not isinstance(maps, torch.Tensor) or maps.ndim != 5 or maps.shape[-1] != maps.shape[-2]:
-        raise ValueError(
-            f"expected attention maps (layers, b, h, n, n), got {getattr(maps, 'shape', type(maps).__name__)}"
-        )
+        got = tuple(maps.shape) if isinstance(maps, torch.Tensor) else type(maps).__name__
+        raise ValueError(f"expected attention maps (layers, b, h, n, n), got {got}")
 
 
 def attention_rollout(maps: torch.Tensor, residual: float = 0.5, head_fusion: str = "mean") -> torch.Tensor:
@@ -29,7 +33,7 @@ def attention_rollout(maps: torch.Tensor, residual: float = 0.5, head_fusion: st
 
     Shapes: maps (l, b, h, n, n) -> R (b, n, n); row i of R is token i's mixture over input tokens.
     """
-    _check_maps(maps)
+    check_maps(maps)
     if not 0.0 <= residual <= 1.0:
         raise ValueError(f"residual must be in [0, 1], got {residual}")
     check_choice("head_fusion", head_fusion, HEAD_FUSIONS)
@@ -43,20 +47,43 @@ def attention_rollout(maps: torch.Tensor, residual: float = 0.5, head_fusion: st
     return rollout
 
 
-def class_attention_grid(attention: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
-    """The class token's row (query 0) over the patch keys, laid out on the patch grid.
+def class_attention_grid(
+    attention: torch.Tensor, grid_size: tuple[int, int], prefix_tokens: Sequence[str] = ("cls",)
+) -> torch.Tensor:
+    """The class token's row over the patch keys, laid out on the patch grid.
 
-    Shapes: (..., n, n) with n = gh * gw + 1 -> (..., gh, gw). The class token's weight on itself is dropped.
+    ``prefix_tokens`` names the tokens before the patches (the model's ``config.prefix_tokens``; the default is
+    the paper's single class token): the row is the "cls" query's, and every prefix token's column is skipped, so
+    the map covers the patches alone. A model without a class token is refused with what to read instead
+    (:func:`patch_attention_grid`).
+
+    Shapes: (..., n, n) with n = len(prefix_tokens) + gh * gw -> (..., gh, gw).
     """
     gh, gw = grid_size
-    if attention.shape[-1] != gh * gw + 1:
-        raise ValueError(
-            f"attention over {attention.shape[-1]} tokens does not fit a {gh}x{gw} grid plus the class token"
-        )
-    return rearrange(attention[..., 0, 1:], "... (gh gw) -> ... gh gw", gh=gh, gw=gw)
+    prefix = num_patch_tokens(attention.shape[-1], grid_size, prefix_tokens)
+    row = class_index(prefix_tokens, "class_attention_grid")
+    return rearrange(attention[..., row, prefix:], "... (gh gw) -> ... gh gw", gh=gh, gw=gw)
 
 
-def last_layer_class_attention(maps: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
-    """Each head's class-token attention in the last recorded layer: maps (l, b, h, n, n) -> (b, h, gh, gw)."""
-    _check_maps(maps)
-    return class_attention_grid(maps[-1], grid_size)
+def patch_attention_grid(
+    attention: torch.Tensor, grid_size: tuple[int, int], prefix_tokens: Sequence[str] = ("cls",)
+) -> torch.Tensor:
+    """The attention each patch receives from the patches, laid out on the grid: the mean over patch queries of
+    their rows over the patch keys (prefix tokens' rows and columns skipped). The map to read where a model has
+    no class token (SigLIP), or pools the mean of its patches.
+
+    Shapes: (..., n, n) with n = len(prefix_tokens) + gh * gw -> (..., gh, gw).
+    """
+    gh, gw = grid_size
+    prefix = num_patch_tokens(attention.shape[-1], grid_size, prefix_tokens)
+    received = reduce(attention[..., prefix:, prefix:], "... i j -> ... j", "mean")
+    return rearrange(received, "... (gh gw) -> ... gh gw", gh=gh, gw=gw)
+
+
+def last_layer_class_attention(
+    maps: torch.Tensor, grid_size: tuple[int, int], prefix_tokens: Sequence[str] = ("cls",)
+) -> torch.Tensor:
+    """Each head's class-token attention over the patches in the last recorded layer (see
+    :func:`class_attention_grid`): maps (l, b, h, n, n) -> (b, h, gh, gw)."""
+    check_maps(maps)
+    return class_attention_grid(maps[-1], grid_size, prefix_tokens)

@@ -1,23 +1,30 @@
 """Per-head statistics of recorded attention, and the token norms of the residual stream, layer by layer.
 
-Axes: l layers, b images, h heads, i queries, j keys, n tokens (the class token is token 0).
+Axes: l layers, b images, h heads, i queries, j keys, n tokens, p prefix tokens (the tokens before the patches,
+named by ``prefix_tokens``: see :mod:`vit_einops.inspect.tokens`).
 
 - :func:`attention_entropy`: how spread out each query's row of A is, in nats: ``H_i = -sum_j A_ij log A_ij``.
   log n for a uniform row, 0 for a row that puts all its weight on one key.
-- :func:`class_token_share`: how much of the patches' attention lands on the class token.
-- :func:`token_norms`: ``||z_l^i||``, the length of every token after every block; a few tokens with norms far
-  above the rest are the "high-norm outlier tokens" that large ViTs grow (Darcet et al. 2024, "Vision
-  Transformers Need Registers").
+- :func:`prefix_token_share`: how much of the patches' attention lands on each prefix token (class,
+  distillation, register); :func:`class_token_share` is the class token's.
+- :func:`token_norms`: ``||z_l^i||``, the length of every token after every block; a few patch tokens with norms
+  far above the rest are the "high-norm outlier tokens" that large ViTs grow, and that register tokens take over
+  (Darcet et al. 2024, "Vision Transformers Need Registers").
 - :func:`head_statistics`: those, the mean attention distance and the patches' attention mass, per image, for the
   explorer's charts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
 from .distance import distance_sums, ratio_or_nan
+from .tokens import CLASS_TOKEN, check_prefix_tokens, class_index, model_grid, model_prefix_tokens, num_patch_tokens
 
 
 def _check_rows(maps: torch.Tensor) -> None:
@@ -50,19 +57,40 @@ def attention_entropy(maps: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(maps, maps).sum(dim=-1)
 
 
-def class_token_share(maps: torch.Tensor) -> torch.Tensor:
-    """The share of the patches' attention that goes to the class token: the mean over patch queries i >= 1 of
-    ``A[i, 0]``.
+def prefix_token_share(
+    maps: torch.Tensor, grid_size: tuple[int, int], prefix_tokens: Sequence[str] = ("cls",)
+) -> torch.Tensor:
+    """The share of the patches' attention that goes to each prefix token: for prefix token p, the mean over patch
+    queries i of ``A[i, p]``.
 
-    1/n where attention is uniform; near 1 where patches mostly read the class token (a "sink"). The class
-    token's own query is left out: its row is what the classifier reads, and is drawn in the explorer.
+    1/n where attention is uniform; near 1 for a token the patches mostly read (a "sink": the class token in many
+    trained ViTs, the registers in DINOv2 with registers). The prefix tokens' own queries are left out: the class
+    token's row is what the classifier reads, drawn as the class attention. ``1 - share.sum(-1)`` is what the
+    patches put on patches. ``grid_size`` (the patch grid of the run) is required so that maps of another layout
+    (registers read as patches) are refused, not misread.
+
+    Shapes: maps (l, b, h, n, n) with n = len(prefix_tokens) + gh * gw -> (l, b, h, p), the last axis in
+    ``prefix_tokens`` order (the model's ``config.prefix_tokens``; by default the paper's single class token).
+    """
+    _check_rows(maps)
+    if maps.ndim != 5 or maps.shape[-1] != maps.shape[-2]:
+        raise ValueError(f"expected attention maps (layers, b, h, n, n), got {tuple(maps.shape)}")
+    p = num_patch_tokens(maps.shape[-1], grid_size, prefix_tokens)
+    if maps.shape[-1] == p:
+        raise ValueError(f"expected attention maps with at least one patch after the {p} prefix tokens")
+    return maps[..., p:, :p].mean(dim=-2)
+
+
+def class_token_share(
+    maps: torch.Tensor, grid_size: tuple[int, int], prefix_tokens: Sequence[str] = ("cls",)
+) -> torch.Tensor:
+    """The share of the patches' attention that goes to the class token: :func:`prefix_token_share`'s "cls"
+    column; a model without a class token is refused.
 
     Shapes: maps (l, b, h, n, n) -> (l, b, h).
     """
-    _check_rows(maps)
-    if maps.ndim != 5 or maps.shape[-1] != maps.shape[-2] or maps.shape[-1] < 2:
-        raise ValueError(f"expected attention maps (layers, b, h, n, n) with n >= 2, got {tuple(maps.shape)}")
-    return maps[..., 1:, 0].mean(dim=-1)
+    row = class_index(prefix_tokens, "class_token_share")
+    return prefix_token_share(maps, grid_size, prefix_tokens)[..., row]
 
 
 def _encoder_blocks(model: nn.Module) -> list[nn.Module]:
@@ -72,48 +100,90 @@ def _encoder_blocks(model: nn.Module) -> list[nn.Module]:
     return list(blocks.children())
 
 
-@torch.no_grad()
-def token_norms(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run ``model`` once; return (output, norms): ``norms[l, b, i] = ||z_l^i||_2``, the Euclidean length of
-    token i of image b after encoder block l (0-based, so ``norms[0]`` is after the first block), before the
-    final LayerNorm. No hook remains afterwards.
+class _OutputAndNorms(NamedTuple):
+    output: torch.Tensor
+    norms: torch.Tensor
 
-    Shapes: images (b, C, H, W) -> output as the model's, norms (l, b, n).
-    """
+
+class TokenNorms(_OutputAndNorms):
+    """What :func:`token_norms` returns: the pair (output, norms), which unpacks as two values, and the token
+    layout of the run: ``prefix_tokens`` (the names of the first ``len(prefix_tokens)`` tokens, the model's
+    ``config.prefix_tokens``) and ``grid`` (the patch grid of the input: the other tokens, row-major)."""
+
+    prefix_tokens: tuple[str, ...]
+    grid: tuple[int, int]
+
+    @property
+    def patch_norms(self) -> torch.Tensor:
+        """The patch tokens' norms on the grid: (l, b, gh, gw)."""
+        return self.norms[..., len(self.prefix_tokens) :].unflatten(-1, self.grid)
+
+
+@contextmanager
+def recording_token_norms(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Inside the ``with`` block, every forward of ``model`` appends each encoder block's token norms (b, n) to the
+    list it yields, in block order; the hooks are removed on exit."""
     records: list[torch.Tensor] = []
     handles = [
         block.register_forward_hook(lambda _m, _args, out: records.append(out.detach().norm(dim=-1)))
         for block in _encoder_blocks(model)
     ]
     try:
-        output = model(images)
+        yield records
     finally:
         for handle in handles:
             handle.remove()
-    return output, torch.stack(records)
+
+
+@torch.no_grad()
+def token_norms(model: nn.Module, images: torch.Tensor) -> TokenNorms:
+    """Run ``model`` once; return (output, norms): ``norms[l, b, i] = ||z_l^i||_2``, the Euclidean length of
+    token i of image b after encoder block l (0-based, so ``norms[0]`` is after the first block), before the
+    final LayerNorm. No hook remains afterwards.
+
+    The result also names its rows (:class:`TokenNorms`): ``.prefix_tokens`` are the first tokens (class,
+    distillation, registers), ``.grid`` the patch grid of ``images``, ``.patch_norms`` the patches' norms on it.
+
+    Shapes: images (b, C, H, W) -> output as the model's, norms (l, b, n).
+    """
+    with recording_token_norms(model) as records:
+        output = model(images)
+    result = TokenNorms(output, torch.stack(records))
+    result.prefix_tokens = model_prefix_tokens(model) or ()
+    result.grid = model_grid(model, images)
+    return result
 
 
 def head_statistics(
-    maps: torch.Tensor, grid_size: tuple[int, int], patch_size: int | tuple[int, int]
+    maps: torch.Tensor,
+    grid_size: tuple[int, int],
+    patch_size: int | tuple[int, int],
+    prefix_tokens: Sequence[str] = ("cls",),
 ) -> dict[str, torch.Tensor]:
-    """Per image, layer and head:
+    """Per image, layer and head, for maps whose first tokens are ``prefix_tokens`` (the model's
+    ``config.prefix_tokens``) and the rest a ``grid_size`` grid of patches:
 
     - ``distance``: the mean attention distance in pixels of that image alone (the definition of
       :func:`~vit_einops.inspect.distance.mean_attention_distance`, over one image); nan where it is undefined,
       exactly where ``patch_mass`` is 0;
-    - ``patch_mass``: the mean over patch queries of the weight they put on patch keys, ``sum_{j>=1} A_ij``
-      averaged over i >= 1; 0 for a head that attends only to the class token, 1 for one that ignores it
-      (``1 - class_share`` up to rounding, but computed from the same sums as ``distance``, so the two agree on
-      which heads are undefined);
+    - ``patch_mass``: the mean over patch queries of the weight they put on patch keys; 0 for a head that attends
+      only to prefix tokens, 1 for one that ignores them (``1 - prefix_share.sum(-1)`` up to rounding, but
+      computed from the same sums as ``distance``, so the two agree on which heads are undefined);
     - ``entropy``: the mean over queries of :func:`attention_entropy`, nats;
-    - ``class_share``: :func:`class_token_share`.
+    - ``prefix_share``: :func:`prefix_token_share`, (l, b, h, p);
+    - ``class_share``: :func:`class_token_share`, where the model has a class token.
 
-    Shapes: maps (l, b, h, n, n) -> each (l, b, h).
+    Shapes: maps (l, b, h, n, n) -> each (l, b, h), ``prefix_share`` (l, b, h, p).
     """
-    weighted, mass = distance_sums(maps, grid_size, patch_size)
-    return {
+    names = check_prefix_tokens(prefix_tokens)
+    weighted, mass = distance_sums(maps, grid_size, patch_size, names)
+    share = prefix_token_share(maps, grid_size, names)
+    stats = {
         "distance": ratio_or_nan(weighted, mass).to(maps.dtype),
-        "patch_mass": (mass / (maps.shape[-2] - 1)).to(maps.dtype),
+        "patch_mass": (mass / (maps.shape[-2] - len(names))).to(maps.dtype),
         "entropy": attention_entropy(maps).mean(dim=-1),
-        "class_share": class_token_share(maps),
+        "prefix_share": share,
     }
+    if CLASS_TOKEN in names:
+        stats["class_share"] = share[..., names.index(CLASS_TOKEN)]
+    return stats
