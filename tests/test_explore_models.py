@@ -14,7 +14,7 @@ from test_explore import decode, embedded
 from test_explore_stats import class_sink, per_query_distance
 
 from vit_einops.explore import write_explorer
-from vit_einops.explore.payload import dino_mask, dino_view, prefix_statistics
+from vit_einops.explore.payload import dino_view
 from vit_einops.inspect import record_attention, token_norms
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing
@@ -85,20 +85,6 @@ def test_register_model_payload_shares_statistics_and_dino_masks_are_the_recorde
             assert image["dino"]["kept"][head] == pytest.approx((row / row.sum())[mask].sum(), abs=5e-7)
         codes = decode(image["attention"], np.uint8, (2, 2, 21, 21))
         assert codes.shape[-1] == 21  # every token's column is stored: the page lists the prefix ones apart
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_dino_mask_is_the_minimal_highest_set_holding_the_share(seed):
-    generator = torch.Generator().manual_seed(seed)
-    rows = torch.randn(3, 5, 49, generator=generator, dtype=torch.float64).mul(2).softmax(-1)
-    for keep in (0.6, 0.3, 0.95):
-        masks = dino_mask(rows, keep)
-        assert masks.dtype == torch.bool and masks.shape == rows.shape
-        for row, mask in zip(rows.reshape(-1, 49).numpy(), masks.reshape(-1, 49).numpy(), strict=True):
-            assert np.array_equal(mask, loop_mask(row, keep))
-            check_minimal_mask(row, mask, keep)
-    # Unnormalised rows are normalised first: the same mask at any scale.
-    assert torch.equal(dino_mask(rows * 7.5), dino_mask(rows))
 
 
 def test_dino_view_needs_a_class_token():
@@ -253,22 +239,3 @@ def test_explore_refuses_with_one_line_and_writes_nothing(tmp_path, case):
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith(f"vit-einops explore: error: {message}") and result.stderr.count("\n") == 1
     assert digests(tmp_path) == before
-
-
-@pytest.mark.parametrize("prefix", [0, 1, 3])
-def test_prefix_statistics_match_loops_for_any_number_of_prefix_tokens(prefix):
-    generator = torch.Generator().manual_seed(prefix)
-    gh, gw = 2, 3
-    n = prefix + gh * gw
-    maps = torch.randn(2, 2, 3, n, n, generator=generator, dtype=torch.float64).mul(2).softmax(-1)
-    stats = prefix_statistics(maps, (gh, gw), (4, 5), ["cls", "reg1", "reg2"][:prefix])
-    # The loop reads patches from index 1: one token (zero, when there is none) left before them.
-    block = torch.nn.functional.pad(maps[..., prefix:, prefix:], (1, 0, 1, 0)).numpy()
-    for b in range(2):
-        expected = per_query_distance(block[:, b : b + 1], gh, gw, 4, 5)
-        np.testing.assert_allclose(stats["distance"][:, b].numpy(), expected, rtol=1e-10)
-    assert stats["prefix_share"].shape == (2, 2, 3, prefix)
-    total = stats["prefix_share"].sum(-1) + stats["patch_mass"]
-    torch.testing.assert_close(total, torch.ones_like(total), rtol=0, atol=1e-12)
-    for t in range(prefix):
-        torch.testing.assert_close(stats["prefix_share"][..., t], maps[..., prefix:, t].mean(-1), rtol=0, atol=1e-15)

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from vit_einops import ViT, ViTConfig, parameter_count
 from vit_einops.interop import timm_config, to_hf, to_timm, to_torchvision, torchvision_kwargs
 from vit_einops.interop.resample import resample_vit
-from vit_einops.explore.payload import build_payload
 
 R = 3  # registers in these tests: not 1 or 4, so that an index off by one or a hard-coded 4 shows
 
@@ -130,10 +129,8 @@ def test_resample_keeps_the_prefix_rows_and_resizes_the_grid():
 
 
 @pytest.mark.parametrize("options", [dict(register_tokens=R), dict(pos_embed_prefix=False)])
-def test_tools_and_formats_that_know_only_the_papers_tokens_refuse(options, tmp_path):
+def test_formats_that_know_only_the_papers_tokens_refuse(options, tmp_path):
     model = tiny_vit(TINY_RGB16, **options)
-    with pytest.raises(ValueError, match="vit-einops explore reads token 0 as the class token"):
-        build_payload(model, torch.rand(1, 3, 16, 16), titles=["a"], class_names=None, pictures=[], top_k=1)
     with pytest.raises(ValueError, match="torchvision's VisionTransformer cannot express this config"):
         torchvision_kwargs(model.config)
     with pytest.raises(ValueError, match="Hugging Face's ViT cannot express this model"):

@@ -166,16 +166,6 @@ class ViTConfig:
         found = [f"{name} {getattr(self, name)}" for name, plain in BEYOND_PAPER.items() if getattr(self, name) != plain]
         return found + (["pool 'map'"] if self.pool == "map" else [])
 
-    def check_class_token_layout(self, tool: str) -> None:
-        """ValueError unless the tokens are the class token then the patches, E_pos's first row the class token's:
-        the layout ``tool`` reads (no register tokens, ``pos_embed_prefix``)."""
-        different = [o for o in self.beyond_paper() if o.startswith(("register_tokens", "pos_embed_prefix", "class_token", "distill_token"))]
-        if different:
-            raise ValueError(
-                f"{tool} reads token 0 as the class token, the patches after it and E_pos's first row as the class "
-                f"token's; this model has {', '.join(different)}, which it does not read yet"
-            )
-
     @property
     def head_dim(self) -> int:
         """D_h = D / h."""

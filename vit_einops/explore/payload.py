@@ -42,13 +42,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from einops import einsum
 
 from .._checks import check_int_in_range
 from ..inspect import (
-    attention_entropy,
+    DINO_KEEP,
     attention_relevance,
     attention_rollout,
+    dino_mask,
+    head_statistics,
     patch_distances,
     record_attention,
     token_norms,
@@ -58,7 +59,6 @@ from ..prediction import class_name
 DEFAULT_BITS = 8
 HALF_RELATIVE = 2.0**-11  # float16: 10 stored mantissa bits, rounding to nearest
 HALF_SUBNORMAL = 2.0**-25  # half the spacing of float16's subnormals (2^-24), relative to the stored scale
-DINO_KEEP = 0.6  # the share of the class token's attention DINO's masks keep (Caron et al. 2021, Fig. 3)
 
 
 def pack(array: np.ndarray) -> str:
@@ -124,47 +124,6 @@ def relevance_is_identity(relevance: torch.Tensor) -> bool:
     return bool(torch.equal(relevance, torch.eye(relevance.shape[-1], dtype=relevance.dtype, device=relevance.device)))
 
 
-def prefix_statistics(
-    maps: torch.Tensor, grid: tuple[int, int], patch_size: tuple[int, int], prefix_tokens: Sequence[str]
-) -> dict[str, torch.Tensor]:
-    """Per layer, image and head, with the tokens ``prefix_tokens`` before the patches (class, distillation,
-    registers):
-
-    - ``distance``: the mean attention distance in pixels over patch queries and patch keys (nan where they send
-      each other no attention, exactly where ``patch_mass`` is 0);
-    - ``patch_mass``: the mean over patch queries of the weight they put on patch keys;
-    - ``prefix_share`` (l, b, h, prefix): the mean over patch queries of the weight on each prefix token, so that
-      ``prefix_share.sum(-1) + patch_mass`` is 1 (each row of A sums to 1);
-    - ``entropy``: the mean over all queries of :func:`~vit_einops.inspect.attention_entropy`, nats.
-
-    Shapes: maps (l, b, h, n, n) with n = prefix + gh * gw -> each (l, b, h), ``prefix_share`` (l, b, h, prefix).
-    """
-    # TODO(merge): use vit_einops.inspect.head_statistics(maps, grid, patch_size, prefix_tokens), prefix-aware there.
-    prefix = len(prefix_tokens)
-    patches = maps[..., prefix:, prefix:].double()  # patch queries i, patch keys j
-    weighted = einsum(patches, patch_distances(grid, patch_size).to(patches.device), "l b h i j, i j -> l b h")
-    mass = patches.sum(dim=(-2, -1))
-    return {
-        "distance": torch.where(mass > 0, weighted / torch.where(mass > 0, mass, 1), torch.nan),
-        "patch_mass": mass / patches.shape[-2],
-        "prefix_share": maps[..., prefix:, :prefix].double().mean(dim=-2),
-        "entropy": attention_entropy(maps.double()).mean(dim=-1),
-    }
-
-
-def dino_mask(class_attention: torch.Tensor, keep: float = DINO_KEEP) -> torch.Tensor:
-    """DINO's mask (Caron et al. 2021, their visualize_attention.py): per row, the attention normalised to sum 1,
-    sorted ascending and summed cumulatively; the patches where that sum exceeds ``1 - keep`` are kept, the
-    fewest highest patches that together hold at least ``keep`` of the mass. Every row needs some weight.
-
-    Shapes: (..., patches) -> bool (..., patches)."""
-    # TODO(merge): use vit_einops.inspect.dino_mask
-    share = class_attention / class_attention.sum(dim=-1, keepdim=True)
-    values, order = share.sort(dim=-1)
-    kept = values.cumsum(dim=-1) > 1 - keep
-    return torch.zeros_like(kept).scatter(-1, order, kept)
-
-
 def dino_view(maps: torch.Tensor, prefix_tokens: Sequence[str]) -> dict[str, Any] | None:
     """The last layer's class-token attention over the patches, per head and for the mean of the heads, and
     :func:`dino_mask` of each: {"masks" (b, h + 1, patches) bool, "kept" (b, h + 1) the share of the row's mass
@@ -177,7 +136,7 @@ def dino_view(maps: torch.Tensor, prefix_tokens: Sequence[str]) -> dict[str, Any
     rows = torch.cat([rows, rows.mean(dim=1, keepdim=True)], dim=1)
     total = rows.sum(dim=-1)
     some = total > 0
-    masks = dino_mask(torch.where(some[..., None], rows, 1.0)) & some[..., None]
+    masks = dino_mask(rows)  # all False where the row has no weight on the patches
     kept = torch.where(some, (rows * masks).sum(dim=-1) / torch.where(some, total, 1.0), torch.nan)
     return {"masks": masks, "kept": kept}
 
@@ -222,7 +181,7 @@ def build_payload(
     check_finite("relevance maps", relevance, f"the gradients overflowed; {weights}")
     rollout = attention_rollout(maps.double())  # (b, n, n)
     patch_size = tuple(cfg.patch_size)
-    stats = prefix_statistics(maps, grid, patch_size, prefix_tokens)  # each (l, b, h), prefix_share (l, b, h, prefix)
+    stats = head_statistics(maps.double(), grid, patch_size, prefix_tokens)  # each (l, b, h), prefix_share (.., p)
     dino = dino_view(maps, prefix_tokens)
     maps64 = maps.detach().double().cpu().numpy()
 
