@@ -239,3 +239,26 @@ def test_explore_refuses_with_one_line_and_writes_nothing(tmp_path, case):
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith(f"vit-einops explore: error: {message}") and result.stderr.count("\n") == 1
     assert digests(tmp_path) == before
+
+
+def test_siglip_and_deit_panes_name_their_tokens_and_only_deit_has_a_dino_view(tmp_path):
+    """SigLIP's layout (no class token, attention pooling) beside a distilled DeiT's with another patch size: each
+    pane's prefix tokens, grid and DINO view are its own, and the pooling head's attention is not among the
+    encoder's layers."""
+    torch.manual_seed(0)
+    siglip = tiny_vit(TINY_RGB, dim=32, heads=2, mlp_dim=64, class_token=False, pool="map")
+    deit = tiny_vit(TINY_RGB, dim=32, heads=2, mlp_dim=64, patch_size=4, distill_token=True)
+    images = torch.rand(1, 3, 32, 32)
+    page = embedded(
+        write_explorer([siglip, deit], images, tmp_path / "e.html", top_k=1, names=["s", "d"], preprocessed=True)
+    )
+    first, second = page["panes"]
+    assert (first["prefix_tokens"], first["grid"], first["depth"]) == ([], [4, 4], 2)
+    assert first["images"][0]["dino"] is None
+    assert (second["prefix_tokens"], second["grid"]) == (["cls", "dist"], [8, 8])
+    _, maps = record_attention(deit, images, preprocessed=True)
+    view = dino_view(maps.double(), ("cls", "dist"))
+    assert second["images"][0]["dino"]["masks"] == view["masks"][0].int().tolist()
+    share = second["images"][0]["stats"]["prefix_share"]  # (l, h, 2): cls and dist columns over patch queries
+    expected = maps[..., 2:, :2].double().mean(-2)[:, 0]
+    np.testing.assert_allclose(np.array(share), expected.numpy(), atol=1e-6)

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 import vit_einops.inspect.report as report_module
 from vit_einops.attention import MultiHeadAttention
-from vit_einops.config import ViTConfig
 from vit_einops.inspect import (
     AttentionRecorder,
     class_attention_grid,
@@ -262,14 +261,12 @@ def test_a_plain_vits_report_keeps_its_arrays_and_adds_the_prefix_ones(tmp_path,
     np.testing.assert_array_equal(arrays["position_similarity"], position_similarity(weight, (4, 4)).numpy())
 
 
-def test_a_model_without_a_class_token_shows_the_patches_attention(tmp_path, unrendered, monkeypatch):
-    """No "cls" among the prefix tokens (SigLIP's layout): the drawn maps are the attention each patch receives
-    from the patches, in the report and in show_attention, and there is no DINO figure. The core has no
-    class-token-free ViT yet, so the register model's tokens are renamed: the layout (4 prefix tokens, then the
-    patches) is the same."""
-    renamed = ("sink", "reg1", "reg2", "reg3")
-    monkeypatch.setattr(ViTConfig, "prefix_tokens", property(lambda self: renamed))
-    model = registers_vit()
+def test_a_model_without_a_class_token_shows_the_patches_attention(tmp_path, unrendered):
+    """No "cls" among the prefix tokens (SigLIP's layout, here with registers too, so that prefix tokens remain):
+    the drawn maps are the attention each patch receives from the patches, in the report and in show_attention,
+    and there is no DINO figure. The attention-pooling head's own Attend is not among the recorded layers."""
+    renamed = ("reg1", "reg2", "reg3")
+    model = registers_vit(class_token=False, pool="map")
     x = torch.rand(1, 3, 16, 16)
     paths = write_report(model, x, tmp_path / "r")
     assert "dino" not in paths and not (tmp_path / "r" / "dino.png").exists()
@@ -277,10 +274,24 @@ def test_a_model_without_a_class_token_shows_the_patches_attention(tmp_path, unr
     assert "class_attention" not in arrays and "dino_mask" not in arrays
     assert arrays["prefix_tokens"].tolist() == list(renamed)
     maps = torch.from_numpy(arrays["attention"])
-    received = maps[-1][..., 4:, 4:].mean(-2).reshape(1, 4, 4, 4)  # mean over the patch queries, per patch key
+    assert maps.shape == (2, 1, 4, 3 + 16, 3 + 16)  # the two encoder layers only
+    received = maps[-1][..., 3:, 3:].mean(-2).reshape(1, 4, 4, 4)  # mean over the patch queries, per patch key
     np.testing.assert_allclose(arrays["patch_attention"], received.numpy(), rtol=1e-6)
     fig = show_attention(model, x[0], preprocessed=True)
     heads = [ax for ax in fig.get_axes() if "head" in ax.get_title()]
     for h, ax in enumerate(heads):
         maximum = float(ax.get_title().split("\n")[1].removeprefix("max "))
         assert maximum == pytest.approx(received[0, h].max().item(), rel=1e-3)
+
+
+def test_a_model_run_at_another_size_is_read_on_that_inputs_grid(tmp_path, unrendered):
+    """dynamic_size: the maps, shares and DINO mask come out on the input's 6x5 grid, not the config's 4x4."""
+    model = registers_vit(dynamic_size="timm")
+    x = torch.rand(1, 3, 24, 20)
+    with AttentionRecorder(model) as recorder:
+        model(x)
+    assert recorder.grid == (6, 5) and recorder.maps.shape == (2, 1, 4, 4 + 30, 4 + 30)
+    arrays = np.load(write_report(model, x, tmp_path / "r")["arrays"])
+    expected = recorder.maps[-1][:, :, 0, 4:].reshape(1, 4, 6, 5)
+    np.testing.assert_allclose(arrays["class_attention"], expected.numpy(), rtol=1e-6)
+    assert arrays["dino_mask"].shape == (1, 4, 6, 5)
