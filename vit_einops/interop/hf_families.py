@@ -239,7 +239,10 @@ def _read_clip(hf: Mapping[str, Any], arch: str) -> dict[str, Any]:
         "patch_bias": False,
     }
     if arch == "CLIPVisionModelWithProjection":  # image_embeds = visual_projection(post_layernorm(z_L^0))
-        return fields | {"num_classes": _field(hf, "projection_dim", 512), "head_bias": False}
+        projection = _field(hf, "projection_dim", 512)
+        if projection < 1:
+            raise ValueError(f"config.json projection_dim must be a positive int, got {projection!r}")
+        return fields | {"num_classes": projection, "head_bias": False}
     return fields | {"num_classes": 0}
 
 
@@ -315,8 +318,13 @@ WHOLE_MODELS = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}
 
 
 def family_of(hf: Mapping[str, Any]) -> Family:
-    """The :class:`Family` a config.json describes, by ``architectures[0]`` (else its ``model_type``)."""
-    model_type = hf.get("model_type", "vit")
+    """The :class:`Family` a config.json describes, by ``architectures[0]`` (else by its ``model_type``); the two
+    must agree where both are given."""
+    architectures = hf.get("architectures") or []
+    if not isinstance(architectures, list) or architectures and not isinstance(architectures[0], str):
+        raise TypeError(f"config.json architectures must be a list of names, got {architectures!r:.200}")
+    named = FAMILIES.get(architectures[0]) if architectures else None
+    model_type = hf.get("model_type", named.model_types[0] if named else "vit")
     if not isinstance(model_type, str):
         raise TypeError(f"config.json model_type must be a string, got {model_type!r:.80}")
     if model_type in WHOLE_MODELS:
@@ -324,15 +332,14 @@ def family_of(hf: Mapping[str, Any]) -> Family:
             f"config.json model_type {model_type!r} is a whole {model_type.upper()} model (image and text towers); "
             f"save its vision tower alone: {WHOLE_MODELS[model_type]}.from_pretrained(...).save_pretrained(...)"
         )
-    architectures = hf.get("architectures") or [DEFAULT_ARCHITECTURE.get(model_type, "")]
-    if not isinstance(architectures, list) or not isinstance(architectures[0], str):
-        raise TypeError(f"config.json architectures must be a list of names, got {architectures!r:.200}")
-    arch = architectures[0]
-    if arch not in FAMILIES:
+    if model_type not in DEFAULT_ARCHITECTURE:
         raise ValueError(
-            f"config.json architecture {arch or model_type!r:.80} is not supported; expected one of "
-            f"{', '.join(FAMILIES)}"
+            f"config.json model_type {model_type!r:.80} is not a ViT; expected one of "
+            f"{', '.join(map(repr, DEFAULT_ARCHITECTURE))}"
         )
+    arch = architectures[0] if architectures else DEFAULT_ARCHITECTURE[model_type]
+    if arch not in FAMILIES:
+        raise ValueError(f"config.json architecture {arch!r:.80} is not supported; expected one of {', '.join(FAMILIES)}")
     family = FAMILIES[arch]
     if model_type not in family.model_types:
         raise ValueError(
