@@ -96,8 +96,9 @@ def _with(tmp_path, arch: str, **changes):
         ("CLIPVisionModelWithProjection", {"projection_dim": 0}, ValueError,
          r"config.json projection_dim must be a positive int, got 0"),
         ("CLIPVisionModel", {"model_type": "clip"}, ValueError,
-         r"config.json model_type 'clip' is a whole CLIP model \(image and text towers\); save its vision tower "
-         r"alone: CLIPVisionModel.from_pretrained"),
+         r"config.json model_type 'clip' does not fit architecture 'CLIPVisionModel' \(expected 'CLIPModel'\)"),
+        ("CLIPVisionModel", {"model_type": "clip", "architectures": ["CLIPModel"], "vision_config": [1]}, TypeError,
+         r"config.json vision_config must be a JSON object, got \[1\]"),
         ("SiglipVisionModel", {"vision_use_head": "yes"}, TypeError,
          r"config.json vision_use_head must be bool, got 'yes' \(str\)"),
         ("SiglipVisionModel", {"layer_norm_eps": -1.0}, ValueError,

@@ -149,3 +149,32 @@ def test_deit_teacher_labels_and_clip_projection_sizes(tmp_path):
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         assert (model.forward_features(x) - siglip(pixel_values=x).last_hidden_state).abs().max() <= 1e-5
+
+
+WHOLE = [("CLIPModel", "CLIPVisionModelWithProjection"), ("SiglipModel", "SiglipVisionModel")]
+
+
+@pytest.mark.parametrize(("whole", "tower"), WHOLE)
+def test_a_whole_clip_or_siglip_model_reads_as_its_vision_tower(tmp_path, whole, tower):
+    """The hub's CLIP and SigLIP checkpoints are whole models: the image tower is read, the text tower left."""
+    text = dict(TINY, intermediate_size=64)
+    config = getattr(transformers, whole.replace("Model", "Config"))(
+        vision_config=PATCH8, text_config=text, **({"projection_dim": 16} if whole == "CLIPModel" else {})
+    )
+    config.vision_config._attn_implementation = "eager"
+    hf = perturbed(getattr(transformers, whole)(config))
+    hf.save_pretrained(tmp_path / "hf")
+    ours = load_hf(tmp_path / "hf").eval()
+    assert ours.source["architecture"] == tower
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(), AttentionRecorder(ours, layers=range(len(ours.blocks))) as rec:
+        got = ours(x)
+        vision = hf.vision_model(pixel_values=x, output_attentions=True)
+    expected = hf.visual_projection(vision.pooler_output) if whole == "CLIPModel" else vision.pooler_output
+    output = "image_embeds" if whole == "CLIPModel" else "pooler_output"
+    diffs = {
+        f"hf {whole} 32x32 {output}": (got - expected).abs().max(),
+        f"hf {whole} 32x32 attention": (rec.maps - torch.stack(vision.attentions)).abs().max(),
+    }
+    report_diffs({k: v.item() for k, v in diffs.items()})
+    assert max(diffs.values()) <= 1e-5

@@ -123,8 +123,9 @@ A_POOLER = Holds(lambda r: r is not None, "a pooler (representation_size)")
 @dataclass(frozen=True)
 class Family:
     """One transformers architecture: its config.json ``model_type`` values, the prefix its files put before the
-    backbone keys, its key rules, the keys it holds that no vit-einops tensor matches (dropped when read, written
-    as zeros), the ViTConfig options it fixes (a value, or a test of the value), and its config.json reader."""
+    backbone keys, its key rules, the starts of the keys its files may hold that no vit-einops tensor matches
+    (dropped when read; DINOv2's mask token is written as zeros), the ViTConfig options it fixes (a value, or a
+    test of the value), and its config.json reader."""
 
     architecture: str
     model_types: tuple[str, ...]
@@ -268,7 +269,8 @@ TEACHER: tuple[Rule, ...] = (
 )
 UNUSED_POOLER = ("pooler.dense.weight", "pooler.dense.bias")  # ViTForImageClassification files may hold one
 MASK_TOKEN = ("embeddings.mask_token",)  # DINOv2's token for masked image modelling, unused at inference
-POSITION_IDS = ("embeddings.position_ids",)  # a buffer older transformers saved with CLIP and SigLIP
+# A buffer older transformers saved with CLIP and SigLIP, and a whole CLIP or SigLIP model's text tower.
+CLIP_UNUSED = ("embeddings.position_ids", "text_model.", "text_projection.", "logit_scale", "logit_bias")
 NO_HEAD = {"num_classes": 0, "representation_size": None}
 VIT_CLASSIFIER = {"num_classes": SOME_CLASSES, "representation_size": None}
 VIT_POOLER = {"num_classes": 0, "representation_size": A_POOLER}
@@ -291,11 +293,11 @@ FAMILIES: dict[str, Family] = {
         Family("Dinov2WithRegistersModel", ("dinov2_with_registers",), "", VIT_LAYOUT + DINOV2_BLOCKS, MASK_TOKEN,
                DINOV2 | {"register_tokens": Holds(lambda r: r > 0, "registers"), "pos_embed_prefix": False},
                _read_dinov2),
-        Family("CLIPVisionModel", ("clip_vision_model",), "", CLIP_LAYOUT, POSITION_IDS, CLIP | {"num_classes": 0},
+        Family("CLIPVisionModel", ("clip_vision_model",), "", CLIP_LAYOUT, CLIP_UNUSED, CLIP | {"num_classes": 0},
                _read_clip),
-        Family("CLIPVisionModelWithProjection", ("clip_vision_model",), "vision_model.", CLIP_LAYOUT, POSITION_IDS,
+        Family("CLIPVisionModelWithProjection", ("clip_vision_model",), "vision_model.", CLIP_LAYOUT, CLIP_UNUSED,
                CLIP | {"head_bias": False, "num_classes": Holds(lambda k: k > 0, "a projection")}, _read_clip),
-        Family("SiglipVisionModel", ("siglip_vision_model",), "", CLIP_LAYOUT, POSITION_IDS,
+        Family("SiglipVisionModel", ("siglip_vision_model",), "", CLIP_LAYOUT, CLIP_UNUSED,
                NO_HEAD | {"class_token": False, "pool": SIGLIP_POOLS}, _read_siglip),
     )
 }  # fmt: skip
@@ -313,8 +315,13 @@ HEAD_ROOTS = ("classifier.", "pooler.", "cls_classifier.", "distillation_classif
 # What files put before the backbone keys: ViTForImageClassification "vit.", DeiT's classifiers "deit.", CLIP and
 # SigLIP checkpoints of older transformers "vision_model.". Read without it, written as the family's ``prefix``.
 PREFIXES = ("vit.", "deit.", "vision_model.")
-# What a config.json of a whole model holding a vision tower says, for the refusal.
-WHOLE_MODELS = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}
+# A whole CLIP or SigLIP model (image and text towers): model_type -> (its architecture, the one its vision tower
+# reads as). Its config.json keeps the tower's fields under vision_config, CLIP's projection_dim at the top.
+WHOLE_MODELS = {
+    "clip": ("CLIPModel", "CLIPVisionModelWithProjection"),
+    "siglip": ("SiglipModel", "SiglipVisionModel"),
+}
+WHOLE_TYPES = {whole: model_type for model_type, (whole, _) in WHOLE_MODELS.items()}
 
 
 def family_of(hf: Mapping[str, Any]) -> Family:
@@ -323,23 +330,28 @@ def family_of(hf: Mapping[str, Any]) -> Family:
     architectures = hf.get("architectures") or []
     if not isinstance(architectures, list) or architectures and not isinstance(architectures[0], str):
         raise TypeError(f"config.json architectures must be a list of names, got {architectures!r:.200}")
-    named = FAMILIES.get(architectures[0]) if architectures else None
-    model_type = hf.get("model_type", named.model_types[0] if named else "vit")
+    first = architectures[0] if architectures else None
+    named = FAMILIES[first].model_types[0] if first in FAMILIES else WHOLE_TYPES.get(first)
+    model_type = hf.get("model_type", named or "vit")
     if not isinstance(model_type, str):
         raise TypeError(f"config.json model_type must be a string, got {model_type!r:.80}")
     if model_type in WHOLE_MODELS:
-        raise ValueError(
-            f"config.json model_type {model_type!r} is a whole {model_type.upper()} model (image and text towers); "
-            f"save its vision tower alone: {WHOLE_MODELS[model_type]}.from_pretrained(...).save_pretrained(...)"
-        )
+        whole, tower = WHOLE_MODELS[model_type]
+        if first is not None and first != whole:
+            raise ValueError(
+                f"config.json model_type {model_type!r} does not fit architecture {first!r:.80} "
+                f"(expected {whole!r})"
+            )
+        return FAMILIES[tower]
     if model_type not in DEFAULT_ARCHITECTURE:
         raise ValueError(
             f"config.json model_type {model_type!r:.80} is not a ViT; expected one of "
             f"{', '.join(map(repr, DEFAULT_ARCHITECTURE))}"
         )
-    arch = architectures[0] if architectures else DEFAULT_ARCHITECTURE[model_type]
+    arch = first or DEFAULT_ARCHITECTURE[model_type]
     if arch not in FAMILIES:
-        raise ValueError(f"config.json architecture {arch!r:.80} is not supported; expected one of {', '.join(FAMILIES)}")
+        supported = ", ".join([*FAMILIES, *WHOLE_TYPES])
+        raise ValueError(f"config.json architecture {arch!r:.80} is not supported; expected one of {supported}")
     family = FAMILIES[arch]
     if model_type not in family.model_types:
         raise ValueError(
@@ -349,9 +361,21 @@ def family_of(hf: Mapping[str, Any]) -> Family:
     return family
 
 
+def tower_config(hf: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The fields of config.json that describe the vision tower: all of them, or a whole model's vision_config."""
+    if hf.get("model_type") not in WHOLE_MODELS:
+        return hf
+    tower = hf.get("vision_config") or {}
+    if not isinstance(tower, Mapping):
+        raise TypeError(f"config.json vision_config must be a JSON object, got {tower!r:.80}")
+    if hf["model_type"] == "clip":  # the projection to the joint embedding belongs to the whole model
+        return {**tower, "projection_dim": hf.get("projection_dim", 512)}
+    return tower
+
+
 def hf_fields(hf: Mapping[str, Any], family: Family, num_labels: int) -> dict[str, Any]:
     """Our ViTConfig fields of a config.json of ``family``; ``num_labels`` sizes the classifiers it has."""
-    fields = family.read(hf, family.architecture)
+    fields = family.read(tower_config(hf), family.architecture)
     if "num_classes" not in fields:
         fields["num_classes"] = num_labels
     return {"dynamic_size": "timm" if fields.get("register_tokens") else "hf"} | fields
@@ -440,8 +464,7 @@ def _strip(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def from_family(state_dict: Mapping[str, torch.Tensor], config: ViTConfig, family: Family) -> dict[str, torch.Tensor]:
     """An HF state dict of ``family`` as ours for ``config``; every key and shape is checked first."""
     state_dict = _strip(check_state_dict(state_dict, SOURCE))
-    for key in family.unused:
-        state_dict.pop(key, None)
+    state_dict = {k: v for k, v in state_dict.items() if not k.startswith(family.unused)}
     conv = _conv_form(config)
     shapes = expected_shapes(conv)
     expected = _expected(family, shapes)
