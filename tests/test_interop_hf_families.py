@@ -131,7 +131,7 @@ def test_save_hf_writes_the_architecture_back_with_equal_outputs(tmp_path, arch)
         assert changed == set()
 
 
-def test_deit_teacher_labels_and_clip_projection_sizes(tmp_path):
+def test_teacher_labels_clip_projection_and_a_siglip_tower_without_its_head(tmp_path):
     labels = {0: "cat", 1: "dog", 2: "fish"}
     deit = _hf("DeiTForImageClassificationWithTeacher", id2label=labels, label2id={v: k for k, v in labels.items()})
     deit.save_pretrained(tmp_path / "deit")
