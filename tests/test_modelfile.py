@@ -274,6 +274,6 @@ def test_hf_directory_files_are_checked(tmp_path):
     # the path in full (it said "config.json model_type ...", with no directory)
     with pytest.raises(ValueError, match=rf"^{re.escape(str(cfg))} model_type 'bert' is not a ViT"):
         load_hf(tmp_path / "hf")
-    cfg.write_text(json.dumps({"architectures": ["DeiTForImageClassificationWithTeacher"]}))
-    with pytest.raises(ValueError, match="distillation token"):
+    cfg.write_text(json.dumps({"architectures": ["Dinov2ForImageClassification"]}))
+    with pytest.raises(ValueError, match="architecture 'Dinov2ForImageClassification' is not supported; expected one"):
         load_hf(tmp_path / "hf")

@@ -90,14 +90,18 @@ def existing_model_path(path: str | os.PathLike, name: str = "path") -> Path:
     return path
 
 
-# Keys that a state dict of each form always holds: its class token and patch projection under that library's
-# names (Hugging Face's ViTForImageClassification prefixes them with "vit.", its ViTModel does not). A file's form
-# is the one form whose keys it holds.
-KEY_SIGNATURES: dict[str, tuple[str, ...]] = {
-    "torchvision": ("class_token", "conv_proj.weight"),
-    "timm": ("cls_token", "patch_embed.proj.weight"),
-    "hf": ("embeddings.cls_token", "embeddings.patch_embeddings.projection.weight"),
-    "vit-einops": ("patch_embed.cls_token.weight", "patch_embed.pos_embed.weight"),
+# Keys that a state dict of each form always holds, one set or another: its class token and patch projection
+# under that library's names; Hugging Face's CLIP and SigLIP towers (SigLIP has no class token) by their patch
+# projection and E_pos. A file's form is the one form whose keys it holds, read without the prefixes that Hugging
+# Face's classifiers and older CLIP files put before the backbone (:data:`vit_einops.interop.hf_families.PREFIXES`).
+KEY_SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "torchvision": (("class_token", "conv_proj.weight"),),
+    "timm": (("cls_token", "patch_embed.proj.weight"),),
+    "hf": (
+        ("embeddings.cls_token", "embeddings.patch_embeddings.projection.weight"),
+        ("embeddings.patch_embedding.weight", "embeddings.position_embedding.weight"),
+    ),
+    "vit-einops": (("patch_embed.cls_token.weight", "patch_embed.pos_embed.weight"),),
 }
 
 
@@ -125,18 +129,22 @@ def detect_source(path: str | os.PathLike) -> str:
     check_regular_file(path, "model file")  # a FIFO would block the reads below
     if path.suffix.lower() == ".safetensors" and _is_vit_einops_file(path):
         return "vit-einops"
+    from .interop.hf_families import PREFIXES
     from .interop.io import state_dict_keys
 
     keys = state_dict_keys(path)
-    held = set(keys) | {k.removeprefix("vit.") for k in keys}
-    fits = [name for name, signature in KEY_SIGNATURES.items() if held.issuperset(signature)]
+    held = set(keys) | {k.removeprefix(prefix) for k in keys for prefix in PREFIXES}
+    fits = [name for name, signatures in KEY_SIGNATURES.items() if any(map(held.issuperset, signatures))]
     if len(fits) > 1:
         raise ValueError(
             f"{path}: ambiguous: its keys fit {' and '.join(fits)}; name its form with source= (--from)"
         )
     if not fits:
         shown = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
-        expected = "; ".join(f"{name}: {', '.join(signature)}" for name, signature in KEY_SIGNATURES.items())
+        expected = "; ".join(
+            f"{name}: {' or '.join(', '.join(signature) for signature in signatures)}"
+            for name, signatures in KEY_SIGNATURES.items()
+        )
         raise ValueError(
             f"{path}: not a ViT state dict of a known form: its {len(keys)} keys ({shown or 'none'}) lack the keys "
             f"each form holds ({expected})"

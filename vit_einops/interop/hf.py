@@ -1,26 +1,17 @@
-"""Hugging Face transformers ViTs (ViTForImageClassification, ViTModel) into vit-einops and back.
+"""Hugging Face transformers ViTs into vit-einops and back: ViTForImageClassification, ViTModel, DeiT (with the
+distillation token: DeiTForImageClassificationWithTeacher), Dinov2Model, Dinov2WithRegistersModel, CLIPVisionModel,
+CLIPVisionModelWithProjection and SiglipVisionModel.
 
-A ``save_pretrained`` directory holds ``config.json`` (sizes, ``layer_norm_eps`` 1e-12, ``id2label``), the weights
-(``model.safetensors`` or ``pytorch_model.bin``) and, beside them on the hub, ``preprocessor_config.json``
-(:func:`preprocessing_from_hf`, :func:`preprocessing_to_hf`). The
-weights use the hub's key names, which transformers 5 still writes::
+A ``save_pretrained`` directory holds ``config.json`` (``architectures``, sizes, ``hidden_act``, ``layer_norm_eps``,
+``id2label``), the weights (``model.safetensors`` or ``pytorch_model.bin``, under the hub's key names, which
+transformers 5 still writes) and, beside them on the hub, ``preprocessor_config.json`` (:func:`preprocessing_from_hf`,
+:func:`preprocessing_to_hf`). Each architecture's fields and keys are tables in
+:mod:`vit_einops.interop.hf_families`; this module reads and writes the files.
 
-    vit.embeddings.cls_token                                (1, 1, D)
-    vit.embeddings.position_embeddings                      (1, N, D)
-    vit.embeddings.patch_embeddings.projection.{weight,bias}   Conv2d(C, D, P, P)
-    vit.encoder.layer.{i}.layernorm_before.{weight,bias}
-    vit.encoder.layer.{i}.attention.attention.{query,key,value}.{weight,bias}   three (D, D) Linears
-    vit.encoder.layer.{i}.attention.output.dense.{weight,bias}
-    vit.encoder.layer.{i}.layernorm_after.{weight,bias}
-    vit.encoder.layer.{i}.intermediate.dense.{weight,bias}, vit.encoder.layer.{i}.output.dense.{weight,bias}
-    vit.layernorm.{weight,bias}
-    classifier.{weight,bias}            ViTForImageClassification: Linear on the class token after vit.layernorm
-    pooler.dense.{weight,bias}          ViTModel (no "vit." prefix): Linear + tanh on the class token
-
-HF keeps q, k and v as three Linears whose output rows are (h d) each; stacked in that order they are exactly our
-fused ``qkv`` laid out (qkv h d), so conversion is a concatenation, with no permutation. ViTModel's pooler is the
-paper's pre-training head (Linear + tanh on z_L^0 after the final LayerNorm): it becomes ``representation_size``
-with ``num_classes=0``, so the model returns the ``pooler_output``.
+A model loaded here has ``dynamic_size`` "hf": another input size resamples E_pos as transformers'
+``interpolate_pos_encoding`` does (Dinov2WithRegistersModel's resampling antialiases, as timm's: "timm").
+ViTModel's pooler is the paper's pre-training head (Linear + tanh on z_L^0 after the final LayerNorm): it becomes
+``representation_size`` with ``num_classes=0``, so the model returns the ``pooler_output``.
 """
 
 from __future__ import annotations
@@ -35,22 +26,24 @@ from typing import Any
 
 import torch
 
+from .._checks import check_choice
 from .._io import atomic_write_bytes, staged_directory
 from .._json import read_json
 from ..config import ViTConfig
 from ..model import ViT
-from ..statedict import (
-    build_vit,
-    cast_weights,
-    check_free_fields,
-    check_keys,
-    check_state_dict,
-    convert_patchify,
-    expected_shapes,
-    safetensors_bytes,
-)
+from ..statedict import build_vit, cast_weights, check_free_fields, safetensors_bytes
 from ..preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocessing
 from ..sizes import check_file_holds, check_model_memory
+from .hf_families import (
+    FAMILIES,
+    family_config,
+    family_of,
+    from_family,
+    hf_fields,
+    hf_names,
+    target_family,
+    to_family,
+)
 from .io import load_state_dict_file
 
 SOURCE = "hf"
@@ -60,55 +53,9 @@ CONFIG_NAME, PROCESSOR_NAME = "config.json", "preprocessor_config.json"
 HF_FILES = frozenset((WEIGHT_FILES[0], CONFIG_NAME, PROCESSOR_NAME))
 # transformers names its untitled labels LABEL_0, LABEL_1...: those are no class names.
 _PLACEHOLDER = re.compile(r"LABEL_\d+")
-_LAYER = "vit.encoder.layer.{i}."
+# The architectures whose outputs are classes (id2label names them); CLIP's projection outputs are no classes.
+CLASSIFIERS = ("ViTForImageClassification", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher")
 _RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's resample codes; the others have no torch twin
-
-
-def _layer_keys(i: int) -> dict[str, str]:
-    """Our key -> HF key for block i, q/k/v excluded (they are fused into our qkv)."""
-    hf = _LAYER.format(i=i)
-    ours = f"blocks.{i}."
-    pairs = {
-        "attn.fn.norm": "layernorm_before",
-        "attn.fn.mha.proj": "attention.output.dense",
-        "mlp.fn.norm": "layernorm_after",
-        "mlp.fn.ff.fc1": "intermediate.dense",
-        "mlp.fn.ff.fc2": "output.dense",
-    }
-    return {f"{ours}{a}.{p}": f"{hf}{b}.{p}" for a, b in pairs.items() for p in ("weight", "bias")}
-
-
-def _key_map(config: ViTConfig) -> dict[str, str]:
-    """Every one of our keys except qkv -> its HF key."""
-    keys = {
-        "patch_embed.proj.weight": "vit.embeddings.patch_embeddings.projection.weight",
-        "patch_embed.proj.bias": "vit.embeddings.patch_embeddings.projection.bias",
-        "patch_embed.cls_token.weight": "vit.embeddings.cls_token",
-        "patch_embed.pos_embed.weight": "vit.embeddings.position_embeddings",
-        "head.norm.weight": "vit.layernorm.weight",
-        "head.norm.bias": "vit.layernorm.bias",
-    }
-    for i in range(config.depth):
-        keys |= _layer_keys(i)
-    if config.representation_size is not None:
-        keys |= {"head.pre_logits.fc.weight": "pooler.dense.weight", "head.pre_logits.fc.bias": "pooler.dense.bias"}
-    if config.num_classes:
-        keys |= {"head.fc.weight": "classifier.weight", "head.fc.bias": "classifier.bias"}
-    return keys
-
-
-def _qkv_keys(i: int, part: str) -> tuple[str, str, str]:
-    hf = _LAYER.format(i=i) + "attention.attention."
-    return tuple(f"{hf}{name}.{part}" for name in ("query", "key", "value"))  # type: ignore[return-value]
-
-
-def _normalise_keys(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """ViTModel's keys carry no "vit." prefix (its pooler never does): give the backbone keys one prefix."""
-    out = {}
-    for key, value in state_dict.items():
-        bare = key.startswith(("embeddings.", "encoder.", "layernorm."))
-        out[f"vit.{key}" if bare else key] = value
-    return out
 
 
 def id2label(hf: Mapping[str, Any]) -> list[str] | None:
@@ -147,127 +94,49 @@ def _json_type(value: Any) -> str:
 
 
 def hf_config(hf: Mapping[str, Any], **overrides: Any) -> ViTConfig:
-    """The ViTConfig of a transformers ``ViTConfig`` dict (config.json)."""
+    """The ViTConfig of a transformers config.json dict, for any architecture of
+    :data:`~vit_einops.interop.hf_families.FAMILIES`; a field we cannot express is a ValueError naming it."""
     check_free_fields(overrides)
     if not isinstance(hf, Mapping):
         raise TypeError(f"a Hugging Face config is a JSON object, got {type(hf).__name__}")
-    model_type = hf.get("model_type", "vit")
-    if model_type not in ("vit", "deit"):
-        raise ValueError(f"config.json model_type {model_type!r} is not a ViT; expected 'vit' (or a ViT-shaped 'deit')")
-    architectures = hf.get("architectures") or ["ViTForImageClassification"]
-    if not isinstance(architectures, list) or not isinstance(architectures[0], str):
-        raise TypeError(f"config.json architectures must be a list of names, got {architectures!r:.200}")
-    arch = architectures[0]
-    if "Distillation" in arch or "WithTeacher" in arch:
-        raise ValueError(f"{arch} has a distillation token, which vit-einops does not model; use a plain ViT")
-    if arch not in ("ViTForImageClassification", "ViTModel", "DeiTForImageClassification", "DeiTModel"):
-        raise ValueError(f"architecture {arch!r} is not supported; expected ViTForImageClassification or ViTModel")
-    if hf.get("hidden_act", "gelu") != "gelu":
-        raise ValueError(f"hidden_act {hf.get('hidden_act')!r}: only 'gelu' (exact, the paper's) is supported")
-    if hf.get("qkv_bias", True) is not True:
-        raise ValueError("qkv_bias false is not supported: our fused qkv Linear has a bias")
-    if hf.get("pooler_act", "tanh") != "tanh":
-        raise ValueError(
-            f"pooler_act {hf.get('pooler_act')!r}: only 'tanh' (the paper's pre-training head) is supported"
-        )
-    dim = hf.get("hidden_size", 768)
-    classify = arch.endswith("ForImageClassification")
+    family = family_of(hf)
     labels = id2label(hf)
     num_labels = len(labels) if labels else hf.get("num_labels", 2)
-    fields = {
-        "image_size": hf.get("image_size", 224),
-        "patch_size": hf.get("patch_size", 16),
-        "in_channels": hf.get("num_channels", 3),
-        "num_classes": num_labels if classify else 0,
-        "dim": dim,
-        "depth": hf.get("num_hidden_layers", 12),
-        "heads": hf.get("num_attention_heads", 12),
-        "mlp_dim": hf.get("intermediate_size", 3072),
-        "dropout": hf.get("hidden_dropout_prob", 0.0),
-        "attn_dropout": hf.get("attention_probs_dropout_prob", 0.0),
-        "layer_norm_eps": hf.get("layer_norm_eps", 1e-12),
-        "representation_size": None if classify else hf.get("pooler_output_size") or dim,
-    }
+    fields = hf_fields(hf, family, num_labels)
     try:
         return ViTConfig(**{**fields, **overrides})
     except (TypeError, ValueError) as err:
-        raise ValueError(f"config.json describes no valid ViT: {err}") from err
+        raise ValueError(f"config.json describes no valid {family.architecture}: {err}{hf_names(str(err))}") from err
 
 
-def from_hf(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
-    """An HF ViT state dict renamed (q, k, v fused) to ours for ``config``; every key and shape is checked."""
-    state_dict = _normalise_keys(check_state_dict(state_dict, SOURCE))
-    if config.representation_size is None:
-        state_dict.pop("pooler.dense.weight", None)  # ViTForImageClassification never uses a pooler
-        state_dict.pop("pooler.dense.bias", None)
-    conv = ViTConfig.from_dict({**config.to_dict(), "patchify": "conv"})
-    shapes = expected_shapes(conv)
-    keys = _key_map(conv)
-    expected = {theirs: shapes[ours] for ours, theirs in keys.items()}
-    d = conv.dim
-    for i in range(conv.depth):
-        for part, shape in (("weight", (d, d)), ("bias", (d,))):
-            expected |= dict.fromkeys(_qkv_keys(i, part), torch.Size(shape))
-    check_keys(state_dict, expected, SOURCE)
-    ours = {k: state_dict[theirs] for k, theirs in keys.items()}
-    for i in range(conv.depth):
-        for part in ("weight", "bias"):
-            ours[f"blocks.{i}.attn.fn.mha.qkv.{part}"] = torch.cat([state_dict[k] for k in _qkv_keys(i, part)])
-    return convert_patchify(ours, config, "conv", config.patchify)
+def from_hf(
+    state_dict: Mapping[str, torch.Tensor], config: ViTConfig, architecture: str | None = None
+) -> dict[str, torch.Tensor]:
+    """An HF state dict renamed (q, k, v fused; CLIP's and SigLIP's shapes ours) to ours for ``config``; every key
+    and shape is checked. ``architecture`` (config.json's) by default the one :func:`to_hf` would write."""
+    if architecture is None:
+        family = target_family(config)
+    else:
+        family = FAMILIES[check_choice("architecture", architecture, FAMILIES)]
+    return from_family(state_dict, config, family)
 
 
 def to_hf(model: ViT) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Our model as (HF state dict, config.json dict) for ViTForImageClassification, or ViTModel when it has a
-    pre-training head and no classifier. Raises ValueError for what HF's ViT cannot express."""
+    """Our model as (HF state dict, config.json dict) of the transformers architecture that holds it: ViTModel for
+    a pre-training head, ViTForImageClassification, DeiTForImageClassificationWithTeacher for a distillation token,
+    SiglipVisionModel without a class token, CLIPVisionModel(WithProjection) with pre_norm, Dinov2Model (with
+    registers: Dinov2WithRegistersModel) with LayerScale. A ValueError names what that architecture cannot hold."""
     if not isinstance(model, ViT):
         raise TypeError(f"to_hf expects a vit_einops.ViT, got {type(model).__name__}")
     config = model.config
-    problems = []
-    if config.pool != "cls":
-        problems.append(f"pool {config.pool!r} (HF's ViT reads the class token)")
-    if config.fc_norm:
-        problems.append("fc_norm (HF normalises every token before pooling)")
-    if config.image_size[0] != config.image_size[1] or config.patch_size[0] != config.patch_size[1]:
-        problems.append(f"non-square image_size {config.image_size} or patch_size {config.patch_size}")
-    if config.num_classes and config.representation_size is not None:
-        problems.append("both a pre-logits layer and a classifier (ViTForImageClassification has no pooler)")
-    if not config.num_classes and config.representation_size is None:
-        problems.append("neither a classifier nor a pooler")
-    if config.beyond_paper():
-        problems.append(f"{', '.join(config.beyond_paper())} (HF's ViT has the paper's blocks and tokens only)")
+    family = target_family(config)
+    problems = family.problems(config)
+    if family.architecture.startswith("Dinov2") and config.mlp_dim % config.dim:  # transformers' mlp_ratio is an int
+        problems.append(f"mlp_dim {config.mlp_dim}, not a whole multiple of dim {config.dim} (DINOv2's mlp_ratio)")
     if problems:
-        raise ValueError("Hugging Face's ViT cannot express this model: it has " + "; ".join(problems))
-    state = convert_patchify({k: v.detach() for k, v in model.state_dict().items()}, config, config.patchify, "conv")
-    hf = {theirs: state[ours] for ours, theirs in _key_map(config).items()}
-    for i in range(config.depth):
-        for part in ("weight", "bias"):
-            for key, tensor in zip(_qkv_keys(i, part), state[f"blocks.{i}.attn.fn.mha.qkv.{part}"].chunk(3)):
-                hf[key] = tensor
-    classify = bool(config.num_classes)
-    if not classify:  # ViTModel's keys: no "vit." prefix
-        hf = {k.removeprefix("vit."): v for k, v in hf.items()}
+        raise ValueError(f"Hugging Face's {family.label} cannot express this model: it has " + "; ".join(problems))
     names = model.class_names or [f"LABEL_{i}" for i in range(config.num_classes)]
-    hf_cfg = {
-        "architectures": ["ViTForImageClassification" if classify else "ViTModel"],
-        "model_type": "vit",
-        "hidden_size": config.dim,
-        "num_hidden_layers": config.depth,
-        "num_attention_heads": config.heads,
-        "intermediate_size": config.mlp_dim,
-        "hidden_act": "gelu",
-        "hidden_dropout_prob": config.dropout,
-        "attention_probs_dropout_prob": config.attn_dropout,
-        "layer_norm_eps": config.layer_norm_eps,
-        "image_size": config.image_size[0],
-        "patch_size": config.patch_size[0],
-        "num_channels": config.in_channels,
-        "qkv_bias": True,
-        "pooler_output_size": config.representation_size or config.dim,
-        "pooler_act": "tanh",
-        "id2label": {str(i): n for i, n in enumerate(names)},
-        "label2id": {n: i for i, n in enumerate(names)},
-    }
-    return hf, hf_cfg
+    return to_family(model.state_dict(), config, family), family_config(config, family, names)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -377,6 +246,7 @@ def load_hf(
     hf = _read_json(directory / CONFIG_NAME)
     try:
         config = hf_config(hf, **overrides)
+        family = family_of(hf)
     except (TypeError, ValueError) as err:
         message = str(err)
         if not message.startswith(CONFIG_NAME):
@@ -387,16 +257,17 @@ def load_hf(
     itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
     check_model_memory(config, itemsize, copies=2, action="loading")
     state_dict = cast_weights(load_state_dict_file(weights), str(weights), dtype)
-    model = build_vit(config, from_hf(state_dict, config), attn_impl)
+    model = build_vit(config, from_family(state_dict, config, family), attn_impl)
     names = id2label(hf)
-    if config.num_classes and names and not all(_PLACEHOLDER.fullmatch(n) for n in names):
+    classifier = family.architecture in CLASSIFIERS
+    if classifier and config.num_classes and names and not all(_PLACEHOLDER.fullmatch(n) for n in names):
         model.class_names = names
     processor = directory / PROCESSOR_NAME
     if processor.exists() or processor.is_symlink():  # a FIFO or broken link is an error, not "absent"
         model.preprocessing = preprocessing_from_hf(_read_json(processor), channels=config.in_channels)
     else:  # ViTImageProcessor's defaults, at the model's own size
         model.preprocessing = Preprocessing.hf(config.image_size, config.in_channels)
-    model.source = {"library": "hf", "file": str(weights), "architecture": (hf.get("architectures") or [None])[0]}
+    model.source = {"library": "hf", "file": str(weights), "architecture": family.architecture}
     return model
 
 
