@@ -90,12 +90,13 @@ def existing_model_path(path: str | os.PathLike, name: str = "path") -> Path:
     return path
 
 
-# Keys that a state dict of each form always holds: its class token and patch projection under that library's
-# names (Hugging Face's ViTForImageClassification prefixes them with "vit.", its ViTModel does not). A file's form
-# is the one form whose keys it holds.
+# Keys that a state dict of each form always holds: its class token (timm: its position embedding, which SigLIP, with
+# no class token, also has) and patch projection under that library's names (Hugging Face's
+# ViTForImageClassification prefixes them with "vit.", its ViTModel does not). A file's form is the one form whose
+# keys it holds.
 KEY_SIGNATURES: dict[str, tuple[str, ...]] = {
     "torchvision": ("class_token", "conv_proj.weight"),
-    "timm": ("cls_token", "patch_embed.proj.weight"),
+    "timm": ("pos_embed", "patch_embed.proj.weight"),
     "hf": ("embeddings.cls_token", "embeddings.patch_embeddings.projection.weight"),
     "vit-einops": ("patch_embed.cls_token.weight", "patch_embed.pos_embed.weight"),
 }
