@@ -125,11 +125,12 @@ def timm_config(
     if global_pool is not None:
         check_choice("global_pool", global_pool, GLOBAL_POOLS)
     state_dict = check_state_dict(state_dict, SOURCE)
-    config = _config_from_keys(
+    read = functools.partial(
+        _config_from_keys,
         state_dict,
         heads=heads if heads is not None else fields.get("heads"),
-        image_size=image_size if image_size is not None else fields.get("image_size"),
-        pool=GLOBAL_POOLS[global_pool] if global_pool is not None else fields.get("pool"),
+        pool=GLOBAL_POOLS[global_pool] if global_pool is not None else None,
+        default_pool=fields.get("pool"),
         pos_embed_prefix=pos_embed_prefix,
         layer_scale=fields.get("layer_scale") or LAYER_SCALE_INIT,
         extra={
@@ -139,8 +140,13 @@ def timm_config(
             **overrides,
         },
     )
-    if arch is not None:
-        _check_arch(config, arch, fields, image_size_given=image_size is not None)
+    if image_size is not None or arch is None:
+        return read(image_size=image_size)
+    try:
+        config = read(image_size=fields["image_size"])
+    except ValueError:
+        config = read(image_size=None)  # E_pos does not fit the arch's grid: read the file's, and say so below
+    _check_arch(config, arch, fields, image_size_given=False)
     return config
 
 
@@ -150,11 +156,13 @@ def _config_from_keys(
     heads: int | None,
     image_size: Any,
     pool: str | None,
+    default_pool: str | None,
     pos_embed_prefix: bool | None,
     layer_scale: float,
     extra: dict[str, Any],
 ) -> ViTConfig:
-    """The config the keys and shapes of a timm state dict fix, with the fields no tensor holds as given."""
+    """The config the keys and shapes of a timm state dict fix, with the fields no tensor holds as given: ``pool``
+    must fit the keys; ``default_pool`` (an arch's) applies where they allow it."""
     dim, in_channels, *patch = require(state_dict, "patch_embed.proj.weight", 4, SOURCE).shape
     pos = require(state_dict, "pos_embed", 3, SOURCE)
     fc1 = require(state_dict, "blocks.0.mlp.fc1.weight", 2, SOURCE)
@@ -166,7 +174,8 @@ def _config_from_keys(
     prefix = class_token + distill_token + registers
     read_pool = "map" if "attn_pool.latent" in state_dict else ("cls" if class_token else "mean")
     if pool is None:
-        pool = read_pool
+        fits = default_pool in ("cls", "mean") and read_pool != "map" and (class_token or default_pool == "mean")
+        pool = default_pool if fits else read_pool
     elif (pool == "map") != (read_pool == "map"):
         where = "has" if read_pool == "map" else "has no"
         raise ValueError(
@@ -231,6 +240,8 @@ def _check_arch(config: ViTConfig, arch: str, fields: dict[str, Any], *, image_s
     if differ:
         tags = [f"{base}.{t}" for t, n in TIMM_TAGS.get(base, {}).items() if n == config.num_classes]
         hint = f"; the tags with {config.num_classes} classes: {', '.join(tags)}" if tagged and tags else ""
+        if config.image_size != want.image_size:
+            hint += "; image_size= names a checkpoint's other resolution"
         raise ValueError(
             f"the timm state dict is not a {arch}: {'; '.join(differ)}{hint}. Load it without arch= to read what it "
             f"holds, or name the architecture it is"
