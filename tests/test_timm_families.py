@@ -8,7 +8,7 @@ import pytest
 import torch
 from _interop import TINY, assert_same_state, perturbed
 
-from vit_einops import ViT, ViTConfig, create_vit, load_vit, parameter_count
+from vit_einops import ViT, ViTConfig, create_vit, load_vit, parameter_count, save_vit
 from vit_einops import presets
 from vit_einops.cli import main
 from vit_einops.interop import (
@@ -64,7 +64,8 @@ def test_family_round_trip_is_exact(family):
 
 def test_timm_kwargs_name_each_part():
     clip = timm_kwargs(ViT(**{**TINY, **FAMILIES["clip quick-gelu"]}).config)
-    assert clip["pre_norm"] is True and clip["act_layer"] == "quick_gelu" and clip["norm_layer"].keywords == {"eps": 1e-5}
+    assert clip["pre_norm"] is True and clip["act_layer"] == "quick_gelu"
+    assert clip["norm_layer"].keywords == {"eps": 1e-5}
     siglip = timm_kwargs(ViT(**{**TINY, **FAMILIES["siglip"]}).config)
     assert (siglip["class_token"], siglip["global_pool"], siglip["num_classes"]) == (False, "map", 0)
     assert "act_layer" not in siglip and "norm_layer" not in siglip  # timm's defaults: GELU, LayerNorm eps 1e-6
@@ -75,10 +76,10 @@ def test_timm_kwargs_name_each_part():
     assert timm_class(ViT(**TINY).config) == "timm.models.vision_transformer.VisionTransformer"
 
 
-def _timm_shapes(name: str) -> dict[str, torch.Tensor]:
+def _timm_shapes(name: str, **overrides) -> dict[str, torch.Tensor]:
     """timm's state dict of ``name``, as shapes only (meta tensors: nothing allocated)."""
     with torch.device("meta"):
-        return to_timm(create_vit(name))
+        return to_timm(create_vit(name, **overrides))
 
 
 @pytest.mark.parametrize("name", [*TIMM_ARCHS, "vit_small_patch16_224.dino", "vit_base_patch16_clip_224.openai"])
@@ -118,9 +119,9 @@ def test_unknown_arch_lists_close_names():
 
 
 def test_arch_that_disagrees_with_the_state_dict_names_each_field():
-    with pytest.raises(ValueError, match=r"^the timm state dict is not a vit_small_patch14_reg4_dinov2: register_tokens 0 "
-                       r"\(timm's vit_small_patch14_reg4_dinov2 has 4\); pos_embed_prefix True \(timm's "
-                       r"vit_small_patch14_reg4_dinov2 has False\)\. Load it without arch="):  # fmt: skip
+    with pytest.raises(ValueError, match=r"^the timm state dict is not a vit_small_patch14_reg4_dinov2: "
+                       r"register_tokens 0 \(timm's vit_small_patch14_reg4_dinov2 has 4\); pos_embed_prefix True "
+                       r"\(timm's vit_small_patch14_reg4_dinov2 has False\)\. Load it without arch="):  # fmt: skip
         timm_config(_timm_shapes("vit_small_patch14_dinov2"), arch="vit_small_patch14_reg4_dinov2")
     with pytest.raises(ValueError, match=r"pos_embed_prefix True \(timm's deit3_small_patch16_224 has False\); "
                        r"LayerScale absent \(timm's deit3_small_patch16_224 has init_values 1e-06\)\."):  # fmt: skip
@@ -128,8 +129,14 @@ def test_arch_that_disagrees_with_the_state_dict_names_each_field():
     with pytest.raises(ValueError, match=r"num_classes 512 \(timm's vit_base_patch16_clip_224.laion2b_ft_in1k has "
                        r"1000\); the tags with 512 classes: vit_base_patch16_clip_224.datacompxl, "):  # fmt: skip
         timm_config(_timm_shapes("vit_base_patch16_clip_224.openai"), arch="vit_base_patch16_clip_224.laion2b_ft_in1k")
+    with pytest.raises(ValueError, match=r"image_size \(224, 224\) \(timm's vit_small_patch14_dinov2 has "
+                       r"\(518, 518\)\); image_size= names a checkpoint's other resolution\."):  # fmt: skip
+        timm_config(_timm_shapes("vit_small_patch14_dinov2.lvd142m", image_size=224), arch="vit_small_patch14_dinov2")
+    assert timm_config(_timm_shapes("vit_small_patch14_dinov2", image_size=224), arch="vit_small_patch14_dinov2",
+                       image_size=224).image_size == (224, 224)  # fmt: skip
     # untagged, the classes are the file's own (a fine-tuned head), as create_vit(name, weights=...) allows
-    assert timm_config(_timm_shapes("vit_base_patch16_clip_224.openai"), arch="vit_base_patch16_clip_224").num_classes == 512
+    openai = _timm_shapes("vit_base_patch16_clip_224.openai")
+    assert timm_config(openai, arch="vit_base_patch16_clip_224").num_classes == 512
 
 
 def test_global_pool_that_contradicts_the_keys_is_refused():
@@ -179,16 +186,15 @@ def test_convert_with_arch_and_create_vit_with_weights(tiny_arch, tmp_path, caps
 def test_arch_flag_on_a_file_that_is_not_timms_is_refused(tiny_arch, tmp_path, capsys):
     model, src = tiny_arch
     ours = tmp_path / "ours.safetensors"
-    from vit_einops import save_vit
-
     save_vit(model, ours)
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(["convert", str(ours), str(tmp_path / "x.safetensors"), "--arch", TINY_ARCH]) == 2
-    assert "--arch describe torchvision/timm files; a vit-einops or Hugging Face model states its own" in (
+    assert "--arch describes torchvision/timm files; a vit-einops or Hugging Face model states its own" in (
         capsys.readouterr().err
     )
     assert main(["convert", str(src), str(tmp_path / "x.pth"), "--from", "torchvision", "--arch", TINY_ARCH]) == 2
     assert "--arch describes timm files; " in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
-    assert main(["convert", str(src), str(tmp_path / "y.safetensors"), "--from", "timm", "--arch", "vit_base_patch16_siglip_224"]) == 2
+    siglip = "vit_base_patch16_siglip_224"
+    assert main(["convert", str(src), str(tmp_path / "y.safetensors"), "--from", "timm", "--arch", siglip]) == 2
     assert "the timm state dict is not a vit_base_patch16_siglip_224: patch_size (8, 8)" in capsys.readouterr().err

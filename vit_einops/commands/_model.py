@@ -95,7 +95,8 @@ def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> A
             )
     elif given:
         raise ValueError(
-            f"{', '.join(given)} describe torchvision/timm files; a vit-einops or Hugging Face model states its own"
+            f"{', '.join(given)} describe{'s' * (len(given) == 1)} torchvision/timm files; "
+            f"a vit-einops or Hugging Face model states its own"
         )
     else:
         kwargs = {}
