@@ -132,8 +132,10 @@ def test_arch_that_disagrees_with_the_state_dict_names_each_field():
     with pytest.raises(ValueError, match=r"image_size \(224, 224\) \(timm's vit_small_patch14_dinov2 has "
                        r"\(518, 518\)\); image_size= names a checkpoint's other resolution\."):  # fmt: skip
         timm_config(_timm_shapes("vit_small_patch14_dinov2.lvd142m", image_size=224), arch="vit_small_patch14_dinov2")
-    assert timm_config(_timm_shapes("vit_small_patch14_dinov2", image_size=224), arch="vit_small_patch14_dinov2",
-                       image_size=224).image_size == (224, 224)  # fmt: skip
+    at_224 = _timm_shapes("vit_small_patch14_dinov2", image_size=224)
+    assert timm_config(at_224, arch="vit_small_patch14_dinov2", image_size=224).image_size == (224, 224)
+    with pytest.raises(ValueError, match=r"register_tokens 0 \(timm's vit_small_patch14_reg4_dinov2 has 4\)"):
+        timm_config(at_224, arch="vit_small_patch14_reg4_dinov2", image_size=224)  # a size given, the rest checked
     # untagged, the classes are the file's own (a fine-tuned head), as create_vit(name, weights=...) allows
     openai = _timm_shapes("vit_base_patch16_clip_224.openai")
     assert timm_config(openai, arch="vit_base_patch16_clip_224").num_classes == 512

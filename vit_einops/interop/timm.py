@@ -140,13 +140,15 @@ def timm_config(
             **overrides,
         },
     )
-    if image_size is not None or arch is None:
-        return read(image_size=image_size)
-    try:
-        config = read(image_size=fields["image_size"])
-    except ValueError:
-        config = read(image_size=None)  # E_pos does not fit the arch's grid: read the file's, and say so below
-    _check_arch(config, arch, fields, image_size_given=False)
+    if arch is None or image_size is not None:
+        config = read(image_size=image_size)
+    else:
+        try:
+            config = read(image_size=fields["image_size"])
+        except ValueError:
+            config = read(image_size=None)  # E_pos does not fit the arch's grid: read the file's, and say so below
+    if arch is not None:
+        _check_arch(config, arch, fields, image_size_given=image_size is not None)
     return config
 
 
