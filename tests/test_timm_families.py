@@ -200,3 +200,11 @@ def test_arch_flag_on_a_file_that_is_not_timms_is_refused(tiny_arch, tmp_path, c
     siglip = "vit_base_patch16_siglip_224"
     assert main(["convert", str(src), str(tmp_path / "y.safetensors"), "--from", "timm", "--arch", siglip]) == 2
     assert "the timm state dict is not a vit_base_patch16_siglip_224: patch_size (8, 8)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch14_reg4_dinov2", "vit_base_patch16_siglip_224"])
+def test_summary_counts_a_family_at_its_own_size_and_classes(name, capsys):
+    """DINOv2 at 518 px without a classifier, SigLIP with attention pooling: the table's config, not 224 px and 1000
+    classes (timm's count for each: tests/test_interop_timm_families.py)."""
+    assert main(["summary", name, "--no-table"]) == 0
+    assert capsys.readouterr().out.endswith(f"{name}: {parameter_count(ViTConfig(**timm_arch(name))):,} parameters\n")
