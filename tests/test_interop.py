@@ -221,8 +221,13 @@ def test_configs_the_target_cannot_express_are_refused():
         to_torchvision(ViT(**{**TINY, "num_classes": 0}))
     with pytest.raises(ValueError, match="no pre-logits layer"):
         to_timm(ViT(**TINY, representation_size=8))
-    with pytest.raises(ValueError, match="eps is 1e-6"):
-        timm_kwargs(ViT(**TINY, layer_norm_eps=1e-5).config)
+    with pytest.raises(ValueError, match="timm's patch projection has a bias exactly when it has no pre-norm; got "
+                       "patch_bias True with pre_norm True"):  # fmt: skip
+        to_timm(ViT(**TINY, pre_norm=True))
+    with pytest.raises(ValueError, match=r"timm's classifier always has a bias; this model's head has none"):
+        to_timm(ViT(**TINY, head_bias=False))
+    with pytest.raises(ValueError, match="this model resamples as Hugging Face does"):
+        to_timm(ViT(**TINY, dynamic_size="hf"))
 
 
 def test_timm_fc_norm_is_read_from_the_keys_and_round_trips():
@@ -235,11 +240,13 @@ def test_timm_fc_norm_is_read_from_the_keys_and_round_trips():
     assert_same_state(from_timm(theirs, config), model.state_dict())
 
 
-def test_timm_without_class_token_is_refused_with_the_reason():
-    theirs = to_timm(ViT(**TINY))
-    del theirs["cls_token"]
-    with pytest.raises(ValueError, match="no cls_token"):
-        timm_config(theirs, heads=4)
+def test_timm_without_class_token_reads_as_such():
+    """No cls_token key: a model without a class token (timm's class_token=False), pooled by "avg" unless the keys
+    hold attention pooling; its E_pos rows are then the patches alone."""
+    model = ViT(**TINY, class_token=False, pool="mean")
+    theirs = to_timm(model)
+    assert "cls_token" not in theirs and theirs["pos_embed"].shape[1] == 16
+    assert timm_config(theirs, heads=4) == model.config
 
 
 # ---- key checks: every problem listed ----
@@ -263,11 +270,12 @@ def test_mismatch_error_lists_missing_unexpected_and_mis_shaped_keys():
 
 def test_timm_extras_we_do_not_model_are_unexpected_keys():
     theirs = to_timm(ViT(**TINY))
-    # LayerScale and register tokens are modelled now (tests/test_model_registers.py); these two are not yet.
-    theirs["blocks.0.attn.q_norm.weight"] = torch.ones(12)  # qk-norm
-    theirs["dist_token"] = torch.zeros(1, 1, 48)  # DeiT's distillation token
+    # qk-norm, DeiT's distillation token, registers and LayerScale are modelled (tests/test_timm_families.py);
+    # timm's scale_attn_norm and scale_mlp_norm (a LayerNorm inside each branch) are not.
+    theirs["blocks.0.attn.norm.weight"] = torch.ones(48)
+    theirs["blocks.0.mlp.norm.weight"] = torch.ones(96)
     with pytest.raises(
-        StateDictMismatchError, match=r"unexpected keys \(2\): blocks.0.attn.q_norm.weight, dist_token"
+        StateDictMismatchError, match=r"unexpected keys \(2\): blocks.0.attn.norm.weight, blocks.0.mlp.norm.weight"
     ):
         load_timm(theirs, heads=4)
 

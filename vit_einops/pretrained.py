@@ -13,7 +13,10 @@ Each name's weights are stated once, in :data:`PRETRAINED`:
 
 ``$VIT_EINOPS_WEIGHTS_URL`` replaces torchvision's base URL and ``$HF_ENDPOINT`` the hub's (mirrors, and the tests'
 server on 127.0.0.1). ``create_vit(name, weights=PATH)`` loads a local file or directory in any form
-:func:`vit_einops.load_model` reads, and checks it holds the named architecture.
+:func:`vit_einops.load_model` reads, and checks it holds the named architecture (a timm file is read with
+``arch=name``). timm's families (``vit_small_patch14_reg4_dinov2``, ``vit_base_patch16_clip_224.openai``...:
+:data:`vit_einops.presets.TIMM_ARCHS`) build with random weights or load with ``weights=PATH``; none is published
+here.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ._io import sha256_of
 from .preprocess import Preprocessing
 from .presets import create_vit as create_architecture
-from .presets import preset_config
+from .presets import PRESETS, preset_config
 
 if TYPE_CHECKING:
     from .model import ViT
@@ -102,7 +105,10 @@ PRETRAINED: dict[str, PublishedWeights] = {
     },
 }
 # Fields a checkpoint fixes and the name promises; image size and classes may differ (a fine-tuned file).
-_ARCHITECTURE = ("patch_size", "in_channels", "dim", "depth", "heads", "mlp_dim")
+_ARCHITECTURE = (
+    "patch_size", "in_channels", "dim", "depth", "heads", "mlp_dim", "class_token", "distill_token", "register_tokens",
+    "pos_embed_prefix", "pre_norm", "patch_bias", "act", "qk_norm",
+)  # fmt: skip
 
 
 def create_vit(
@@ -129,7 +135,7 @@ def create_vit(
     expected = preset_config(name)  # checks the name
     num_classes = overrides.pop("num_classes", None)
     if weights is not None:
-        model = _load_local(name, weights, expected["heads"], overrides)
+        model = _load_local(name, weights, overrides)
     else:
         model = _load_published(name, overrides)
     _check_architecture(model, name, expected, weights)
@@ -138,13 +144,16 @@ def create_vit(
     return model
 
 
-def _load_local(name: str, weights: str | os.PathLike, heads: int, overrides: dict[str, Any]) -> ViT:
+def _load_local(name: str, weights: str | os.PathLike, overrides: dict[str, Any]) -> ViT:
     from .sources import detect_source, existing_model_path, load_model
 
     path = existing_model_path(weights, "weights")
     source = detect_source(path)
-    if source in ("torchvision", "timm"):
-        overrides = {"heads": heads, **overrides}  # a state dict cannot tell h; the name does
+    # What a state dict cannot tell, the name does: a timm name all of it (h, act, eps...: arch=), ours h.
+    if source == "timm" and name not in PRESETS:
+        overrides = {"arch": name, **overrides}
+    elif source in ("torchvision", "timm"):
+        overrides = {"heads": preset_config(name)["heads"], **overrides}
     return load_model(path, source=source, **overrides)
 
 

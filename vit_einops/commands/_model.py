@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .._text import printable
 from ..preprocess import CONVENTIONS
 from ..sources import SOURCES
 
@@ -55,7 +56,15 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
         help="image size of a torchvision/timm MODEL, N or HxW (default: square, from its positions)",
     )
     group.add_argument(
-        "--global-pool", choices=("token", "avg"), default="token", help="timm MODEL's global_pool (default token)"
+        "--global-pool",
+        choices=("token", "avg", "map"),
+        help="timm MODEL's global_pool (default: the --arch's, else map if MODEL has attn_pool, else token)",
+    )
+    group.add_argument(
+        "--arch",
+        metavar="TIMM_NAME",
+        help="timm MODEL's architecture, e.g. vit_small_patch14_reg4_dinov2 or vit_base_patch16_clip_224.openai: "
+        "the heads, activation, LayerNorm eps and pooling no tensor holds (MODEL must fit it)",
     )
     prep = parser.add_argument_group("preprocessing (default: what MODEL records)")
     prep.add_argument("--preprocessing", choices=CONVENTIONS, help="a library's convention at the model's size")
@@ -73,18 +82,24 @@ def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> A
 
     path = path if path is not None else args.model
     source = args.source or detect_source(path)
-    kwargs: dict[str, Any] = {}
-    if source in ("torchvision", "timm"):
-        kwargs = {"heads": args.heads, "image_size": args.image_size}
-        if source == "timm":
-            kwargs["global_pool"] = args.global_pool
-        elif args.global_pool != "token":
-            raise ValueError("--global-pool is timm's option; a torchvision ViT always pools the class token")
-    elif args.heads is not None or args.image_size is not None or args.global_pool != "token":
+    kwargs: dict[str, Any] = {"heads": args.heads, "image_size": args.image_size}
+    timm_only = {"global_pool": args.global_pool, "arch": args.arch}
+    given = [f"--{k.replace('_', '-')}" for k, v in {**kwargs, **timm_only}.items() if v is not None]
+    if source == "timm":
+        kwargs |= timm_only
+    elif source == "torchvision":
+        if timm_flags := [flag for flag in given if flag in ("--global-pool", "--arch")]:
+            raise ValueError(
+                f"{' and '.join(timm_flags)} describe{'s' * (len(timm_flags) == 1)} timm files; {printable(path)} is "
+                f"torchvision's, whose ViT always pools the class token (--heads and --image-size describe it)"
+            )
+    elif given:
         raise ValueError(
-            "--heads, --image-size and --global-pool describe torchvision/timm files; "
-            "a vit-einops or Hugging Face model states its own"
+            f"{', '.join(given)} describe{'s' * (len(given) == 1)} torchvision/timm files; "
+            f"a vit-einops or Hugging Face model states its own"
         )
+    else:
+        kwargs = {}
     model = load_model(path, source=source, **kwargs)
     model.preprocessing = preprocessing_from_args(args, model)
     return model

@@ -2,8 +2,9 @@
 
 Formats: torchvision and timm state dicts (.safetensors, .pth, .bin), Hugging Face ``save_pretrained``
 directories, and vit-einops model files (.safetensors carrying config, preprocessing and class names). The config
-is read off the source; what its tensors cannot tell (heads, a non-square image, timm's pooling) comes from the
-flags, and so does any change to the preprocessing the model file records.
+is read off the source; what its tensors cannot tell (heads, a non-square image, timm's pooling, activation and
+LayerNorm eps) comes from the flags (``--arch TIMM_NAME`` names all of them for a timm file), and so does any change
+to the preprocessing the model file records.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
         resample_vit,
         save_hf,
         save_state_dict_file,
+        timm_class,
         timm_kwargs,
         to_timm,
         to_torchvision,
@@ -83,9 +85,12 @@ def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
         if not (dst / "preprocessor_config.json").exists():
             print("  no preprocessor_config.json: ViTImageProcessor cannot express this model's resize + crop")
     else:
-        export, kwargs = (
-            (to_torchvision, torchvision_kwargs) if args.target == "torchvision" else (to_timm, timm_kwargs)
-        )
+        if args.target == "torchvision":
+            builder = f"torchvision.models.VisionTransformer(**{torchvision_kwargs(model.config)})"
+            export = to_torchvision
+        else:
+            builder = f"{timm_class(model.config)}(**{timm_kwargs(model.config)})"
+            export = to_timm
         save_state_dict_file(export(model), dst, overwrite=args.force)
-        print(f"wrote {printable(dst)}: {args.target} state dict; build its model with {kwargs(model.config)}")
+        print(f"wrote {printable(dst)}: {args.target} state dict; build its model with {builder}")
     return 0

@@ -23,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="summarise a model instead: a model file, a training run, or with --from a "
         "torchvision/timm file or a Hugging Face directory",
     )
-    parser.add_argument("--num-classes", type=int, default=1000, help="a preset's classifier outputs (default 1000)")
+    parser.add_argument(
+        "--num-classes", type=int, help="a preset's classifier outputs (default: the preset's, 1000 for Table 1's)"
+    )
     parser.add_argument(
         "--table",
         action=argparse.BooleanOptionalAction,
@@ -31,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"models of up to {TABLE_MAX_PARAMETERS // 1_000_000}M parameters",
     )
 
-    add_model_arguments(parser, positional=False)  # --image-size is also a preset's input size (default 224)
+    add_model_arguments(parser, positional=False)  # --image-size is also a preset's input size (default: its own)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give a PRESET or --model MODEL (one of them)")
     if args.model is not None:
         return _summarize_model(args)
-    overrides = dict(image_size=args.image_size or 224, num_classes=args.num_classes)
+    # A timm family's own size and classes (DINOv2's 518 px, no classifier) unless asked otherwise.
+    given = dict(image_size=args.image_size, num_classes=args.num_classes)
+    overrides = {k: v for k, v in given.items() if v is not None}
     total = count_parameters(meta_vit(args.preset, **overrides))
     table = args.table if args.table is not None else total <= TABLE_MAX_PARAMETERS
     if table:

@@ -22,7 +22,7 @@ from .hf import from_hf, hf_config, load_hf, preprocessing_from_hf, preprocessin
 from .io import load_state_dict_file, save_state_dict_file
 from .keys import HEADS_BY_DIM
 from .resample import RESAMPLE_MODES, resample_pos_embed, resample_vit
-from .timm import from_timm, load_timm, timm_config, timm_kwargs, to_timm
+from .timm import from_timm, load_timm, timm_class, timm_config, timm_kwargs, to_timm
 from .torchvision import from_torchvision, load_torchvision, to_torchvision, torchvision_config, torchvision_kwargs
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "resample_vit",
     "save_hf",
     "save_state_dict_file",
+    "timm_class",
     "timm_config",
     "timm_kwargs",
     "to_hf",

@@ -1,23 +1,28 @@
-"""timm's ``VisionTransformer`` (vit_*_patch*_* with a class token) <-> vit-einops.
+"""timm's ``VisionTransformer`` (and DeiT's ``VisionTransformerDistilled``) <-> vit-einops.
 
-timm's names are closest to ours: ``blocks.i.attn.qkv`` is our fused ``qkv`` in the same (qkv h d)
-layout, ``norm1``/``norm2`` the two pre-norms, ``mlp.fc1``/``mlp.fc2`` the MLP, ``norm`` the final LayerNorm and
-``head`` the classifier (absent when timm's ``num_classes=0``).
+timm's names are closest to ours: ``blocks.i.attn.qkv`` is our fused ``qkv`` in the same (qkv h d) layout,
+``norm1``/``norm2`` the two pre-norms, ``mlp.fc1``/``mlp.fc2`` the MLP, ``norm`` the final LayerNorm and ``head`` the
+classifier (absent when timm's ``num_classes=0``).
 
-Supported: a class token, with its own position row or without (``no_embed_class``, our ``pos_embed_prefix``),
-register tokens (``reg_tokens``, key ``reg_token``), LayerScale (``init_values``, keys ``blocks.i.ls1.gamma`` and
-``ls2.gamma``), biases on qkv, no pre-norm, and pooling ``global_pool="token"`` (our ``pool="cls"``) or
-``global_pool="avg"`` (our ``pool="mean"``), with the final LayerNorm before pooling (timm's ``norm``) or after it
-(timm's ``fc_norm``, its default for ``avg``; our ``fc_norm=True``).
+The families timm builds with these two classes load and save both ways: DINO, DINOv2 with and without registers
+(``reg_token``), DeiT's distillation token and second classifier (``dist_token``, ``head_dist``: timm's
+``timm.models.deit.VisionTransformerDistilled``), DeiT III, CLIP (``norm_pre``, no patch bias, LayerNorm eps 1e-5,
+quick-GELU for OpenAI's), SigLIP (no class token; attention pooling ``attn_pool.*``, our ``head.pool.*``) and MAE;
+also qk-norm (``blocks.i.attn.q_norm``/``k_norm``), LayerScale (``blocks.i.ls1.gamma``/``ls2.gamma``), pooling
+``global_pool="token"`` (our ``pool="cls"``), ``"avg"`` (our ``"mean"``) or ``"map"``, with the final LayerNorm
+before pooling (timm's ``norm``) or after it (timm's ``fc_norm``, our ``fc_norm=True``).
 
-Read off the state dict: P, C, D, L, MLP size, image size (square unless ``image_size`` is given), classes,
-fc_norm (from the key ``fc_norm.weight``), register tokens, LayerScale, and whether E_pos covers the prefix tokens
-(from its number of rows).
-Not readable: the heads h (Table 1's by D unless given) and the pooling (``global_pool``, default "token").
+Read off the state dict: P, C, D, L, MLP size, image size (square unless ``image_size`` is given), classes, and
+which parts exist: class token, distillation token, registers, pre-norm, patch bias, qk-norm, LayerScale, fc_norm,
+attention pooling (pool "map"), classifier bias, and whether E_pos covers the prefix tokens (its number of rows).
+Not readable: the heads h, the activation, LayerNorm's eps, the pooling between "token" and "avg", LayerScale's
+initial value. ``arch=`` (a timm model name, :data:`vit_einops.presets.TIMM_ARCHS`) supplies them, and the state dict
+must then agree with that architecture; without it, Table 1's h by D, GELU, eps 1e-6 and "token" are assumed.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,6 +33,7 @@ from .._checks import check_choice, to_pair
 from ..config import ViTConfig
 from ..imagenet import assume_imagenet_names
 from ..model import ViT
+from ..presets import TIMM_TAGS, timm_arch
 from ..statedict import build_vit, cast_weights, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
 from .io import load_state_dict_file
@@ -42,26 +48,39 @@ from .keys import (
 
 SOURCE = "timm"
 # timm's global_pool -> our pool.
-GLOBAL_POOLS = {"token": "cls", "avg": "mean"}
-# LayerScale's initial gamma is not in the weights (they hold the trained gamma): timm's default init_values.
+GLOBAL_POOLS = {"token": "cls", "avg": "mean", "map": "map"}
+# LayerScale's initial gamma is not in the weights (they hold the trained gamma): timm's DINOv2 init_values, taken when
+# no arch says otherwise (DeiT III's is 1e-6).
 LAYER_SCALE_INIT = 1e-5
+# timm's act_layer names of our activations (GELU is its default).
+ACT_LAYERS = {"gelu": None, "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
+# The classes that build a config in timm: DeiT's distillation token and head need timm.models.deit's.
+VISION_TRANSFORMER = "timm.models.vision_transformer.VisionTransformer"
+DISTILLED = "timm.models.deit.VisionTransformerDistilled"
 _RULES = (
     (r"patch_embed\.proj\.(weight|bias)", r"patch_embed.proj.\1"),
-    (r"patch_embed\.cls_token\.weight", "cls_token"),
-    (r"patch_embed\.reg_token\.weight", "reg_token"),
+    (r"patch_embed\.(cls|dist|reg)_token\.weight", r"\1_token"),
+    (r"patch_embed\.pos_embed\.weight", "pos_embed"),
+    (r"patch_embed\.norm_pre\.(weight|bias)", r"norm_pre.\1"),
     (r"blocks\.(\d+)\.attn\.fn\.ls\.gamma", r"blocks.\1.ls1.gamma"),
     (r"blocks\.(\d+)\.mlp\.fn\.ls\.gamma", r"blocks.\1.ls2.gamma"),
-    (r"patch_embed\.pos_embed\.weight", "pos_embed"),
     (r"blocks\.(\d+)\.attn\.fn\.norm\.(weight|bias)", r"blocks.\1.norm1.\2"),
-    (r"blocks\.(\d+)\.attn\.fn\.mha\.qkv\.(weight|bias)", r"blocks.\1.attn.qkv.\2"),
-    (r"blocks\.(\d+)\.attn\.fn\.mha\.proj\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
+    (r"blocks\.(\d+)\.attn\.fn\.mha\.(qkv|proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
     (r"blocks\.(\d+)\.mlp\.fn\.norm\.(weight|bias)", r"blocks.\1.norm2.\2"),
     (r"blocks\.(\d+)\.mlp\.fn\.ff\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+    (r"head\.pool\.(.+)", r"attn_pool.\1"),  # SigLIP's attention pooling: latent, q, kv, proj, norm, mlp
     (r"head\.fc\.(weight|bias)", r"head.\1"),
+    (r"head\.fc_dist\.(weight|bias)", r"head_dist.\1"),
 )
 # Our head.norm is timm's norm (before pooling) or fc_norm (after it, our fc_norm=True; timm's norm is then Identity).
 LAYOUT = KeyLayout(SOURCE, (*_RULES, (r"head\.norm\.(weight|bias)", r"norm.\1")))
 FC_NORM_LAYOUT = KeyLayout(SOURCE, (*_RULES, (r"head\.norm\.(weight|bias)", r"fc_norm.\1")))
+# The fields a timm state dict fixes, which must agree with a named arch (num_classes only when a tag names it;
+# image_size only when not passed; LayerScale by its presence).
+_ARCH_CHECKED = (
+    "patch_size", "in_channels", "dim", "depth", "mlp_dim", "class_token", "distill_token", "register_tokens",
+    "pos_embed_prefix", "pre_norm", "patch_bias", "qk_norm", "head_bias", "fc_norm", "pool",
+)  # fmt: skip
 
 
 def _layout(config: ViTConfig) -> KeyLayout:
@@ -71,46 +90,112 @@ def _layout(config: ViTConfig) -> KeyLayout:
 def timm_config(
     state_dict: Mapping[str, torch.Tensor],
     *,
+    arch: str | None = None,
     heads: int | None = None,
     image_size: int | tuple[int, int] | None = None,
-    global_pool: str = "token",
+    global_pool: str | None = None,
     pos_embed_prefix: bool | None = None,
+    act: str | None = None,
+    dynamic_size: str | None = None,
     **overrides: Any,
 ) -> ViTConfig:
     """The ViTConfig of a timm ViT state dict.
 
     Args:
-        state_dict: timm ``VisionTransformer.state_dict()`` (keys ``cls_token``, ``pos_embed``, ``blocks.i...``).
-        heads: h; not stored in any shape, so by default Table 1's value for the width D.
-        image_size: the checkpoint's (H, W); by default a square grid is assumed.
-        global_pool: the timm model's ``global_pool``, "token" or "avg"; the state dicts of both have the same
-            keys, so it cannot be inferred.
-        pos_embed_prefix: whether pos_embed has rows for the class and register tokens (False: timm's
-            no_embed_class); None reads it off the rows for a model with registers or LayerScale, and takes the
-            paper's True for any other.
+        state_dict: timm ``VisionTransformer.state_dict()`` (keys ``pos_embed``, ``blocks.i...``, ``cls_token``...).
+        arch: timm's model name ("vit_small_patch14_reg4_dinov2", "vit_base_patch16_clip_224.openai"): the fields
+            no tensor holds (heads, act, layer_norm_eps, image size, pooling, LayerScale's init) come from its entry
+            in :data:`vit_einops.presets.TIMM_ARCHS`, and the ones the tensors fix must agree with it (a ValueError
+            names each field that differs). A tag after the dot fixes the classes too. The arguments below, when
+            given, replace the arch's.
+        heads: h; not stored in any shape, so by default the arch's, else Table 1's value for the width D.
+        image_size: the checkpoint's (H, W); by default the arch's, else a square grid.
+        global_pool: the timm model's ``global_pool``: "token", "avg" or "map". "map" is read off the keys
+            (``attn_pool.*``); "token" and "avg" have the same keys, so by default the arch's, else "token" (or
+            "avg" without a class token).
+        pos_embed_prefix: whether pos_embed has rows for the prefix tokens (False: timm's no_embed_class); None reads
+            it off the rows.
+        act: the MLP's activation ("gelu", "gelu_tanh", "quick_gelu"); by default the arch's, else "gelu".
+        dynamic_size: "timm" to accept any input size at forward as timm's ``dynamic_img_size=True`` does (opt-in
+            there too), "hf" to resample as Hugging Face does, None (default) for the checkpoint's size only.
         **overrides: fields no tensor holds: dropout, attn_dropout, patchify, layer_norm_eps.
     """
     check_free_fields(overrides)
-    check_choice("global_pool", global_pool, GLOBAL_POOLS)
+    fields = timm_arch(arch) if arch is not None else {}
+    if global_pool is not None:
+        check_choice("global_pool", global_pool, GLOBAL_POOLS)
     state_dict = check_state_dict(state_dict, SOURCE)
-    if "cls_token" not in state_dict:
-        raise ValueError("timm state dict has no cls_token; vit-einops needs a class token (class_token=True)")
+    read = functools.partial(
+        _config_from_keys,
+        state_dict,
+        heads=heads if heads is not None else fields.get("heads"),
+        pool=GLOBAL_POOLS[global_pool] if global_pool is not None else None,
+        default_pool=fields.get("pool"),
+        pos_embed_prefix=pos_embed_prefix,
+        layer_scale=fields.get("layer_scale") or LAYER_SCALE_INIT,
+        extra={
+            "act": act if act is not None else fields.get("act", "gelu"),
+            "dynamic_size": dynamic_size,
+            "layer_norm_eps": fields.get("layer_norm_eps", 1e-6),
+            **overrides,
+        },
+    )
+    if arch is None or image_size is not None:
+        config = read(image_size=image_size)
+    else:
+        try:
+            config = read(image_size=fields["image_size"])
+        except ValueError:
+            config = read(image_size=None)  # E_pos does not fit the arch's grid: read the file's, and say so below
+    if arch is not None:
+        _check_arch(config, arch, fields, image_size_given=image_size is not None)
+    return config
+
+
+def _config_from_keys(
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    heads: int | None,
+    image_size: Any,
+    pool: str | None,
+    default_pool: str | None,
+    pos_embed_prefix: bool | None,
+    layer_scale: float,
+    extra: dict[str, Any],
+) -> ViTConfig:
+    """The config the keys and shapes of a timm state dict fix, with the fields no tensor holds as given: ``pool``
+    must fit the keys; ``default_pool`` (an arch's) applies where they allow it."""
     dim, in_channels, *patch = require(state_dict, "patch_embed.proj.weight", 4, SOURCE).shape
     pos = require(state_dict, "pos_embed", 3, SOURCE)
     fc1 = require(state_dict, "blocks.0.mlp.fc1.weight", 2, SOURCE)
     head = state_dict.get("head.weight")
+    class_token = "cls_token" in state_dict
+    distill_token = "dist_token" in state_dict
     registers = require(state_dict, "reg_token", 3, SOURCE).shape[1] if "reg_token" in state_dict else 0
-    layer_scale = "blocks.0.ls1.gamma" in state_dict
+    has_layer_scale = "blocks.0.ls1.gamma" in state_dict
+    prefix = class_token + distill_token + registers
+    read_pool = "map" if "attn_pool.latent" in state_dict else ("cls" if class_token else "mean")
+    if pool is None:
+        fits = default_pool in ("cls", "mean") and read_pool != "map" and (class_token or default_pool == "mean")
+        pool = default_pool if fits else read_pool
+    elif (pool == "map") != (read_pool == "map"):
+        where = "has" if read_pool == "map" else "has no"
+        raise ValueError(
+            f"global_pool {_global_pool(pool)!r} does not fit the timm state dict, which {where} attention pooling "
+            f"(attn_pool.*): its global_pool is {_global_pool(read_pool)!r}"
+        )
     if pos_embed_prefix is None:
-        # Only the families with registers or LayerScale (DINOv2, DeiT III) drop the prefix rows; a plain ViT keeps
-        # the paper's layout, so that its pos_embed rows alone say whether the grid is square.
-        pos_embed_prefix = not (registers or layer_scale) or _pos_embed_prefix(
-            pos.shape[1], 1 + registers, tuple(patch), image_size
+        # Only families with registers or LayerScale (DINOv2, DeiT III) drop the prefix rows; a plain ViT keeps the
+        # paper's layout, so that its pos_embed rows alone say whether the grid is square. With the image size known
+        # the rows tell either way; without prefix tokens there is nothing to cover.
+        pos_embed_prefix = prefix == 0 or (
+            not (registers or has_layer_scale or image_size is not None)
+            or _pos_embed_prefix(pos.shape[1], prefix, tuple(patch), image_size)
         )
     elif not isinstance(pos_embed_prefix, bool):
         raise TypeError(f"pos_embed_prefix must be a bool or None, got {type(pos_embed_prefix).__name__}")
     return ViTConfig(
-        image_size=infer_image_size(pos.shape[1] - (1 + registers) * pos_embed_prefix, tuple(patch), image_size, SOURCE),
+        image_size=infer_image_size(pos.shape[1] - prefix * pos_embed_prefix, tuple(patch), image_size, SOURCE),
         patch_size=tuple(patch),
         in_channels=in_channels,
         num_classes=0 if head is None else head.shape[0],
@@ -118,13 +203,51 @@ def timm_config(
         depth=count_blocks(state_dict, r"blocks\.(\d+)\.", SOURCE),
         heads=infer_heads(dim, heads),
         mlp_dim=fc1.shape[0],
-        pool=GLOBAL_POOLS[global_pool],
+        pool=pool,
         fc_norm="fc_norm.weight" in state_dict,
-        layer_scale=LAYER_SCALE_INIT if layer_scale else None,
+        layer_scale=layer_scale if has_layer_scale else None,
         register_tokens=registers,
         pos_embed_prefix=pos_embed_prefix,
-        **overrides,
+        class_token=class_token,
+        distill_token=distill_token,
+        pre_norm="norm_pre.weight" in state_dict,
+        patch_bias="patch_embed.proj.bias" in state_dict,
+        qk_norm="blocks.0.attn.q_norm.weight" in state_dict,
+        head_bias=head is None or "head.bias" in state_dict,
+        **extra,
     )
+
+
+def _global_pool(pool: str) -> str:
+    return {v: k for k, v in GLOBAL_POOLS.items()}[pool]
+
+
+def _check_arch(config: ViTConfig, arch: str, fields: dict[str, Any], *, image_size_given: bool) -> None:
+    """ValueError naming each field the state dict fixes that differs from timm's ``arch``."""
+    want = ViTConfig(**fields)
+    checked = [*_ARCH_CHECKED, *(("image_size",) * (not image_size_given))]
+    differ = [
+        f"{field} {getattr(config, field)!r} (timm's {arch} has {getattr(want, field)!r})"
+        for field in checked
+        if getattr(config, field) != getattr(want, field)
+    ]
+    if (config.layer_scale is None) != (want.layer_scale is None):
+        differ.append(
+            f"LayerScale {'present' if config.layer_scale else 'absent'} (timm's {arch} has "
+            f"{'none' if want.layer_scale is None else f'init_values {want.layer_scale:g}'})"
+        )
+    base, tagged, _ = arch.partition(".")
+    if tagged and config.num_classes != want.num_classes:
+        differ.append(f"num_classes {config.num_classes} (timm's {arch} has {want.num_classes})")
+    if differ:
+        tags = [f"{base}.{t}" for t, n in TIMM_TAGS.get(base, {}).items() if n == config.num_classes]
+        hint = f"; the tags with {config.num_classes} classes: {', '.join(tags)}" if tagged and tags else ""
+        if config.image_size != want.image_size:
+            hint += "; image_size= names a checkpoint's other resolution"
+        raise ValueError(
+            f"the timm state dict is not a {arch}: {'; '.join(differ)}{hint}. Load it without arch= to read what it "
+            f"holds, or name the architecture it is"
+        )
 
 
 def _pos_embed_prefix(rows: int, prefix: int, patch: tuple[int, int], image_size: Any) -> bool:
@@ -151,76 +274,114 @@ def from_timm(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> dict
 def to_timm(
     model_or_state: ViT | Mapping[str, torch.Tensor], config: ViTConfig | None = None
 ) -> dict[str, torch.Tensor]:
-    """Our weights (a ViT, or its state dict plus ``config``) as a timm ``VisionTransformer`` state dict;
-    build the timm model with :func:`timm_kwargs`."""
+    """Our weights (a ViT, or its state dict plus ``config``) as a timm state dict; build the timm model with
+    :func:`timm_class` and :func:`timm_kwargs`."""
     state_dict, config = model_and_config(model_or_state, config)
-    timm_kwargs(config)  # raises if timm's VisionTransformer cannot express this config
+    timm_kwargs(config)  # raises if timm cannot express this config
     return _layout(config).from_ours(state_dict, config)
 
 
+def timm_class(config: ViTConfig) -> str:
+    """The timm class that builds ``config`` (with :func:`timm_kwargs`): ``VisionTransformer``, or DeiT's
+    ``timm.models.deit.VisionTransformerDistilled`` for a distillation token."""
+    return DISTILLED if config.distill_token else VISION_TRANSFORMER
+
+
 def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
-    """Arguments of ``timm.models.vision_transformer.VisionTransformer`` that build the architecture of ``config``."""
+    """Arguments of timm's :func:`timm_class` (``VisionTransformer``, or ``VisionTransformerDistilled`` for DeiT's
+    distillation token) that build the architecture of ``config``; a ValueError for a config timm cannot build."""
     if config.representation_size is not None:
         raise ValueError(
             f"timm's VisionTransformer has no pre-logits layer (representation_size {config.representation_size})"
         )
-    if config.layer_norm_eps != 1e-6:
-        raise ValueError(f"timm's LayerNorm eps is 1e-6, got layer_norm_eps {config.layer_norm_eps}")
+    if config.patch_bias == config.pre_norm:
+        # timm ties them: PatchEmbed(bias=not pre_norm)
+        raise ValueError(
+            f"timm's patch projection has a bias exactly when it has no pre-norm; got patch_bias {config.patch_bias} "
+            f"with pre_norm {config.pre_norm}"
+        )
+    if not config.head_bias and config.num_classes:
+        raise ValueError("timm's classifier always has a bias; this model's head has none (head_bias False)")
+    if config.dynamic_size == "hf":
+        raise ValueError(
+            "timm's dynamic_img_size resamples E_pos as timm does (antialiased); this model resamples as Hugging Face "
+            "does (dynamic_size 'hf'): rebuild it with dynamic_size 'timm' or None"
+        )
+    if config.distill_token and not config.pos_embed_prefix:
+        raise ValueError("timm's VisionTransformerDistilled gives its prefix tokens position rows (pos_embed_prefix)")
     mlp_ratio = config.mlp_dim / config.dim
     if int(config.dim * mlp_ratio) != config.mlp_dim:  # timm builds int(dim * mlp_ratio) hidden units
         raise ValueError(f"timm cannot express mlp_dim {config.mlp_dim} as int(dim {config.dim} * mlp_ratio)")
-    return dict(
+    kwargs: dict[str, Any] = dict(
         img_size=config.image_size,
         patch_size=config.patch_size,
         in_chans=config.in_channels,
         num_classes=config.num_classes,
-        global_pool={v: k for k, v in GLOBAL_POOLS.items()}[config.pool],
+        global_pool=_global_pool(config.pool),
         fc_norm=config.fc_norm,
         embed_dim=config.dim,
         depth=config.depth,
         num_heads=config.heads,
         mlp_ratio=mlp_ratio,
         qkv_bias=True,
-        class_token=True,
+        qk_norm=config.qk_norm,
+        class_token=config.class_token,
         reg_tokens=config.register_tokens,
         no_embed_class=not config.pos_embed_prefix,
+        pre_norm=config.pre_norm,
         init_values=config.layer_scale,
+        dynamic_img_size=config.dynamic_size == "timm",
         proj_drop_rate=config.dropout,
         pos_drop_rate=config.dropout,
         attn_drop_rate=config.attn_dropout,
     )
+    if ACT_LAYERS[config.act] is not None:
+        kwargs["act_layer"] = ACT_LAYERS[config.act]
+    if config.layer_norm_eps != 1e-6:  # timm's LayerNorm default
+        kwargs["norm_layer"] = functools.partial(torch.nn.LayerNorm, eps=config.layer_norm_eps)
+    return kwargs
 
 
 def load_timm(
     source: str | os.PathLike | Mapping[str, torch.Tensor],
+    arch: str | None = None,
     *,
     heads: int | None = None,
     image_size: int | tuple[int, int] | None = None,
-    global_pool: str = "token",
+    global_pool: str | None = None,
     pos_embed_prefix: bool | None = None,
+    act: str | None = None,
+    dynamic_size: str | None = None,
     dtype: torch.dtype | None = torch.float32,
     attn_impl: str | Sequence[str] = "einsum",
     **overrides: Any,
 ) -> ViT:
     """A ViT holding timm weights: from a file (safetensors, .pth, .bin) or a state dict.
 
-    Args: as :func:`timm_config`; ``dtype`` casts the weights (None keeps theirs); ``attn_impl`` as in
-    :class:`~vit_einops.ViT`. The model records timm's eval
-    preprocessing for the augreg ViTs (``model.transforms()``: crop_pct 0.9, bicubic, mean = std = 0.5); set
-    ``model.preprocessing`` for checkpoints trained otherwise (DeiT: ImageNet mean/std, crop_pct 0.875). Resample to another resolution afterwards with
+    Args: as :func:`timm_config` (``arch="vit_small_patch14_reg4_dinov2"`` names the architecture, which fills what
+    the keys cannot tell and which the weights must fit; ``dynamic_size="timm"`` accepts any input size, as timm's
+    ``dynamic_img_size=True``); ``dtype`` casts the weights (None keeps theirs); ``attn_impl`` as in
+    :class:`~vit_einops.ViT`. The model records timm's eval preprocessing for the augreg ViTs
+    (``model.transforms()``: crop_pct 0.9, bicubic, mean = std = 0.5); set ``model.preprocessing`` for checkpoints
+    trained otherwise (DeiT: ImageNet mean/std, crop_pct 0.875). Resample to another resolution afterwards with
     :func:`vit_einops.interop.resample_vit` (``mode="timm"`` matches timm's own).
     """
     state_dict = source if isinstance(source, Mapping) else load_state_dict_file(source)
     config = timm_config(
         state_dict,
+        arch=arch,
         heads=heads,
         image_size=image_size,
         global_pool=global_pool,
         pos_embed_prefix=pos_embed_prefix,
+        act=act,
+        dynamic_size=dynamic_size,
         **overrides,
     )
     model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype), config), attn_impl)
     model.preprocessing = Preprocessing.timm(crop=config.image_size)  # the augreg ViTs' crop_pct 0.9, bicubic, 0.5
     model.source = {"library": SOURCE, "file": None if isinstance(source, Mapping) else str(source)}
+    if arch is not None:
+        model.source["arch"] = arch
     assume_imagenet_names(model)  # the file holds no names; 1000 logits are ImageNet-1k's
     return model

@@ -1,0 +1,165 @@
+"""timm's ViT families against timm itself: DINO, DINOv2 (with registers), DeiT (distilled), DeiT III, CLIP (and
+OpenAI's quick-GELU), SigLIP and MAE, each as a tiny timm model built with that family's own kwargs (written here as
+timm's registered model functions pass them, not derived from our timm_kwargs), loaded, compared, and sent back.
+
+Each family is compared at its native size and at two others, timm with ``dynamic_img_size=True`` and ours with
+``dynamic_size="timm"``, both resampling E_pos inside their forward. float32, max |difference| <= 1e-5 on
+``forward_features`` and on the logits (the pooled features for a model without a classifier); every measurement
+goes to the interop report (tests/_interop.py report_diffs) under the family's timm name.
+
+The table of architectures (vit_einops.presets.TIMM_ARCHS) is held to timm's own models: each name's state dict
+(built on the meta device, nothing computed) reads back as the table's config, with timm's parameter count.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import partial
+
+import pytest
+import torch
+from _interop import assert_same_state, interop_library, perturbed, report_diffs
+
+from vit_einops import ViTConfig, create_vit, parameter_count
+from vit_einops.interop import load_timm, timm_class, timm_config, timm_kwargs, to_timm
+from vit_einops.presets import TIMM_ARCHS, TIMM_TAGS, timm_arch
+
+timm = interop_library("timm")
+from timm.models.deit import VisionTransformerDistilled  # noqa: E402
+from timm.models.vision_transformer import VisionTransformer  # noqa: E402
+
+TOL = 1e-5
+DIFFS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report():
+    yield
+    report_diffs(DIFFS)
+
+
+# The family kwargs of each timm name (timm 1.0's vision_transformer.py / deit.py model functions), at a tiny size:
+# D 32, L 2, h 2, patch 8 (7 for the patch-14 families). ``act`` and ``eps`` are what no tensor holds: we are told.
+TINY = dict(embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
+FAMILIES: dict[str, dict] = {
+    "vit_small_patch16_224.dino": dict(num_classes=0),
+    "vit_small_patch14_dinov2": dict(patch_size=7, init_values=0.5, num_classes=0),
+    "vit_small_patch14_reg4_dinov2": dict(patch_size=7, init_values=0.5, reg_tokens=4, no_embed_class=True,
+                                          num_classes=0),
+    "deit_tiny_distilled_patch16_224": dict(cls=VisionTransformerDistilled, num_classes=10),
+    "deit3_small_patch16_224": dict(init_values=0.5, no_embed_class=True, num_classes=10),
+    "vit_base_patch16_clip_224": dict(pre_norm=True, norm_layer=partial(torch.nn.LayerNorm, eps=1e-5), num_classes=10,
+                                      eps=1e-5),
+    "vit_base_patch16_clip_quickgelu_224": dict(pre_norm=True, norm_layer=partial(torch.nn.LayerNorm, eps=1e-5),
+                                                act_layer="quick_gelu", num_classes=10, eps=1e-5, act="quick_gelu"),
+    "vit_base_patch16_siglip_224": dict(class_token=False, global_pool="map", num_classes=0),
+    "vit_base_patch16_224.mae": dict(num_classes=0),
+}  # fmt: skip
+# (native size, two others): patch 8 -> 32 px (4 x 4), 48, 24 x 40; patch 7 -> 28 px, 56, 21 x 35.
+SIZES = {8: (32, 48, (24, 40)), 7: (28, 56, (21, 35))}
+
+
+def _size_name(size) -> str:
+    return f"{size[0]}x{size[1]}" if isinstance(size, tuple) else str(size)
+
+
+def _tiny_timm(name: str) -> tuple[torch.nn.Module, dict]:
+    kwargs = dict(FAMILIES[name])
+    cls = kwargs.pop("cls", VisionTransformer)
+    ours = {"act": kwargs.pop("act", None), "layer_norm_eps": kwargs.pop("eps", 1e-6)}
+    patch = kwargs.setdefault("patch_size", 8)
+    torch.manual_seed(0)
+    model = cls(img_size=SIZES[patch][0], dynamic_img_size=True, **TINY, **kwargs)
+    return perturbed(model), ours
+
+
+def _max_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    assert actual.shape == expected.shape
+    return (actual - expected).abs().max().item()
+
+
+def _compare(tag: str, ours: torch.nn.Module, theirs: torch.nn.Module, x: torch.Tensor) -> None:
+    """forward_features and the output (logits, or pooled features without a classifier) within TOL."""
+    with torch.no_grad():
+        rows = {
+            "forward_features": (ours.forward_features(x), theirs.forward_features(x)),
+            "logits" if ours.config.num_classes else "pooled": (ours(x), theirs(x)),
+        }
+    for what, (actual, expected) in rows.items():
+        diff = DIFFS[f"{tag} {what}"] = _max_diff(actual, expected)
+        assert diff <= TOL, f"{tag} {what}: max |difference| {diff:.2e} > {TOL:g}"
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_tiny_family_both_ways_at_three_sizes(name):
+    """timm -> ours: the parts read off the keys (class/distillation/register tokens, pre-norm, patch bias,
+    LayerScale, attention pooling, which tokens E_pos covers), equal outputs at three sizes. Ours -> timm: the class
+    and kwargs we name build a timm model that takes our export bit for bit and computes the same."""
+    tm, told = _tiny_timm(name)
+    state = tm.state_dict()
+    model = load_timm(state, heads=2, dynamic_size="timm", **{k: v for k, v in told.items() if v is not None})
+    assert model.config.dynamic_size == "timm"
+    for size in SIZES[model.config.patch_size[0]]:
+        h, w = size if isinstance(size, tuple) else (size, size)
+        _compare(f"timm {name} (tiny) {_size_name(size)}", model, tm, torch.randn(2, 3, h, w))
+    assert_same_state(to_timm(model), state)
+    module, cls = timm_class(model.config).rsplit(".", 1)
+    assert getattr(importlib.import_module(module), cls) is type(tm)
+    back = type(tm)(**timm_kwargs(model.config)).eval()
+    back.load_state_dict(to_timm(model))
+    size = SIZES[model.config.patch_size[0]][1]
+    _compare(f"timm {name} (tiny) {size} from our export", model, back, torch.randn(2, 3, size, size))
+
+
+def test_without_dynamic_size_other_sizes_are_refused_as_timm_does():
+    """dynamic_size is opt-in, as timm's dynamic_img_size: a model loaded without it takes its own size only."""
+    tm, _ = _tiny_timm("vit_small_patch14_reg4_dinov2")
+    model = load_timm(tm.state_dict(), heads=2)
+    assert model.config.dynamic_size is None and timm_kwargs(model.config)["dynamic_img_size"] is False
+    with pytest.raises(ValueError, match=r"dynamic_size='timm'"):
+        model(torch.randn(1, 3, 56, 56))
+
+
+# Real sizes, random weights, compared once at the native size: the small ones only (the test time).
+@pytest.mark.parametrize("name", ["deit_tiny_distilled_patch16_224", "vit_small_patch16_224.dino",
+                                  "vit_small_patch14_reg4_dinov2"])  # fmt: skip
+def test_real_size_by_name(name):
+    torch.manual_seed(0)
+    tm = perturbed(timm.create_model(name, pretrained=False))
+    model = load_timm(tm.state_dict(), arch=name)
+    assert model.config == ViTConfig(**timm_arch(name))
+    size = model.config.image_size[0]
+    _compare(f"timm {name} {size}", model, tm, torch.randn(1, 3, size, size))
+
+
+# Every name of the table, its default tag and the tags that change the classes: timm's parameter count, and a state
+# dict that reads back as the table says.
+ARCH_NAMES = [
+    *TIMM_ARCHS,
+    "vit_small_patch16_224.dino",
+    "vit_base_patch16_224.mae",
+    "vit_base_patch16_clip_224.openai",
+    "vit_base_patch16_clip_224.laion2b_ft_in12k",
+]
+
+
+@pytest.mark.parametrize("name", ARCH_NAMES)
+def test_table_equals_timms_architecture(name):
+    with torch.device("meta"):
+        tm = timm.create_model(name, pretrained=False)
+        ours = create_vit(name)
+    expected = ViTConfig(**timm_arch(name))
+    assert ours.config == expected
+    count = sum(p.numel() for p in tm.parameters())
+    assert parameter_count(expected) == count == sum(p.numel() for p in ours.parameters())
+    shapes = {k: torch.empty(v.shape) for k, v in tm.state_dict().items()}
+    assert timm_config(shapes, arch=name) == expected
+    assert type(tm).__name__ == timm_class(expected).rsplit(".", 1)[1]
+
+
+def test_tags_hold_timms_classes():
+    for base, tags in TIMM_TAGS.items():
+        for tag, classes in tags.items():
+            assert timm.models.get_pretrained_cfg(f"{base}.{tag}").num_classes == classes, f"{base}.{tag}"
+        default = timm.models.get_pretrained_cfg(base)  # the name alone: timm's default tag
+        assert next(iter(tags)) == default.tag and timm_arch(base)["num_classes"] == default.num_classes, base
