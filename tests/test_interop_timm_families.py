@@ -22,7 +22,7 @@ from _interop import assert_same_state, interop_library, perturbed, report_diffs
 
 from vit_einops import ViTConfig, create_vit, parameter_count
 from vit_einops.interop import load_timm, timm_class, timm_config, timm_kwargs, to_timm
-from vit_einops.presets import TIMM_ARCHS, TIMM_TAGS, timm_arch
+from vit_einops.presets import TIMM_ARCHS, TIMM_PREPROCESSING, TIMM_TAGS, timm_arch, timm_preprocessing
 
 timm = interop_library("timm")
 from timm.models.deit import VisionTransformerDistilled  # noqa: E402
@@ -163,3 +163,17 @@ def test_tags_hold_timms_classes():
             assert timm.models.get_pretrained_cfg(f"{base}.{tag}").num_classes == classes, f"{base}.{tag}"
         default = timm.models.get_pretrained_cfg(base)  # the name alone: timm's default tag
         assert next(iter(tags)) == default.tag and timm_arch(base)["num_classes"] == default.num_classes, base
+
+
+@pytest.mark.parametrize("name", sorted(TIMM_PREPROCESSING))
+def test_family_preprocessing_is_timms_data_config(name):
+    """What create_vit(name) and load_timm(arch=name) record equals timm's own eval transform for those weights:
+    mean, std, interpolation and the resize its crop_pct gives (timm.data.resolve_data_config on the name's
+    pretrained_cfg)."""
+    cfg = timm.data.resolve_data_config({}, pretrained_cfg=timm.models.get_pretrained_cfg(name).to_dict())
+    ours = timm_preprocessing(name)
+    size = cfg["input_size"][1:]
+    assert ours.crop == size and ours.interpolation == cfg["interpolation"]
+    assert ours.mean == pytest.approx(cfg["mean"], abs=1e-8) and ours.std == pytest.approx(cfg["std"], abs=1e-8)
+    assert ours.resize == int(size[0] / cfg["crop_pct"])  # timm: floor(size / crop_pct) on the shorter side
+    assert create_vit(name, dim=32, depth=1, heads=2, mlp_dim=64).preprocessing == ours  # small: the same transform

@@ -208,3 +208,20 @@ def test_summary_counts_a_family_at_its_own_size_and_classes(name, capsys):
     classes (timm's count for each: tests/test_interop_timm_families.py)."""
     assert main(["summary", name, "--no-table"]) == 0
     assert capsys.readouterr().out.endswith(f"{name}: {parameter_count(ViTConfig(**timm_arch(name))):,} parameters\n")
+
+
+def test_a_family_loaded_by_arch_reads_photos_as_timm_does_for_it(monkeypatch):
+    """load_timm(arch=) records the family's preprocessing, not the augreg ViTs' mean = std = 0.5: a DINOv2 file
+    normalises with ImageNet's mean and std at crop_pct 1.0, CLIP's with OpenAI's at 0.9; without arch= the augreg
+    default stays (the file cannot tell). The two archs are shrunk in the table, so their files are tiny."""
+    small = dict(dim=32, depth=1, heads=2, mlp_dim=64)
+    for name, size, mean, resize in (
+        ("vit_small_patch14_reg4_dinov2", 56, (0.485, 0.456, 0.406), 56),
+        ("vit_base_patch16_clip_224", 32, presets.CLIP_MEAN, int(32 / 0.95)),
+    ):
+        monkeypatch.setitem(presets.TIMM_ARCHS, name, {**presets.TIMM_ARCHS[name], **small, "image_size": size})
+        model = create_vit(name)
+        loaded = load_timm(to_timm(model), arch=name)
+        assert loaded.preprocessing == model.preprocessing
+        assert (loaded.preprocessing.mean, loaded.preprocessing.resize) == (mean, resize)
+        assert load_timm(to_timm(model), heads=2).preprocessing.mean == (0.5, 0.5, 0.5)

@@ -33,7 +33,7 @@ from .._checks import check_choice, to_pair
 from ..config import ViTConfig
 from ..imagenet import assume_imagenet_names
 from ..model import ViT
-from ..presets import TIMM_TAGS, timm_arch
+from ..presets import TIMM_TAGS, timm_arch, timm_preprocessing
 from ..statedict import build_vit, cast_weights, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
 from .io import load_state_dict_file
@@ -361,9 +361,10 @@ def load_timm(
     Args: as :func:`timm_config` (``arch="vit_small_patch14_reg4_dinov2"`` names the architecture, which fills what
     the keys cannot tell and which the weights must fit; ``dynamic_size="timm"`` accepts any input size, as timm's
     ``dynamic_img_size=True``); ``dtype`` casts the weights (None keeps theirs); ``attn_impl`` as in
-    :class:`~vit_einops.ViT`. The model records timm's eval preprocessing for the augreg ViTs
-    (``model.transforms()``: crop_pct 0.9, bicubic, mean = std = 0.5); set ``model.preprocessing`` for checkpoints
-    trained otherwise (DeiT: ImageNet mean/std, crop_pct 0.875). Resample to another resolution afterwards with
+    :class:`~vit_einops.ViT`. The model records timm's eval preprocessing (``model.transforms()``): the arch's family's
+    (:data:`vit_einops.presets.TIMM_PREPROCESSING`: DINOv2 ImageNet mean/std at crop_pct 1.0, CLIP's mean/std, ...),
+    else the augreg ViTs' (crop_pct 0.9, bicubic, mean = std = 0.5); set ``model.preprocessing`` for checkpoints
+    trained otherwise. Resample to another resolution afterwards with
     :func:`vit_einops.interop.resample_vit` (``mode="timm"`` matches timm's own).
     """
     state_dict = source if isinstance(source, Mapping) else load_state_dict_file(source)
@@ -379,7 +380,9 @@ def load_timm(
         **overrides,
     )
     model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype), config), attn_impl)
-    model.preprocessing = Preprocessing.timm(crop=config.image_size)  # the augreg ViTs' crop_pct 0.9, bicubic, 0.5
+    # The family's own (DINOv2's ImageNet mean/std, CLIP's, SigLIP's), else the augreg ViTs' crop_pct 0.9, bicubic, 0.5
+    family = timm_preprocessing(arch, config.image_size) if arch is not None else None
+    model.preprocessing = family or Preprocessing.timm(crop=config.image_size)
     model.source = {"library": SOURCE, "file": None if isinstance(source, Mapping) else str(source)}
     if arch is not None:
         model.source["arch"] = arch
