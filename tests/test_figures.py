@@ -179,7 +179,7 @@ def test_write_report_layer_chooses_the_drawn_layer(tmp_path):
     expected = class_attention_by_softmax_hook(model, images, 0)  # image 0
     np.testing.assert_allclose(arrays["class_attention"][0].reshape(4, -1), expected.numpy(), rtol=1e-5, atol=1e-7)
     drawn = ("attention", "attention_distance", "position_similarity", "embedding_filters", "prefix_share",
-             "token_norms", "dino")  # fmt: skip
+             "token_norms")  # fmt: skip
     for name in drawn:
         assert paths[name] == tmp_path / f"{name}.png" and paths[name].read_bytes()[:8] == PNG_MAGIC
     with pytest.raises(ValueError, match="layer -3 out of range"):

@@ -67,10 +67,10 @@ def test_default_photos_for_a_register_model_not_trained_on_digits(tmp_path, cap
     assert main(["inspect", str(tmp_path / "m.safetensors"), "--out", str(tmp_path / "out")]) == 0
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == [
-        "arrays.npz", "attention.png", "attention_distance.png", "dino.png", "embedding_filters.png",
+        "arrays.npz", "attention.png", "attention_distance.png", "embedding_filters.png",
         "position_similarity.png", "prefix_share.png", "token_norms.png",
     ]  # fmt: skip
-    for name in ("dino", "prefix_share", "token_norms"):
+    for name in ("prefix_share", "token_norms"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG
     arrays = np.load(out / "arrays.npz")
     assert arrays["images"].shape == (2, 3, 16, 16)  # scikit-learn's two photos

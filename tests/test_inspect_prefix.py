@@ -20,6 +20,7 @@ from vit_einops.inspect import (
     AttentionRecorder,
     class_attention_grid,
     class_token_share,
+    dino_mask,
     head_statistics,
     mean_attention_distance,
     model_position_similarity,
@@ -228,16 +229,19 @@ def test_report_of_a_register_model_names_its_prefix_tokens(tmp_path, unrendered
     x = torch.rand(2, 3, 16, 16)
     paths = write_report(model, x, tmp_path / "r", layer=0)
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [
-        "arrays.npz", "attention.png", "attention_distance.png", "dino.png", "embedding_filters.png",
+        "arrays.npz", "attention.png", "attention_distance.png", "embedding_filters.png",
         "position_similarity.png", "prefix_share.png", "token_norms.png",
     ]  # fmt: skip
-    assert set(paths) == {"arrays", "attention", "attention_distance", "dino", "embedding_filters",
+    assert set(paths) == {"arrays", "attention", "attention_distance", "embedding_filters",
                           "position_similarity", "prefix_share", "token_norms"}  # fmt: skip
     arrays = np.load(paths["arrays"])
     assert arrays["prefix_tokens"].tolist() == list(NAMES)
     rows = class_rows_by_softmax_hook(model, x)
     np.testing.assert_allclose(arrays["class_attention"], rows[0].reshape(2, 4, 4, 4).numpy(), atol=1e-6)
-    np.testing.assert_allclose(arrays["dino_attention"], rows[-1].reshape(2, 4, 4, 4).numpy(), atol=1e-6)
+    # DINO's view of the drawn layer (0 here): its class rows, and the mask dino_view gives them
+    np.testing.assert_allclose(arrays["dino_attention"], rows[0].reshape(2, 4, 4, 4).numpy(), atol=1e-6)
+    expected_mask = dino_mask(torch.from_numpy(arrays["dino_attention"]).flatten(-2)).unflatten(-1, (4, 4))
+    np.testing.assert_array_equal(arrays["dino_mask"], expected_mask.numpy())
     maps = torch.from_numpy(arrays["attention"])
     assert maps.shape == (2, 2, 4, 20, 20)
     np.testing.assert_array_equal(arrays["prefix_share"], prefix_token_share(maps, (4, 4), NAMES).numpy())
@@ -269,7 +273,7 @@ def test_a_model_without_a_class_token_shows_the_patches_attention(tmp_path, unr
     model = registers_vit(class_token=False, pool="map")
     x = torch.rand(1, 3, 16, 16)
     paths = write_report(model, x, tmp_path / "r")
-    assert "dino" not in paths and not (tmp_path / "r" / "dino.png").exists()
+    assert "dino_attention" not in np.load(paths["arrays"])
     arrays = np.load(paths["arrays"])
     assert "class_attention" not in arrays and "dino_mask" not in arrays
     assert arrays["prefix_tokens"].tolist() == list(renamed)

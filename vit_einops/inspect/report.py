@@ -20,7 +20,6 @@ from .embeddings import embedding_filter_components, model_position_similarity
 from .figures import (
     plot_attention_distance,
     plot_attention_overlays,
-    plot_dino_view,
     plot_filters,
     plot_position_similarity,
     plot_prefix_share,
@@ -38,7 +37,6 @@ FIGURES = (
     "embedding_filters",
     "prefix_share",
     "token_norms",
-    "dino",  # only for a model with a class token
 )
 # Everything write_report puts in its folder: the only names a folder it replaces may hold.
 REPORT_FILES = frozenset((*(f"{name}.png" for name in FIGURES), "arrays.npz"))
@@ -101,15 +99,17 @@ def write_report(
     The tokens before the patches (``model.config.prefix_tokens``: class, distillation, register tokens) are
     named: the attention maps show the patches, ``prefix_share.png`` the share of the patches' attention each
     prefix token takes, ``token_norms.png`` the token norms with the prefix tokens marked (the register paper's
-    high-norm patches), and ``dino.png`` DINO's Figure 3 (the last layer's class-token attention per head, the
-    patches holding 60% of it outlined). A model without a class token draws the attention each patch receives
-    (:func:`~vit_einops.inspect.patch_attention_grid`) instead of the class token's, and no DINO figure.
+    high-norm patches). ``attention.png`` is DINO's Figure 3 at the default (last) layer: each head's class-token
+    attention over the patches, the patches holding 60% of it outlined (:func:`~vit_einops.inspect.dino_view`).
+    A model without a class token draws the attention each patch receives
+    (:func:`~vit_einops.inspect.patch_attention_grid`) instead of the class token's, and no mask.
 
     Returns the written paths by name: attention, attention_distance, position_similarity, embedding_filters,
-    prefix_share, token_norms, dino (each ``<name>.png``, written atomically), arrays (``arrays.npz``: the
+    prefix_share, token_norms (each ``<name>.png``, written atomically), arrays (``arrays.npz``: the
     recorded maps, the drawn ``class_attention`` (or ``patch_attention``) of layer ``class_attention_layer``,
     rollout, distances, similarities, filters, ``prefix_tokens`` (their names), ``prefix_share`` (l, b, h, p),
-    ``token_norms`` (l, b, n), ``dino_attention`` and ``dino_mask`` (b, h, gh, gw)).
+    ``token_norms`` (l, b, n), ``dino_attention`` and ``dino_mask`` (b, h, gh, gw): DINO's view of the drawn
+    layer).
     """
     cfg = model.config
     depth = len(model.blocks)
@@ -167,23 +167,24 @@ def write_report(
         "prefix_share": share,
         "token_norms": norms,
     }
-    if has_class:
-        dino = dino_view(maps, grid, prefix, keep=DINO_KEEP)
+    masks = None
+    if has_class:  # DINO's view of the drawn layer: its maps outlined where they hold 60% of the mass
+        dino = dino_view(maps, grid, prefix, keep=DINO_KEEP, layer=layer)
         arrays.update(dino_attention=dino.attention, dino_mask=dino.mask)
+        masks = dino.mask
+        titles = [f"{title}\noutlined: {100 * DINO_KEEP:.0f}% of the class token's attention" for title in titles]
     # Nothing is written when any array is nan or inf: figures of them would draw nothing, and arrays.npz would
     # hand the NaN on to whoever reads it.
     _check_finite(arrays)
     shown = images if display_images is None else display_images
     figures = {
-        "attention": plot_attention_overlays(shown, heads, rollout_grid, titles, layer=layer),
+        "attention": plot_attention_overlays(shown, heads, rollout_grid, titles, layer=layer, masks=masks),
         "attention_distance": plot_attention_distance(distance, uniform, prefix),
         "position_similarity": plot_position_similarity(similarity),
         "embedding_filters": plot_filters(components, explained),
         "prefix_share": plot_prefix_share(share, prefix),
         "token_norms": plot_token_norms(norms, prefix),
     }
-    if has_class:
-        figures["dino"] = plot_dino_view(shown, dino, titles, layer=depth - 1, keep=DINO_KEEP)
     buf = io.BytesIO()
     np.savez(
         buf,
