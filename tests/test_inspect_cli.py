@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 from _interop import perturbed
 from _tiny import TINY_RGB, tiny_vit
 from PIL import Image
@@ -13,7 +14,7 @@ from PIL import Image
 from vit_einops import Preprocessing
 from vit_einops.cli import main
 from vit_einops.interop import save_state_dict_file, to_timm, to_torchvision
-from vit_einops.modelfile import save_vit
+from vit_einops.modelfile import load_vit, save_vit
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -35,15 +36,16 @@ def files(tmp_path):
     return [str(tmp_path / n) for n in ("photo.jpg", "rgba.png", "palette.png", "deep.png")]
 
 
-@pytest.mark.parametrize("source", ["torchvision", "timm"])
-def test_inspect_a_converted_file_with_images_of_several_modes(tmp_path, files, source, capsys):
+def test_inspect_a_converted_file_with_images_of_several_modes(tmp_path, files, capsys):
+    """A torchvision file and a timm file of the same model convert to the same weights (so one inspect covers
+    both), then inspect reads images of four modes."""
     model = inspected_model()
-    export = to_torchvision if source == "torchvision" else to_timm
-    save_state_dict_file(export(model), tmp_path / "w.pth")
-    assert (
-        main(["convert", str(tmp_path / "w.pth"), str(tmp_path / "m.safetensors"), "--from", source, "--heads", "2"])
-        == 0
-    )
+    for source, export in (("timm", to_timm), ("torchvision", to_torchvision)):  # the torchvision one is inspected
+        save_state_dict_file(export(model), tmp_path / f"{source}.pth")
+        args = ["convert", str(tmp_path / f"{source}.pth"), str(tmp_path / "m.safetensors"), "--from", source, "--heads", "2"]
+        assert main([*args, "--force"]) == 0
+        converted = load_vit(tmp_path / "m.safetensors")
+        assert all(torch.equal(a, b) for a, b in zip(converted.state_dict().values(), model.state_dict().values()))
     assert (
         main(["inspect", str(tmp_path / "m.safetensors"), *sum((["--image", f] for f in files), []), "--layer", "0"])
         == 0
