@@ -136,10 +136,9 @@ def _select(driver, element_id, value):
 
 # What the page shows, read in one round trip: texts by id, the scale's exact range, and the heat map's colour at
 # the centre of each patch of the 4x4 grid (away from the grid lines and the query and hover boxes).
-SHOWN = """
-const pane = document.getElementById("pane-0");
-const text = (name) => pane.querySelector("." + name).textContent;
-const canvas = pane.querySelector(".image-canvas");
+# Pane 0's heat map at the centre of each of its 4x4 patches, as `pixels`.
+CENTRES = """
+const canvas = document.querySelector("#pane-0 .image-canvas");
 const ctx = canvas.getContext("2d");
 const cell = canvas.width / 4;
 const pixels = [];
@@ -147,6 +146,10 @@ for (let p = 0; p < 16; p++) {
   const x = Math.floor((p % 4 + 0.5) * cell), y = Math.floor((Math.floor(p / 4) + 0.5) * cell);
   pixels.push(Array.from(ctx.getImageData(x, y, 1, 1).data.slice(0, 3)));
 }
+"""
+SHOWN = CENTRES + """
+const pane = document.getElementById("pane-0");
+const text = (name) => pane.querySelector("." + name).textContent;
 const box = pane.querySelector(".colour-scale");
 const ids = ["query-line", "footer-row", "view-note", "scale-line", "legend-query", "legend-hover", "legend-head",
   "legend-layer", "chart-note", "readout"];
@@ -324,18 +327,6 @@ def test_strings_from_files_show_literally_and_run_nothing_and_identity_relevanc
     assert _console_errors(browser) == []
 
 
-# Pane 0's heat map at the centre of each of its 4x4 patches.
-CENTRES = """
-const canvas = document.querySelector("#pane-0 .image-canvas");
-const ctx = canvas.getContext("2d");
-const cell = canvas.width / 4;
-const pixels = [];
-for (let p = 0; p < 16; p++) {
-  const x = Math.floor((p % 4 + 0.5) * cell), y = Math.floor((Math.floor(p / 4) + 0.5) * cell);
-  pixels.push(Array.from(ctx.getImageData(x, y, 1, 1).data.slice(0, 3)));
-}
-return pixels;
-"""
 
 
 def test_two_models_side_by_side_with_register_tokens_and_dino_masks(browser, tmp_path):
@@ -397,9 +388,9 @@ def test_two_models_side_by_side_with_register_tokens_and_dino_masks(browser, tm
             assert f"the {len(kept)} highest of {len(row)} patches that hold 60% of the class token's" in text(line)
     assert text("#pane-0 .query-line") == "attention A, layer 1, head 1, row 0: query token 0 (class token)"
     # The mask darkens the patches outside it and leaves those inside as they were.
-    masked = np.array(browser.execute_script(CENTRES), dtype=float)
+    masked = np.array(browser.execute_script(CENTRES + "return pixels;"), dtype=float)
     browser.find_element("id", "mask-toggle").click()
-    plain = np.array(browser.execute_script(CENTRES), dtype=float)
+    plain = np.array(browser.execute_script(CENTRES + "return pixels;"), dtype=float)
     assert text("#pane-0 .dino-line").endswith("(mask hidden)")
     inside = np.zeros(16, dtype=bool)
     inside[list(map(int, attribute("#pane-0 .dino-line", "data-mask").split(",")))] = True
