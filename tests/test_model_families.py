@@ -5,6 +5,8 @@ the interop tests."""
 
 from __future__ import annotations
 
+import dataclasses
+
 
 import pytest
 import torch
@@ -268,3 +270,17 @@ def test_parameter_count_and_token_layout_follow_the_modules(
     prefix = config.prefix_tokens
     assert len(prefix) == model.num_prefix_tokens == class_token + distill + registers
     assert prefix[: class_token + distill] == ("cls", "dist")[: class_token + distill] or not class_token
+
+
+def test_a_model_loaded_from_hf_exports_to_timm_and_torchvision_as_a_fixed_size_model(tmp_path):
+    """dynamic_size says how a forward treats other sizes, not what the weights are: an HF-loaded model (which
+    resamples as HF does) exports to timm's form with dynamic_img_size off (timm then refuses other sizes itself
+    instead of resampling differently), and the paper-only formats do not count it as beyond the paper."""
+    from vit_einops.interop import load_hf, save_hf, timm_kwargs, to_timm
+
+    save_hf(tiny_vit(TINY_RGB16), tmp_path / "hf")
+    model = load_hf(tmp_path / "hf")
+    assert model.config.dynamic_size == "hf" and model.config.beyond_paper() == []
+    assert timm_kwargs(model.config)["dynamic_img_size"] is False
+    assert to_timm(model).keys() == to_timm(tiny_vit(TINY_RGB16)).keys()
+    assert timm_kwargs(dataclasses.replace(model.config, dynamic_size="timm"))["dynamic_img_size"] is True

@@ -163,7 +163,12 @@ class ViTConfig:
         """The options set here that the 2021 paper's ViT lacks (LayerScale, registers, positions for the patches
         only, ...: :data:`BEYOND_PAPER`), each as "field value"; empty for the paper's architecture. Formats and
         tools that know only that architecture refuse a config with any of them."""
-        found = [f"{name} {getattr(self, name)}" for name, plain in BEYOND_PAPER.items() if getattr(self, name) != plain]
+        # dynamic_size is how a forward treats other input sizes, not architecture: every format holds such a model.
+        found = [
+            f"{name} {getattr(self, name)}"
+            for name, plain in BEYOND_PAPER.items()
+            if getattr(self, name) != plain and name != "dynamic_size"
+        ]
         return found + (["pool 'map'"] if self.pool == "map" else [])
 
     @property

@@ -302,11 +302,6 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         )
     if not config.head_bias and config.num_classes:
         raise ValueError("timm's classifier always has a bias; this model's head has none (head_bias False)")
-    if config.dynamic_size == "hf":
-        raise ValueError(
-            "timm's dynamic_img_size resamples E_pos as timm does (antialiased); this model resamples as Hugging Face "
-            "does (dynamic_size 'hf'): rebuild it with dynamic_size 'timm' or None"
-        )
     if config.distill_token and not config.pos_embed_prefix:
         raise ValueError("timm's VisionTransformerDistilled gives its prefix tokens position rows (pos_embed_prefix)")
     mlp_ratio = config.mlp_dim / config.dim
@@ -330,6 +325,8 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         no_embed_class=not config.pos_embed_prefix,
         pre_norm=config.pre_norm,
         init_values=config.layer_scale,
+        # Only timm's own resampling: a model resampling as HF does (antialias off) becomes a fixed-size timm model,
+        # which refuses other sizes itself rather than giving other numbers there.
         dynamic_img_size=config.dynamic_size == "timm",
         proj_drop_rate=config.dropout,
         pos_drop_rate=config.dropout,
