@@ -27,6 +27,7 @@ from vit_einops.interop import to_timm  # noqa: E402
 from vit_einops.pretrained import PRETRAINED, TORCHVISION_URL, PublishedWeights, weights_url  # noqa: E402
 from vit_einops.preprocess import Preprocessing  # noqa: E402
 from vit_einops.presets import PRESETS  # noqa: E402
+from vit_einops.presets import TIMM_ARCHS  # noqa: E402
 from vit_einops.presets import TIMM_NAMES as PRESET_TIMM_NAMES  # noqa: E402
 
 TORCHVISION_NAMES = [name for name, w in PRETRAINED.items() if w.library == "torchvision"]
@@ -36,7 +37,8 @@ TIMM_NAMES = [name for name, w in PRETRAINED.items() if w.library == "timm"]
 def test_shipped_names_are_torchvisions_and_every_name_with_weights_is_a_preset():
     assert imagenet1k_classes() == list(_IMAGENET_CATEGORIES)
     assert TORCHVISION_NAMES == ["vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14"]
-    assert set(TIMM_NAMES) == set(PRESET_TIMM_NAMES)
+    families = {*TIMM_ARCHS, "vit_small_patch16_224.dino", "vit_base_patch16_224.mae"}
+    assert set(TIMM_NAMES) == set(PRESET_TIMM_NAMES) | families
 
 
 @pytest.mark.parametrize("name", TORCHVISION_NAMES)
@@ -112,6 +114,32 @@ def test_hub_download_loads_converts_and_names_classes(hub, tmp_path):
     gets = [r for r in hub.requests if r[0] == "GET"]
     create_vit(NAME, pretrained=True)
     assert [r for r in hub.requests if r[0] == "GET"] == gets  # cached: no second download
+
+
+def test_a_family_downloads_with_its_arch_and_preprocessing(hub, monkeypatch):
+    """create_vit("vit_small_patch14_reg4_dinov2", pretrained=True): the file comes from the family's hub repo,
+    loads with the name as its arch (registers, LayerScale, positions for the patches only, no classifier) and
+    records DINOv2's preprocessing (ImageNet mean and std, crop 1.0). The architecture is shrunk in the table, so
+    the served file is tiny."""
+    from vit_einops.pretrained import _timm_family
+
+    name = "vit_small_patch14_reg4_dinov2"
+    small = dict(dim=32, depth=1, heads=2, mlp_dim=64, image_size=28)
+    monkeypatch.setitem(TIMM_ARCHS, name, {**TIMM_ARCHS[name], **small})
+    published = _timm_family(name)
+    monkeypatch.setitem(PRETRAINED, name, published)
+    model = perturbed(create_vit(name))
+    data = safetensors_save(to_timm(model), metadata={"format": "pt"})
+    path = f"{published.file}/resolve/main/model.safetensors"
+    hub.files[path] = data
+    hub.headers[path] = {"ETag": f'"{hashlib.sha256(data).hexdigest()}"', "X-Repo-Commit": "a" * 40,
+                         "X-Linked-Etag": f'"{hashlib.sha256(data).hexdigest()}"', "X-Linked-Size": str(len(data))}
+    loaded = create_vit(name, pretrained=True)
+    assert published.file == "timm/vit_small_patch14_reg4_dinov2.lvd142m"
+    assert loaded.config == model.config and loaded.config.prefix_tokens[1:] == ("reg1", "reg2", "reg3", "reg4")
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+    assert loaded.preprocessing == Preprocessing.timm(28, 1.0, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    assert loaded.class_names is None and loaded.source["pretrained"] == name
 
 
 def test_hub_download_whose_sha256_is_not_its_etag_is_refused_and_removed(hub, tmp_path):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ._io import sha256_of
 from .preprocess import Preprocessing
 from .presets import create_vit as create_architecture
-from .presets import PRESETS, preset_config
+from .presets import PRESETS, TIMM_ARCHS, TIMM_TAGS, preset_config, timm_arch, timm_preprocessing
 
 if TYPE_CHECKING:
     from .model import ViT
@@ -75,6 +75,22 @@ def _timm(name: str, tag: str, num_classes: int = 1000) -> PublishedWeights:
     return PublishedWeights("timm", f"timm/{name}.{tag}", size, num_classes, Preprocessing.timm(size, crop_pct))
 
 
+def _timm_family(name: str) -> PublishedWeights:
+    """A timm family's weights: ``name`` at its default tag (the first of TIMM_TAGS, timm's own), or "name.tag";
+    size, classes and preprocessing as that tag's pretrained_cfg (TIMM_ARCHS, TIMM_TAGS, TIMM_PREPROCESSING)."""
+    base, _, tag = name.partition(".")
+    tag = tag or next(iter(TIMM_TAGS[base]))
+    fields = timm_arch(f"{base}.{tag}")
+    size = fields["image_size"]
+    repo = _HUB_REPOS.get(base, base)
+    return PublishedWeights("timm", f"timm/{repo}.{tag}", size, fields["num_classes"], timm_preprocessing(name, size))
+
+
+# Names whose weights sit in another name's hub repo (the keys are the same; what differs, the activation, no tensor
+# holds): timm's pretrained_cfg hf_hub_id.
+_HUB_REPOS = {"vit_base_patch16_clip_quickgelu_224": "vit_base_patch16_clip_224"}
+
+
 PRETRAINED: dict[str, PublishedWeights] = {
     # torchvision.models.ViT_*_Weights.DEFAULT: IMAGENET1K_V1, except vit_h_14's (IMAGENET1K_SWAG_E2E_V1, 518 px)
     "vit_b_16": _tv("vit_b_16-c867db91.pth", 224, 256),
@@ -103,6 +119,9 @@ PRETRAINED: dict[str, PublishedWeights] = {
             ("vit_huge_patch14_224", "orig_in21k", 0),
         )
     },
+    # The families of later papers, at timm's default tag (DINOv2's lvd142m, DeiT's fb_in1k, ...) or the tag named,
+    # each with timm's preprocessing for it
+    **{name: _timm_family(name) for name in (*TIMM_ARCHS, "vit_small_patch16_224.dino", "vit_base_patch16_224.mae")},
 }
 # Fields a checkpoint fixes and the name promises; image size and classes may differ (a fine-tuned file).
 _ARCHITECTURE = (
@@ -166,12 +185,13 @@ def _load_published(name: str, overrides: dict[str, Any]) -> ViT:
             f"Use weights=PATH for a local file"
         )
     published = PRETRAINED[name]
-    kwargs: dict[str, Any] = {"heads": preset_config(name)["heads"]}  # a state dict cannot tell h; the name does
     if published.library == "torchvision":
+        kwargs: dict[str, Any] = {"heads": preset_config(name)["heads"]}  # a state dict cannot tell h; the name does
         path, origin = _fetch_torchvision(name, published)
     else:
+        # A timm name tells what no tensor holds (h, act, eps, pooling) and what the file must fit (arch=).
+        kwargs = {"heads": preset_config(name)["heads"], "global_pool": "token"} if name in PRESETS else {"arch": name}
         path, origin = _fetch_hub(name, published)
-        kwargs["global_pool"] = "token"  # every ViT in the table pools the class token
     try:
         model = load_model(path, source=published.library, **{**kwargs, **overrides})
     except ValueError as err:
