@@ -226,8 +226,6 @@ def test_configs_the_target_cannot_express_are_refused():
         to_timm(ViT(**TINY, pre_norm=True))
     with pytest.raises(ValueError, match=r"timm's classifier always has a bias; this model's head has none"):
         to_timm(ViT(**TINY, head_bias=False))
-    with pytest.raises(ValueError, match="this model resamples as Hugging Face does"):
-        to_timm(ViT(**TINY, dynamic_size="hf"))
 
 
 def test_timm_fc_norm_is_read_from_the_keys_and_round_trips():
