@@ -53,3 +53,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def unrendered(monkeypatch):
+    """write_report's arrays without its figures: each plot function is skipped and each PNG is a stub ("png").
+    For tests of the model's calls and the arrays; drawing is most of a report's time, and test_figures.py and
+    test_inspect_cli.py render whole reports, checking each PNG."""
+    import vit_einops.inspect.report as report_module
+
+    for name in dir(report_module):
+        if name.startswith("plot_"):
+            monkeypatch.setattr(report_module, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr(report_module, "save_figure", lambda fig, path, dpi=120: Path(path).write_bytes(b"png"))
+

@@ -3,7 +3,6 @@ computation (torch's own MultiheadAttention, closed forms, scikit-learn's PCA)."
 
 import itertools
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,7 +29,6 @@ from vit_einops.inspect import (
     show_attention,
     write_report,
 )
-import vit_einops.inspect.report as report_module
 from vit_einops.reference import torch_mha_from
 
 
@@ -270,13 +268,6 @@ def test_filter_components_match_scikit_learn_pca(patchify):
 
 
 # --- report -----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def unrendered(monkeypatch):
-    """write_report builds its figures but does not render them to PNG: these tests are about the model's calls and
-    the arrays, and rendering is most of a report's time (test_figures.py renders a whole report, checking each PNG)."""
-    monkeypatch.setattr(report_module, "save_figure", lambda fig, path, dpi=120: Path(path))
 
 
 @pytest.mark.parametrize("same", [None, "same", "equal"])

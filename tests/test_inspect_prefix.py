@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +13,6 @@ from _tiny import TINY_RGB16, tiny_vit
 from hypothesis import given
 from hypothesis import strategies as st
 
-import vit_einops.inspect.report as report_module
 from vit_einops.attention import MultiHeadAttention
 from vit_einops.inspect import (
     AttentionRecorder,
@@ -216,12 +214,6 @@ def test_show_attention_draws_a_register_models_class_row_over_the_patches():
         assert float(ax.get_title().split("\n")[1].removeprefix("max ")) == pytest.approx(
             expected[h].max().item(), rel=1e-3
         )
-
-
-@pytest.fixture
-def unrendered(monkeypatch):
-    """The report's figures are built but not rendered to PNG (test_figures.py renders whole reports)."""
-    monkeypatch.setattr(report_module, "save_figure", lambda fig, path, dpi=120: Path(path).write_bytes(b"png"))
 
 
 def test_report_of_a_register_model_names_its_prefix_tokens(tmp_path, unrendered):
