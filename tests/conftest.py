@@ -67,3 +67,16 @@ def unrendered(monkeypatch):
             monkeypatch.setattr(report_module, name, lambda *args, **kwargs: None)
     monkeypatch.setattr(report_module, "save_figure", lambda fig, path, dpi=120: Path(path).write_bytes(b"png"))
 
+
+
+# The longest files first: pytest-xdist hands whole files (--dist loadfile) to whichever worker is free, so a long
+# file that starts last keeps one worker busy while the other idles; longest first evens out the two workers' ends.
+LONGEST_FILES = (
+    "test_hostile_train.py", "test_train.py", "test_train_ddp.py", "test_hostile_writes.py", "test_docs.py",
+    "test_figures.py", "test_inspect_cli.py", "test_pretrained.py", "test_explore_browser.py",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the order within a file is kept
