@@ -397,3 +397,29 @@ def test_two_models_side_by_side_with_register_tokens_and_dino_masks(browser, tm
     assert np.abs(masked[inside] - plain[inside]).max() <= 1
     np.testing.assert_allclose(masked[~inside], plain[~inside] * 0.55, atol=1.5)
     assert _console_errors(browser) == []
+
+
+def test_a_model_without_a_class_token_beside_a_distilled_one_draws_every_view(browser, tmp_path):
+    """SigLIP's layout (no prefix token at all, attention pooling) in pane 0, a distilled DeiT (class and
+    distillation tokens) in pane 1: every view draws in both panes without a script error, pane 0 lists no prefix
+    token and says it has no DINO mask, pane 1 names "cls" and "dist" and draws its mask."""
+    from vit_einops import ViT
+    from vit_einops.explore import write_explorer
+
+    torch.manual_seed(0)
+    small = dict(image_size=32, patch_size=8, dim=32, depth=2, heads=2, mlp_dim=64, num_classes=3)
+    siglip = ViT(**small, class_token=False, pool="map").eval()
+    deit = ViT(**small, distill_token=True).eval()
+    page = write_explorer([siglip, deit], torch.rand(1, 3, 32, 32), tmp_path / "p.html", preprocessed=True,
+                          names=["siglip", "deit"], top_k=1)  # fmt: skip
+    _open(browser, page)
+    for view in ("attention", "dino", "rollout", "relevance", "norms"):
+        _select(browser, "view-select", view)
+        assert _console_errors(browser) == [], view
+    prefix = [browser.find_elements("css selector", f"#pane-{i} .prefix-tokens li") for i in (0, 1)]
+    assert prefix[0] == [] and [li.text.split()[0] for li in prefix[1]] == ["cls", "dist"]
+    _select(browser, "view-select", "dino")
+    line = browser.find_element("css selector", "#pane-0 .dino-line").text
+    assert line == "DINO's mask: none, this model has no class token"
+    mask = browser.find_element("css selector", "#pane-1 .dino-line").get_attribute("data-mask")
+    assert mask != "" and all(0 <= int(p) < 16 for p in mask.split(","))
