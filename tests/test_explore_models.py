@@ -143,12 +143,12 @@ def test_bad_model_lists_are_named(tmp_path):
 
 
 def model_files(tmp_path, photo_name="photo.png"):
-    """reg.safetensors (registers, 4x4 grid, 2 layers of 2 heads), plain.safetensors (2x2 grid, 3 layers of 4 heads,
-    resizing to 32 px but normalised otherwise) and grey.safetensors (a 1-channel digits-sized model), with a 48x64
-    photo."""
+    """reg.safetensors (DINOv2 with registers' layout: 4x4 grid, 2 layers of 2 heads), plain.safetensors (DINOv2
+    without registers': LayerScale, E_pos over the class token; 2x2 grid, 3 layers of 4 heads, resizing to 32 px but
+    normalised otherwise) and grey.safetensors (a 1-channel digits-sized model), with a 48x64 photo."""
     registers = register_vit()
     registers.preprocessing = Preprocessing.plain(32)
-    plain = tiny_vit(TINY_RGB, patch_size=16, depth=3)
+    plain = tiny_vit(TINY_RGB, patch_size=16, depth=3, layer_scale=1e-5)
     plain.preprocessing = Preprocessing(resize=(32, 32), mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
     grey = tiny_vit(TINY_DIGITS)
     grey.preprocessing = Preprocessing.plain(8, channels=1)
