@@ -21,6 +21,7 @@ from vit_einops.interop import (
     timm_kwargs,
     to_timm,
 )
+from vit_einops.preprocess import CLIP_MEAN
 from vit_einops.presets import TIMM_ARCHS, timm_arch
 
 # Each family's parts at TINY's size (4 heads; act and eps are what no key tells, passed to timm_config).
@@ -217,7 +218,7 @@ def test_a_family_loaded_by_arch_reads_photos_as_timm_does_for_it(monkeypatch):
     small = dict(dim=32, depth=1, heads=2, mlp_dim=64)
     for name, size, mean, resize in (
         ("vit_small_patch14_reg4_dinov2", 56, (0.485, 0.456, 0.406), 56),
-        ("vit_base_patch16_clip_224", 32, presets.CLIP_MEAN, int(32 / 0.95)),
+        ("vit_base_patch16_clip_224", 32, CLIP_MEAN, int(32 / 0.95)),
     ):
         monkeypatch.setitem(presets.TIMM_ARCHS, name, {**presets.TIMM_ARCHS[name], **small, "image_size": size})
         model = create_vit(name)

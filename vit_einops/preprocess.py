@@ -38,6 +38,8 @@ BACKENDS = ("pil", "torch")  # who resizes: PIL (torchvision and timm on PIL ima
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # torchvision's and timm's IMAGENET_DEFAULT_MEAN
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INCEPTION_MEAN = INCEPTION_STD = (0.5, 0.5, 0.5)  # timm's augreg ViTs and google/vit-* on the hub
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI's CLIP normalisation, which timm's CLIP ViTs keep
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 CONVENTIONS = ("torchvision", "timm", "hf", "plain")  # the recipes by name: Preprocessing.convention
 FLOAT32_TINY = 2.0**-126  # torch.finfo(torch.float32).tiny, without importing torch
 

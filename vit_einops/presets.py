@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .preprocess import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, Preprocessing
+
 if TYPE_CHECKING:
     from .model import ViT
-    from .preprocess import Preprocessing
 
 # (patch_size, dim D, depth L, heads h); the MLP size is 4D for all of them (Table 1).
 _SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -168,19 +169,17 @@ def timm_arch(name: str) -> dict[str, Any]:
 # timm's eval preprocessing of each family (its pretrained_cfg at the default tag: mean, std, crop_pct; bicubic for
 # all), and the tags whose crop differs. A model of the family records it, so model.transforms() reads a photo as
 # timm would for those weights, never with another family's mean and std.
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI's CLIP normalisation, which timm's CLIP ViTs keep
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-_IMAGENET, _CLIP, _HALF = ("imagenet", "clip", "half")
-TIMM_PREPROCESSING: dict[str, tuple[str, float]] = {
-    **{name: (_IMAGENET, 1.0) for name in TIMM_ARCHS if name.endswith("dinov2")},
-    **{name: (_IMAGENET, 0.9) for name in TIMM_ARCHS if name.startswith("deit")},
-    "vit_base_patch16_clip_224": (_CLIP, 0.95),
-    "vit_base_patch16_clip_224.openai": (_CLIP, 0.9),
-    "vit_base_patch16_clip_quickgelu_224": (_CLIP, 1.0),
-    "vit_base_patch16_siglip_224": (_HALF, 0.9),
-    "vit_small_patch16_224.dino": (_IMAGENET, 0.9),
-    "vit_base_patch16_224.dino": (_IMAGENET, 0.9),
-    "vit_base_patch16_224.mae": (_IMAGENET, 0.9),
+_IMAGENET_NORM, _CLIP_NORM, _HALF_NORM = (IMAGENET_MEAN, IMAGENET_STD), (CLIP_MEAN, CLIP_STD), (INCEPTION_MEAN,) * 2
+TIMM_PREPROCESSING: dict[str, tuple[tuple[tuple[float, ...], tuple[float, ...]], float]] = {
+    **{name: (_IMAGENET_NORM, 1.0) for name in TIMM_ARCHS if name.endswith("dinov2")},
+    **{name: (_IMAGENET_NORM, 0.9) for name in TIMM_ARCHS if name.startswith("deit")},
+    "vit_base_patch16_clip_224": (_CLIP_NORM, 0.95),
+    "vit_base_patch16_clip_224.openai": (_CLIP_NORM, 0.9),
+    "vit_base_patch16_clip_quickgelu_224": (_CLIP_NORM, 1.0),
+    "vit_base_patch16_siglip_224": (_HALF_NORM, 0.9),
+    "vit_small_patch16_224.dino": (_IMAGENET_NORM, 0.9),
+    "vit_base_patch16_224.dino": (_IMAGENET_NORM, 0.9),
+    "vit_base_patch16_224.mae": (_IMAGENET_NORM, 0.9),
 }
 
 
@@ -188,16 +187,10 @@ def timm_preprocessing(name: str, image_size: int | tuple[int, int] | None = Non
     """timm's eval preprocessing for the family ``name`` ("name" or "name.tag", as :data:`TIMM_PREPROCESSING`),
     cropping to ``image_size`` (by default the name's); None for a name the table does not hold (the augreg ViTs
     keep :meth:`Preprocessing.timm`'s defaults)."""
-    base = name.partition(".")[0]
-    entry = TIMM_PREPROCESSING.get(name, TIMM_PREPROCESSING.get(base))  # the tag's own, else the name's
+    entry = TIMM_PREPROCESSING.get(name, TIMM_PREPROCESSING.get(name.partition(".")[0]))  # the tag's, else the name's
     if entry is None:
         return None
-    from .preprocess import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, Preprocessing
-
-    normalisation, crop_pct = entry
-    mean, std = {_IMAGENET: (IMAGENET_MEAN, IMAGENET_STD), _CLIP: (CLIP_MEAN, CLIP_STD), _HALF: (INCEPTION_MEAN,) * 2}[
-        normalisation
-    ]
+    (mean, std), crop_pct = entry
     size = image_size if image_size is not None else timm_arch(name)["image_size"]
     return Preprocessing.timm(size, crop_pct, mean=mean, std=std)
 
