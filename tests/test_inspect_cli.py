@@ -42,7 +42,8 @@ def test_inspect_a_converted_file_with_images_of_several_modes(tmp_path, files, 
     model = inspected_model()
     for source, export in (("timm", to_timm), ("torchvision", to_torchvision)):  # the torchvision one is inspected
         save_state_dict_file(export(model), tmp_path / f"{source}.pth")
-        args = ["convert", str(tmp_path / f"{source}.pth"), str(tmp_path / "m.safetensors"), "--from", source, "--heads", "2"]
+        src, dst = str(tmp_path / f"{source}.pth"), str(tmp_path / "m.safetensors")
+        args = ["convert", src, dst, "--from", source, "--heads", "2"]
         assert main([*args, "--force"]) == 0
         converted = load_vit(tmp_path / "m.safetensors")
         assert all(torch.equal(a, b) for a, b in zip(converted.state_dict().values(), model.state_dict().values()))

@@ -104,7 +104,8 @@ class ViTConfig:
         if self.layer_scale is not None:
             store("layer_scale", check_positive_float("layer_scale", self.layer_scale))
         store("register_tokens", check_nonnegative_int("register_tokens", self.register_tokens))
-        for name in ("pos_embed_prefix", "class_token", "distill_token", "pre_norm", "patch_bias", "qk_norm", "head_bias"):
+        flags = ("pos_embed_prefix", "class_token", "distill_token", "pre_norm", "patch_bias", "qk_norm", "head_bias")
+        for name in flags:
             check_bool(name, getattr(self, name))
         check_choice("act", self.act, ACTIVATIONS)
         if self.dynamic_size is not None:

@@ -295,7 +295,9 @@ class ViT(Sequential):
         if pool == "cls" and "cls" not in self.config.prefix_tokens:
             raise ValueError("global_pool 'token' / 'cls' reads the class token, which this model has not")
         if self.head.distilled:
-            raise ValueError("a distilled model (DeiT) pools its class and distillation tokens; it has no other pooling")
+            raise ValueError(
+                "a distilled model (DeiT) pools its class and distillation tokens; it has no other pooling"
+            )
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that weight decay should skip: the class, distillation and register tokens and the
@@ -407,8 +409,8 @@ class ViT(Sequential):
             raise ValueError(
                 "this model records no preprocessing; set one, e.g. model.preprocessing = "
                 "Preprocessing.torchvision() (torchvision weights), Preprocessing.timm() (timm's augreg ViTs) or "
-                f"Preprocessing.plain({self.config.image_size}, channels={self.config.in_channels}) (resize and scale to [0, 1], "
-                "as vit-einops train)"
+                f"Preprocessing.plain({self.config.image_size}, channels={self.config.in_channels}) "
+                "(resize and scale to [0, 1], as vit-einops train)"
             )
         return self.preprocessing
 

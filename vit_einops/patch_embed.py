@@ -142,7 +142,9 @@ class PositionEmbedding(nn.Module):
     does (:func:`resample_pos_embed`); without, the caller (ViT.check_input) admits the training size only.
     """
 
-    def __init__(self, rows: int, dim: int, grid: tuple[int, int] = (0, 0), prefix: int = 0, dynamic: str | None = None) -> None:
+    def __init__(
+        self, rows: int, dim: int, grid: tuple[int, int] = (0, 0), prefix: int = 0, dynamic: str | None = None
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(1, rows, dim))
         trunc_normal_(self.weight, EMBED_INIT_STD)

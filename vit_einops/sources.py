@@ -92,8 +92,9 @@ def existing_model_path(path: str | os.PathLike, name: str = "path") -> Path:
 
 # Keys that a state dict of each form always holds, one set or another: its class token (timm and ours: E_pos, which
 # SigLIP, with no class token, also has) and patch projection under that library's names; Hugging Face's CLIP and
-# SigLIP towers by their patch projection and E_pos. A file's form is the one form whose keys it holds, read without the prefixes that Hugging
-# Face's classifiers and older CLIP files put before the backbone (:data:`vit_einops.interop.hf_families.PREFIXES`).
+# SigLIP towers by their patch projection and E_pos. A file's form is the one form whose keys it holds, read without
+# the prefixes that Hugging Face's classifiers and older CLIP files put before the backbone
+# (:data:`vit_einops.interop.hf_families.PREFIXES`).
 KEY_SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
     "torchvision": (("class_token", "conv_proj.weight"),),
     "timm": (("pos_embed", "patch_embed.proj.weight"),),
