@@ -1,11 +1,12 @@
 """The published weights' table (vit_einops.pretrained.PRETRAINED) and the shipped ImageNet-1k names, checked
-against torchvision's and timm's own, and the Hugging Face route of create_vit(pretrained=True) against a hub
-served on 127.0.0.1 through huggingface_hub's own client. Runs in the interop environment (.ci/run-interop);
-elsewhere it skips with the reason."""
+against torchvision's and timm's own, and the hub cache create_vit(pretrained=True) shares with huggingface_hub
+(timm's client), each reading the other's files. Runs in the interop environment (.ci/run-interop); elsewhere it
+skips with the reason."""
 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,12 +17,11 @@ timm = interop_library("timm")
 interop_library("huggingface_hub")
 
 import torchvision.models as tvm  # noqa: E402
-from _loopback import closed_port_url, serve  # noqa: E402
+from _loopback import serve  # noqa: E402
 from safetensors.torch import save as safetensors_save  # noqa: E402
 from torchvision.models._meta import _IMAGENET_CATEGORIES  # noqa: E402
 
 from vit_einops import ViT, create_vit  # noqa: E402
-from vit_einops._download import DownloadError  # noqa: E402
 from vit_einops.imagenet import imagenet1k_classes  # noqa: E402
 from vit_einops.interop import to_timm  # noqa: E402
 from vit_einops.pretrained import PRETRAINED, TORCHVISION_URL, PublishedWeights, weights_url  # noqa: E402
@@ -74,87 +74,54 @@ def test_timm_entries_are_timms_default_tags(name, monkeypatch):
     )
 
 
-# --- the hub route, against huggingface_hub's own client and a hub on 127.0.0.1 ---
+# --- the hub cache: huggingface_hub (timm's client) reads what create_vit cached, and create_vit what it cached ---
 
 NAME = "vit_tiny_test"
 REPO = "timm/vit_tiny_test.tag"
+COMMIT = "a" * 40
 
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
-    """A hub on 127.0.0.1 serving REPO's model.safetensors as the real hub does: HEAD gives the commit, the ETag
-    (the sha256 of an LFS file) and the size; GET gives the bytes."""
+    """A hub on 127.0.0.1 serving REPO's model.safetensors (a tiny model's) as the real hub does: the commit, the
+    ETag (the sha256 of an LFS file) and the size in headers, to HEAD (huggingface_hub's) and GET."""
     for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY", "HF_HUB_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setitem(PRESETS, NAME, {**TINY, "num_classes": 1000})
-    monkeypatch.setitem(
-        PRETRAINED, NAME, PublishedWeights("timm", REPO, 32, 1000, Preprocessing.timm(32, 0.9))
-    )
-    with serve() as site:
-        monkeypatch.setenv("HF_ENDPOINT", site.url)
-        yield site
-
-
-def _put(site, data: bytes, etag: str) -> None:
-    path = f"{REPO}/resolve/main/model.safetensors"
-    site.files[path] = data
-    site.headers[path] = {"ETag": f'"{etag}"', "X-Repo-Commit": "a" * 40, "X-Linked-Etag": f'"{etag}"',
-                          "X-Linked-Size": str(len(data))}
-
-
-def test_hub_download_loads_converts_and_names_classes(hub, tmp_path):
+    monkeypatch.setitem(PRETRAINED, NAME, PublishedWeights("timm", REPO, 32, 1000, Preprocessing.timm(32, 0.9)))
     model = perturbed(ViT(**{**TINY, "num_classes": 1000}))
     data = safetensors_save(to_timm(model), metadata={"format": "pt"})
-    _put(hub, data, hashlib.sha256(data).hexdigest())
+    sha256 = hashlib.sha256(data).hexdigest()
+    with serve() as site:
+        path = f"{REPO}/resolve/main/model.safetensors"
+        site.files[path] = data
+        site.headers[path] = {"ETag": f'"{sha256}"', "X-Repo-Commit": COMMIT, "X-Linked-Etag": f'"{sha256}"',
+                              "X-Linked-Size": str(len(data))}
+        monkeypatch.setenv("HF_ENDPOINT", site.url)
+        yield site, model, data
+
+
+def test_huggingface_hub_reads_the_file_create_vit_cached(hub, tmp_path):
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+    site, model, data = hub
+    create_vit(NAME, pretrained=True)
+    cached = try_to_load_from_cache(REPO, "model.safetensors", cache_dir=tmp_path / "hf")
+    blob = tmp_path / "hf" / "models--timm--vit_tiny_test.tag" / "blobs" / hashlib.sha256(data).hexdigest()
+    assert isinstance(cached, str) and Path(cached).resolve() == blob
+    local = hf_hub_download(REPO, "model.safetensors", cache_dir=tmp_path / "hf", local_files_only=True)
+    assert Path(local).read_bytes() == data
+    assert [r for r in site.requests if r[1].startswith(REPO)] == [("GET", f"{REPO}/resolve/main/model.safetensors")]
+
+
+def test_create_vit_reads_the_file_huggingface_hub_cached(hub, tmp_path):
+    from huggingface_hub import hf_hub_download
+
+    site, model, data = hub
+    path = hf_hub_download(REPO, "model.safetensors", cache_dir=tmp_path / "hf", endpoint=site.url)
+    assert Path(path).read_bytes() == data
+    seen = list(site.requests)
     loaded = create_vit(NAME, pretrained=True)
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
-    assert loaded.class_names[:2] == ["tench", "goldfish"] and loaded.preprocessing == Preprocessing.timm(32, 0.9)
-    assert loaded.source["url"] == f"{hub.url}/{REPO}/resolve/main/model.safetensors"
-    gets = [r for r in hub.requests if r[0] == "GET"]
-    create_vit(NAME, pretrained=True)
-    assert [r for r in hub.requests if r[0] == "GET"] == gets  # cached: no second download
-
-
-def test_a_family_downloads_with_its_arch_and_preprocessing(hub, monkeypatch):
-    """create_vit("vit_small_patch14_reg4_dinov2", pretrained=True): the file comes from the family's hub repo,
-    loads with the name as its arch (registers, LayerScale, positions for the patches only, no classifier) and
-    records DINOv2's preprocessing (ImageNet mean and std, crop 1.0). The architecture is shrunk in the table, so
-    the served file is tiny."""
-    from vit_einops.pretrained import _timm_family
-
-    name = "vit_small_patch14_reg4_dinov2"
-    small = dict(dim=32, depth=1, heads=2, mlp_dim=64, image_size=28)
-    monkeypatch.setitem(TIMM_ARCHS, name, {**TIMM_ARCHS[name], **small})
-    published = _timm_family(name)
-    monkeypatch.setitem(PRETRAINED, name, published)
-    model = perturbed(create_vit(name))
-    data = safetensors_save(to_timm(model), metadata={"format": "pt"})
-    path = f"{published.file}/resolve/main/model.safetensors"
-    hub.files[path] = data
-    hub.headers[path] = {"ETag": f'"{hashlib.sha256(data).hexdigest()}"', "X-Repo-Commit": "a" * 40,
-                         "X-Linked-Etag": f'"{hashlib.sha256(data).hexdigest()}"', "X-Linked-Size": str(len(data))}
-    loaded = create_vit(name, pretrained=True)
-    assert published.file == "timm/vit_small_patch14_reg4_dinov2.lvd142m"
-    assert loaded.config == model.config and loaded.config.prefix_tokens[1:] == ("reg1", "reg2", "reg3", "reg4")
-    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
-    assert loaded.preprocessing == Preprocessing.timm(28, 1.0, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
-    assert loaded.class_names is None and loaded.source["pretrained"] == name
-
-
-def test_hub_download_whose_sha256_is_not_its_etag_is_refused_and_removed(hub, tmp_path):
-    data = safetensors_save(to_timm(ViT(**{**TINY, "num_classes": 1000})), metadata={"format": "pt"})
-    _put(hub, data, "0" * 64)
-    with pytest.raises(DownloadError, match=r"refused .*model.safetensors: its sha256 [0-9a-f]{16}\.\.\. is not its "
-                       r"ETag 0000000000000000"):
-        create_vit(NAME, pretrained=True)
-    assert [p for p in (tmp_path / "hf").rglob("*") if p.is_file() and "blobs" in p.parts] == []
-
-
-def test_hub_offline_is_one_line(hub, monkeypatch):
-    monkeypatch.setenv("HF_ENDPOINT", url := closed_port_url())
-    with pytest.raises(DownloadError) as caught:
-        create_vit(NAME, pretrained=True)
-    message = str(caught.value)
-    assert message.startswith(f"create_vit('{NAME}', pretrained=True) could not fetch {url}/{REPO}/")
-    assert "weights=" in message and "\n" not in message and caught.value.__cause__ is None
+    assert site.requests == seen  # no request: huggingface_hub's cache entry was used

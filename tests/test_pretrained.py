@@ -19,13 +19,14 @@ import torch
 from _interop import TINY, perturbed
 from _loopback import closed_port_url, serve
 from PIL import Image
+from safetensors.torch import save as safetensors_save
 
 from vit_einops import ViT, create_vit, load_model, save_vit
 from vit_einops._download import DownloadError, download
 from vit_einops.cli import main
 from vit_einops.imagenet import ASSUMED, imagenet1k_classes
 from vit_einops.interop import save_state_dict_file, to_timm, to_torchvision
-from vit_einops.pretrained import PRETRAINED, PublishedWeights
+from vit_einops.pretrained import PRETRAINED, PublishedWeights, download_limit
 from vit_einops.prediction import predict
 from vit_einops.preprocess import Preprocessing
 from vit_einops.presets import PRESETS
@@ -157,7 +158,8 @@ def test_a_download_killed_midway_leaves_no_file_under_the_cached_name(tmp_path,
             # A second download of the same file meanwhile is told at once, never a second writer.
             busy = rf"is being written by another vit-einops process \(pid {process.pid}"
             with pytest.raises(BlockingIOError, match=busy):
-                download(f"{site.url}/{file}", cache / file, sha256_prefix=PRETRAINED["vit_b_16"].sha256_prefix)
+                download(f"{site.url}/{file}", cache / file, sha256_prefix=PRETRAINED["vit_b_16"].sha256_prefix,
+                         max_bytes=download_limit("vit_b_16"))
         finally:
             process.kill()
             process.wait()
@@ -169,13 +171,66 @@ def test_a_download_killed_midway_leaves_no_file_under_the_cached_name(tmp_path,
     assert sorted(p.name for p in cache.iterdir()) == []  # ...and the killed run's temporary and lock are gone too
 
 
-def test_timm_names_without_huggingface_hub_say_how_to_get_it(cache, monkeypatch):
-    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # as when it is not installed; nothing is contacted
-    with pytest.raises(ImportError, match=r"vit_base_patch16_224's published weights are timm's, on the Hugging Face "
-                       r"hub \(https://huggingface.co/timm/vit_base_patch16_224.augreg2_in21k_ft_in1k/resolve/main/"
-                       r"model.safetensors\); install huggingface_hub \(pip install 'vit-einops\[hub\]'\) or pass "
-                       r"weights=PATH"):
-        create_vit("vit_base_patch16_224", pretrained=True)
+# --- timm's names: the Hugging Face hub, through our own client and the hub's cache layout ---
+
+HUB_REPO = f"timm/{NAME}.tag"
+COMMIT = "a" * 40
+
+
+def _publish_hub(monkeypatch, site, data: bytes, repo: str = HUB_REPO) -> None:
+    """Serve ``data`` as the real hub serves a model.safetensors: the commit, the ETag (an LFS file's sha256) and
+    the size in headers, beside the bytes."""
+    path = f"{repo}/resolve/main/model.safetensors"
+    sha256 = hashlib.sha256(data).hexdigest()
+    site.files[path] = data
+    site.headers[path] = {"ETag": f'"{sha256}"', "X-Repo-Commit": COMMIT, "X-Linked-Etag": f'"{sha256}"',
+                          "X-Linked-Size": str(len(data))}
+    monkeypatch.setenv("HF_ENDPOINT", site.url)
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return tmp_path / "hf"
+
+
+def test_timm_names_download_without_huggingface_hub_and_name_the_classes(tiny_model, cache, hub_cache, monkeypatch):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # as when it is not installed: it is not needed
+    monkeypatch.setitem(PRETRAINED, NAME, PublishedWeights("timm", HUB_REPO, 32, 1000, Preprocessing.timm(32, 0.9)))
+    with serve() as site:
+        _publish_hub(monkeypatch, site, safetensors_save(to_timm(tiny_model), metadata={"format": "pt"}))
+        loaded = create_vit(NAME, pretrained=True)
+        create_vit(NAME, pretrained=True)
+    assert site.requests == [("GET", f"{HUB_REPO}/resolve/main/model.safetensors")]  # the second call read the cache
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in tiny_model.state_dict().items())
+    assert loaded.class_names[:2] == ["tench", "goldfish"] and loaded.preprocessing == Preprocessing.timm(32, 0.9)
+    assert loaded.source["url"] == f"{site.url}/{HUB_REPO}/resolve/main/model.safetensors"
+    assert (hub_cache / f"models--timm--{NAME}.tag" / "snapshots" / COMMIT / "model.safetensors").is_symlink()
+
+
+def test_a_family_downloads_with_its_arch_and_preprocessing(cache, hub_cache, monkeypatch):
+    """create_vit("vit_small_patch14_reg4_dinov2", pretrained=True): the file comes from the family's hub repo,
+    loads with the name as its arch (registers, LayerScale, positions for the patches only, no classifier) and
+    records DINOv2's preprocessing (ImageNet mean and std, crop 1.0). The architecture is shrunk in the table, so
+    the served file is tiny."""
+    from vit_einops.pretrained import _timm_family
+    from vit_einops.presets import TIMM_ARCHS
+
+    name = "vit_small_patch14_reg4_dinov2"
+    small = dict(dim=32, depth=1, heads=2, mlp_dim=64, image_size=28)
+    monkeypatch.setitem(TIMM_ARCHS, name, {**TIMM_ARCHS[name], **small})
+    published = _timm_family(name)
+    monkeypatch.setitem(PRETRAINED, name, published)
+    model = perturbed(create_vit(name))
+    with serve() as site:
+        _publish_hub(monkeypatch, site, safetensors_save(to_timm(model), metadata={"format": "pt"}), published.file)
+        loaded = create_vit(name, pretrained=True)
+    assert published.file == "timm/vit_small_patch14_reg4_dinov2.lvd142m"
+    assert loaded.config == model.config and loaded.config.prefix_tokens[1:] == ("reg1", "reg2", "reg3", "reg4")
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+    assert loaded.preprocessing == Preprocessing.timm(28, 1.0, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    assert loaded.class_names is None and loaded.source["pretrained"] == name
 
 
 def test_names_without_published_weights_and_bad_arguments(cache):
@@ -294,9 +349,10 @@ def test_an_empty_or_non_path_weights_argument_is_refused_never_read_from_the_cu
 
 
 def test_a_mistyped_weights_host_is_the_one_line_download_error(cache, monkeypatch):
-    monkeypatch.setenv("VIT_EINOPS_WEIGHTS_URL", "downloads.example")  # no scheme: urllib raised a bare ValueError
+    monkeypatch.setenv("VIT_EINOPS_WEIGHTS_URL", "downloads.example")  # no scheme
     with pytest.raises(DownloadError, match=r"^create_vit\('vit_b_16', pretrained=True\) could not fetch "
-                       r"downloads.example/vit_b_16-c867db91.pth: unknown url type: .*weights='vit_b_16-c867db91.pth'"):
+                       r"downloads.example/vit_b_16-c867db91.pth: it is not an http or https URL. .*"
+                       r"weights='vit_b_16-c867db91.pth'"):
         create_vit("vit_b_16", pretrained=True)
     assert not cache.exists() or list(cache.iterdir()) == []
 

@@ -8,8 +8,13 @@ Each name's weights are stated once, in :data:`PRETRAINED`:
   The file name carries the first hex digits of its sha256 (torch.hub's convention); a download whose hash differs,
   or that is cut short, is refused and nothing is cached (:mod:`vit_einops._download`).
 - timm's names (vit_base_patch16_224 ...) take timm's default pretrained tag (its ``pretrained_cfg``), the
-  ``model.safetensors`` of ``timm/<name>.<tag>`` on the Hugging Face hub, through ``huggingface_hub`` (the ``hub``
-  extra) and its cache. A new download's sha256 must equal the hub's ETag for it (the name of its cached blob).
+  ``model.safetensors`` of ``timm/<name>.<tag>`` on the Hugging Face hub, cached in the hub's cache layout
+  (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``), so a file timm or huggingface_hub
+  downloaded is reused and ours are reused by them. The hub's answer is checked by our rules before anything is
+  written, and a new download's sha256 must equal its ETag (:func:`vit_einops._download.download_hub_file`).
+  ``$HF_HUB_OFFLINE=1`` reads the cache only.
+
+Every download is capped at the size its architecture implies (:func:`download_limit`) and has a deadline.
 
 ``$VIT_EINOPS_WEIGHTS_URL`` replaces torchvision's base URL and ``$HF_ENDPOINT`` the hub's (mirrors, and the tests'
 server on 127.0.0.1). ``create_vit(name, weights=PATH)`` loads a local file or directory in any form
@@ -28,9 +33,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._io import sha256_of
+from ._text import printable
+from .config import ViTConfig
 from .preprocess import Preprocessing
 from .presets import create_vit as create_architecture
 from .presets import PRESETS, TIMM_ARCHS, TIMM_TAGS, preset_config, timm_arch, timm_preprocessing
+from .sizes import parameter_count
 
 if TYPE_CHECKING:
     from .model import ViT
@@ -38,6 +46,10 @@ if TYPE_CHECKING:
 TORCHVISION_URL = "https://download.pytorch.org/models"
 WEIGHTS_URL_ENV = "VIT_EINOPS_WEIGHTS_URL"
 HF_FILE = "model.safetensors"
+# What a weights file holds beside its float32 tensors: torch.save's zip and pickle records (torchvision's largest,
+# vit_h_14's, is 2416.643 MiB, its meta's _file_size, for 2416.498 MiB of tensors) or a safetensors header (about
+# 100 bytes a tensor). Beside the tensors' size, it is all a server may send more.
+CONTAINER_MARGIN = 1 << 20
 _HASH = re.compile(r"-([0-9a-f]{8,})\.")  # torch.hub's HASH_REGEX: "vit_b_16-c867db91.pth" -> "c867db91"
 
 
@@ -216,10 +228,19 @@ def weights_url(name: str) -> str:
 
 def _offline_hint(name: str, url: str, reason: str, file: str) -> str:
     return (
-        f"create_vit({name!r}, pretrained=True) could not fetch {url}: {reason.rstrip('.')}. Without network, "
-        f"download that file elsewhere and pass it: create_vit({name!r}, weights={file!r}), or convert it once "
-        f"with `vit-einops convert {file} {name}.safetensors`"
+        f"create_vit({name!r}, pretrained=True) could not fetch {printable(url)}: {reason.rstrip('.')}. Without "
+        f"network, download that file elsewhere and pass it: create_vit({name!r}, weights={file!r}), or convert it "
+        f"once with `vit-einops convert {file} {name}.safetensors`"
     )
+
+
+def download_limit(name: str) -> int:
+    """The most bytes ``name``'s published weights file can be, from its architecture alone: its parameters
+    (:func:`vit_einops.sizes.parameter_count` at the weights' image size and classes) as float32, and
+    :data:`CONTAINER_MARGIN`. No server may declare or send more."""
+    published = PRETRAINED[name]
+    config = preset_config(name, image_size=published.image_size, num_classes=published.num_classes)
+    return 4 * parameter_count(ViTConfig(**config)) + CONTAINER_MARGIN
 
 
 def _fetch_torchvision(name: str, published: PublishedWeights) -> tuple[Path, str]:
@@ -231,44 +252,55 @@ def _fetch_torchvision(name: str, published: PublishedWeights) -> tuple[Path, st
     path = Path(torch.hub.get_dir()) / "checkpoints" / published.file
     if not path.is_file():
         try:
-            download(url, path, sha256_prefix=published.sha256_prefix)
+            download(url, path, sha256_prefix=published.sha256_prefix, max_bytes=download_limit(name))
         except DownloadError as err:
-            reason = str(err).removeprefix(f"could not download {url}: ")
-            raise DownloadError(_offline_hint(name, url, reason, published.file)) from None
+            raise DownloadError(_offline_hint(name, url, _reason(err, url), published.file)) from None
     return path, url
 
 
 def _fetch_hub(name: str, published: PublishedWeights) -> tuple[Path, str]:
-    from ._download import DownloadError
+    from ._download import DownloadError, cached_hub_file, download_hub_file
 
     url = weights_url(name)
+    repo = _hub_cache() / f"models--{published.file.replace('/', '--')}"  # huggingface_hub's repo_folder_name
+    cached = cached_hub_file(repo, HF_FILE)
+    if cached is not None:
+        return cached, url
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE"):  # as huggingface_hub
+        reason = f"HF_HUB_OFFLINE is set and the file is not in the hub cache ({printable(repo)})"
+        raise DownloadError(_offline_hint(name, url, reason, HF_FILE))
     try:
-        from huggingface_hub import hf_hub_download, try_to_load_from_cache
-    except ImportError:
-        raise ImportError(
-            f"{name}'s published weights are timm's, on the Hugging Face hub ({url}); install huggingface_hub "
-            f"(pip install 'vit-einops[hub]') or pass weights=PATH to a local copy"
-        ) from None
-    cache_dir = os.environ.get("HF_HUB_CACHE")  # read now, as $HF_ENDPOINT is below
-    cached = try_to_load_from_cache(published.file, HF_FILE, cache_dir=cache_dir)
-    if isinstance(cached, str):
-        return Path(cached), url
-    try:
-        # The endpoint is read here, not when huggingface_hub was imported, so $HF_ENDPOINT set later counts.
-        endpoint = os.environ.get("HF_ENDPOINT")
-        path = Path(hf_hub_download(published.file, HF_FILE, cache_dir=cache_dir, endpoint=endpoint))
-    except Exception as err:  # huggingface_hub's errors (offline, HTTP, size check) share no base class but this
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DownloadError(_offline_hint(name, url, reason, HF_FILE)) from None
-    _check_hub_blob(path, url)
-    return path, url
+        return download_hub_file(url, repo, HF_FILE, max_bytes=download_limit(name)), url
+    except DownloadError as err:
+        raise DownloadError(_offline_hint(name, url, _reason(err, url), HF_FILE)) from None
+
+
+def _hub_cache() -> Path:
+    """The Hugging Face hub's cache folder, as huggingface_hub finds it: ``$HF_HUB_CACHE``, else
+    ``$HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``. Read at each call,
+    so a variable set after import counts."""
+    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")  # the second: its old name
+    if not cache:
+        home = os.environ.get("HF_HOME") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface"
+        )
+        cache = os.path.join(home, "hub")
+    return Path(os.path.expandvars(os.path.expanduser(cache)))
+
+
+def _reason(err: OSError, url: str) -> str:
+    """A download error's message without its leading "could not download URL: ", for the offline hint."""
+    return str(err).removeprefix(f"could not download {printable(url)}: ")
 
 
 def _check_cached_file(path: Path, published: PublishedWeights, err: ValueError) -> None:
     """A cached file is used without hashing it again (hundreds of MB at every call), so one damaged after its
     download (a copy cut short, an error page saved under its name) fails to load at every call: say so, and how
-    to fetch it again."""
-    prefix = published.sha256_prefix
+    to fetch it again. A torchvision file's name carries a prefix of its sha256; a hub file links to a blob named by
+    its sha256."""
+    if published.library != "torchvision":
+        path = path.resolve()
+    prefix = published.sha256_prefix if published.library == "torchvision" else path.name
     if prefix is not None and not _sha256(path).startswith(prefix):
         raise ValueError(
             f"{path}: the cached download of these weights is damaged (its sha256 does not start with {prefix}, as "
@@ -279,21 +311,6 @@ def _check_cached_file(path: Path, published: PublishedWeights, err: ValueError)
 def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return sha256_of(f)
-
-
-def _check_hub_blob(path: Path, url: str) -> None:
-    """The hub names each cached LFS blob by its sha256 (the ETag the server sent): a download whose content hashes
-    otherwise is deleted and refused."""
-    from ._download import DownloadError
-
-    blob = path.resolve()
-    if not re.fullmatch(r"[0-9a-f]{64}", blob.name):
-        return  # a file stored in git, not LFS: its ETag is a git hash, checked by huggingface_hub's size check only
-    digest = _sha256(blob)
-    if digest != blob.name:
-        blob.unlink(missing_ok=True)
-        path.unlink(missing_ok=True)
-        raise DownloadError(f"refused {url}: its sha256 {digest[:16]}... is not its ETag {blob.name[:16]}")
 
 
 def _check_architecture(model: ViT, name: str, expected: dict[str, Any], weights: Any) -> None:
