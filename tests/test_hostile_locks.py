@@ -167,7 +167,7 @@ def test_files_named_like_our_leftovers_are_kept_through_writes_beside_them(tmp_
     assert (tmp_path / "report" / "attention.png").read_bytes() == b"new"
 
 
-# --- what a killed writer leaves, the next holder removes: exactly that ------------------------------------------------
+# --- what a killed writer leaves, the next holder removes: exactly that -----------------------------------------------
 
 
 def killed_in(work) -> None:
@@ -366,7 +366,7 @@ def test_a_killed_holders_lock_file_is_taken_over_by_the_next(tmp_path, which):
     assert not lock.exists()
 
 
-# --- a lock file of ours planted with records never reaches outside its directory ------------------------------------
+# --- a lock file of ours planted with records never reaches outside its directory -------------------------------------
 
 
 def test_a_planted_lock_file_cannot_send_cleanup_outside_its_directory(tmp_path, notes):

@@ -523,7 +523,7 @@ def _recorded_entry(directory: str, line: dict[str, Any]) -> Path | None:
 
 def _inside(directory: str, where: str) -> Path | None:
     parts = where.split("/")
-    if any(part in ("", os.curdir, os.pardir) or os.sep in part for part in parts):
+    if any(part in ("", os.curdir, os.pardir) for part in parts):
         return None
     path = Path(directory)
     for part in parts[:-1]:
