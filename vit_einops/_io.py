@@ -445,13 +445,11 @@ def _open_lock(file: Path, *, create: bool) -> int:
     flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(file, flags, 0o644)
-    except FileNotFoundError:
-        raise
     except OSError as err:  # a link (ELOOP), a directory (EISDIR), a socket (ENXIO)...
         try:
             mode = os.lstat(file).st_mode
         except OSError:
-            raise err from None
+            raise err from None  # nothing there (FileNotFoundError), say
         if stat.S_ISREG(mode):
             raise  # a permission, say: its message names the file
         raise _not_a_lock(file, kind_of(mode)) from None
