@@ -259,14 +259,14 @@ def test_a_second_bench_into_one_folder_fails_before_measuring(tmp_path, capsys)
     assert os.listdir(tmp_path) == []  # nothing made, the holder's lock file gone with it
 
 
-def test_bench_keeps_a_result_file_that_appears_during_its_run_and_removes_its_leftovers(
+def test_bench_keeps_a_result_file_that_appears_during_its_run_and_a_file_named_like_its_temporary(
     tmp_path, monkeypatch, capsys
 ):
     import vit_einops.bench.report as report
 
     out = tmp_path / "b"
     out.mkdir()
-    (out / ".results.json.abcd1234.tmp").write_text("half")  # of a killed run
+    (out / ".results.json.abcd1234.tmp").write_text("half")  # named like ours, but no lock records it
     appearing(monkeypatch, report, "write_json", lambda: (out / "results.json").write_text("theirs"))
     one_point = ["--threads", "1", "--batches", "1", "--tokens", "9", "--modes", "forward", "--skip-layer"]
     code = main(["bench", "--smoke", "--out", str(out), "--skip-model", *one_point])
@@ -274,7 +274,8 @@ def test_bench_keeps_a_result_file_that_appears_during_its_run_and_removes_its_l
     assert code == 2 and "Traceback" not in err
     says = f"vit-einops bench: error: {out}/results.json already exists at the commit; it was left as it is"
     assert err.splitlines()[-1] == says
-    assert (out / "results.json").read_text() == "theirs" and sorted(os.listdir(out)) == ["results.json", "table.txt"]
+    assert (out / "results.json").read_text() == "theirs" and (out / ".results.json.abcd1234.tmp").read_text() == "half"
+    assert sorted(os.listdir(out)) == [".results.json.abcd1234.tmp", "results.json", "table.txt"]
 
 
 def test_two_creating_writes_of_one_file_one_wins(tmp_path):
@@ -469,46 +470,47 @@ def test_a_new_file_gets_the_umasks_mode(tmp_path):
     assert stat.S_IMODE((tmp_path / "w.pth").stat().st_mode) == 0o666 & ~umask
 
 
-# --- leftovers of killed runs: each command removes its own, and only those ----------------------------------------
+# --- leftovers of killed runs: each command removes what its lock records, and only that ------------------------------
 
 
-def test_explore_removes_its_own_leftovers_only(tmp_path, model_file, capsys):
+def temporaries(directory, name) -> list[str]:
+    return sorted(p for p in os.listdir(directory) if p.startswith(f".{name}.") and not p.endswith(".lock"))
+
+
+def test_explore_removes_its_killed_runs_temporary_and_nothing_named_like_one(tmp_path, model_file, capsys, one_thread):
     out = tmp_path / "e.html"
-    for name in (".e.html.abcd1234.tmp", ".e.html.lock", ".other.html.abcd1234.tmp", ".e.html.abcd1234.mine"):
+    args = ["explore", model_file, "--out", out]
+    assert killed(args, 1) == -signal.SIGKILL  # its temporary written and synced, not yet renamed
+    assert len(temporaries(tmp_path, "e.html")) == 1
+    theirs = [".e.html.abcd1234.tmp", ".other.html.abcd1234.tmp", ".e.html.abcd1234.mine"]
+    for name in theirs:
         (tmp_path / name).write_text("x")
-    assert cli(capsys, "explore", model_file, "--out", out)[0] == 0
-    kept = [".e.html.abcd1234.mine", ".other.html.abcd1234.tmp"]  # not ours, or another target's
-    assert sorted(os.listdir(tmp_path)) == [*kept, "e.html", "m.safetensors"]
+    assert cli(capsys, *args)[0] == 0
+    assert sorted(os.listdir(tmp_path)) == sorted([*theirs, "e.html", "m.safetensors"])
+    assert all((tmp_path / name).read_text() == "x" for name in theirs)
 
 
-def test_convert_removes_leftovers_even_when_it_refuses(tmp_path, model_file, capsys):
-    """A rerun that stops at "already exists" still removes the temporaries of the run that was killed."""
+def test_convert_removes_leftovers_even_when_it_refuses(tmp_path, model_file, capsys, one_thread):
+    """A rerun that stops at "already exists" still removes the temporary of the run that was killed."""
     dst = tmp_path / "dst.safetensors"
     dst.write_text("old")
-    (tmp_path / ".dst.safetensors.k2j4_x9q.tmp").write_bytes(b"half a file")
+    assert killed(["convert", model_file, dst, "--force"], 1) == -signal.SIGKILL
+    assert len(temporaries(tmp_path, "dst.safetensors")) == 1
     code, err = cli(capsys, "convert", model_file, dst)
     assert code == 2 and err == f"vit-einops convert: error: {dst} already exists; pass --force to replace it\n"
     assert sorted(os.listdir(tmp_path)) == ["dst.safetensors", "m.safetensors"] and dst.read_text() == "old"
 
 
-def test_hf_and_inspect_remove_their_staging_directories(tmp_path, model_file, capsys):
-    for name in (".hf.abcd1234.staging", ".out.abcd1234.staging"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "model.safetensors").write_text("half")
-    assert cli(capsys, "convert", model_file, tmp_path / "hf", "--to", "hf")[0] == 0
-    assert cli(capsys, "inspect", model_file, "--out", tmp_path / "out", *INSPECT)[0] == 0
+def test_hf_and_inspect_remove_their_staging_directories(tmp_path, model_file, capsys, one_thread):
+    hf = ["convert", model_file, tmp_path / "hf", "--to", "hf"]
+    report = ["inspect", model_file, "--out", tmp_path / "out", *INSPECT]
+    for args, name in ((hf, "hf"), (report, "out")):
+        assert killed(args, 1) == -signal.SIGKILL  # one file written into the staging directory
+        [staging] = temporaries(tmp_path, name)
+        assert staging.endswith(".staging") and len(os.listdir(tmp_path / staging)) == 1
+        assert cli(capsys, *args)[0] == 0
     assert sorted(os.listdir(tmp_path)) == ["hf", "m.safetensors", "out"]
     assert sorted(os.listdir(tmp_path / "out")) == REPORT
-
-
-def test_a_directory_set_aside_by_a_killed_swap_is_put_back(tmp_path, hf_dir, model_file, capsys):
-    """Where the system has no exchanging rename, the old directory is renamed aside before the new one moves in;
-    killed between the two, the next run finds no directory and puts the old one back, whole."""
-    before = tree(hf_dir)
-    hf_dir.rename(tmp_path / ".hf.abcd1234.replaced")
-    code, err = cli(capsys, "convert", model_file, hf_dir, "--to", "hf")
-    assert code == 2 and "already holds config.json, model.safetensors, preprocessor_config.json; pass --force" in err
-    assert tree(hf_dir) == before and sorted(os.listdir(tmp_path)) == ["hf", "m.safetensors", "old.safetensors"]
 
 
 # --- a replaced directory keeps none of its old files, and only ever held ours -------------------------------------

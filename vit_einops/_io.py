@@ -4,7 +4,11 @@ Every check that decides whether a write may go ahead is made again at its commi
 a file is created with a rename that never replaces (``renameat2(RENAME_NOREPLACE)``, else an exclusive hard link),
 and replaced only if what is there just before the rename is a regular file. A folder of outputs is written into
 a staging directory beside its target and swapped in whole, a swap undone if what it took out was not ours.
-Outputs of a command are written under a lock beside them, so a second writer fails at once, naming the first.
+
+Outputs of a command are written under a lock (:class:`LockFile`: a file of ours beside them, or in a training run's
+directory), so a second writer fails at once, naming the first. What a write under a lock may leave when killed (a
+temporary, a staging directory, a directory set aside) is recorded in that lock file before it can be left, and the
+next holder removes exactly those entries: nothing is ever removed, truncated or replaced for its name alone.
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ import ctypes
 import errno
 import functools
 import hashlib
+import json
 import os
-import re
 import shutil
 import stat
 import sys
@@ -22,20 +26,15 @@ import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
-
-# atomic_write_bytes's temporaries: "." + the target's name + "." + mkstemp's 8 random characters + ".tmp".
-_TEMP = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
-# What a killed write leaves beside its target: a temporary file, a staging directory (new content, or the old
-# content after the swap), or the old directory set aside where the system has no exchanging rename.
-_LEFTOVER = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.(?P<kind>tmp|staging|replaced)")
+from typing import Any, BinaryIO
 
 # renameat2 flags (linux/fs.h) and AT_FDCWD (fcntl.h): create without replacing; swap two existing paths.
 _NOREPLACE, _EXCHANGE, _AT_FDCWD = 1, 2, -100
 
-# Lock files this process holds, with how many nested users each has: a command locks its output for the whole
-# run and the library function it calls locks it again at the commit (flock would refuse the second open).
-_HELD: dict[str, int] = {}
+# The first line of every lock file of ours. A file at a lock's path that starts otherwise is not ours: it is never
+# written, truncated or removed.
+LOCK_HEADER = b"vit-einops lock\n"
+_MAX_LOCK_BYTES = 1 << 20  # a lock file holds a line per entry in progress: a few hundred bytes; larger is not ours
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, replace: bool = True) -> None:
@@ -54,12 +53,21 @@ def atomic_write_chunks(
 ) -> None:
     """Write the concatenated ``chunks`` to ``path`` as :func:`atomic_write_bytes` does, streaming (a download need
     not fit in memory). ``check`` runs once every chunk is on disk and before the commit: if it raises (a hash or
-    length that does not match), the temporary is deleted and ``path`` is left as it was."""
+    length that does not match), the temporary is deleted and ``path`` is left as it was.
+
+    The temporary (``.NAME.<random>.tmp`` beside ``path``) is recorded in the lock this process holds over ``path``
+    (its :func:`output_lock`, or a :class:`LockFile` over a directory above it, as a training run's), so that a kill
+    leaves it to the next holder to remove. Written under no lock, a temporary is still removed on any exception,
+    but one a kill left stays until removed by hand.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # matches _TEMP
+    lock = _covering(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    forget = _nothing
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the permissions open() would
         with os.fdopen(fd, "wb") as f:
+            forget = _record(lock, Path(tmp), os.fstat(fd))
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the permissions open() would
             for chunk in chunks:
                 f.write(chunk)
             f.flush()
@@ -73,6 +81,8 @@ def atomic_write_chunks(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    finally:
+        forget()  # after the commit or the unlink: until then a kill leaves the record
     _fsync_dir(path.parent)
 
 
@@ -101,7 +111,7 @@ def _replace_file(tmp: str, path: Path) -> None:
 
 def _refuse_special(path: Path, mode: int) -> None:
     if not stat.S_ISREG(mode):
-        raise ValueError(f"{path} is {_kind(mode)}, not a regular file; it is never replaced, even with --force")
+        raise ValueError(f"{path} is {kind_of(mode)}, not a regular file; it is never replaced, even with --force")
 
 
 @functools.cache
@@ -132,7 +142,7 @@ def _rename2(src: str | Path, dst: str | Path, flags: int) -> bool:
 
 
 def write_file(path: str | Path, data: bytes, *, replace: bool = False) -> Path:
-    """Write one output file of a command, under its lock (:func:`output_lock`, which also removes what killed
+    """Write one output file of a command, under its lock (:func:`output_lock`, whose taking removes what killed
     writes of it left), with :func:`atomic_write_bytes`'s checks at the commit. Returns the path."""
     path = Path(path)
     with output_lock(path):
@@ -144,7 +154,9 @@ def write_file(path: str | Path, data: bytes, *, replace: bool = False) -> Path:
 def staged_directory(path: str | Path, *, owned: Collection[str], replace: bool = False) -> Iterator[Path]:
     """A directory of outputs, written as one unit: yields an empty staging directory beside ``path`` to write the
     files into; when the block ends without an error, the staging directory becomes ``path`` in one swap. A kill at
-    any point leaves the whole old content or the whole new one, and none of the old files stays beside the new.
+    any point leaves the whole old content or the whole new one, and none of the old files stays beside the new;
+    what it leaves beside ``path`` (the staging directory, the old directory set aside) is recorded in the lock of
+    ``path``, so that the next writer of ``path`` removes it, or puts the old directory back if ``path`` is missing.
 
     ``path`` may be absent, or a directory that holds nothing but names from ``owned`` (what this writer writes);
     one that holds anything else is never replaced (ValueError naming it), and a non-empty one only with
@@ -154,16 +166,21 @@ def staged_directory(path: str | Path, *, owned: Collection[str], replace: bool 
     path = Path(path)
     with output_lock(path, parents=True):
         _check_directory(path, owned, replace)
+        lock = _covering(path)
         staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".staging"))
+        forgets: list[Callable[[], None]] = []
         try:
+            forgets.append(_record(lock, staging))
             yield staging
             for entry in staging.iterdir():
                 if entry.name not in owned:
                     raise ValueError(f"{entry.name!r} was written into {path}, which takes only {sorted(owned)}")
             _fsync_dir(staging)
-            _commit_directory(staging, path, owned, replace)
+            _commit_directory(staging, path, owned, replace, lock, forgets)
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # the new content on failure, the old after a swap
+            for forget in forgets:
+                forget()
 
 
 def check_directory_output(path: str | Path, owned: Collection[str], replace: bool) -> None:
@@ -179,7 +196,7 @@ def _check_directory(path: Path, owned: Collection[str], replace: bool) -> None:
     if stat.S_ISLNK(mode):
         raise ValueError(f"{path} is a symbolic link; give the directory itself")
     if not stat.S_ISDIR(mode):
-        raise ValueError(f"{path} exists and is {_kind(mode)}, not a directory")
+        raise ValueError(f"{path} exists and is {kind_of(mode)}, not a directory")
     names = sorted(entry.name for entry in os.scandir(path))
     if names and not replace:
         raise FileExistsError(f"{path} already holds {', '.join(names)}; pass --force to replace them")
@@ -191,7 +208,16 @@ def _check_directory(path: Path, owned: Collection[str], replace: bool) -> None:
         )
 
 
-def _commit_directory(staging: Path, path: Path, owned: Collection[str], replace: bool) -> None:
+def _commit_directory(
+    staging: Path,
+    path: Path,
+    owned: Collection[str],
+    replace: bool,
+    lock: LockFile | None,
+    forgets: list[Callable[[], None]],
+) -> None:
+    """Move ``staging`` to ``path``; each entry this leaves beside ``path`` until the caller's cleanup is recorded in
+    ``lock`` first, and its forgetting added to ``forgets``."""
     while True:
         if not os.path.lexists(path):
             try:
@@ -203,14 +229,18 @@ def _commit_directory(staging: Path, path: Path, owned: Collection[str], replace
                 raise err
             break
         _check_directory(path, owned, replace)
+        old = os.lstat(path)
+        forgets.append(_record(lock, staging, old))  # after the swap, the staging name holds the old directory
         if _rename2(staging, path, _EXCHANGE):
             try:  # staging now holds what was at path at the moment of the swap
                 _check_directory(staging, owned, replace)
             except (ValueError, FileExistsError) as err:
                 _rename2(staging, path, _EXCHANGE)  # put it back
                 raise type(err)(str(err).replace(str(staging), str(path))) from None
-        else:  # set the old one aside, move the new in: a kill between leaves it aside (remove_leftovers restores it)
-            aside = tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".replaced")
+        else:  # set the old one aside, move the new in: a kill between leaves it aside, to be put back
+            aside = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".replaced"))
+            forgets.append(_record(lock, aside))  # the empty directory that holds the name
+            forgets.append(_record(lock, aside, old, restore=path))
             os.rename(path, aside)
             os.rename(staging, path)
             shutil.rmtree(aside)
@@ -218,94 +248,323 @@ def _commit_directory(staging: Path, path: Path, owned: Collection[str], replace
     _fsync_dir(path.parent)
 
 
-def remove_leftovers(path: str | Path) -> list[Path]:
-    """Remove what killed writes of ``path`` left beside it (temporaries, staging directories); returns them.
-
-    Only names our writers give (``.NAME.xxxxxxxx.tmp`` / ``.staging`` / ``.replaced``) for this very ``path`` are
-    touched. A directory set aside by a swap that was killed halfway is put back if ``path`` is missing. Call it
-    under :func:`output_lock`, so that no live writer of ours is using them.
-    """
-    path = Path(path)
-    removed = []
-    if not path.parent.is_dir():
-        return removed
-    for entry in sorted(path.parent.iterdir()):
-        match = _LEFTOVER.fullmatch(entry.name)
-        if match is None or match["name"] != path.name or entry.is_symlink():
-            continue
-        if match["kind"] == "replaced" and not os.path.lexists(path):
-            os.rename(entry, path)
-        elif match["kind"] == "tmp" and entry.is_file():
-            entry.unlink()
-            removed.append(entry)
-        elif match["kind"] != "tmp" and entry.is_dir():
-            shutil.rmtree(entry)
-            removed.append(entry)
-    return removed
-
-
 @contextmanager
 def output_lock(path: str | Path, *, parents: bool = False) -> Iterator[None]:
-    """Hold the lock of the output ``path`` (an flock on ``.NAME.lock`` beside it, holding the holder's pid), and
-    once it is taken, remove what killed writes of ``path`` left (:func:`remove_leftovers`): no writer of ours is
-    using them then.
+    """Hold the lock of the output ``path``: a :class:`LockFile` ``.NAME.lock`` beside it, covering ``path`` and,
+    for a directory, what lies inside. Taking it removes what killed writes under it left (their record is in it).
 
     A second process that asks for it gets BlockingIOError naming the holder, at once; the same process may nest
-    it. ``parents`` creates the directories above ``path``; otherwise a missing one is a FileNotFoundError.
+    it. A link, FIFO, device or directory at the lock's path, or a file that is not a lock of ours, is a ValueError
+    naming it, and stays as it was. ``parents`` creates the directories above ``path``; otherwise a missing one is a
+    FileNotFoundError.
     """
     path = Path(path)
     if parents:
         path.parent.mkdir(parents=True, exist_ok=True)
     elif not path.parent.is_dir():
         raise FileNotFoundError(f"the directory {path.parent} does not exist")
-    lock = path.parent / f".{path.name}.lock"
-    key = os.path.abspath(lock)
-    if key in _HELD:
-        _HELD[key] += 1
-        try:
-            yield
-        finally:
-            _HELD[key] -= 1
+    file = path.parent / f".{path.name}.lock"
+    if any(lock.file == os.path.abspath(file) for lock in _HELD):
+        yield  # nested in this process: the outer use holds it, and releases it
         return
-    fd = _acquire(lock, path)
-    _HELD[key] = 1
+
+    def busy(holder: str) -> OSError:
+        return BlockingIOError(
+            f"{path} is being written by another vit-einops process (pid {holder}, lock {file}); "
+            f"wait for it to finish, or choose another output"
+        )
+
+    lock = LockFile.take(file, path, busy)
     try:
-        remove_leftovers(path)
         yield
     finally:
-        del _HELD[key]
-        if fd is not None:
-            Path(lock).unlink(missing_ok=True)  # while still locked: a waiter that opened it retries (_acquire)
-            os.close(fd)
+        if lock is not None:
+            lock.release()
 
 
-def _acquire(lock: Path, path: Path) -> int | None:
-    try:
-        import fcntl
-    except ImportError:  # Windows: no flock; the commit's own checks still hold
+# --- locks and what they record -------------------------------------------------------------------------------------
+
+# The locks this process holds, latest last: a write finds the one covering its target here (_covering).
+_HELD: list[LockFile] = []
+
+
+class LockFile:
+    """An exclusive ``flock`` on a lock file of ours, and the record of what writes under it may leave when killed.
+
+    The file starts with :data:`LOCK_HEADER`, then one JSON line naming the holder (``{"pid": N}``), then one for
+    each entry a write under the lock has created and not yet committed or removed: a temporary file, a staging
+    directory, an old directory set aside by a swap. A line gives the entry's path relative to the lock file's
+    directory, its kind, device and inode, and for a set-aside directory the path it is put back at. It is written
+    before the entry could be left behind (a kill keeps what a process wrote; a power cut may lose the latest line):
+    the next holder removes (or puts back) exactly the recorded entries still there with that inode, and nothing
+    else. A kill in the few system calls between creating an empty temporary and recording it leaves that one.
+
+    The lock covers ``covers`` (a file or a directory) and what lies inside it: :func:`atomic_write_chunks` and
+    :func:`staged_directory` record their temporaries in the lock this process holds over their target.
+    The lock file is opened without following a link and without blocking, and judged on the open descriptor: a
+    link, FIFO, device or directory is refused (ValueError naming it), and so is a regular file that is not empty
+    and does not start with :data:`LOCK_HEADER` (a user's file; an empty one is a lock whose holder was killed as it
+    created it). Neither is changed. A lock file left by a killed holder is taken over; at release the file is
+    removed if its path still names it. On Windows (no ``flock``) nothing is locked or recorded.
+    """
+
+    def __init__(self, file: Path, covers: Path, fd: int) -> None:
+        self.file = os.path.abspath(file)
+        self.covers = os.path.realpath(covers)
+        self.directory = os.path.realpath(file.parent)
+        self._fd = fd
+        self._identity = _identity_of(os.fstat(fd))
+        self._entries: list[dict[str, Any]] = []
+        self._size = os.fstat(fd).st_size
+
+    @classmethod
+    def take(cls, file: str | Path, covers: str | Path, busy: Callable[[str], OSError]) -> LockFile | None:
+        """Take the lock file ``file`` for writes to ``covers``, remove what killed holders recorded, and return it;
+        ``busy(pid)`` is raised at once if another holder has it (pid "unknown" if it is not yet written)."""
+        try:
+            import fcntl
+        except ImportError:  # Windows: no flock; the commit's own checks still hold
+            return None
+        file = Path(file)
+        while True:
+            fd = _open_lock(file, create=True)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise busy(_holder(_lock_content(fd, file))) from None
+                try:
+                    current = _identity_of(os.lstat(file))
+                except FileNotFoundError:
+                    current = None
+                if current == _identity_of(os.fstat(fd)):
+                    lock = cls(file, covers, fd)
+                    lock._entries = _entries(_lock_content(fd, file))
+                    lock._write()  # this process named as the holder, the killed holders' records kept until removed
+                    lock._clean()
+                    _HELD.append(lock)
+                    return lock
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # its holder removed it as we opened it: take the new one
+
+    def record(self, entry: Path, info: os.stat_result, restore: Path | None = None) -> Callable[[], None]:
+        """Record ``entry`` (whose stat is ``info``; ``restore``: where to put it back if that is missing), and return
+        what forgets it. An entry outside the lock file's directory is not recorded."""
+        where = self._relative(entry)
+        if where is None:
+            return _nothing
+        line: dict[str, Any] = {"path": where, "kind": "dir" if stat.S_ISDIR(info.st_mode) else "file"}
+        line.update(dev=info.st_dev, ino=info.st_ino)
+        if restore is not None and (back := self._relative(restore)) is not None:
+            line["restore"] = back
+        self._entries.append(line)
+        self._write()
+
+        def forget() -> None:
+            self._entries = [e for e in self._entries if e is not line]
+            self._write()
+
+        return forget
+
+    def release(self) -> None:
+        """Remove what is still recorded, then the lock file (if its path still names it), and unlock."""
+        _HELD.remove(self)
+        try:
+            self._clean()
+            try:
+                current = _identity_of(os.lstat(self.file))
+            except FileNotFoundError:
+                current = None
+            if current == self._identity and not self._entries:  # what could not be removed stays recorded
+                os.unlink(self.file)  # while still locked: a waiter that opened it retries (take)
+        finally:
+            os.close(self._fd)
+
+    def _clean(self) -> None:
+        """Remove (or put back) each recorded entry still there as recorded; those that fail stay recorded."""
+        kept = []
+        for line in self._entries:
+            try:
+                _remove_recorded(self.directory, line)
+            except OSError:
+                kept.append(line)
+        self._entries = kept
+        self._write()
+
+    def _write(self) -> None:
+        """The lock file's content: the header, the holder, the entries. Written over the old content in one write,
+        padded with blank lines to its length, then cut: a kill between leaves blank lines, never half a record."""
+        lines = [json.dumps({"pid": os.getpid()}), *map(json.dumps, self._entries)]
+        data = LOCK_HEADER + "".join(line + "\n" for line in lines).encode("utf-8", "surrogateescape")
+        os.pwrite(self._fd, data + b"\n" * max(0, self._size - len(data)), 0)
+        if self._size > len(data):
+            os.ftruncate(self._fd, len(data))
+        self._size = len(data)
+
+    def _relative(self, entry: Path) -> str | None:
+        where = os.path.relpath(os.path.join(os.path.realpath(entry.parent), entry.name), self.directory)
+        return None if where == os.pardir or where.startswith(os.pardir + os.sep) else where.replace(os.sep, "/")
+
+
+def _nothing() -> None:
+    pass
+
+
+def _record(
+    lock: LockFile | None, entry: Path, info: os.stat_result | None = None, restore: Path | None = None
+) -> Callable[[], None]:
+    """Record ``entry`` (just created; ``info``: the stat it will have, if not its own now) in ``lock``; returns what
+    forgets it. No lock: nothing is recorded."""
+    if lock is None:
+        return _nothing
+    return lock.record(entry, os.lstat(entry) if info is None else info, restore)
+
+
+def _covering(path: Path) -> LockFile | None:
+    """The lock this process holds over ``path`` or the nearest directory above it, if any."""
+    if not _HELD:
         return None
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    while True:
-        fd = os.open(lock, flags, 0o644)
+    held = {lock.covers: lock for lock in _HELD}  # the latest lock over a path wins
+    above = Path(os.path.realpath(path.parent))
+    for key in (os.path.realpath(path), str(above), *map(str, above.parents)):
+        if key in held:
+            return held[key]
+    return None
+
+
+def _identity_of(info: os.stat_result) -> tuple[int, int]:
+    return info.st_dev, info.st_ino
+
+
+def _open_lock(file: Path, *, create: bool) -> int:
+    """A descriptor on the regular file ``file``, opened without following a link or blocking on a FIFO (and
+    created if ``create``); ValueError naming anything else there, which is left as it is."""
+    flags = (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY
+    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(file, flags, 0o644)
+    except OSError as err:  # a link (ELOOP), a directory (EISDIR), a socket (ENXIO)...
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            raise BlockingIOError(
-                f"{path} is being written by another vit-einops process (pid {holder}, lock {lock}); "
-                f"wait for it to finish, or choose another output"
-            ) from None
+            mode = os.lstat(file).st_mode
+        except OSError:
+            raise err from None  # nothing there (FileNotFoundError), say
+        if stat.S_ISREG(mode):
+            raise  # a permission, say: its message names the file
+        raise _not_a_lock(file, kind_of(mode)) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_a_lock(file, kind_of(mode))
+    return fd
+
+
+def _not_a_lock(file: Path, what: str) -> ValueError:
+    return ValueError(
+        f"{file} is {what}, where vit-einops keeps a lock file; it was left as it is: move it away, or choose another "
+        "output"
+    )
+
+
+def _lock_content(fd: int, file: Path) -> bytes:
+    """What the lock file open at ``fd`` holds; ValueError if that is not a lock of ours (left as it is)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    data = os.read(fd, _MAX_LOCK_BYTES + 1)
+    if (data and not data.startswith(LOCK_HEADER)) or len(data) > _MAX_LOCK_BYTES:
+        raise _not_a_lock(file, f"a file that is not a vit-einops lock (those start {LOCK_HEADER.decode()[:-1]!r})")
+    return data
+
+
+def _holder(data: bytes) -> str:
+    """The pid a lock file's content names, else "unknown"."""
+    lines = data.splitlines()
+    try:
+        pid = json.loads(lines[1])["pid"]
+    except (IndexError, ValueError, RecursionError, TypeError, KeyError):
+        return "unknown"
+    return str(pid) if type(pid) is int else "unknown"
+
+
+def _entries(data: bytes) -> list[dict[str, Any]]:
+    """The entries a lock file's content records; torn or malformed lines are skipped."""
+    entries = []
+    for raw in data.splitlines()[2:]:
         try:
-            current = os.stat(lock).st_ino
-        except FileNotFoundError:
-            current = None
-        if current != os.fstat(fd).st_ino:  # its holder removed it as we opened it: take the new one
-            os.close(fd)
+            line = json.loads(raw.decode("utf-8", "surrogateescape"))
+        except (ValueError, RecursionError):
             continue
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        return fd
+        if (
+            isinstance(line, dict)
+            and isinstance(line.get("path"), str)
+            and line.get("kind") in ("file", "dir")
+            and all(type(line.get(key)) is int for key in ("dev", "ino"))
+            and isinstance(line.get("restore", ""), str)
+        ):
+            entries.append(line)
+    return entries
+
+
+def _recorded_entry(directory: str, line: dict[str, Any]) -> Path | None:
+    """The recorded entry's path if it is still there as recorded (same kind, device and inode), else None. Its
+    path must stay inside ``directory`` through real directories: never ``..``, never a link."""
+    entry = _inside(directory, line["path"])
+    if entry is None:
+        return None
+    try:
+        info = os.lstat(entry)
+    except OSError:
+        return None
+    kind = "dir" if stat.S_ISDIR(info.st_mode) else "file" if stat.S_ISREG(info.st_mode) else None
+    return entry if (kind, *_identity_of(info)) == (line["kind"], line["dev"], line["ino"]) else None
+
+
+def _inside(directory: str, where: str) -> Path | None:
+    parts = where.split("/")
+    if any(part in ("", os.curdir, os.pardir) for part in parts):
+        return None
+    path = Path(directory)
+    for part in parts[:-1]:
+        path = path / part
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                return None
+        except OSError:
+            return None
+    return path / parts[-1]
+
+
+def _remove_recorded(directory: str, line: dict[str, Any]) -> None:
+    """Remove the recorded entry if it is still there as recorded; a set-aside directory whose place is empty goes
+    back there instead."""
+    entry = _recorded_entry(directory, line)
+    if entry is None:
+        return
+    if line["kind"] == "file":
+        entry.unlink()
+        return
+    back = _inside(directory, line["restore"]) if "restore" in line else None
+    if back is not None and not os.path.lexists(back):
+        os.rename(entry, back)
+    else:
+        shutil.rmtree(entry)
+
+
+def recorded_leftovers(file: str | Path) -> set[str]:
+    """The entries the lock file ``file`` records that are still there as recorded (paths relative to its directory,
+    "/"-separated): what killed writers left, or what a live one is writing. Empty if there is no lock file; the
+    ValueError of :class:`LockFile` if what is there is not a lock of ours. Reads, never changes, anything."""
+    file = Path(file)
+    try:
+        fd = _open_lock(file, create=False)
+    except FileNotFoundError:
+        return set()
+    try:
+        data = _lock_content(fd, file)
+    finally:
+        os.close(fd)
+    directory = os.path.realpath(file.parent)
+    return {line["path"] for line in _entries(data) if _recorded_entry(directory, line) is not None}
 
 
 def check_output(path: str | Path, inputs: Iterable[str | Path]) -> None:
@@ -355,7 +614,7 @@ def read_regular_file(path: str | Path, max_bytes: int | None = None) -> bytes:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{str(path)!r} is {_kind(info.st_mode)}, not a regular file")
+            raise ValueError(f"{str(path)!r} is {kind_of(info.st_mode)}, not a regular file")
         if max_bytes is not None and info.st_size > max_bytes:
             raise ValueError(f"{str(path)!r} is {info.st_size:,} bytes, over the {max_bytes:,} this file type may hold")
     except BaseException:
@@ -372,31 +631,6 @@ def sha256_of(f: BinaryIO) -> str:
     while chunk := f.read(1 << 20):
         digest.update(chunk)
     return digest.hexdigest()
-
-
-def temp_target(name: str) -> str | None:
-    """The file name whose temporary ``name`` would be while :func:`atomic_write_bytes` writes it, else None."""
-    match = _TEMP.fullmatch(name)
-    return match["name"] if match else None
-
-
-def remove_orphan_temps(directory: str | Path, names: re.Pattern[str]) -> list[Path]:
-    """Delete the temporaries that :func:`atomic_write_bytes` leaves when killed mid-write, for targets whose
-    name fully matches ``names``; returns what was deleted.
-
-    Only regular files named like our temporaries of those targets are touched, so a caller that passes the
-    names it writes never deletes a file it did not write. Call it only while no writer of ours is active there.
-    """
-    removed = []
-    directory = Path(directory)
-    if not directory.is_dir():
-        return removed
-    for entry in directory.iterdir():
-        target = temp_target(entry.name)
-        if target is not None and names.fullmatch(target) and entry.is_file() and not entry.is_symlink():
-            entry.unlink(missing_ok=True)
-            removed.append(entry)
-    return removed
 
 
 def _umask() -> int:
@@ -424,13 +658,18 @@ def check_regular_file(path: str | os.PathLike, what: str = "file") -> Path:
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such {what}") from None
     if not stat.S_ISREG(mode):
-        raise ValueError(f"{path}: {_kind(mode)}; expected a {what}")
+        raise ValueError(f"{path}: {kind_of(mode)}; expected a {what}")
     return path
 
 
-def _kind(mode: int) -> str:
-    """What a path is, for error messages."""
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISREG, "a file"))
+def kind_of(mode: int) -> str:
+    """What a path whose mode is ``mode`` (from stat or lstat) is, for error messages."""
+    kinds = (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISREG, "a file"),
+    )
     return next((name for test, name in kinds if test(mode)), "a device or socket")
 
 

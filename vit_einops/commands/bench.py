@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -148,9 +147,9 @@ def _check_bf16() -> str | None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .._io import output_lock, remove_orphan_temps
+    from .._io import output_lock
     from ..bench.budget import check_grid
-    from ..bench.runner import check_out, result_files, with_overrides
+    from ..bench.runner import check_out, with_overrides
     from ..bench.runner import run as run_bench
 
     # The profiler that measures peak memory otherwise logs two lines to stderr on every use (kineto's USDT
@@ -188,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"vit-einops bench: not running bfloat16: {reason}; use --dtype float32", file=sys.stderr)
             return 2
     out = Path(options.out)
-    with output_lock(out, parents=True):  # a second bench into --out fails at once, naming this one
-        remove_orphan_temps(out, re.compile("|".join(map(re.escape, result_files()))))  # of earlier killed runs
+    # A second bench into --out fails at once, naming this one; the lock records this run's temporaries, and taking
+    # it removes those of an earlier killed run.
+    with output_lock(out, parents=True):
         run_bench(options)
     return 0

@@ -17,10 +17,13 @@ A run writes these names, and nothing else, in its directory::
   at other names are kept.
 - What a run killed before its first checkpoint left (nothing committed: the lock, temporaries, and files the
   manifest proves ours) is not a run: a plain rerun removes it and starts; ``resume`` starts from epoch 1 too.
-- One run at a time: the first takes an exclusive ``fcntl.flock`` on the lock file and holds it until it ends. The
-  kernel drops the lock when the process dies, even by SIGKILL, so a killed run never blocks the next one.
-- Temporaries a killed run left behind (``.<name>.<random>.tmp`` of the names above) are deleted once the lock
-  is held, when no writer of ours can be using them.
+- One run at a time: the first takes the lock file (:class:`vit_einops._io.LockFile`, the lock every output of
+  vit-einops has) and holds it until it ends. The kernel drops the lock when the process dies, even by SIGKILL, so
+  a killed run never blocks the next one, which takes its lock file over. A link, a FIFO or a user's file at the
+  lock's name is refused, and left as it is.
+- Each temporary the run writes (``.<name>.<random>.tmp`` beside its target, in the directory or in
+  ``checkpoint/``) is recorded in the lock file before it is written; the next run removes exactly the recorded
+  ones that a kill left, and never a file only because of its name.
 
 Plain Python (no torch), so the command line can check ``--out`` before it loads anything.
 """
@@ -36,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._io import atomic_write_bytes, read_regular_file, remove_orphan_temps, sha256_of, temp_target
+from .._io import LockFile, atomic_write_bytes, kind_of, read_regular_file, recorded_leftovers, sha256_of
 from .._json import loads
 
 METRICS_NAME = "metrics.jsonl"
@@ -86,22 +89,23 @@ def survey(out: Path) -> Survey:
     """Sort what ``out`` (an existing directory) holds into a run's files, files at a run's names that are not
     proven ours, and anything else."""
     found = Survey()
+    leftovers = recorded_leftovers(out / LOCK_NAME)  # a ValueError if a link or a user's file is at the lock's name
     manifest, why_not = read_manifest(out)
     found.started = manifest is not None or os.path.lexists(out / LOCK_NAME)
     if why_not is not None:
         found.unproven[MANIFEST_NAME] = why_not
     for entry in sorted(out.iterdir()):
         name = entry.name
-        if name == LOCK_NAME or _is_temp(name, RUN_FILES):
+        if name == LOCK_NAME or name in leftovers:
             continue
         if name != MANIFEST_NAME:
             found.held.append(name)
         if name == CHECKPOINT_DIR:
             if entry.is_symlink() or not entry.is_dir():
-                found.unproven[name] = _kind(os.lstat(entry).st_mode) + ", not the run's directory"
+                found.unproven[name] = kind_of(os.lstat(entry).st_mode) + ", not the run's directory"
                 continue
             for inner in sorted(entry.iterdir()):
-                if _is_temp(inner.name, CHECKPOINT_FILES):
+                if f"{name}/{inner.name}" in leftovers:
                     continue
                 if CHECKPOINT_FILES.fullmatch(inner.name):
                     _prove(found, manifest, out, f"{name}/{inner.name}", tensor=inner.name != CHECKPOINT_META)
@@ -144,31 +148,14 @@ def _sha256(path: Path) -> tuple[str | None, str | None]:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         try:
-            return None, _kind(os.lstat(path).st_mode)
+            return None, kind_of(os.lstat(path).st_mode)
         except OSError as err:
             return None, f"unreadable ({err.strerror})"
     with os.fdopen(fd, "rb") as f:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            return None, _kind(mode)
+            return None, kind_of(mode)
         return sha256_of(f), None
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISREG(mode):
-        return "a file"
-    return "a device or socket"
-
-
-def _is_temp(name: str, names: re.Pattern[str]) -> bool:
-    target = temp_target(name)
-    return target is not None and names.fullmatch(target) is not None
 
 
 def read_manifest(out: Path) -> tuple[dict[str, list[str]] | None, str | None]:
@@ -262,24 +249,23 @@ class RunDir:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fd: int | None = None
+        self._lock: LockFile | None = None
         self.removed: list[str] = []  # what open() removed: a previous run's files (overwrite, or a killed start)
         self.committed = False  # open() found a checkpoint to resume from
         self._settled: dict[str, list[str]] = {}  # each file of ours on disk now -> its SHA-256 (a list of one)
 
     @classmethod
     def open(cls, out: str | Path, *, resume: bool = False, overwrite: bool = False) -> "RunDir":
-        """Check ``out`` for a run with these flags, create and lock it, delete our temporaries of killed runs, and
-        remove a previous run's files when this run starts afresh (``overwrite``, or nothing was committed)."""
+        """Check ``out`` for a run with these flags, create and lock it (which removes the temporaries its lock file
+        records: those of a killed run), and remove a previous run's files when this run starts afresh
+        (``overwrite``, or nothing was committed)."""
         _checked_survey(out, resume=resume, overwrite=overwrite)
         run = cls(Path(out))
         run.path.mkdir(parents=True, exist_ok=True)
-        run._lock()
+        run._lock = LockFile.take(run.path / LOCK_NAME, run.path, run._busy)
         try:
             # Checked again under the lock: a run that started between our first look and the lock has written.
             found = _checked_survey(run.path, resume=resume, overwrite=overwrite)
-            remove_orphan_temps(run.path, RUN_FILES)
-            remove_orphan_temps(run.path / CHECKPOINT_DIR, CHECKPOINT_FILES)
             run.committed = resume and found.committed
             if run.committed:
                 run._settled = {name: [digest] for name, digest in found.ours.items()}
@@ -323,42 +309,17 @@ class RunDir:
             atomic_write_bytes(self.path / name, data)
         self.settle(written)
 
-    def _lock(self) -> None:
-        try:
-            import fcntl
-        except ImportError:  # Windows: no advisory locks of this kind
-            return
-        path = self.path / LOCK_NAME
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-                os.close(fd)
-                raise RunDirLockedError(
-                    f"output directory {str(self.path)!r} is in use by another training run (pid {holder}); wait for "
-                    "it to end or choose another directory"
-                ) from None
-            # The previous holder unlinks the file as it ends: if that happened between our open and our flock, we
-            # locked a file nobody else will see, so try again on the current one.
-            try:
-                same = os.stat(path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
+    def _busy(self, holder: str) -> RunDirLockedError:
+        return RunDirLockedError(
+            f"output directory {str(self.path)!r} is in use by another training run (pid {holder}); wait for it to "
+            "end or choose another directory"
+        )
 
     def close(self) -> None:
-        """Release the lock (unlink the file first, so that a waiter retries on a fresh one)."""
-        if self._fd is not None:
-            (self.path / LOCK_NAME).unlink(missing_ok=True)
-            os.close(self._fd)
-            self._fd = None
+        """Release the lock (its file removed first, so that a waiter retries on a fresh one)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def __enter__(self) -> "RunDir":
         return self
