@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ._checks import check_dense_tensor
 from .images import open_image, to_display, to_uint8
 
 ACCEPTED = "a path, a PIL image, a uint8 or float tensor (C, H, W) or (B, C, H, W), or a non-empty list of them"
@@ -93,6 +94,7 @@ def _is_one_input(model: Any, images: Any, preprocessed: bool | None, name: str)
 
 
 def _check_shape(x: torch.Tensor, label: str) -> bool:
+    check_dense_tensor(label, x)  # a sparse or meta tensor has no pixel values to read or check
     if x.ndim not in (3, 4):
         raise ValueError(f"{label} must be an image (C, H, W) or a batch (B, C, H, W), got shape {tuple(x.shape)}")
     if x.numel() == 0:

@@ -11,7 +11,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from ._checks import check_choice, check_index, check_nonnegative_int, check_positive_int
+from ._checks import check_choice, check_dense_tensor, check_index, check_nonnegative_int, check_positive_int
 from ._init import trunc_normal_
 from ._sequential import Sequential
 from .attention import attn_impl_of, per_layer_impls, set_attn_impl
@@ -154,6 +154,7 @@ class ViT(Sequential):
         c, (h, w) = pe.in_channels, pe.image_size
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor of shape (b, {c}, {h}, {w}), got {type(x).__name__}")
+        check_dense_tensor("x", x, values=False)  # a meta x is for the device check below: a meta model takes one
         if not x.is_floating_point():
             raise TypeError(
                 f"expected a floating-point image tensor, got dtype {x.dtype} "
