@@ -405,7 +405,8 @@ class ViT(Sequential):
 
     def transforms(self) -> Preprocessing:
         """The callable that maps a PIL image to the (C, H, W) tensor this model expects, like torchvision's
-        ``weights.transforms()``. Raises ValueError when the model records no preprocessing (a fresh model)."""
+        ``weights.transforms()``. Raises ValueError when the model records no preprocessing (a fresh model), or one
+        that makes images of another size or channel count than the model's (:meth:`Preprocessing.check_fits`)."""
         if self.preprocessing is None:
             raise ValueError(
                 "this model records no preprocessing; set one, e.g. model.preprocessing = "
@@ -413,6 +414,7 @@ class ViT(Sequential):
                 f"Preprocessing.plain({self.config.image_size}, channels={self.config.in_channels}) "
                 "(resize and scale to [0, 1], as vit-einops train)"
             )
+        self.preprocessing.check_fits(self.patch_embed.image_size, self.patch_embed.in_channels)
         return self.preprocessing
 
     def set_attn_impl(self, impl: str | Sequence[str]) -> ViT:
