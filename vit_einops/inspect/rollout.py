@@ -59,7 +59,7 @@ def attention_rollout(maps: torch.Tensor, residual: float = 0.5, head_fusion: st
         layer, image, token = empty[0, :3].tolist()
         raise ValueError(
             f"with residual {residual:g}, the {head_fusion} of the heads' attention is all zeros in layer {layer}, "
-            f"image {image}, row {token} ({len(empty)} such rows): nothing to renormalise; use a residual above 0"
+            f"image {image}, row {token} ({len(empty)} such row{'s' * (len(empty) > 1)} in all): nothing to renormalise; use a residual above 0"
             + (" or another head_fusion" if head_fusion == "min" else "")
         )
     mixed = mixed / totals
