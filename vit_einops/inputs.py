@@ -16,6 +16,10 @@ A float tensor can be either of two things, and which is said by ``preprocessed`
   preprocessing, so a tensor can only be its input; or its preprocessing leaves this tensor as it is: no resize,
   no normalisation, values in [0, 1]). Anywhere else it is a ValueError naming both options: a float tensor is never
   silently taken the wrong way.
+
+A tensor holds its values densely: a sparse, MKL-DNN, nested or meta tensor is refused where it enters, as is an
+image with a side of 0 pixels (:func:`vit_einops.images.to_model_mode`). The model's preprocessing must make its
+input size and channels (``model.transforms()`` checks it).
 """
 
 from __future__ import annotations
