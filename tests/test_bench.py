@@ -36,8 +36,9 @@ HAS_PROC_STAT = os.access("/proc/stat", os.R_OK)  # Linux: the busy verdict and 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """One smoke run, in-process, on one thread: the tiny shapes' hundreds of small ops each wait for a second
-    thread that a busy 2-core machine has descheduled (2 to 3 times the wall time of one thread)."""
-    out = tmp_path_factory.mktemp("bench")
+    thread that a busy 2-core machine has descheduled (2 to 3 times the wall time of one thread). Its --out is named
+    with ESC, which the "wrote" line prints escaped."""
+    out = tmp_path_factory.mktemp("bench") / "out\x1b[2J"
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         code = cli.main(["bench", "--smoke", "--threads", "1", "--out", str(out)])
@@ -76,7 +77,8 @@ def test_smoke_run_exits_cleanly_and_prints_the_table(smoke):
     assert table.startswith(header + "\n")
     body = table.removeprefix(header + "\n")
     assert body.startswith("torch.compile of the einsum path") and "whole model" in body
-    printed = text.split("\nwrote ")[0]
+    printed, wrote = text.split("\nwrote ")
+    assert f" to {smoke['out'].parent}/out\\x1b[2J/ (wall " in wrote and "\x1b" not in text
     if results["noisy"]:  # the verdict and advice follow the tables (and head table.txt)
         warning = "\n" + report.noise_text(results["noise"]) + "\n"
         assert printed.endswith(warning) and table.startswith("NOISY RUN: ")

@@ -107,6 +107,26 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
+def check_dense_tensor(name: str, value: Any, *, values: bool = True) -> None:
+    """TypeError unless ``value`` is a dense (strided) torch tensor; with ``values``, ValueError for one on the meta
+    device, which has a shape but no values to read. Sparse, MKL-DNN and nested tensors have no strides: the
+    operations of a model (a convolution, a comparison of pixel values) fail on them with torch's internal errors."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.is_nested:
+        raise TypeError(f"{name} is a nested tensor; expected a dense (strided) tensor, or a list of them")
+    if value.layout != torch.strided:
+        layout = str(value.layout).removeprefix("torch.").lstrip("_")
+        raise TypeError(f"{name} is a {layout} tensor; expected a dense (strided) tensor: pass {name}.to_dense()")
+    if values and value.is_meta:
+        raise ValueError(
+            f"{name} is a meta tensor (a shape without values); expected a tensor that holds its values, on the "
+            "model's device"
+        )
+
+
 def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
     choices = tuple(choices)
     if not isinstance(value, str) or value not in choices:

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 from . import __version__
 from ._budget import ENV_VAR, max_memory, parse_bytes
@@ -58,6 +59,19 @@ COMMANDS: dict[str, tuple[str, str | None, str]] = {
 
 
 _DEBUG_HELP = "show the traceback of an error (also VIT_EINOPS_TRACEBACK=1)"
+TRACEBACK_VAR = "VIT_EINOPS_TRACEBACK"
+_TRACEBACK_WORDS = {"": False, "0": False, "false": False, "no": False, "1": True, "true": True, "yes": True}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, its errors as every other error of the command line: one line, "vit-einops CMD: error:
+    ...", exit status 2. What was typed is echoed with control characters escaped (:func:`printable`): an argument
+    is a string from the user's shell, or from a script that pasted a file name into it."""
+
+    command_parser: "Parser | None" = None  # the parser of the command being run (build_parser sets it)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {printable(message)}\n")
 
 
 def _optional_missing(err: ModuleNotFoundError, extra: str | None) -> bool:
@@ -68,7 +82,7 @@ def _optional_missing(err: ModuleNotFoundError, extra: str | None) -> bool:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser, with the arguments of ``command`` only: the other commands' modules are not imported, so
     ``vit-einops --help`` (which needs only their names) never waits for torch."""
-    parser = argparse.ArgumentParser(prog="vit-einops", description="A paper-faithful Vision Transformer in einops.")
+    parser = Parser(prog="vit-einops", description="A paper-faithful Vision Transformer in einops.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -78,6 +92,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
         if name != command:
             continue
+        parser.command_parser = p
         try:
             command_module = importlib.import_module(module)
         except ModuleNotFoundError as err:
@@ -110,9 +125,34 @@ def _command_name(argv: list[str]) -> str | None:
     return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
-def _debug(args: argparse.Namespace) -> bool:
-    """--debug (anywhere on the line), or VIT_EINOPS_TRACEBACK=1 (its older spelling): show tracebacks."""
-    return bool(getattr(args, "debug", False) or os.environ.get("VIT_EINOPS_TRACEBACK"))
+def _parse(parser: Parser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """``parser.parse_known_args(argv)``, but an argument no option or positional takes is reported before a
+    missing one: argparse checks for missing arguments first, so ``explore --bogus-flag`` would say MODEL and --out
+    are missing, not that --bogus-flag is no option. A first pass with nothing required finds the unknown ones."""
+    parsers = [parser] if parser.command_parser is None else [parser, parser.command_parser]
+    required = [action for p in parsers for action in p._actions if action.required]
+    for action in required:
+        action.required = False
+    try:
+        args, unknown = parser.parse_known_args(argv)
+    finally:
+        for action in required:
+            action.required = True
+    if unknown or args.command is None or hasattr(args, "_missing"):
+        return args, unknown
+    return parser.parse_known_args(argv)
+
+
+def _traceback_requested() -> bool:
+    """VIT_EINOPS_TRACEBACK: "1", "true" or "yes" (any case) shows tracebacks, "0", "false", "no" or unset/empty
+    does not; any other value is a ValueError, so that a typo is never read as either."""
+    value = os.environ.get(TRACEBACK_VAR, "")
+    word = value.strip().lower()
+    if word not in _TRACEBACK_WORDS:
+        raise ValueError(
+            f"{TRACEBACK_VAR} must be 1, true or yes (show tracebacks) or 0, false, no or empty (do not), got {value!r}"
+        )
+    return _TRACEBACK_WORDS[word]
 
 
 def _user_error(err: BaseException) -> str | None:
@@ -140,9 +180,10 @@ _OUT_OF_MEMORY = ("can't allocate memory", "out of memory")
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; with no command at all, print the help and return 0.
 
-    Every error the input causes prints one line, "vit-einops CMD: error: ...", and returns 2; any other exception
-    (a bug) prints "vit-einops CMD: internal error: ..." and returns 1. With --debug (or VIT_EINOPS_TRACEBACK=1)
-    both raise, so the traceback shows. Strings from files in a message are printed with control characters escaped.
+    Every error the input causes prints one line, "vit-einops CMD: error: ...", and returns 2 (argparse's own,
+    such as an unknown flag, exit with status 2); any other exception (a bug) prints "vit-einops CMD: internal error:
+    ..." and returns 1. With --debug (or VIT_EINOPS_TRACEBACK=1, see :func:`_traceback_requested`) both raise, so the
+    traceback shows. Strings from files or the command line in a message are printed with control characters escaped.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_command_name(argv))
@@ -151,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # parse_known_args: a command whose extra is missing has no arguments defined, yet must still say why it
     # cannot run rather than reject the user's flags.
-    args, unknown = parser.parse_known_args(argv)
+    args, unknown = _parse(parser, argv)
     if args.command is None:  # options but no command, e.g. `vit-einops -x`
         parser.error(
             f"a command is required (one of {', '.join(COMMANDS)}); unrecognized arguments: {' '.join(unknown)}"
@@ -160,18 +201,23 @@ def main(argv: list[str] | None = None) -> int:
     missing = getattr(args, "_missing", None)
     if missing is None:
         if unknown:
-            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+            parser.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        try:
+            debug = bool(getattr(args, "debug", False)) or _traceback_requested()
+        except ValueError as err:
+            print(f"vit-einops {args.command}: error: {printable(err)}", file=sys.stderr)
+            return 2
         try:
             with max_memory(args.max_memory):
                 return importlib.import_module(args._module).run(args)
         except ModuleNotFoundError as err:  # commands that import their extra only when they run
             if not _optional_missing(err, extra):
-                if _debug(args):
+                if debug:
                     raise
                 return _internal_error(args.command, err)
             missing = err.name
         except Exception as err:
-            if _debug(args):
+            if debug:
                 raise
             message = _user_error(err)
             if message is None:

@@ -79,10 +79,12 @@ def to_model_mode(image: Any, channels: int) -> Any:
     Transparency is dropped, not composited (``convert("RGB")``, as torchvision's and timm's loaders do); palette
     images are expanded; float and 16/32-bit integer images ("F", "I;16", "I") are scaled by their value range to
     0..255 (:func:`_eight_bit` states the rule) rather than clipped (which would turn a float image black and every
-    16-bit pixel above 255 white).
+    16-bit pixel above 255 white). An image with a side of 0 pixels is a ValueError.
     """
     if channels not in (1, 3):
         raise ValueError(f"images are read as grey (1 channel) or RGB (3 channels), not {channels} channels")
+    if image.width == 0 or image.height == 0:  # resized, it would be a constant image the model is sure about
+        raise ValueError(f"the image is {image.width}x{image.height} pixels: an image with a side of 0 shows nothing")
     target = "L" if channels == 1 else "RGB"
     if image.mode.startswith("I") or image.mode == "F":
         image = _eight_bit(image)
@@ -111,7 +113,7 @@ def _eight_bit(image: Any) -> Any:
     if not np.isfinite(array).all():
         raise ValueError(f"a {image.mode} image holds non-finite pixels (nan or inf)")
     full = 1.0 if image.mode == "F" else 65535.0
-    lo, hi = (float(array.min()), float(array.max())) if array.size else (0.0, 0.0)
+    lo, hi = float(array.min()), float(array.max())
     if 0.0 <= lo and hi <= full:
         scaled = array * (255.0 / full)
     elif hi > lo:

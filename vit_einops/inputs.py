@@ -16,6 +16,10 @@ A float tensor can be either of two things, and which is said by ``preprocessed`
   preprocessing, so a tensor can only be its input; or its preprocessing leaves this tensor as it is: no resize,
   no normalisation, values in [0, 1]). Anywhere else it is a ValueError naming both options: a float tensor is never
   silently taken the wrong way.
+
+A tensor holds its values densely: a sparse, MKL-DNN, nested or meta tensor is refused where it enters, as is an
+image with a side of 0 pixels (:func:`vit_einops.images.to_model_mode`). The model's preprocessing must make its
+input size and channels (``model.transforms()`` checks it).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ._checks import check_dense_tensor
 from .images import open_image, to_display, to_uint8
 
 ACCEPTED = "a path, a PIL image, a uint8 or float tensor (C, H, W) or (B, C, H, W), or a non-empty list of them"
@@ -93,6 +98,7 @@ def _is_one_input(model: Any, images: Any, preprocessed: bool | None, name: str)
 
 
 def _check_shape(x: torch.Tensor, label: str) -> bool:
+    check_dense_tensor(label, x)  # a sparse or meta tensor has no pixel values to read or check
     if x.ndim not in (3, 4):
         raise ValueError(f"{label} must be an image (C, H, W) or a batch (B, C, H, W), got shape {tuple(x.shape)}")
     if x.numel() == 0:

@@ -11,7 +11,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from ._checks import check_choice, check_index, check_nonnegative_int, check_positive_int
+from ._checks import check_choice, check_dense_tensor, check_index, check_nonnegative_int, check_positive_int
 from ._init import trunc_normal_
 from ._sequential import Sequential
 from .attention import attn_impl_of, per_layer_impls, set_attn_impl
@@ -154,6 +154,7 @@ class ViT(Sequential):
         c, (h, w) = pe.in_channels, pe.image_size
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor of shape (b, {c}, {h}, {w}), got {type(x).__name__}")
+        check_dense_tensor("x", x, values=False)  # a meta x is for the device check below: a meta model takes one
         if not x.is_floating_point():
             raise TypeError(
                 f"expected a floating-point image tensor, got dtype {x.dtype} "
@@ -404,7 +405,8 @@ class ViT(Sequential):
 
     def transforms(self) -> Preprocessing:
         """The callable that maps a PIL image to the (C, H, W) tensor this model expects, like torchvision's
-        ``weights.transforms()``. Raises ValueError when the model records no preprocessing (a fresh model)."""
+        ``weights.transforms()``. Raises ValueError when the model records no preprocessing (a fresh model), or one
+        that makes images of another size or channel count than the model's (:meth:`Preprocessing.check_fits`)."""
         if self.preprocessing is None:
             raise ValueError(
                 "this model records no preprocessing; set one, e.g. model.preprocessing = "
@@ -412,6 +414,7 @@ class ViT(Sequential):
                 f"Preprocessing.plain({self.config.image_size}, channels={self.config.in_channels}) "
                 "(resize and scale to [0, 1], as vit-einops train)"
             )
+        self.preprocessing.check_fits(self.patch_embed.image_size, self.patch_embed.in_channels)
         return self.preprocessing
 
     def set_attn_impl(self, impl: str | Sequence[str]) -> ViT:

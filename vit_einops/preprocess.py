@@ -51,7 +51,8 @@ class Preprocessing:
     Args:
         resize: an int resizes the shorter side to it, keeping the aspect ratio (torchvision, timm); an (H, W) pair
             resizes to exactly that size (Hugging Face, and models trained here).
-        crop: (H, W) of the centre crop, or None for none. The crop is the model's input size.
+        crop: (H, W) of the centre crop, or None for none. The crop is the model's input size, and fits inside
+            every resized image: no side larger than ``resize``'s (a crop past the image would pad it with black).
         interpolation: "bilinear", "bicubic" or "nearest".
         mean, std: per-channel normalisation, one value per input channel (1 for grey, 3 for RGB).
         backend: "pil" resizes with PIL (as torchvision and timm do on PIL images); "torch" resizes a uint8 tensor
@@ -73,6 +74,7 @@ class Preprocessing:
         if self.crop is not None:
             object.__setattr__(self, "crop", to_pair("crop", self.crop))
         self._check_pixels()
+        self._check_crop()
         check_choice("interpolation", self.interpolation, INTERPOLATIONS)
         check_choice("backend", self.backend, BACKENDS)
         mean, std = _floats("mean", self.mean), _floats("std", self.std)
@@ -99,6 +101,31 @@ class Preprocessing:
                     f"of {MAX_PIXELS:,}"
                 )
 
+    def _check_crop(self) -> None:
+        if self.crop is None:
+            return
+        # A shorter side resized to N leaves the longer one at N or more: a crop up to N x N fits every image.
+        fits = self.resize if isinstance(self.resize, tuple) else (self.resize, self.resize)
+        if self.crop[0] > fits[0] or self.crop[1] > fits[1]:
+            resized = f"{fits[0]}x{fits[1]}" if isinstance(self.resize, tuple) else f"{self.resize} (the shorter side)"
+            raise ValueError(
+                f"crop {self.crop[0]}x{self.crop[1]} is larger than the resize to {resized}: images would be padded "
+                f"with black to fill it; resize to at least the crop"
+            )
+
+    def check_fits(self, image_size: tuple[int, int], channels: int) -> None:
+        """ValueError unless the images this preprocessing makes are what a model of ``image_size`` (H, W) and
+        ``channels`` takes: its output size (where fixed) and its channels. A model that resamples E_pos for other
+        sizes (``dynamic_size``) would take other sizes, and silently answer for an image it sees at the wrong
+        scale."""
+        size = tuple(image_size)
+        if self.output_size not in (None, size):
+            raise ValueError(f"preprocessing produces {self.output_size} images; the model takes {size}")
+        if self.channels != channels:
+            raise ValueError(
+                f"preprocessing produces {self.channels}-channel images (its mean and std); the model takes {channels}"
+            )
+
     # --- the conventions ------------------------------------------------------------------------------------
 
     @classmethod
@@ -106,9 +133,10 @@ class Preprocessing:
         cls, crop: int | tuple[int, int] = 224, resize: int | None = None, interpolation: str = "bilinear"
     ) -> "Preprocessing":
         """torchvision's ``ImageClassification`` preset, as ``ViT_B_16_Weights.IMAGENET1K_V1.transforms()``: the
-        shorter side to ``resize`` (default floor(256/224 of the crop's shorter side): 256 for 224), centre crop."""
+        shorter side to ``resize`` (default floor(256/224 of the crop's longer side: 256 for 224, and a non-square
+        crop fits in every image), centre crop."""
         crop = to_pair("crop", crop)
-        resize = math.floor(min(crop) * 256 / 224) if resize is None else resize
+        resize = math.floor(max(crop) * 256 / 224) if resize is None else resize
         return cls(resize=resize, crop=crop, interpolation=interpolation, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
     @classmethod
@@ -313,28 +341,13 @@ def _crop_box(height: int, width: int, crop: tuple[int, int]) -> tuple[int, int]
 
 
 def _center_crop(image: Any, crop: tuple[int, int]) -> Any:
-    """torchvision's centre crop of a PIL image; an image smaller than the crop is padded with zeros first."""
-    from PIL import Image
-
+    """torchvision's centre crop of a PIL image at least as large as the crop (the resize before makes it so)."""
     ch, cw = crop
-    if image.width < cw or image.height < ch:
-        # torchvision pads (left, top, right, bottom) = ((cw - w) // 2, (ch - h) // 2, (cw - w + 1) // 2, ...).
-        pad_w, pad_h = max(cw - image.width, 0), max(ch - image.height, 0)
-        canvas = Image.new(image.mode, (image.width + pad_w, image.height + pad_h))
-        canvas.paste(image, (pad_w // 2, pad_h // 2))
-        image = canvas
     top, left = _crop_box(image.height, image.width, crop)
     return image.crop((left, top, left + cw, top + ch))
 
 
 def _center_crop_tensor(x: torch.Tensor, crop: tuple[int, int]) -> torch.Tensor:
-    import torch
-
     ch, cw = crop
-    h, w = x.shape[-2:]
-    if h < ch or w < cw:
-        pad_w, pad_h = max(cw - w, 0), max(ch - h, 0)
-        x = torch.nn.functional.pad(x, (pad_w // 2, (pad_w + 1) // 2, pad_h // 2, (pad_h + 1) // 2))
-        h, w = x.shape[-2:]
-    top, left = _crop_box(h, w, crop)
+    top, left = _crop_box(x.shape[-2], x.shape[-1], crop)
     return x[..., top : top + ch, left : left + cw]

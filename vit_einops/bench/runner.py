@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from .._text import printable
 from . import plots, report
 from .attention import CompiledEinsum, add_ratios, grid, measure_point
 from .budget import check_grid
@@ -308,7 +309,8 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
     written = ", ".join(sorted(name for name in result_files() if (out / name).exists()))
     if noise["noisy"]:
         print("\n" + report.noise_text(noise), file=stdout)
-    print(f"\nwrote {written} to {out}/ (wall {meta['wall_s']:.0f} s, {len(written_plots)} plots)", file=stdout)
+    line = f"wrote {written} to {printable(out)}/ (wall {meta['wall_s']:.0f} s, {len(written_plots)} plots)"
+    print("\n" + line, file=stdout)
     return results
 
 

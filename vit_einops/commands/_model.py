@@ -147,8 +147,8 @@ def preprocessing_from_args(args: argparse.Namespace, model: Any) -> Any:
         if base is None:
             base = Preprocessing.plain(crop, config.in_channels)
         base = dataclasses.replace(base, **changes)
-    if base is not None and base.output_size not in (None, tuple(crop)):
-        raise ValueError(f"preprocessing produces {base.output_size} images; the model takes {tuple(crop)}")
+    if base is not None:
+        base.check_fits(crop, config.in_channels)
     return base
 
 

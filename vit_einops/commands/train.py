@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .._text import printable
 from ..config import ATTN_IMPLS
 from ..presets import list_presets, preset_config
 
@@ -236,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
         if ctx.is_main:
             last = result.records[-1]
             print(
-                f"test accuracy {last['test_acc']:.4f} after {last['epoch']} epochs; wrote {out}/ "
+                f"test accuracy {last['test_acc']:.4f} after {last['epoch']} epochs; wrote {printable(out)}/ "
                 f"(model.safetensors, metrics.jsonl, summary.json, curves.png, confusion.png, checkpoint/)"
             )
     finally:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from .._checks import check_index
 from .._plot import new_figure
+from .._text import printable_lines
 from ..images import to_display
 from ..inputs import model_inputs_and_pictures
 from ..prediction import class_name
@@ -117,8 +118,9 @@ def _draw_attention(
         kept = f"keeps {int(mask.sum())}/{mask.numel()}"
         ax.set_title(f"{name}\nmax {grid_map.max().item():.3g}, {kept}", fontsize=8, parse_math=False)
     _attention_colorbar(fig, axes)
-    # The title holds a file name and a class name: literal text, so "$" in one is a dollar sign, not mathtext.
-    fig.suptitle(title, fontsize=10, parse_math=False)
+    # The title holds a file name and a class name: literal text, so "$" in one is a dollar sign, not mathtext, and
+    # control characters escaped (a font has no glyph for ESC: matplotlib's warning would print it raw).
+    fig.suptitle(printable_lines(title), fontsize=10, parse_math=False)
 
 
 def plot_attention_overlays(

@@ -12,7 +12,7 @@ prefix tokens named by ``recorder.prefix_tokens``, then the patches of ``recorde
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -60,7 +60,14 @@ class AttentionRecorder:
         attends = encoder_attends(model)
         if layers is None:
             layers = range(len(attends))
+        elif isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
+            raise TypeError(f"layers must be a sequence of layer indices, or None for all, got {layers!r}")
         chosen = [check_index("layer", i, len(attends), f"the model's {len(attends)} attention layers") for i in layers]
+        if not chosen:
+            raise ValueError(
+                f"layers is empty: name at least one of the model's {len(attends)} attention layers, or pass None "
+                "for all"
+            )
         if len(set(chosen)) != len(chosen):
             raise ValueError(f"layers {list(layers)} name a layer twice")
         self.layers = chosen

@@ -26,35 +26,49 @@ Axes: l layers, b images, h heads, i queries, j keys, k target classes per image
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
 from einops import einsum, reduce
 from torch import nn
 
+from .._checks import check_dense_tensor
 from ..attention import Attend
 from ..inputs import model_inputs
 from .record import attention_matrix, encoder_attends
 
 
 def _targets(target: Any, logits: torch.Tensor) -> torch.Tensor:
-    """target None | int | (b,) | (b, k) -> a (b, k) long tensor of class indices, checked against the logits."""
+    """target None | a class index | (b,) | (b, k) -> a (b, k) long tensor of class indices, checked against the
+    logits. A class index is an int, numpy's integer scalars and 0-d integer tensors included; bools and floats are
+    refused, as in a list or tensor."""
     b, classes = logits.shape
     if target is None:
         return logits.argmax(dim=-1, keepdim=True)
-    if isinstance(target, bool):
-        raise TypeError(f"target must be None, an int or a tensor/list of ints, got {target!r}")
-    if isinstance(target, int):
-        t = torch.full((b, 1), target, dtype=torch.long)
+    expected = "None, an integer class index, or integer class indices (b,) or (b, k)"
+    if isinstance(target, numbers.Integral) and not isinstance(target, bool):
+        if not 0 <= target < classes:  # before torch holds it: an int past int64's range is out of range too
+            raise ValueError(f"target classes must be in 0..{classes - 1}, got [{int(target)}]")
+        t = torch.tensor(int(target))
     else:
-        t = torch.as_tensor(target)
+        try:
+            t = torch.as_tensor(target)
+        except (TypeError, ValueError, RuntimeError) as err:  # a string, ragged lists, ints past int64
+            raise TypeError(f"target must be {expected}, got {type(target).__name__} {target!r:.60} ({err})") from None
+        check_dense_tensor("target", t)
+        if t.numel() == 0:  # before its dtype: torch.as_tensor([]) is float
+            raise ValueError(f"target names no class: shape {tuple(t.shape)}; expected at least one per image")
         if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-            raise TypeError(f"target must hold integer class indices, got dtype {t.dtype}")
-        if t.ndim == 1:
-            t = t[:, None]
-        if t.ndim != 2 or t.shape[0] != b:
-            raise ValueError(f"target must be an int, (b,) or (b, k) with b = {b} images, got shape {tuple(t.shape)}")
-    if t.numel() and (t.min() < 0 or t.max() >= classes):
+            got = f"{target!r}" if t.ndim == 0 else f"dtype {t.dtype}"
+            raise TypeError(f"target must be {expected}, got {got}")
+    if t.ndim == 0:
+        t = t.expand(b, 1)
+    elif t.ndim == 1:
+        t = t[:, None]
+    if t.ndim != 2 or t.shape[0] != b:
+        raise ValueError(f"target must be an int, (b,) or (b, k) with b = {b} images, got shape {tuple(t.shape)}")
+    if t.min() < 0 or t.max() >= classes:
         raise ValueError(f"target classes must be in 0..{classes - 1}, got {t.unique().tolist()}")
     return t.long().to(logits.device)
 
@@ -147,6 +161,6 @@ def attention_relevance(
     images = model_inputs(model, images, preprocessed=preprocessed)
     _, maps, grads, _ = attention_gradients(model, images, target)
     relevance = relevance_from_gradients(maps, grads)  # (k, b, n, n)
-    if target is not None and not isinstance(target, int) and torch.as_tensor(target).ndim == 2:
+    if target is not None and torch.as_tensor(target).ndim == 2:  # checked by attention_gradients: (b, k)
         return relevance.transpose(0, 1)
     return relevance[0]

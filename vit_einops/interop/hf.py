@@ -160,45 +160,61 @@ def _locate(path: Path) -> tuple[Path, Path]:
 
 def preprocessing_from_hf(processor_config: dict[str, Any], channels: int = 3) -> Preprocessing:
     """The :class:`~vit_einops.preprocess.Preprocessing` of a Hugging Face ``preprocessor_config.json``
-    (ViTImageProcessor and the ones shaped like it): resized with torch, as transformers 5 does."""
+    (ViTImageProcessor and the ones shaped like it): resized with torch, as transformers 5 does.
+
+    Each field is checked for its JSON type (a ``do_*`` flag is true, false or null for the default; ``resample`` one
+    of PIL's codes 0, 2, 3): a ValueError or TypeError starting "preprocessor_config.json" names the field."""
     if not isinstance(processor_config, dict):
-        raise TypeError(f"preprocessor_config must be a JSON object, got {type(processor_config).__name__}")
+        raise TypeError(f"{PROCESSOR_NAME} must be a JSON object, got {type(processor_config).__name__}")
     cfg = processor_config
     size = cfg.get("size", {"height": 224, "width": 224})
-    if isinstance(size, int):
+    if isinstance(size, int) and not isinstance(size, bool):
         size = {"height": size, "width": size}
     if not isinstance(size, dict):
-        raise ValueError(f"preprocessor_config 'size' must be an object or an int, got {size!r}")
+        raise ValueError(f"{PROCESSOR_NAME} 'size' must be an object or an int, got {size!r}")
     if "shortest_edge" in size:
         resize: int | tuple[int, int] = size["shortest_edge"]
     elif {"height", "width"} <= set(size):
         resize = (size["height"], size["width"])
     else:
-        raise ValueError(f"preprocessor_config 'size' {size!r}: expected height and width, or shortest_edge")
-    if cfg.get("do_resize", True) is False:
-        raise ValueError("preprocessor_config has do_resize false: images of any size would reach the model")
+        raise ValueError(f"{PROCESSOR_NAME} 'size' {size!r}: expected height and width, or shortest_edge")
+    if not _flag(cfg, "do_resize", True):
+        raise ValueError(f"{PROCESSOR_NAME} has do_resize false: images of any size would reach the model")
     crop = None
-    if cfg.get("do_center_crop"):
+    if _flag(cfg, "do_center_crop", False):
         c = cfg.get("crop_size", {})
-        c = {"height": c, "width": c} if isinstance(c, int) else c
+        c = {"height": c, "width": c} if isinstance(c, int) and not isinstance(c, bool) else c
         if not isinstance(c, dict) or not {"height", "width"} <= set(c):
-            raise ValueError(f"preprocessor_config 'crop_size' {c!r}: expected height and width")
+            raise ValueError(f"{PROCESSOR_NAME} 'crop_size' {c!r}: expected height and width")
         crop = (c["height"], c["width"])
     resample = cfg.get("resample", 2)
-    if resample not in _RESAMPLE:
-        raise ValueError(f"preprocessor_config resample {resample!r} is not supported; expected 0, 2 or 3")
-    scale = cfg.get("rescale_factor", 1 / 255) if cfg.get("do_rescale", True) else 1.0
-    if not math.isclose(scale, 1 / 255, rel_tol=1e-6):
-        raise ValueError(f"preprocessor_config rescale_factor {scale!r}: only 1/255 (uint8 to [0, 1]) is supported")
-    if cfg.get("do_normalize", True):
+    if isinstance(resample, bool) or not isinstance(resample, int) or resample not in _RESAMPLE:
+        raise ValueError(f"{PROCESSOR_NAME} resample {resample!r} is not supported; expected 0, 2 or 3")
+    scale = cfg.get("rescale_factor", 1 / 255) if _flag(cfg, "do_rescale", True) else 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isclose(scale, 1 / 255, rel_tol=1e-6):
+        raise ValueError(f"{PROCESSOR_NAME} rescale_factor {scale!r}: only 1/255 (uint8 to [0, 1]) is supported")
+    if _flag(cfg, "do_normalize", True):
         mean, std = cfg.get("image_mean", INCEPTION_MEAN), cfg.get("image_std", INCEPTION_STD)
     else:
         mean, std = (0.0,) * channels, (1.0,) * channels
     mean = tuple(mean) if isinstance(mean, (list, tuple)) else (mean,) * channels
     std = tuple(std) if isinstance(std, (list, tuple)) else (std,) * channels
-    return Preprocessing(
-        resize=resize, crop=crop, interpolation=_RESAMPLE[resample], mean=mean, std=std, backend="torch"
-    )
+    try:
+        return Preprocessing(
+            resize=resize, crop=crop, interpolation=_RESAMPLE[resample], mean=mean, std=std, backend="torch"
+        )
+    except (TypeError, ValueError) as err:  # the sizes, crop and normalisation, as Preprocessing checks them
+        raise type(err)(f"{PROCESSOR_NAME}: {err}") from err
+
+
+def _flag(cfg: dict[str, Any], name: str, default: bool) -> bool:
+    """A ``do_*`` field: true or false, or null (transformers' "the processor's default")."""
+    value = cfg.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"{PROCESSOR_NAME} {name!r} must be true, false or null, got {value!r}")
+    return value
 
 
 def preprocessing_to_hf(preprocessing: Preprocessing) -> dict[str, Any]:
@@ -264,7 +280,13 @@ def load_hf(
         model.class_names = names
     processor = directory / PROCESSOR_NAME
     if processor.exists() or processor.is_symlink():  # a FIFO or broken link is an error, not "absent"
-        model.preprocessing = preprocessing_from_hf(_read_json(processor), channels=config.in_channels)
+        try:
+            model.preprocessing = preprocessing_from_hf(_read_json(processor), channels=config.in_channels)
+        except (TypeError, ValueError) as err:
+            message = str(err)
+            if not message.startswith(PROCESSOR_NAME):
+                raise
+            raise type(err)(f"{processor}{message.removeprefix(PROCESSOR_NAME)}") from err
     else:  # ViTImageProcessor's defaults, at the model's own size
         model.preprocessing = Preprocessing.hf(config.image_size, config.in_channels)
     model.source = {"library": "hf", "file": str(weights), "architecture": family.architecture}

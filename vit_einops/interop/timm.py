@@ -33,7 +33,7 @@ from .._checks import check_choice, to_pair
 from ..config import ViTConfig
 from ..imagenet import assume_imagenet_names
 from ..model import ViT
-from ..presets import TIMM_TAGS, timm_arch, timm_preprocessing
+from ..presets import TIMM_ARCHS, TIMM_TAGS, timm_arch, timm_preprocessing
 from ..statedict import build_vit, cast_weights, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
 from .io import load_state_dict_file
@@ -174,6 +174,7 @@ def _config_from_keys(
     registers = require(state_dict, "reg_token", 3, SOURCE).shape[1] if "reg_token" in state_dict else 0
     has_layer_scale = "blocks.0.ls1.gamma" in state_dict
     prefix = class_token + distill_token + registers
+    _check_token_keys(state_dict, pos.shape[1], prefix, tuple(patch), image_size, pos_embed_prefix)
     read_pool = "map" if "attn_pool.latent" in state_dict else ("cls" if class_token else "mean")
     if pool is None:
         fits = default_pool in ("cls", "mean") and read_pool != "map" and (class_token or default_pool == "mean")
@@ -216,6 +217,70 @@ def _config_from_keys(
         head_bias=head is None or "head.bias" in state_dict,
         **extra,
     )
+
+
+def _check_token_keys(
+    state_dict: Mapping[str, torch.Tensor],
+    rows: int,
+    prefix: int,
+    patch: tuple[int, int],
+    image_size: Any,
+    pos_embed_prefix: bool | None,
+) -> None:
+    """ValueError where the other tensors show a token key the state dict lacks: DeiT's second classifier
+    (``head_dist``) without its ``dist_token``, or a pos_embed with one row more than the patches and the prefix
+    tokens the file holds (the row of a missing ``cls_token`` or ``dist_token``). Without this, the extra row reads
+    as a patch, and the message is about a grid that is not square."""
+    dim = state_dict["patch_embed.proj.weight"].shape[0]
+    if "head_dist.weight" in state_dict and "dist_token" not in state_dict:
+        raise ValueError(
+            "the timm state dict holds DeiT's second classifier (head_dist) but no dist_token, which a distilled DeiT "
+            f"holds beside it ({_distilled_archs(dim, patch)}): the file is incomplete"
+        )
+    if pos_embed_prefix is False:
+        return  # E_pos covers the patches alone: a missing token leaves its rows as they are
+    cells = None
+    if image_size is not None:
+        h, w = to_pair("image_size", image_size)
+        cells = (h // patch[0]) * (w // patch[1])
+
+    def grid(n: int) -> bool:
+        return n == cells if cells is not None else n > 0 and round(n**0.5) ** 2 == n
+
+    patches = rows - prefix - 1  # the patches, were one more prefix token's row there
+    if grid(rows - prefix) or grid(rows) or not grid(patches):
+        return
+    missing = "cls_token" if "cls_token" not in state_dict else "dist_token" if "dist_token" not in state_dict else None
+    if missing is None:
+        return
+    held = [key for key in ("cls_token", "dist_token", "reg_token") if key in state_dict]
+    tokens = (
+        f"the {prefix} prefix token{'s' * (prefix > 1)} it holds ({', '.join(held)})"
+        if prefix
+        else "no prefix token"
+    )
+    side = round(patches**0.5)
+    where = (
+        f"A distilled DeiT holds cls_token and dist_token ({_distilled_archs(dim, patch)})"
+        if missing == "dist_token"
+        else "A timm ViT holds its class token first"
+    )
+    raise ValueError(
+        f"the timm state dict's pos_embed has {rows} rows, one more than {patches} patches"
+        f"{f' (a {side}x{side} grid)' if cells is None else ''} and {tokens}: is its {missing} missing? {where}"
+        + ("; if the grid is not square, pass image_size=(H, W)" if cells is None else "")
+    )
+
+
+def _distilled_archs(dim: int, patch: tuple[int, int]) -> str:
+    """timm's distilled DeiTs of width ``dim`` and ``patch``, named for a message; all of them where none is."""
+    archs = [name for name, f in TIMM_ARCHS.items() if f.get("distill_token")]
+    fitting = [
+        name
+        for name in archs
+        if TIMM_ARCHS[name]["dim"] == dim and to_pair("patch_size", TIMM_ARCHS[name]["patch_size"]) == patch
+    ]
+    return f"timm's {', '.join(fitting or archs)}"
 
 
 def _global_pool(pool: str) -> str:

@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from .._checks import check_nonnegative_float, check_positive_int
 from .._io import atomic_write_bytes
+from .._text import printable
 from ..model import ViT
 from ..modelfile import model_metadata
 from ..statedict import safetensors_bytes
@@ -326,7 +327,8 @@ def train(
             records = _resume(out, run_dir, model, optimizer, scheduler, train_state, batches.steps, ctx)
         elif resume and ctx.is_main:
             print(
-                f"note: {out} holds no checkpoint (its run was stopped before the first one): starting at epoch 1",
+                f"note: {printable(out)} holds no checkpoint (its run was stopped before the first one): "
+                "starting at epoch 1",
                 file=sys.stderr,
             )
         if capped and ctx.is_main:  # said once the checkpoint, if any, is known to continue
@@ -337,7 +339,8 @@ def train(
                 file=sys.stderr,
             )
         if run_dir is not None and run_dir.removed:
-            print(f"note: removed the previous run's files in {out}: {', '.join(run_dir.removed)}", file=sys.stderr)
+            removed = ", ".join(map(printable, run_dir.removed))
+            print(f"note: removed the previous run's files in {printable(out)}: {removed}", file=sys.stderr)
         return _run(
             model,
             batches,
@@ -588,8 +591,8 @@ def _resume(
         )
     if saved.get("world_size") != ctx.world_size and ctx.is_main:
         print(
-            f"warning: {ckpt.path} was written by {saved.get('world_size')} processes, resuming on {ctx.world_size}: "
-            "the data shards differ, so the run will not repeat the original",
+            f"warning: {printable(ckpt.path)} was written by {saved.get('world_size')} processes, resuming on "
+            f"{ctx.world_size}: the data shards differ, so the run will not repeat the original",
             file=sys.stderr,
         )
     restore_training(ckpt, model, optimizer, scheduler, step=epoch * steps_per_epoch)
