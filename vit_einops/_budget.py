@@ -53,10 +53,12 @@ _SIZES_ACCEPTED = (
 _TIMES_ACCEPTED = "a time from 1 ms to 1 year such as 30, 30s, 2min or 1.5h (seconds unless a unit is given)"
 
 
-def _quantity(text: Any, name: str, units: dict[str, int], accepted: str, low: float, high: float) -> float:
-    """``text`` (an int, or a number with one of ``units``) in the base unit, within [low, high]; ValueError naming
-    ``name``, the text as given and what is accepted otherwise."""
-    if isinstance(text, int) and not isinstance(text, bool):
+def _quantity(
+    text: Any, name: str, units: dict[str, int], accepted: str, low: float, high: float, numbers: tuple[type, ...]
+) -> float:
+    """``text`` (one of ``numbers``, or a string of a number and one of ``units``) in the base unit, within [low,
+    high]; ValueError naming ``name``, the text as given and what is accepted otherwise."""
+    if isinstance(text, numbers) and not isinstance(text, bool):
         number, unit = text, ""
     elif isinstance(text, str) and (match := _QUANTITY.fullmatch(text)) and match[2].lower() in units:
         number, unit = float(match[1]), match[2].lower()
@@ -72,13 +74,13 @@ def parse_bytes(text: Any, name: str = "max_memory") -> int:
     """A memory size as a whole number of bytes: an int, or a string such as "64GiB", "500MB", "1.5G", "1000000"
     (k/M/G/T are powers of 1000, KiB/MiB/GiB/TiB powers of 1024). ValueError naming ``name`` and the text as given
     otherwise, a size under one byte ("0.5") included."""
-    return int(_quantity(text, name, _UNITS, _SIZES_ACCEPTED, 1, 2**63 - 1))
+    return int(_quantity(text, name, _UNITS, _SIZES_ACCEPTED, 1, 2**63 - 1, (int,)))
 
 
 def parse_seconds(text: Any, name: str = "max_build_time") -> float:
-    """A time in seconds: an int, or a string such as "30", "30s", "2min", "1.5h". ValueError naming ``name`` and
+    """A time in seconds: a number, or a string such as "30", "30s", "2min", "1.5h". ValueError naming ``name`` and
     the text as given otherwise."""
-    return _quantity(text, name, _SECONDS, _TIMES_ACCEPTED, 1e-3, 365 * 24 * 3600)
+    return _quantity(text, name, _SECONDS, _TIMES_ACCEPTED, 1e-3, 365 * 24 * 3600, (int, float))
 
 
 def format_bytes(size: float) -> str:
