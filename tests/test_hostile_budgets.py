@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from _hostile import assert_user_error, bounded, run_cli
+from _hostile import assert_user_error, bounded, raw_model_file, run_cli
 from _tiny import TINY_RGB16
 from hypothesis import given
 from hypothesis import strategies as st
@@ -250,6 +250,15 @@ def test_a_billion_registers_in_config_json_are_refused_at_once(dinov2_registers
     with bounded(20):
         result = run_cli("inspect", hf, "--out", hf.parent / "report")
     assert_user_error(result, message)
+
+
+@pytest.mark.parametrize("config", [dict(register_tokens=10**9), dict(depth=10**9, attn_impl="einsum")])
+def test_a_model_file_claiming_a_billion_of_anything_is_refused_at_once(tmp_path, config):
+    # attn_impl: files written while it was a config field hold one impl, once, not one per claimed layer
+    path = raw_model_file(tmp_path / "m.safetensors", config=config)
+    field = next(iter(config))
+    with refused_at_once(rf"{re.escape(str(path))}: its config describes [\d,]+ parameters \(.*{field} 1000000000\b"):
+        load_model(path)
 
 
 @pytest.mark.parametrize(
