@@ -175,7 +175,8 @@ def _check_run_arguments(args: argparse.Namespace) -> Path:
         f"--shift {s} (batches of {args.batch_size} padded to {h + 2 * s}x{w + 2 * s})",
     )
     check_build_time(model)
-    check_forward_memory(model, args.batch_size, grad=True)  # a training step's activations, before any data is read
+    # a training step's activations, before any data is read
+    check_forward_memory(model, args.batch_size, fused=args.attn_impl != "einsum", grad=True)
     for flag, folder in (("--data", args.data), ("--test-data", args.test_data)):
         if folder is not None and not Path(folder).is_dir():
             raise ValueError(f"{flag} {folder!r} does not exist or is not a directory")
