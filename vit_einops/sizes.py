@@ -25,9 +25,9 @@ from .config import ViTConfig
 # measures 52 KB a block with torch 2.13 on the meta device, rounded up).
 BLOCK_OVERHEAD_BYTES = 64 * 1024
 # Seconds to construct one module of a ViT, whatever its width (torch's nn.Module set-up, a Linear's or LayerNorm's
-# parameters made and reset, our own __init__s): the median over three builds of a 2,000-block model of width 8
-# (44,012 modules) on an AMD EPYC, 2 cores, torch 2.13; docs/reliability.md gives the command. Real ViTs have a few
-# hundred modules (ViT-H/14: 716), so their estimate is a few hundredths of a second.
+# parameters made and reset, our own __init__s): the least of the medians measured by the command in
+# docs/reliability.md (builds of 44,012 modules) on a shared 2-core AMD EPYC, 60 to 77 us, with torch 2.13. Real
+# ViTs have a few hundred modules (ViT-H/14: 716), so their estimate is a few hundredths of a second.
 MODULE_SECONDS = 60e-6
 # The modules of one encoder block: the block; the attention branch ResidualAdd(Sequential(LayerNorm,
 # MultiHeadAttention(qkv, split_heads, Attend(softmax, dropout), merge_heads, proj, dropout))); the MLP branch
