@@ -49,6 +49,10 @@ class ViT(Sequential):
     A batch of another float dtype is cast to the model's when the cast is exact (float16 or bfloat16 into a
     float32 model) and refused with a TypeError otherwise (float64 into float32 would round). Non-finite pixels
     are not checked: they make that image's logits non-finite and leave the other images of the batch unchanged.
+    Every forward (``model(x)``, ``forward_features``, ``forward_intermediates``) first estimates its activations
+    and refuses, with a ValueError naming the estimate and the limit, a batch past the memory budget
+    (:func:`vit_einops.sizes.check_forward_memory`); construction refuses a config past the memory or build-time
+    budget (:mod:`vit_einops._budget`).
     """
 
 
@@ -184,7 +188,7 @@ class ViT(Sequential):
 
     def _check_other_size(self, x: torch.Tensor) -> None:
         """Admit an input of another size than the training one when the model resamples E_pos for it
-        (``dynamic_size``): H and W multiples of the patch size, its activations within the memory budget."""
+        (``dynamic_size``): H and W positive multiples of the patch size (its activations are budgeted by _admit)."""
         (h, w), (ph, pw) = self.patch_embed.image_size, self.patch_embed.patch_size
         size = tuple(x.shape[2:])
         dynamic = self.patch_embed.pos_embed.dynamic
