@@ -103,6 +103,25 @@ def test_ten_million_registers_are_refused_before_building():
         ViT(register_tokens=10**7)
 
 
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(num_classes=10**18), "building this ViT (depth 12, dim 768, num_classes 1000000000000000000, "
+                                   "769,000,000,000,085,798,656 parameters) needs about 2.7e+03 EiB"),
+        (dict(representation_size=2**62), "building this ViT (depth 12, dim 768, representation_size "
+                                          "4611686018427387904, num_classes 1000, 8,158,072,566,598,135,001,832 "
+                                          "parameters) needs about 2.8e+04 EiB"),
+        (dict(dim=2**40, heads=1), "building this ViT (depth 12, dim 1099511627776, "
+                                   "58,028,439,424,850,679,329,493,992 parameters) needs about 2.0e+08 EiB"),
+    ],
+)  # fmt: skip
+def test_a_size_no_limit_allows_names_its_field_and_suggests_no_limit(fields, message):
+    with max_memory("1GiB"), refused_at_once(re.escape(
+        f"{message}, over the max-memory limit of 1.0 GiB; no limit allows it (--max-memory takes at most 8 EiB)"
+    )):  # fmt: skip
+        ViT(**fields)
+
+
 def test_depth_50000_is_refused_by_the_time_budget_before_building():
     # 2 MiB of weights and 3 GiB of modules: within this machine's memory, but 66 s of Python at MODULE_SECONDS.
     with max_memory("1TiB"), refused_at_once(re.escape(

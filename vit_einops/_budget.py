@@ -84,9 +84,11 @@ def parse_seconds(text: Any, name: str = "max_build_time") -> float:
 
 
 def format_bytes(size: float) -> str:
-    """``size`` bytes for a message: "41.2 GiB", "512.0 MiB", "3.1 PiB"."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if size < 1024 or unit == "PiB":
+    """``size`` bytes for a message: "41.2 GiB", "512.0 MiB", "3.1 PiB", "2.0e+12 EiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if unit == "EiB" and size >= 1024:
+            return f"{size:.1e} EiB"
+        if size < 1024 or unit == "EiB":
             return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
         size /= 1024
     raise AssertionError("unreachable")
@@ -198,9 +200,13 @@ def check_memory(estimate: float, what: str) -> None:
     if estimate <= limit:
         return
     need = format_bytes(estimate)
-    allow = _round_up(estimate * 1.1)
     shown = format_bytes(limit)
     over = f"the {shown} {source}" if source.startswith("this") else f"{source} of {shown}"
+    if estimate * 1.1 >= 2**63:
+        raise ValueError(
+            f"{what} needs about {need}, over {over}; no limit allows it (--max-memory takes at most 8 EiB)"
+        )
+    allow = _round_up(estimate * 1.1)
     raise ValueError(
         f"{what} needs about {need}, over {over}; pass --max-memory {allow} to allow it "
         f"(in Python: {ENV_VAR}={allow}, or with vit_einops.max_memory({allow!r}))"

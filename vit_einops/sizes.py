@@ -82,14 +82,16 @@ def module_count(config: ViTConfig) -> int:
 
 def size_fields(config: ViTConfig) -> str:
     """The fields that make a config's size, for a message: its depth and dim, and its tokens (from the image and
-    patch size and the register tokens) or classes where those hold more parameters than the blocks."""
+    patch size and the register tokens) or its classifier where those hold more than a third of its parameters."""
     words = [f"depth {config.depth}", f"dim {config.dim}"]
-    blocks = config.depth * block_parameters(config)
-    if (config.num_prefix_tokens + config.num_pos_tokens) * config.dim > blocks:
+    third = parameter_count(config) / 3
+    if (config.num_prefix_tokens + config.num_pos_tokens) * config.dim > third:
         sources = [f"image_size {config.image_size}", f"patch_size {config.patch_size}"]
         sources += [f"register_tokens {config.register_tokens}"] * bool(config.register_tokens)
         words.append(f"{config.num_tokens:,} tokens from {', '.join(sources[:-1])} and {sources[-1]}")
-    if _classifier_parameters(config) > blocks:
+    if _classifier_parameters(config) > third:  # K classes of representation_size features (else dim)
+        if config.representation_size is not None:
+            words.append(f"representation_size {config.representation_size}")
         words.append(f"num_classes {config.num_classes}")
     return ", ".join(words)
 
