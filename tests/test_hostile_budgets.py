@@ -144,6 +144,17 @@ def test_the_time_limit_is_set_like_the_memory_limit(monkeypatch):
         check_build_time(config)
 
 
+def test_a_build_time_no_limit_allows_suggests_no_limit():
+    config = ViTConfig(depth=10**12, dim=8, heads=1, mlp_dim=8)
+    with max_build_time("1h"), refused_at_once(re.escape(
+        "building this ViT (depth 10000000, dim 8: 220,000,012 modules) takes about 220 min, over the max-build-time "
+        "limit of 60 min") + allow_time("243min")):  # fmt: skip
+        check_build_time(ViTConfig(depth=10**7, dim=8, heads=1, mlp_dim=8))
+    with refused_at_once(re.escape("takes about 366666.7 h, over the default build-time limit of 10 s; no limit allows "
+                                   "it (--max-build-time takes at most 1 year)")):  # fmt: skip
+        check_build_time(config)
+
+
 def test_train_refuses_a_deep_model_in_one_line_before_reading_data(tmp_path):
     with bounded(20):  # the command imports its tools first
         result = run_cli("train", "--depth", "50000", "--out", tmp_path / "run")

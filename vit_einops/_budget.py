@@ -43,6 +43,7 @@ MAX_PIXELS = 128 * 1024 * 1024
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
           "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
 _SECONDS = {"": 1, "s": 1, "min": 60, "h": 3600}
+_YEAR = 365 * 24 * 3600  # the largest build-time limit: a longer one is no limit
 _QUANTITY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")  # a number and its unit
 _LIMIT: ContextVar[int | None] = ContextVar("vit_einops_max_memory", default=None)
 _TIME_LIMIT: ContextVar[float | None] = ContextVar("vit_einops_max_build_time", default=None)
@@ -80,7 +81,7 @@ def parse_bytes(text: Any, name: str = "max_memory") -> int:
 def parse_seconds(text: Any, name: str = "max_build_time") -> float:
     """A time in seconds: a number, or a string such as "30", "30s", "2min", "1.5h". ValueError naming ``name`` and
     the text as given otherwise."""
-    return _quantity(text, name, _SECONDS, _TIMES_ACCEPTED, 1e-3, 365 * 24 * 3600, (int, float))
+    return _quantity(text, name, _SECONDS, _TIMES_ACCEPTED, 1e-3, _YEAR, (int, float))
 
 
 def format_bytes(size: float) -> str:
@@ -165,10 +166,12 @@ def check_build_time(estimate: float, what: str) -> None:
     limit, source = build_time_limit()
     if estimate <= limit:
         return
+    over = f"{what} takes about {format_seconds(estimate)}, over {source} of {format_seconds(limit)}"
+    if estimate * 1.1 > _YEAR:
+        raise ValueError(f"{over}; no limit allows it (--max-build-time takes at most 1 year)")
     allow = _round_up_seconds(estimate * 1.1)
     raise ValueError(
-        f"{what} takes about {format_seconds(estimate)}, over {source} of {format_seconds(limit)}; pass "
-        f"--max-build-time {allow} to allow it (in Python: {TIME_ENV_VAR}={allow}, or with "
+        f"{over}; pass --max-build-time {allow} to allow it (in Python: {TIME_ENV_VAR}={allow}, or with "
         f"vit_einops.max_build_time({allow!r}))"
     )
 
@@ -185,11 +188,10 @@ def format_seconds(seconds: float) -> str:
 
 
 def _round_up_seconds(seconds: float) -> str:
-    """A round time at or above ``seconds`` to suggest as a limit: whole seconds below 10 min, else whole minutes,
-    at most the largest limit parse_seconds takes."""
+    """A round time at or above ``seconds`` to suggest as a limit: whole seconds below 10 min, else whole minutes."""
     if seconds < 600:
         return f"{max(1, math.ceil(seconds))}s"
-    return f"{min(math.ceil(seconds / 60), 365 * 24 * 60)}min"
+    return f"{math.ceil(seconds / 60)}min"
 
 
 def check_memory(estimate: float, what: str) -> None:
