@@ -79,7 +79,7 @@ def _with(tmp_path, arch: str, **changes):
         ("Dinov2Model", {"use_swiglu_ffn": True}, ValueError, r"config.json use_swiglu_ffn True is not supported"),
         ("Dinov2Model", {"qkv_bias": False}, ValueError, r"config.json qkv_bias False is not supported"),
         ("Dinov2Model", {"mlp_ratio": "4"}, TypeError, r"config.json mlp_ratio must be int or float, got '4' \(str\)"),
-        ("Dinov2Model", {"mlp_ratio": 0}, ValueError, r"config.json mlp_ratio must be positive, got 0"),
+        ("Dinov2Model", {"mlp_ratio": 0}, ValueError, r"config.json mlp_ratio must be a positive finite number, got 0"),
         ("Dinov2Model", {"layerscale_value": 0}, ValueError,
          r"layer_scale must be a positive finite float, got 0.0 \(config.json's layerscale_value\)"),
         ("Dinov2Model", {"head_dim": 16}, ValueError,

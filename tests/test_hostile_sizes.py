@@ -125,7 +125,7 @@ def test_a_bad_max_memory_flag_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["summary", "vit_ti_16", "--max-memory", "lots"])
     assert exit_info.value.code == 2
-    assert "argument --max-memory: --max-memory must be a size in bytes such as 64GiB" in capsys.readouterr().err
+    assert "argument --max-memory: --max-memory must be a size from 1 byte to 8 EiB such as 64GiB" in capsys.readouterr().err
 
 
 # --- depth and width -----------------------------------------------------------------------------------------
@@ -216,8 +216,9 @@ def test_the_command_line_refuses_with_one_line_and_max_memory_allows(tmp_path, 
     "argv, message",
     [
         (["vit_ti_16", "--image-size", "4000"], "a forward pass of 2 images at 62501 tokens needs about 176.0 GiB"),
-        (["vit_b_16", "--image-size", "8000", "--table"], "building this ViT (depth 12, dim 768, 278,417,128 "
-                                                          "parameters) needs about 1.0 GiB"),
+        (["vit_b_16", "--image-size", "8000", "--table"], "building this ViT (depth 12, dim 768, 250,001 tokens from "
+                                                          "image_size (8000, 8000) and patch_size (16, 16), "
+                                                          "278,417,128 parameters) needs about 1.0 GiB"),
         (["vit_h_14", "--table"], "building this ViT (depth 32, dim 1280, 632,045,800 parameters) needs about 2.4 "
                                   "GiB"),
     ],
@@ -236,7 +237,8 @@ def test_summary_refuses_a_layer_table_past_the_budget(capsys, argv, message):
     [
         (dict(num_hidden_layers=10**8), "depth 100000000, dim 48"),
         (dict(hidden_size=2**20, num_attention_heads=4), "depth 2, dim 1048576"),
-        (dict(image_size=2**16), "depth 2, dim 48"),
+        (dict(image_size=2**16), "depth 2, dim 48, 67,108,865 tokens from image_size (65536, 65536) and patch_size "
+                                 "(8, 8)"),
     ],
 )
 def test_a_huge_hf_config_is_refused_before_the_weights_are_read(tmp_path, changes, words):
@@ -269,7 +271,8 @@ def test_inspect_and_explore_refuse_a_forward_past_the_budget(tmp_path, capsys, 
 
 
 def test_tokens_past_the_budget_are_refused_where_the_model_is_built():
-    with refused(re.escape("building this ViT (depth 12, dim 768, 51,625,444,072 parameters) needs about 192.3 GiB")):
+    with refused(re.escape("building this ViT (depth 12, dim 768, 67,108,865 tokens from image_size (16384, 16384) and "
+                           "patch_size (2, 2), 51,625,444,072 parameters) needs about 192.3 GiB")):  # fmt: skip
         ViT(image_size=2**14, patch_size=2)
 
 

@@ -44,6 +44,7 @@ _EXPORTS = {
     "TIMM_NAMES": "presets",
     "create_vit": "pretrained",
     "list_presets": "presets",
+    "max_build_time": "_budget",
     "max_memory": "_budget",
     "parameter_count": "sizes",
 }

@@ -36,6 +36,25 @@ def check_nonnegative_int(name: str, value: Any) -> int:
     return value
 
 
+# The largest size a tensor holds along one axis, and the largest count of a model's parts: torch's sizes are int64.
+MAX_SIZE = 2**63 - 1
+
+
+def show_int(value: int) -> str:
+    """``value`` for a message; one too long to print (Python refuses past 4300 digits) by its length in bits."""
+    return str(value) if value.bit_length() <= 128 else f"an int of {value.bit_length():,} bits"
+
+
+def check_size(name: str, value: Any, *, positive: bool = True) -> int:
+    """A size or count of a model (a width, a depth, a number of tokens or classes): a positive int (or >= 0 when
+    not ``positive``) at most :data:`MAX_SIZE`. The estimates multiply such sizes, so one past torch's range is
+    refused here, by name, rather than overflowing in a product later."""
+    value = check_positive_int(name, value) if positive else check_nonnegative_int(name, value)
+    if value > MAX_SIZE:
+        raise ValueError(f"{name} must be at most 2**63 - 1 (torch's sizes are int64), got {show_int(value)}")
+    return value
+
+
 def check_int_in_range(name: str, value: Any, low: int, high: int) -> int:
     """Return ``value`` (as a Python int) if it is an int in [low, high], else raise naming ``name`` and the value."""
     value = check_int(name, value)

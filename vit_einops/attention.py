@@ -52,9 +52,12 @@ def per_layer_impls(value: Any, depth: int) -> tuple[str, ...]:
 
 def stored_attn_impl(stored_config: Mapping[str, Any], depth: int) -> str | tuple[str, ...]:
     """The impl a stored config dict (a model file's, a checkpoint's) starts its model on: the one recorded by files
-    written while ``attn_impl`` was a config field, else "einsum"."""
+    written while ``attn_impl`` was a config field, else "einsum". One impl stays one str: ``depth`` comes from the
+    file, and is checked against the budgets only when the model is built."""
     impl = stored_config.get("attn_impl")
-    return "einsum" if impl is None else per_layer_impls(impl, depth)
+    if impl is None or isinstance(impl, str):
+        return "einsum" if impl is None else check_attn_impl(impl)
+    return per_layer_impls(impl, depth)
 
 
 def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -15,7 +15,7 @@ import sys
 from typing import NoReturn
 
 from . import __version__
-from ._budget import ENV_VAR, max_memory, parse_bytes
+from ._budget import BUILD_SECONDS, ENV_VAR, TIME_ENV_VAR, max_build_time, max_memory, parse_bytes, parse_seconds
 from ._text import printable, printable_lines
 
 # name -> (module, the pip extra it needs or None, one-line help).
@@ -109,6 +109,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             help=f"refuse work estimated to need more memory than SIZE, e.g. 64GiB (default: ${ENV_VAR}, else the "
             "memory this machine has available); raise it to allow a larger model, image or grid",
         )
+        p.add_argument(
+            "--max-build-time",
+            type=_build_time,
+            metavar="TIME",
+            help=f"refuse a model whose modules are estimated to take longer than TIME to build, e.g. 2min "
+            f"(default: ${TIME_ENV_VAR}, else {BUILD_SECONDS:g}s); raise it to allow a deeper model",
+        )
     return parser
 
 
@@ -116,6 +123,14 @@ def _memory_size(text: str) -> int:
     """argparse type of --max-memory: a size such as 64GiB, 500MB or 1000000 (bytes)."""
     try:
         return parse_bytes(text, "--max-memory")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _build_time(text: str) -> float:
+    """argparse type of --max-build-time: a time such as 30, 30s or 2min."""
+    try:
+        return parse_seconds(text, "--max-build-time")
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -208,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vit-einops {args.command}: error: {printable(err)}", file=sys.stderr)
             return 2
         try:
-            with max_memory(args.max_memory):
+            with max_memory(args.max_memory), max_build_time(args.max_build_time):
                 return importlib.import_module(args._module).run(args)
         except ModuleNotFoundError as err:  # commands that import their extra only when they run
             if not _optional_missing(err, extra):

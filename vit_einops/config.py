@@ -7,13 +7,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from ._budget import check_memory
 from ._checks import (
+    MAX_SIZE,
     check_bool,
     check_choice,
-    check_nonnegative_int,
     check_positive_float,
-    check_positive_int,
     check_probability,
+    check_size,
+    show_int,
     to_pair,
 )
 
@@ -27,6 +29,12 @@ PATCHIFY = ("conv", "linear")
 # Configs written before the attention path became runtime state list it among their fields; a stored config that
 # does still loads, and its model starts on that impl (vit_einops.attention.stored_attn_impl).
 FORMER_FIELDS = ("attn_impl",)
+# float32's largest value and its smallest positive one (a subnormal): the weights' dtype. A layer_scale past the
+# first is inf in the model, one under the second 0; a layer_norm_eps under it adds nothing to the variance.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.401298464324817e-45
+# What naming one register token costs Python ("reg123", its tuple slot), for the budget of prefix_tokens.
+NAME_BYTES = 72
 
 
 @dataclass(frozen=True)
@@ -80,11 +88,12 @@ class ViTConfig:
         def store(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        store("image_size", to_pair("image_size", self.image_size))
-        store("patch_size", to_pair("patch_size", self.patch_size))
+        for name in ("image_size", "patch_size"):
+            pair = to_pair(name, getattr(self, name))
+            store(name, tuple(check_size(f"{name}[{i}]", side) for i, side in enumerate(pair)))
         for name in ("in_channels", "dim", "depth", "heads", "mlp_dim"):
-            store(name, check_positive_int(name, getattr(self, name)))
-        store("num_classes", check_nonnegative_int("num_classes", self.num_classes))  # 0: the head returns features
+            store(name, check_size(name, getattr(self, name)))
+        store("num_classes", check_size("num_classes", self.num_classes, positive=False))  # 0: the head gives features
         for size, patch, axis in zip(self.image_size, self.patch_size, ("height", "width")):
             if size % patch:
                 raise ValueError(
@@ -99,11 +108,17 @@ class ViTConfig:
         check_choice("patchify", self.patchify, PATCHIFY)
         check_bool("fc_norm", self.fc_norm)
         if self.representation_size is not None:
-            store("representation_size", check_positive_int("representation_size", self.representation_size))
-        store("layer_norm_eps", check_positive_float("layer_norm_eps", self.layer_norm_eps))
+            store("representation_size", check_size("representation_size", self.representation_size))
+        store("layer_norm_eps", check_float32("layer_norm_eps", self.layer_norm_eps))
         if self.layer_scale is not None:
-            store("layer_scale", check_positive_float("layer_scale", self.layer_scale))
-        store("register_tokens", check_nonnegative_int("register_tokens", self.register_tokens))
+            store("layer_scale", check_float32("layer_scale", self.layer_scale))
+        store("register_tokens", check_size("register_tokens", self.register_tokens, positive=False))
+        if self.num_tokens > MAX_SIZE:
+            raise ValueError(
+                f"the tokens must be at most 2**63 - 1 (torch's sizes are int64), got {show_int(self.num_tokens)} "
+                f"from image_size {self.image_size}, patch_size {self.patch_size} and register_tokens "
+                f"{self.register_tokens}"
+            )
         flags = ("pos_embed_prefix", "class_token", "distill_token", "pre_norm", "patch_bias", "qk_norm", "head_bias")
         for name in flags:
             check_bool(name, getattr(self, name))
@@ -140,13 +155,16 @@ class ViTConfig:
     @property
     def num_prefix_tokens(self) -> int:
         """Tokens before the patches: the class, distillation and register tokens (timm's name)."""
-        return len(self.prefix_tokens)
+        return self.class_token + self.distill_token + self.register_tokens
 
     @property
     def prefix_tokens(self) -> tuple[str, ...]:
         """The names of the tokens before the patches, in order: "cls" (the class token), "dist" (DeiT's
         distillation token), then "reg1".."regR" (the register tokens); the tools label those rows and columns of A
-        with them. Empty for a model without a class token (SigLIP)."""
+        with them. Empty for a model without a class token (SigLIP). Made on each call, one name per register
+        within the memory budget: every count (:attr:`num_prefix_tokens`, :attr:`num_tokens`) is arithmetic."""
+        if self.register_tokens:
+            check_memory(self.register_tokens * NAME_BYTES, f"naming {self.register_tokens:,} register tokens")
         named = ("cls",) * self.class_token + ("dist",) * self.distill_token
         return named + tuple(f"reg{i + 1}" for i in range(self.register_tokens))
 
@@ -235,6 +253,18 @@ def _init(self: ViTConfig, *args: Any, **kwargs: Any) -> None:
 
 
 ViTConfig.__init__ = _init  # a former field gets a message saying where it went, not "unexpected keyword argument"
+
+
+def check_float32(name: str, value: Any) -> float:
+    """A positive float the weights' dtype float32 holds (LayerScale's gamma, LayerNorm's epsilon), else a
+    ValueError naming ``name``, the value and the range."""
+    value = check_positive_float(name, value)
+    if not FLOAT32_TINY <= value <= FLOAT32_MAX:
+        raise ValueError(
+            f"{name} {value:g} is outside float32's range, the weights' dtype: expected a positive float from "
+            f"{FLOAT32_TINY:.4g} to {FLOAT32_MAX:.4g}"
+        )
+    return value
 
 
 def check_config(config: Any, module: str) -> ViTConfig:

@@ -14,13 +14,13 @@ from torch import nn
 from ._checks import check_choice, check_dense_tensor, check_index, check_nonnegative_int, check_positive_int
 from ._init import trunc_normal_
 from ._sequential import Sequential
-from .attention import attn_impl_of, per_layer_impls, set_attn_impl
+from .attention import Attend, attn_impl_of, per_layer_impls, set_attn_impl
 from .blocks import TransformerEncoder, TransformerEncoderBlock
 from .config import ViTConfig
 from .head import ClassificationHead, head_swap_help
 from .patch_embed import PatchEmbedding
 from .preprocess import Preprocessing
-from .sizes import check_forward_memory, check_model_memory
+from .sizes import check_build_time, check_forward_memory, check_model_memory
 
 # timm's default for every Linear in the encoder and head; the embeddings have their own init.
 LINEAR_INIT_STD = 0.02
@@ -49,6 +49,10 @@ class ViT(Sequential):
     A batch of another float dtype is cast to the model's when the cast is exact (float16 or bfloat16 into a
     float32 model) and refused with a TypeError otherwise (float64 into float32 would round). Non-finite pixels
     are not checked: they make that image's logits non-finite and leave the other images of the batch unchanged.
+    Every forward (``model(x)``, ``forward_features``, ``forward_intermediates``) first estimates its activations
+    and refuses, with a ValueError naming the estimate and the limit, a batch past the memory budget
+    (:func:`vit_einops.sizes.check_forward_memory`); construction refuses a config past the memory or build-time
+    budget (:mod:`vit_einops._budget`).
     """
 
 
@@ -85,10 +89,12 @@ class ViT(Sequential):
     ) -> None:
         arguments = locals()  # the keywords above: ViTConfig's fields (tests hold them equal), then attn_impl
         config = ViTConfig(**{f.name: arguments[f.name] for f in fields(ViTConfig)})
-        # Checked before anything of the model exists: a config that asks for terabytes fails now, not after minutes
-        # of building. On the meta device (loaders, counts) only the modules' own memory counts.
+        # Checked before anything of the model exists: a config that asks for terabytes, or for more modules than
+        # build in the time budget, fails now, not after minutes of building. On the meta device (loaders, counts)
+        # only the modules' own memory counts.
         on_meta = torch.empty(0).device.type == "meta"
         check_model_memory(config, 0 if on_meta else torch.get_default_dtype().itemsize)
+        check_build_time(config)
         impls = per_layer_impls(attn_impl, config.depth)
         super().__init__(
             OrderedDict(
@@ -139,7 +145,7 @@ class ViT(Sequential):
     # -- input -------------------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(self.check_input(x))
+        return super().forward(self._admit(x))
 
     def check_input(self, x: Any) -> torch.Tensor:
         """``x`` as this model runs it, or a TypeError/ValueError saying what was expected.
@@ -183,7 +189,7 @@ class ViT(Sequential):
 
     def _check_other_size(self, x: torch.Tensor) -> None:
         """Admit an input of another size than the training one when the model resamples E_pos for it
-        (``dynamic_size``): H and W multiples of the patch size, its activations within the memory budget."""
+        (``dynamic_size``): H and W positive multiples of the patch size (its activations are budgeted by _admit)."""
         (h, w), (ph, pw) = self.patch_embed.image_size, self.patch_embed.patch_size
         size = tuple(x.shape[2:])
         dynamic = self.patch_embed.pos_embed.dynamic
@@ -199,7 +205,20 @@ class ViT(Sequential):
                 f"height, width {size} are not positive multiples of the patch size ({ph}, {pw}); crop or resize "
                 f"to e.g. {fit}"
             )
-        check_forward_memory(replace(self._built_config, image_size=size), x.shape[0])
+
+    def _admit(self, x: Any) -> torch.Tensor:
+        """``x`` checked (:meth:`check_input`), for a forward pass whose activations fit the memory budget: refused
+        before any of them exists otherwise (:func:`vit_einops.sizes.check_forward_memory`, with the attention path
+        each layer runs, autograd's saved activations when the pass is differentiable, and the attention a recorder
+        keeps). Every forward entry point starts here."""
+        x = self.check_input(x)
+        config = self._built_config
+        if tuple(x.shape[2:]) != config.image_size:
+            config = replace(config, image_size=tuple(x.shape[2:]))
+        fused = all(m.impl != "einsum" for m in self.blocks.modules() if isinstance(m, Attend))
+        grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.blocks.parameters()))
+        check_forward_memory(config, x.shape[0], fused=fused, grad=grad, itemsize=x.element_size())
+        return x
 
     # -- timm's interface ----------------------------------------------------------------------------------
 
@@ -225,7 +244,7 @@ class ViT(Sequential):
         token alone, so the class token's row is exactly y of Eq. 4). A model with ``fc_norm`` norms after the
         pooling instead, so its tokens come out un-normed, as in timm.
         """
-        x = self.blocks(self.patch_embed(self.check_input(x)))
+        x = self.blocks(self.patch_embed(self._admit(x)))
         return self.head.norm(x) if self.head.token_norm else x
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -336,7 +355,7 @@ class ViT(Sequential):
         take = self._take_indices(indices)
         if norm and not self.head.token_norm:
             raise ValueError("norm=True needs a LayerNorm on every token; this model's (fc_norm=True) follows pooling")
-        x = self.check_input(x)
+        x = self._admit(x)
         gh, gw = self.patch_embed.grid_for(x.shape[-2:])
         x = self.patch_embed(x)
         blocks = list(self.blocks)[: max(take) + 1] if stop_early else self.blocks

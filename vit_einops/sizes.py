@@ -1,6 +1,8 @@
-"""What a ViT of a config will need, from the config alone: its parameters, the memory to build or load it, and
-the memory of a forward pass. Nothing is allocated or built, so a config that asks for terabytes is refused in
-microseconds (:func:`vit_einops._budget.check_memory`) instead of after minutes of building.
+"""What a ViT of a config will need, from the config alone: its parameters and modules, the memory and time to build
+or load it, and the memory of a forward pass. Nothing is allocated or built, and every count is arithmetic on the
+fields (never a list as long as one of them), so a config that asks for terabytes or for 50,000 blocks is refused in
+microseconds (:func:`vit_einops._budget.check_memory`, :func:`vit_einops._budget.check_build_time`) instead of
+after minutes of building.
 
 The counts follow the modules one to one (tests hold :func:`parameter_count` equal to a built model's count for
 random configs): Eq. 1's projection E, class token and E_pos; per block (Eqs. 2-3) two LayerNorms, the fused qkv
@@ -10,12 +12,46 @@ options beyond the paper (registers, LayerScale, qk-norm, pre-norm, attention po
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+from . import _budget
 from ._budget import check_memory, format_bytes
+from .chunk_plan import CHUNK_ELEMENTS
 from .config import ViTConfig
 
 # Python's own memory per encoder block, beside its tensors: ten modules with their dicts and hooks (tracemalloc
 # measures 52 KB a block with torch 2.13 on the meta device, rounded up).
 BLOCK_OVERHEAD_BYTES = 64 * 1024
+# Seconds to construct one module of a ViT, whatever its width (torch's nn.Module set-up, a Linear's or LayerNorm's
+# parameters made and reset, our own __init__s): the least of the medians measured by the command in
+# docs/reliability.md (builds of 44,012 modules) on a shared 2-core AMD EPYC, 60 to 77 us, with torch 2.13. Real
+# ViTs have a few hundred modules (ViT-H/14: 716), so their estimate is a few hundredths of a second.
+MODULE_SECONDS = 60e-6
+# The modules of one encoder block: the block; the attention branch ResidualAdd(Sequential(LayerNorm,
+# MultiHeadAttention(qkv, split_heads, Attend(softmax, dropout), merge_heads, proj, dropout))); the MLP branch
+# ResidualAdd(Sequential(LayerNorm, FeedForwardBlock(fc1, act, drop1, fc2, drop2))).
+BLOCK_MODULES = 1 + 12 + 9
+_KEPT: ContextVar[int] = ContextVar("vit_einops_kept_attention", default=0)
+
+
+def block_parameters(config: ViTConfig) -> int:
+    """The parameters of one encoder block (Eqs. 2-3): two LayerNorms, qkv and output projections, the MLP, and
+    LayerScale's and qk-norm's when the config has them."""
+    d, m = config.dim, config.mlp_dim
+    block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * m + m) + (m * d + d)
+    if config.layer_scale is not None:
+        block += 2 * d  # gamma of each branch
+    if config.qk_norm:
+        block += 4 * config.head_dim  # LayerNorms over D_h on q and k
+    return block
+
+
+def _classifier_parameters(config: ViTConfig) -> int:
+    features = config.dim if config.representation_size is None else config.representation_size
+    classifiers = 1 + config.distill_token  # DeiT's second classifier reads the distillation token
+    return classifiers * (features * config.num_classes + config.num_classes * config.head_bias)
 
 
 def parameter_count(config: ViTConfig) -> int:
@@ -26,22 +62,38 @@ def parameter_count(config: ViTConfig) -> int:
     # CLIP's pre-norm
     embed = d * c * ph * pw + d * config.patch_bias + config.num_prefix_tokens * d + config.num_pos_tokens * d
     embed += 2 * d * config.pre_norm
-    block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + mlp
-    if config.layer_scale is not None:
-        block += 2 * d  # gamma of each branch
-    if config.qk_norm:
-        block += 4 * config.head_dim  # LayerNorms over D_h on q and k
     head = 2 * d  # the final LayerNorm (on every token, or after pooling with fc_norm)
     if config.pool == "map":  # latent query, q, kv, output projection, LayerNorm and MLP
         head += d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + 2 * d + mlp
-    features = d
     if config.representation_size is not None:
-        features = config.representation_size
-        head += d * features + features
-    if config.num_classes:
-        classifiers = 1 + config.distill_token  # DeiT's second classifier reads the distillation token
-        head += classifiers * (features * config.num_classes + config.num_classes * config.head_bias)
-    return embed + config.depth * block + head
+        head += d * config.representation_size + config.representation_size
+    return embed + config.depth * block_parameters(config) + head + _classifier_parameters(config)
+
+
+def module_count(config: ViTConfig) -> int:
+    """The number of modules of ``ViT.from_config(config)`` (``len(list(model.modules()))``), exactly."""
+    block = BLOCK_MODULES + 2 * (config.layer_scale is not None) + 2 * config.qk_norm  # LayerScales; q and k norms
+    # patch_embed with proj, flatten, pos_embed and dropout, and the prefix tokens' and pre-norm's modules
+    embed = 5 + config.class_token + config.distill_token + (config.register_tokens > 0) + config.pre_norm
+    # head with norm, pool (attention pooling: 16 more), fc, DeiT's fc_dist, pre_logits (Sequential, Linear, Tanh)
+    head = 4 + config.distill_token + 16 * (config.pool == "map") + 3 * (config.representation_size is not None)
+    return 1 + embed + 1 + config.depth * block + head  # the ViT and its blocks container count one each
+
+
+def size_fields(config: ViTConfig) -> str:
+    """The fields that make a config's size, for a message: its depth and dim, and its tokens (from the image and
+    patch size and the register tokens) or its classifier where those hold more than a third of its parameters."""
+    words = [f"depth {config.depth}", f"dim {config.dim}"]
+    third = parameter_count(config) / 3
+    if (config.num_prefix_tokens + config.num_pos_tokens) * config.dim > third:
+        sources = [f"image_size {config.image_size}", f"patch_size {config.patch_size}"]
+        sources += [f"register_tokens {config.register_tokens}"] * bool(config.register_tokens)
+        words.append(f"{config.num_tokens:,} tokens from {', '.join(sources[:-1])} and {sources[-1]}")
+    if _classifier_parameters(config) > third:  # K classes of representation_size features (else dim)
+        if config.representation_size is not None:
+            words.append(f"representation_size {config.representation_size}")
+        words.append(f"num_classes {config.num_classes}")
+    return ", ".join(words)
 
 
 def model_bytes(config: ViTConfig, itemsize: int = 4, *, copies: int = 1) -> int:
@@ -55,30 +107,77 @@ def check_model_memory(config: ViTConfig, itemsize: int = 4, *, copies: int = 1,
     count = parameter_count(config)
     check_memory(
         model_bytes(config, itemsize, copies=copies),
-        f"{action} this ViT (depth {config.depth}, dim {config.dim}, {count:,} parameters"
+        f"{action} this ViT ({size_fields(config)}, {count:,} parameters"
         + (f", {copies} copies while loading" if copies > 1 else "")
         + ")",
     )
 
 
-def forward_bytes(config: ViTConfig, batch: int, itemsize: int = 4, *, keep_attention: bool = False) -> int:
-    """Peak activation memory of one forward pass over ``batch`` images without gradients: one block's tokens,
-    q k v, attention scores and probabilities (b h n^2 each, as the einsum path holds them) and MLP hidden units at
-    a time; with ``keep_attention`` also every layer's attention matrix, as recording it does."""
+def build_seconds(config: ViTConfig) -> float:
+    """The time to construct the modules of ``config`` (:data:`MODULE_SECONDS` each); initialising the parameters
+    comes on top, in proportion to their memory."""
+    return module_count(config) * MODULE_SECONDS
+
+
+def check_build_time(config: ViTConfig, action: str = "building") -> None:
+    """Refuse a model whose modules would take longer to construct than the build-time budget allows
+    (:func:`vit_einops._budget.check_build_time`), before any of them is built."""
+    _budget.check_build_time(
+        build_seconds(config), f"{action} this ViT ({size_fields(config)}: {module_count(config):,} modules)"
+    )
+
+
+def forward_bytes(
+    config: ViTConfig, batch: int, itemsize: int = 4, *, kept: int = 0, fused: bool = False, grad: bool = False
+) -> int:
+    """Peak activation memory of one forward pass over ``batch`` images.
+
+    Without gradients one block's activations at a time: its tokens, q k v, the MLP's hidden units and the
+    attention scores and probabilities (b h n^2 each, as the einsum path holds them; ``fused`` attention, the
+    chunked and SDPA paths, holds one block of them at a time instead). With ``grad`` autograd keeps every block's.
+    ``kept`` layers' attention matrices are kept besides, as recording them does (recomputed from q and k, so their
+    scores exist whatever the path; with ``grad`` the probabilities and scores both stay in the graph).
+    """
     n, d, h, m = config.num_tokens, config.dim, config.heads, config.mlp_dim
     attention = batch * h * n * n
-    block = batch * n * (4 * d + 3 * d + 2 * m) + 2 * attention  # x, residual, normed, out; qkv; mlp hidden twice
-    kept = config.depth * attention if keep_attention else 0
-    return (block + kept) * itemsize
+    scores = attention if kept or not fused else min(attention, max(batch * n * d, CHUNK_ELEMENTS))
+    block = batch * n * (4 * d + 3 * d + 2 * m) + 2 * scores  # x, residual, normed, out; qkv; mlp hidden twice
+    total = block * (config.depth if grad else 1) + kept * attention * (2 if grad else 1)
+    return total * itemsize
 
 
-def check_forward_memory(config: ViTConfig, batch: int, *, keep_attention: bool = False, itemsize: int = 4) -> None:
-    """Refuse a forward pass over ``batch`` images whose activations would not fit the memory budget."""
+def check_forward_memory(
+    config: ViTConfig,
+    batch: int,
+    *,
+    kept: int | None = None,
+    fused: bool = False,
+    grad: bool = False,
+    itemsize: int = 4,
+) -> None:
+    """Refuse a forward pass over ``batch`` images (see :func:`forward_bytes`) whose activations would not fit the
+    memory budget: the one check before every forward (each of a ViT's forward entry points makes it, the commands
+    make it early). ``kept`` None: the layers the innermost :func:`keeping_attention` declares (0 outside)."""
+    kept = _KEPT.get() if kept is None else kept
+    keeping = ""
+    if kept:
+        keeping = " keeping every layer's attention" if kept >= config.depth else f" keeping {kept} layers' attention"
+    gradients = " with gradients" if grad else ""
     check_memory(
-        forward_bytes(config, batch, itemsize, keep_attention=keep_attention),
-        f"a forward pass of {batch} images at {config.num_tokens} tokens"
-        + (" keeping every layer's attention" if keep_attention else ""),
+        forward_bytes(config, batch, itemsize, kept=kept, fused=fused, grad=grad),
+        f"a forward pass of {batch} image{'s' * (batch != 1)} at {config.num_tokens} tokens{keeping}{gradients}",
     )
+
+
+@contextlib.contextmanager
+def keeping_attention(layers: int) -> Iterator[None]:
+    """Within the block, the forward passes of a ViT also keep ``layers`` of its attention matrices (a recorder's),
+    and :func:`check_forward_memory` counts them."""
+    token = _KEPT.set(_KEPT.get() + layers)
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
 
 
 def check_file_holds(config: ViTConfig, file_bytes: int, source: str) -> None:
@@ -88,7 +187,7 @@ def check_file_holds(config: ViTConfig, file_bytes: int, source: str) -> None:
     count = parameter_count(config)
     if file_bytes * 2 < count:
         raise ValueError(
-            f"{source}: its config describes {count:,} parameters (depth {config.depth}, dim {config.dim}), at least "
+            f"{source}: its config describes {count:,} parameters ({size_fields(config)}), at least "
             f"{format_bytes(count / 2)} of weights, but the file holds {format_bytes(file_bytes)}: the config does "
             f"not match the weights"
         )

@@ -69,7 +69,7 @@ def _explore(args: argparse.Namespace) -> int:
     chosen = [default_images(model, args.image, DIGIT_IMAGES) for model in models]
     titles = chosen[0]["titles"]
     for model in models:  # the page holds every layer's attention of every image, quantised from a float64 copy
-        check_forward_memory(model.config, len(titles), keep_attention=True, itemsize=8)
+        check_forward_memory(model.config, len(titles), kept=model.config.depth, itemsize=8)
     panes = []
     for path, model, images in zip(args.models, models, chosen, strict=True):
         panes.append(

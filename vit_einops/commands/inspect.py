@@ -76,7 +76,7 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
         raise ValueError(f"--layer {args.layer} is out of range for a model of {depth} layers (0..{depth - 1}, or -1)")
     images = default_images(model, args.image, args.num_images, args.distance_images)
     # Every layer's attention of every image is recorded at once: (depth, b, h, n, n).
-    check_forward_memory(model.config, len(images["inputs"]), keep_attention=True)
+    check_forward_memory(model.config, len(images["inputs"]), kept=depth)
     paths = write_report(
         model,
         images["inputs"],

@@ -158,6 +158,7 @@ def _check_run_arguments(args: argparse.Namespace) -> Path:
     from .._budget import check_memory, check_threads
     from .._checks import check_nonnegative_float, check_positive_int
     from ..config import ViTConfig
+    from ..sizes import check_build_time, check_forward_memory
     from ..train.config import TrainConfig
     from ..train.rundir import check_out_dir
 
@@ -174,6 +175,9 @@ def _check_run_arguments(args: argparse.Namespace) -> Path:
         2 * args.batch_size * model.in_channels * (h + 2 * s) * (w + 2 * s) * 4,
         f"--shift {s} (batches of {args.batch_size} padded to {h + 2 * s}x{w + 2 * s})",
     )
+    check_build_time(model)
+    # a training step's activations, before any data is read
+    check_forward_memory(model, args.batch_size, fused=args.attn_impl != "einsum", grad=True)
     for flag, folder in (("--data", args.data), ("--test-data", args.test_data)):
         if folder is not None and not Path(folder).is_dir():
             raise ValueError(f"{flag} {folder!r} does not exist or is not a directory")

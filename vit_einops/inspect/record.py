@@ -13,6 +13,7 @@ prefix tokens named by ``recorder.prefix_tokens``, then the patches of ``recorde
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from torch import nn
 from .._checks import check_index
 from ..attention import Attend, attention_scores
 from ..inputs import model_inputs
+from ..sizes import keeping_attention
 from .tokens import model_prefix_tokens
 
 
@@ -77,10 +79,14 @@ class AttentionRecorder:
         self._records: list[list[torch.Tensor]] = [[] for _ in chosen]
         self._grids: list[tuple[int, int]] = []
         self._handles: list[Any] = []
+        # A ViT's forward inside the block counts the encoder layers kept here in its memory budget.
+        self._kept = len(chosen) if isinstance(getattr(model, "blocks", None), nn.Module) else 0
+        self._budget = ExitStack()
 
     def __enter__(self) -> "AttentionRecorder":
         if self._handles:
             raise RuntimeError("this AttentionRecorder is already recording")
+        self._budget.enter_context(keeping_attention(self._kept))
         for records, attend in zip(self._records, self._attends, strict=True):
             self._handles.append(attend.register_forward_hook(self._hook(records), with_kwargs=True))
         if hasattr(self._patch_embed, "grid_for"):
@@ -91,6 +97,7 @@ class AttentionRecorder:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._budget.close()
 
     @staticmethod
     def _hook(records: list[torch.Tensor]):

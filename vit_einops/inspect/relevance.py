@@ -36,6 +36,7 @@ from torch import nn
 from .._checks import check_dense_tensor
 from ..attention import Attend
 from ..inputs import model_inputs
+from ..sizes import keeping_attention
 from .record import attention_matrix, encoder_attends
 
 
@@ -105,7 +106,7 @@ def attention_gradients(
     maps: list[torch.Tensor] = []
     handles = [attend.register_forward_hook(_attention_in_graph(maps), with_kwargs=True) for attend in layers]
     try:
-        with torch.enable_grad():
+        with torch.enable_grad(), keeping_attention(len(layers)):  # the forward's budget counts the maps kept
             # The input requires grad so the graph exists even where every parameter is frozen.
             logits = model(images.detach().requires_grad_(True))
             if logits.ndim != 2:

@@ -269,7 +269,10 @@ def load_hf(
             raise
         # hf_config reads a dict and says "config.json ..."; here the file is known: name it in full
         raise type(err)(f"{directory / CONFIG_NAME}{message.removeprefix(CONFIG_NAME)}") from err
-    check_file_holds(config, weights.stat().st_size, str(weights))  # a tiny file claiming a huge depth, at once
+    try:
+        check_file_holds(config, weights.stat().st_size, str(weights))  # a tiny file claiming a huge depth, at once
+    except ValueError as err:
+        raise ValueError(f"{err}{hf_names(str(err))}") from err
     itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
     check_model_memory(config, itemsize, copies=2, action="loading")
     state_dict = cast_weights(load_state_dict_file(weights), str(weights), dtype)

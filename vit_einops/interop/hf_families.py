@@ -30,6 +30,7 @@ token with its position row folded in, so the one addition happens in either lib
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from typing import Any
 
 import torch
 
+from .._checks import MAX_SIZE, show_int
 from ..config import ViTConfig
 from ..statedict import check_keys, check_state_dict, convert_patchify, expected_shapes
 
@@ -192,9 +194,27 @@ def _sizes(hf: Mapping[str, Any], eps: float, act: str, patch: int) -> dict[str,
 
 
 def _check_head_dim(hf: Mapping[str, Any]) -> None:
-    dim, heads = hf.get("hidden_size", 768), hf.get("num_attention_heads", 12)
-    if "head_dim" in hf and hf["head_dim"] is not None and hf["head_dim"] * heads != dim:
-        raise ValueError(f"config.json head_dim {hf['head_dim']!r:.40} is not hidden_size / num_attention_heads")
+    dim, heads = _field(hf, "hidden_size", 768), _field(hf, "num_attention_heads", 12)
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and _field(hf, "head_dim", None) * heads != dim:
+        raise ValueError(f"config.json head_dim {head_dim!r:.40} is not hidden_size / num_attention_heads")
+
+
+def _mlp_dim(dim: int, ratio: Any) -> int:
+    """DINOv2's MLP width from config.json's ``mlp_ratio``: ``int(hidden_size * mlp_ratio)``, transformers' own
+    rounding (Dinov2MLP), for a ratio that is a positive finite number and a product within torch's sizes."""
+    if not ratio > 0 or not math.isfinite(ratio):
+        raise ValueError(f"config.json mlp_ratio must be a positive finite number, got {ratio!r}")
+    try:
+        mlp_dim = int(dim * ratio)
+    except OverflowError:  # a product past float's range, or a hidden_size past it (then refused by its own check)
+        mlp_dim = MAX_SIZE + 1
+    if mlp_dim > MAX_SIZE:
+        raise ValueError(
+            f"config.json mlp_ratio {ratio!r} times hidden_size {show_int(dim)} is too large an MLP: torch's sizes "
+            f"are int64, at most 2**63 - 1"
+        )
+    return mlp_dim
 
 
 def _read_vit(hf: Mapping[str, Any], arch: str) -> dict[str, Any]:
@@ -215,14 +235,12 @@ def _read_dinov2(hf: Mapping[str, Any], arch: str) -> dict[str, Any]:
     _require(hf, "qkv_bias", True, True, "our fused qkv Linear has a bias")
     _check_head_dim(hf)
     fields = _sizes(hf, 1e-6, "gelu", 14 if arch == "Dinov2Model" else 16)
-    ratio = _field(hf, "mlp_ratio", 4, (int, float))
-    if not ratio > 0:
-        raise ValueError(f"config.json mlp_ratio must be positive, got {ratio!r}")
+    mlp_dim = _mlp_dim(fields["dim"], _field(hf, "mlp_ratio", 4, (int, float)))
     registers = _field(hf, "num_register_tokens", 4) if arch == "Dinov2WithRegistersModel" else 0
     if arch == "Dinov2WithRegistersModel" and registers < 1:
         raise ValueError(f"config.json num_register_tokens must be a positive int, got {registers!r}")
     return fields | {
-        "mlp_dim": int(fields["dim"] * ratio),  # transformers' own rounding (Dinov2MLP)
+        "mlp_dim": mlp_dim,
         "dropout": _field(hf, "hidden_dropout_prob", 0.0, (int, float)),
         "attn_dropout": _field(hf, "attention_probs_dropout_prob", 0.0, (int, float)),
         "num_classes": 0,
