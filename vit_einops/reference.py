@@ -95,7 +95,7 @@ REFUSES: dict[str, dict[str, str]] = {
     "torch_encoder_layer_from": {"qk_norm": _QK_NORM},
     "torch_reference_vit": {"qk_norm": _QK_NORM},
 }
-DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ViTConfig)}
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ViTConfig)}
 
 # The submodules each layer builder reads; any other (a module a new option added) is refused by its path.
 _MHA_MODULES = (
@@ -122,7 +122,7 @@ def _refuse_unmodelled(builder: str, values: Mapping[str, Any]) -> None:
     """A ValueError naming the first field of ``values`` (field -> value) that ``builder`` does not model and that is
     not at its ViTConfig default: refused in :data:`REFUSES`, or decided nowhere."""
     for name, value in values.items():
-        if name in MODELS[builder] or (name in DEFAULTS and value == DEFAULTS[name]):
+        if name in MODELS[builder] or (name in _DEFAULTS and value == _DEFAULTS[name]):
             continue
         why = REFUSES[builder].get(name, "no reference models it yet (vit_einops.reference.MODELS)")
         raise ValueError(f"{builder} cannot model {name}={value!r}: {why}")
