@@ -21,6 +21,18 @@ def test_summary_prints_torchsummary_table_and_true_total(capsys):
     assert "ClassToken" in out and "PositionEmbedding" in out and "MultiHeadAttention" in out
 
 
+def test_summary_table_counts_layer_scale_and_registers(capsys):
+    """DINOv2-S with registers at 28 px (2 x 2 patches of 14): torchsummary alone missed LayerScale's 24 gammas.
+    3 P^2 D + D (patch projection) + 5 D (class and register tokens) + 4 D (positions, patches only)
+    + L (12 D^2 + 13 D + 2 D (two LayerScales)) + 2 D (final LayerNorm), no classifier, at P 14, D 384, L 12."""
+    assert main(["summary", "vit_small_patch14_reg4_dinov2", "--image-size", "28"]) == 0
+    out = capsys.readouterr().out
+    counts = [line.split()[-1] for line in out.splitlines() if line.lstrip().startswith("LayerScale-")]
+    assert counts == ["384"] * 24
+    assert "Total params: 21,533,184" in out and "Trainable params: 21,533,184" in out
+    assert out.rstrip().endswith("vit_small_patch14_reg4_dinov2: 21,533,184 parameters")
+
+
 def test_summary_table_flags(capsys):
     assert main(["summary", "vit_ti_16", "--image-size", "32", "--no-table"]) == 0
     out = capsys.readouterr().out

@@ -8,6 +8,8 @@ import torch
 from _tiny import TINY_RGB16
 
 from vit_einops import PRESETS, TIMM_NAMES, ViT, ViTConfig, create_vit, list_presets
+from vit_einops.presets import TIMM_ARCHS
+from vit_einops.sizes import parameter_count
 from vit_einops.summary import count_parameters, meta_vit, summarize, zeroed_vit
 
 # Published totals (torchvision's num_params for its vit_* models, and timm's) for 1000 classes at 224 px.
@@ -68,14 +70,37 @@ def torchsummary_total(model: ViT) -> int:
     return int(line.split(":")[1].replace(",", ""))
 
 
-# torchsummary runs a forward (batch 2) through real weights: the Large and Huge presets differ from these only in
-# their sizes, which test_parameter_count checks against the formula, and `vit-einops summary vit_h_14` counts
-# ViT-H through torchsummary without allocating its 632M weights (tests/test_model_cli.py).
-@pytest.mark.parametrize("name", [name for name, preset in PRESETS.items() if preset["dim"] <= 768])
-def test_torchsummary_total_equals_true_total_small_input(name):
-    # A 4x4 patch grid keeps the forward to a fraction of a second.
-    model = zeroed_vit(name, image_size=4 * PRESETS[name]["patch_size"])
-    assert torchsummary_total(model) == count_parameters(model)
+@pytest.mark.parametrize("name", [*PRESETS, *TIMM_ARCHS])
+def test_the_layer_table_counts_every_parameter(name):
+    """LayerScale's gamma, SigLIP's pooling query, the class, register and distillation tokens and the positions all
+    count: the table's total is the model's parameter count, and the config's. On the meta device, at the preset's
+    own size: torchsummary makes its input on the CPU, which a pre-hook moves to meta, so the forward computes
+    shapes only (ViT-H in a fraction of a second)."""
+    model = meta_vit(name)
+    model.register_forward_pre_hook(lambda module, args: tuple(x.to("meta") for x in args))
+    assert torchsummary_total(model) == count_parameters(model) == parameter_count(model.config)
+
+
+def test_the_layer_table_counts_each_parameter_once_and_those_without_a_row():
+    """torchsummary counts a Linear's weight again each time it runs, and never a parameter the model holds itself
+    (no row is made for the model): the table counts the Linear once, and a row named by its path holds the other."""
+
+    class Twice(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.scale = torch.nn.Parameter(torch.ones(3, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.fc(x)) * self.scale
+
+    lines = summarize(Twice(), (3, 4)).splitlines()
+    top, bottom = (i for i, line in enumerate(lines) if line.startswith("="))
+    rows = lines[top + 1 : bottom]
+    assert [row.split()[0] for row in rows] == ["Linear-1", "Linear-2", "scale"]
+    assert [row.split()[-1] for row in rows] == ["20", "0", "12"]
+    assert rows[2] == f"{'scale':>20}  {'[3, 4]':>25} {12:>15}"
+    assert "Total params: 32" in lines and "Params size (MB): 0.00" in lines
 
 
 def test_torchsummary_total_vit_b_16_at_224():
