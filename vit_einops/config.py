@@ -262,10 +262,11 @@ def check_float32(name: str, value: Any) -> float:
 
 
 def check_config(config: Any, module: str) -> ViTConfig:
-    """``config`` if it is a ViTConfig: every module of a ViT is built from one (``module`` names the builder)."""
+    """``config`` if it is a ViTConfig: the model, its blocks and head, and each layer's ``from_config`` are built
+    from one (``module`` names the builder)."""
     if not isinstance(config, ViTConfig):
         raise TypeError(
-            f"{module} is built from a ViTConfig, e.g. {module}(ViTConfig(dim=64, heads=4)); "
+            f"{module} takes a ViTConfig, e.g. {module}(ViTConfig(dim=64, heads=4)); "
             f"got {type(config).__name__}"
         )
     return config
