@@ -9,7 +9,6 @@ Errors are max |ours - torch| (absolute) and that divided by max |torch| (relati
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 
@@ -56,7 +55,7 @@ def attention_rows(dtype: torch.dtype, b: int, n: int, heads: int, head_dim: int
     g = torch.Generator().manual_seed(0)
     x, up = torch.randn(b, n, dim, generator=g, dtype=dtype), torch.randn(b, n, dim, generator=g, dtype=dtype)
     mask = (torch.rand(b, heads, n, n, generator=g) < 0.5) | torch.eye(n, dtype=torch.bool)
-    mha = MultiHeadAttention(ViTConfig(dim=dim, heads=heads)).to(dtype)
+    mha = MultiHeadAttention(dim, heads).to(dtype)
     ref = torch_mha_from(mha)
     for masked in (False, True):
         m = mask if masked else None
@@ -100,9 +99,8 @@ def model_rows(dtype: torch.dtype, name: str, image_size: int, **size):
 
 
 def patchify_rows(dtype: torch.dtype, image_size: int, patch_size: int, dim: int):
-    config = ViTConfig(image_size=image_size, patch_size=patch_size, dim=dim, heads=1, mlp_dim=dim)
-    conv = PatchEmbedding(config).to(dtype)
-    linear = PatchEmbedding(dataclasses.replace(config, patchify="linear")).to(dtype)
+    conv = PatchEmbedding(image_size, patch_size, 3, dim).to(dtype)
+    linear = PatchEmbedding(image_size, patch_size, 3, dim, patchify="linear").to(dtype)
     state = dict(conv.state_dict())
     state["proj.weight"] = conv_to_linear_weight(state["proj.weight"])
     linear.load_state_dict(state)

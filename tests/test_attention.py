@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -47,7 +48,7 @@ def build_case(case, dtype):
     b, n, h = case["b"], case["n"], case["heads"]
     dim = h * case["head_dim"]
     torch.manual_seed(case["seed"])
-    mha = MultiHeadAttention(ViTConfig(dim=dim, heads=h)).to(dtype)
+    mha = MultiHeadAttention(dim, h).to(dtype)
     # Non-zero biases, so a wrongly laid-out bias would show.
     with torch.no_grad():
         for p in (mha.qkv.bias, mha.proj.bias):
@@ -65,19 +66,6 @@ def torch_reference(mha, x, upstream, mask):
     torch_mask = None if mask is None else ~mask.expand(b, mha.heads, n, n).reshape(b * mha.heads, n, n)
     params = [ref.in_proj_weight, ref.in_proj_bias, ref.out_proj.weight, ref.out_proj.bias]
     return forward_backward(lambda t: ref(t, t, t, attn_mask=torch_mask, need_weights=False)[0], x, params, upstream)
-
-
-@pytest.mark.parametrize("impl", ATTN_IMPLS)
-@given(case=attention_cases())
-def test_matches_torch_multihead_attention_float64(impl, case):
-    mha, x, upstream, mask = build_case(case, torch.float64)
-    mha.impl = impl
-    params = [mha.qkv.weight, mha.qkv.bias, mha.proj.weight, mha.proj.bias]
-    out, grads = forward_backward(lambda t: mha(t, mask=mask), x, params, upstream)
-    ref_out, ref_grads = torch_reference(mha, x, upstream, mask)
-    assert_close(out, ref_out, F64_TOL, "output")
-    for name, g, rg in zip(["x", "qkv.weight", "qkv.bias", "proj.weight", "proj.bias"], grads, ref_grads):
-        assert_close(g, rg, F64_TOL, f"grad {name}")
 
 
 @pytest.mark.parametrize("impl", ATTN_IMPLS)
@@ -110,11 +98,138 @@ def test_impls_agree_with_each_other(case):
             assert_close(g, g0, F64_TOL, f"{impl} gradient vs einsum")
 
 
+# --- the layer built alone --------------------------------------------------------------------------------------
+
+
+def torch_built_pair(dim: int, heads: int, dtype: torch.dtype, seed: int):
+    """``torch.nn.MultiheadAttention(dim, heads, batch_first=True)`` with random non-zero biases, and our
+    ``MultiHeadAttention(dim, heads)`` holding its weights: torch's in_proj is our fused qkv, out_proj our proj."""
+    torch.manual_seed(seed)
+    ref = torch.nn.MultiheadAttention(dim, heads, batch_first=True).to(dtype)
+    with torch.no_grad():
+        for p in (ref.in_proj_bias, ref.out_proj.bias):
+            p.normal_()
+    ours = MultiHeadAttention(dim, heads).to(dtype)
+    ours.load_state_dict(  # strict: the two layers hold the same four tensors, no more
+        {
+            "qkv.weight": ref.in_proj_weight,
+            "qkv.bias": ref.in_proj_bias,
+            "proj.weight": ref.out_proj.weight,
+            "proj.bias": ref.out_proj.bias,
+        }
+    )
+    params = [ours.qkv.weight, ours.qkv.bias, ours.proj.weight, ours.proj.bias]
+    ref_params = [ref.in_proj_weight, ref.in_proj_bias, ref.out_proj.weight, ref.out_proj.bias]
+    return ours, params, ref, ref_params
+
+
+def assert_equals_torch(ours, params, ref, ref_params, x, upstream, mask, tol) -> None:
+    """Output and the gradients of x and of the four weights, ours against torch's, within ``tol``."""
+    b, n, _ = x.shape
+    # nn.MultiheadAttention's bool mask means the opposite (True = may NOT attend) and wants (n, n) or (b*h, n, n).
+    torch_mask = None if mask is None else ~mask.expand(b, ours.heads, n, n).reshape(b * ours.heads, n, n)
+    out, grads = forward_backward(lambda t: ours(t, mask=mask), x, params, upstream)
+    ref_out, ref_grads = forward_backward(
+        lambda t: ref(t, t, t, attn_mask=torch_mask, need_weights=False)[0], x, ref_params, upstream
+    )
+    assert_close(out, ref_out, tol, f"{ours.impl} output")
+    for name, g, rg in zip(["x", "qkv.weight", "qkv.bias", "proj.weight", "proj.bias"], grads, ref_grads):
+        assert_close(g, rg, tol, f"{ours.impl} grad {name}")
+
+
+@pytest.mark.parametrize("impl", ATTN_IMPLS)
+@given(case=attention_cases())
+def test_layer_built_alone_equals_torch_multihead_attention_built_alone(impl, case):
+    """Both layers built from (dim, heads) alone, ours holding torch's weights: equal values and gradients in float64
+    (F64_TOL) on every impl, masked or not."""
+    b, n, heads = case["b"], case["n"], case["heads"]
+    dim = heads * case["head_dim"]
+    ours, params, ref, ref_params = torch_built_pair(dim, heads, torch.float64, case["seed"])
+    ours.impl = impl
+    g = torch.Generator().manual_seed(case["seed"])
+    x = torch.randn(b, n, dim, generator=g, dtype=torch.float64)
+    upstream = torch.randn(b, n, dim, generator=g, dtype=torch.float64)
+    mask = None if case["mask"] is None else random_mask(MASK_SHAPES[case["mask"]](b, heads, n), n, g)
+    assert_equals_torch(ours, params, ref, ref_params, x, upstream, mask, F64_TOL)
+
+
+@pytest.mark.parametrize("impl", ATTN_IMPLS)
+def test_multi_head_attention_64_4_is_built_as_torch_builds_its_own(impl):
+    """``MultiHeadAttention(64, 4)``, as ``nn.MultiheadAttention(64, 4)``: the same weights' shapes, and with torch's
+    weights the same outputs and gradients in float32 (F32_TOL), the impl chosen at construction."""
+    ours, params, ref, ref_params = torch_built_pair(64, 4, torch.float32, seed=0)
+    shapes = [(192, 64), (192,), (64, 64), (64,)]
+    assert [tuple(p.shape) for p in params] == [tuple(p.shape) for p in ref_params] == shapes
+    ours = MultiHeadAttention(64, 4, impl=impl)
+    ours.load_state_dict(dict(zip(["qkv.weight", "qkv.bias", "proj.weight", "proj.bias"], ref_params)))
+    assert ours.impl == impl and (ours.dim, ours.heads) == (64, 4)
+    params = [ours.qkv.weight, ours.qkv.bias, ours.proj.weight, ours.proj.bias]
+    x, upstream = torch.randn(2, 10, 64), torch.randn(2, 10, 64)
+    assert_equals_torch(ours, params, ref, ref_params, x, upstream, None, F32_TOL)
+
+
+def qk_normed_attention(mha: MultiHeadAttention, x: torch.Tensor) -> torch.Tensor:
+    """Eqs. 5-8 with every head's q and k layer-normed over D_h, in plain torch (reshape, F.layer_norm, matmul)."""
+    b, n, dim = x.shape
+    d = dim // mha.heads
+    q, k, v = F.linear(x, mha.qkv.weight, mha.qkv.bias).reshape(b, n, 3, mha.heads, d).permute(2, 0, 3, 1, 4)
+    q = F.layer_norm(q, (d,), mha.q_norm.weight, mha.q_norm.bias, mha.q_norm.eps)
+    k = F.layer_norm(k, (d,), mha.k_norm.weight, mha.k_norm.bias, mha.k_norm.eps)
+    heads = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), dim=-1) @ v  # (b, h, n, d)
+    return F.linear(heads.transpose(1, 2).reshape(b, n, dim), mha.proj.weight, mha.proj.bias)
+
+
+@pytest.mark.parametrize("impl", ATTN_IMPLS)
+def test_qk_norm_layer_built_alone_matches_the_one_in_a_model(impl):
+    """``MultiHeadAttention(dim, heads, qk_norm=True, layer_norm_eps=...)`` is the layer a qk_norm model holds: the
+    same modules and keys, and with the model's weights the same output, both equal to qk-norm written out in plain
+    torch (F64_TOL). The eps is 1e-1, not the default, so a layer that dropped it would differ."""
+    torch.manual_seed(0)
+    model = ViT(image_size=8, patch_size=4, dim=24, depth=1, heads=3, mlp_dim=48, qk_norm=True, layer_norm_eps=0.1)
+    inside = model.double().blocks[0].attn.fn.mha
+    with torch.no_grad():
+        for p in inside.parameters():
+            p.copy_(torch.randn_like(p))  # LayerNorms away from (1, 0), non-zero biases
+    inside.impl = impl
+    alone = MultiHeadAttention(24, 3, qk_norm=True, layer_norm_eps=0.1, impl=impl).double()
+    assert repr(alone) == repr(inside)
+    alone.load_state_dict(inside.state_dict())
+    x = torch.randn(2, 7, 24, dtype=torch.float64)
+    expected = qk_normed_attention(alone, x)
+    assert_close(alone(x), expected, F64_TOL, "qk_norm layer built alone")
+    assert_close(inside(x), expected, F64_TOL, "qk_norm layer inside the model")
+    plain = MultiHeadAttention(24, 3).double()
+    plain.load_state_dict(inside.state_dict(), strict=False)
+    assert not torch.allclose(plain(x), expected, atol=1e-3)  # the norms do change the result
+
+
+def test_from_config_passes_each_field_to_its_argument():
+    """An encoder block's attention is the layer built alone from the config's dim, heads, qk_norm, layer_norm_eps,
+    attn_dropout and dropout (after proj): the same modules, widths, epsilons and rates, field by field."""
+    config = ViTConfig(dim=24, heads=3, qk_norm=True, layer_norm_eps=0.25, attn_dropout=0.125, dropout=0.375)
+    alone = MultiHeadAttention(24, 3, qk_norm=True, layer_norm_eps=0.25, attn_dropout=0.125, proj_dropout=0.375)
+    built = MultiHeadAttention.from_config(config)
+    assert repr(built) == repr(alone)
+    assert (built.attend.dropout.p, built.dropout.p, built.q_norm.eps, built.k_norm.eps) == (0.125, 0.375, 0.25, 0.25)
+    assert repr(ViT.from_config(replace(config, image_size=8, patch_size=4)).blocks[0].attn.fn.mha) == repr(alone)
+
+
+def test_qkv_bias_false_leaves_the_fused_projection_without_bias():
+    """``qkv_bias=False`` (timm's default for its own Attention): q, k and v are x U_qkv alone; proj keeps its bias."""
+    mha = MultiHeadAttention(8, 2, qkv_bias=False)
+    assert mha.qkv.bias is None and mha.proj.bias is not None
+    assert list(mha.state_dict()) == ["qkv.weight", "proj.weight", "proj.bias"]
+    biased = MultiHeadAttention(8, 2)
+    biased.load_state_dict({**mha.state_dict(), "qkv.bias": torch.zeros(24)})
+    x = torch.randn(2, 5, 8)
+    torch.testing.assert_close(mha(x), biased(x), rtol=0, atol=0)
+
+
 def test_equation_6_scale_is_inside_the_softmax_and_uses_head_size():
     """A = softmax(q k^T / sqrt(D_h)): rows sum to 1, and the scale is D_h's, written here with plain matmuls."""
     torch.manual_seed(0)
     dim, heads, n = 64, 4, 9
-    mha = MultiHeadAttention(ViTConfig(dim=dim, heads=heads)).double()
+    mha = MultiHeadAttention(dim, heads).double()
     x = torch.randn(2, n, dim, dtype=torch.float64)
     seen = []
     mha.attend.softmax.register_forward_hook(lambda m, i, o: seen.append(o))
@@ -145,9 +260,9 @@ def test_attention_rows_sum_to_one_and_respect_the_mask(case):
 
 def test_attention_dropout_acts_only_in_training():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(ViTConfig(dim=32, heads=4, attn_dropout=0.5))
+    mha = MultiHeadAttention(32, 4, attn_dropout=0.5)
     x = torch.randn(2, 10, 32)
-    plain = MultiHeadAttention(ViTConfig(dim=32, heads=4))
+    plain = MultiHeadAttention(32, 4)
     plain.load_state_dict(mha.state_dict())
     for impl in ATTN_IMPLS:
         mha.impl = plain.impl = impl
@@ -159,7 +274,7 @@ def test_attention_dropout_acts_only_in_training():
 
 def test_output_dropout_after_proj():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(ViTConfig(dim=32, heads=4, dropout=0.5)).train()
+    mha = MultiHeadAttention(32, 4, proj_dropout=0.5).train()
     out = mha(torch.randn(4, 10, 32))
     # Dropout after proj zeroes whole output entries; nothing else in the layer produces exact zeros.
     assert 0.3 < (out == 0).float().mean().item() < 0.7
@@ -188,7 +303,7 @@ def test_sdpa_path_calls_torch_sdpa(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    mha = MultiHeadAttention(ViTConfig(dim=16, heads=2))
+    mha = MultiHeadAttention(16, 2)
     mha.impl = "sdpa"
     mha(torch.randn(3, 5, 16))
     assert calls == [torch.Size([3, 2, 5, 8])]

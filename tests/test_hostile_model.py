@@ -128,8 +128,8 @@ def test_config_from_something_that_is_not_a_mapping():
 @pytest.mark.parametrize(
     "build, error, words",
     [
-        (lambda: TransformerEncoderBlock(8), TypeError, "TransformerEncoderBlock is built from a ViTConfig"),
-        (lambda: ClassificationHead(dict(TINY)), TypeError, "ClassificationHead is built from a ViTConfig"),
+        (lambda: TransformerEncoderBlock(8), TypeError, "TransformerEncoderBlock takes a ViTConfig"),
+        (lambda: ClassificationHead(dict(TINY)), TypeError, "ClassificationHead takes a ViTConfig"),
         (lambda: create_vit("vit_ti_16", layer_norm_eps=NAN), ValueError, "got nan"),
         (lambda: create_vit("vit_ti_16", widht=3), TypeError, "unexpected keyword argument 'widht'"),
         (lambda: create_vit(None), TypeError, "a preset name is a str, got None"),

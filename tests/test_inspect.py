@@ -15,7 +15,7 @@ from torch import nn
 
 from vit_einops import ViT
 from vit_einops.attention import MultiHeadAttention, set_attn_impl
-from vit_einops.config import ATTN_IMPLS, ViTConfig
+from vit_einops.config import ATTN_IMPLS
 from vit_einops.inspect import (
     AttentionRecorder,
     attention_rollout,
@@ -86,7 +86,7 @@ def test_einsum_path_recording_equals_the_models_own_softmax():
 def test_recorded_maps_equal_torch_multihead_attention_weights(impl, masked):
     # Independent implementation: nn.MultiheadAttention carrying our weights (fused qkv is its in_proj).
     dim, heads, n = 12, 3, 5
-    mha = set_attn_impl(MultiHeadAttention(ViTConfig(dim=dim, heads=heads)), impl).eval()
+    mha = set_attn_impl(MultiHeadAttention(dim, heads), impl).eval()
     ref = torch_mha_from(mha).eval()
     x = torch.randn(2, n, dim)
     mask = torch.rand(n, n) > 0.4 if masked else None

@@ -51,7 +51,7 @@ def test_recorder_names_the_prefix_rows_and_the_grid_and_records_the_encoder_onl
     model = registers_vit(image_size=(16, 24))  # a 4x6 grid: rows and columns cannot be swapped unseen
     # An attention layer outside the encoder (as an attention-pooling head has) is not one of the encoder's layers;
     # held by a LayerNorm so that the forward never calls it.
-    model.head.norm.add_module("extra", MultiHeadAttention(model.config))
+    model.head.norm.add_module("extra", MultiHeadAttention.from_config(model.config))
     with AttentionRecorder(model) as recorder:
         model(torch.rand(2, 3, 16, 24))
     assert recorder.prefix_tokens == NAMES
@@ -62,7 +62,7 @@ def test_recorder_names_the_prefix_rows_and_the_grid_and_records_the_encoder_onl
     recorder.clear()
     with pytest.raises(RuntimeError, match="nothing recorded yet"):
         _ = recorder.grid
-    bare = MultiHeadAttention(model.config)
+    bare = MultiHeadAttention.from_config(model.config)
     with AttentionRecorder(bare) as recorder:
         bare(torch.rand(1, 5, 32))
     assert recorder.prefix_tokens is None and recorder.maps.shape == (1, 1, 4, 5, 5)

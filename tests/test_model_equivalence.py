@@ -95,9 +95,8 @@ def test_whole_model_matches_torch_built_encoder_in_eval(impl, pool):
 def test_conv_and_einops_linear_patchify_are_the_same_map(b, c, ph, pw, gh, gw, dim, seed):
     torch.manual_seed(seed)
     size, patch = (gh * ph, gw * pw), (ph, pw)
-    config = ViTConfig(image_size=size, patch_size=patch, in_channels=c, dim=dim, heads=1)
-    conv = PatchEmbedding(config).double()
-    linear = PatchEmbedding(replace(config, patchify="linear")).double()
+    conv = PatchEmbedding(size, patch, c, dim).double()
+    linear = PatchEmbedding(size, patch, c, dim, patchify="linear").double()
     state = dict(conv.state_dict())
     state["proj.weight"] = conv_to_linear_weight(state["proj.weight"])
     linear.load_state_dict(state)
@@ -115,7 +114,7 @@ def test_conv_and_einops_linear_patchify_are_the_same_map(b, c, ph, pw, gh, gw, 
 
 def test_patch_order_is_row_major():
     """Token t+1 is the patch at grid row t // gw, column t % gw (what position embeddings and rollout assume)."""
-    embed = PatchEmbedding(ViTConfig(image_size=(6, 8), patch_size=2, in_channels=1, dim=1, heads=1, patchify="linear"))
+    embed = PatchEmbedding((6, 8), 2, 1, 1, patchify="linear")
     with torch.no_grad():
         embed.proj.weight.zero_()
         embed.proj.weight[0, 0] = 1.0  # picks the top-left pixel of each patch
@@ -154,13 +153,35 @@ def test_fc_norm_moves_the_final_layer_norm_after_pooling():
 
 def test_feed_forward_uses_exact_erf_gelu():
     torch.manual_seed(0)
-    ff = FeedForwardBlock(ViTConfig(dim=8, heads=1, mlp_dim=16)).double()
+    ff = FeedForwardBlock(8, 16).double()
     x = torch.randn(4, 8, dtype=torch.float64) * 3
     h = x @ ff.fc1.weight.T + ff.fc1.bias
     expected = (0.5 * h * (1 + torch.erf(h / math.sqrt(2)))) @ ff.fc2.weight.T + ff.fc2.bias
     torch.testing.assert_close(ff(x), expected, **F64_TOL)
     tanh_gelu = F.gelu(h, approximate="tanh") @ ff.fc2.weight.T + ff.fc2.bias
     assert not torch.allclose(ff(x), tanh_gelu, atol=1e-6)
+
+
+def test_feed_forward_and_patch_embedding_from_config_pass_each_field_to_its_argument():
+    """The model's MLP and patch embedding are the layers built alone from the config's fields, field by field: the
+    same modules, widths, activation, rates, epsilon, tokens and resampling (every option away from its default)."""
+    config = ViTConfig(
+        image_size=(8, 12), patch_size=(2, 4), in_channels=2, dim=12, heads=3, mlp_dim=20, dropout=0.25,
+        act="quick_gelu", patchify="linear", patch_bias=False, distill_token=True, register_tokens=2,
+        pos_embed_prefix=False, pre_norm=True, layer_norm_eps=0.125, dynamic_size="hf",
+    )  # fmt: skip
+    ff = FeedForwardBlock(12, 20, act="quick_gelu", dropout=0.25)
+    embed = PatchEmbedding(
+        (8, 12), (2, 4), 2, 12, patchify="linear", bias=False, distill_token=True, register_tokens=2,
+        pos_embed_prefix=False, dropout=0.25, pre_norm=True, layer_norm_eps=0.125, dynamic_size="hf",
+    )  # fmt: skip
+    assert repr(FeedForwardBlock.from_config(config)) == repr(ff)
+    assert repr(PatchEmbedding.from_config(config)) == repr(embed)
+    model = ViT.from_config(config)
+    assert repr(model.blocks[0].mlp.fn.ff) == repr(ff) and repr(model.patch_embed) == repr(embed)
+    assert (embed.image_size, embed.patch_size, embed.grid_size) == ((8, 12), (2, 4), (4, 3))
+    assert embed.pos_embed.weight.shape == (1, 12, 12)  # the patches' rows only (pos_embed_prefix False)
+    assert embed(torch.randn(1, 2, 8, 12)).shape == (1, 1 + 1 + 2 + 12, 12)
 
 
 def test_residual_add_is_out_of_place():
@@ -174,7 +195,7 @@ def test_residual_add_is_out_of_place():
 
 def test_position_embedding_is_added_after_class_token_and_dropout_follows():
     """Eq. 1 order: the class token gets E_pos row 0; dropout (train) acts after the addition."""
-    embed = PatchEmbedding(ViTConfig(image_size=4, patch_size=2, in_channels=1, dim=3, heads=1, dropout=0.5))
+    embed = PatchEmbedding(4, 2, 1, 3, dropout=0.5)
     x = torch.randn(2, 1, 4, 4)
     embed.eval()
     out = embed(x)

@@ -6,7 +6,15 @@ import pytest
 import torch
 from _tiny import TINY_RGB16
 
-from vit_einops import MultiHeadAttention, PatchEmbedding, ViT, ViTConfig, create_vit, set_attn_impl
+from vit_einops import (
+    FeedForwardBlock,
+    MultiHeadAttention,
+    PatchEmbedding,
+    ViT,
+    ViTConfig,
+    create_vit,
+    set_attn_impl,
+)
 
 TINY = dict(TINY_RGB16, depth=1)
 
@@ -78,7 +86,7 @@ def test_bad_model_input(x, error, message):
 
 
 def test_bad_attention_impl_and_input():
-    mha = MultiHeadAttention(ViTConfig(dim=8, heads=2))
+    mha = MultiHeadAttention(8, 2)
     with pytest.raises(ValueError, match="attn_impl 'Einsum'"):
         mha.impl = "Einsum"
     assert mha.impl == "einsum"
@@ -88,10 +96,59 @@ def test_bad_attention_impl_and_input():
         mha(torch.randn(2, 5, 6))
 
 
-def test_modules_are_built_from_a_config():
-    for module in (MultiHeadAttention, PatchEmbedding):
-        with pytest.raises(TypeError, match=rf"{module.__name__} is built from a ViTConfig.*got int"):
-            module(8)
+IMPLS = "'einsum', 'chunked', 'sdpa'"
+
+
+@pytest.mark.parametrize(
+    "build, error, message",
+    [
+        (lambda: MultiHeadAttention(30, 4), ValueError, "dim 30 is not divisible by heads 4"),
+        (lambda: MultiHeadAttention(0, 1), ValueError, "dim must be a positive int, got 0"),
+        (lambda: MultiHeadAttention(8, -2), ValueError, "heads must be a positive int, got -2"),
+        (lambda: MultiHeadAttention(True, 1), TypeError, "dim must be an int, got True of type bool"),
+        (lambda: MultiHeadAttention(8, 2.0), TypeError, "heads must be an int, got 2.0 of type float"),
+        (lambda: MultiHeadAttention(2**63, 1), ValueError, r"dim must be at most 2\*\*63 - 1"),
+        (lambda: MultiHeadAttention(8, 2, attn_dropout=1.0), ValueError, r"attn_dropout must be in \[0, 1\), got 1.0"),
+        (lambda: MultiHeadAttention(8, 2, proj_dropout=-0.1), ValueError, r"proj_dropout must be in \[0, 1\), got -0"),
+        (lambda: MultiHeadAttention(8, 2, proj_dropout="0.1"), TypeError, "proj_dropout must be a float in"),
+        (lambda: MultiHeadAttention(8, 2, impl="flash"), ValueError, f"unknown impl 'flash'; expected one of {IMPLS}"),
+        (lambda: MultiHeadAttention(8, 2, qk_norm=1), TypeError, "qk_norm must be a bool, got 1 of type int"),
+        (lambda: MultiHeadAttention(8, 2, qkv_bias="yes"), TypeError, "qkv_bias must be a bool, got 'yes'"),
+        (lambda: MultiHeadAttention(8, 2, layer_norm_eps=0.0), ValueError, "layer_norm_eps must be a positive"),
+        (lambda: MultiHeadAttention(8, 2, layer_norm_eps=1e-50), ValueError, "layer_norm_eps 1e-50 is outside float32"),
+        (lambda: MultiHeadAttention(ViTConfig()), TypeError, "missing 1 required positional argument: 'heads'"),
+        (lambda: FeedForwardBlock(0, 16), ValueError, "dim must be a positive int, got 0"),
+        (lambda: FeedForwardBlock(8, False), TypeError, "mlp_dim must be an int, got False of type bool"),
+        (lambda: FeedForwardBlock(8, 16, act="relu"), ValueError, "unknown act 'relu'; expected one of 'gelu', "),
+        (lambda: FeedForwardBlock(8, 16, dropout=1.0), ValueError, r"dropout must be in \[0, 1\), got 1.0"),
+        (lambda: PatchEmbedding(18, 4, 3, 8), ValueError, "image height 18 is not divisible by patch height 4"),
+        (lambda: PatchEmbedding((16, 18), 4, 3, 8), ValueError, "image width 18 is not divisible by patch width 4"),
+        (lambda: PatchEmbedding(16, (4, 4, 4), 3, 8), ValueError, r"patch_size must be an int or an \(h, w\) pair"),
+        (lambda: PatchEmbedding(16, 4, 0, 8), ValueError, "in_channels must be a positive int, got 0"),
+        (lambda: PatchEmbedding(16, 4, 3, 8.0), TypeError, "dim must be an int, got 8.0"),
+        (lambda: PatchEmbedding(16, 4, 3, 8, patchify="unfold"), ValueError, "unknown patchify 'unfold'"),
+        (lambda: PatchEmbedding(16, 4, 3, 8, bias=0), TypeError, "bias must be a bool, got 0"),
+        (lambda: PatchEmbedding(16, 4, 3, 8, register_tokens=-1), ValueError, "register_tokens must be >= 0, got -1"),
+        (
+            lambda: PatchEmbedding(16, 4, 3, 8, class_token=False, distill_token=True),
+            ValueError,
+            "distill_token needs the class token",
+        ),
+        (lambda: PatchEmbedding(16, 4, 3, 8, dropout=-1.0), ValueError, r"dropout must be in \[0, 1\), got -1.0"),
+        (lambda: PatchEmbedding(16, 4, 3, 8, dynamic_size="torch"), ValueError, "unknown dynamic_size 'torch'"),
+        (lambda: PatchEmbedding(16, 4, 3, 8, layer_norm_eps=-1), ValueError, "layer_norm_eps must be a positive"),
+    ],
+)
+def test_bad_layer_arguments(build, error, message):
+    """A layer built alone checks its own arguments, each error naming the argument and the value given."""
+    with pytest.raises(error, match=message):
+        build()
+
+
+@pytest.mark.parametrize("layer", [MultiHeadAttention, FeedForwardBlock, PatchEmbedding])
+def test_from_config_takes_a_config(layer):
+    with pytest.raises(TypeError, match=rf"{layer.__name__}.from_config takes a ViTConfig.*got int"):
+        layer.from_config(8)
 
 
 @pytest.mark.parametrize(
@@ -111,6 +168,6 @@ def test_modules_are_built_from_a_config():
     ],
 )
 def test_bad_mask(mask, error, message):
-    mha = MultiHeadAttention(ViTConfig(dim=8, heads=2))
+    mha = MultiHeadAttention(8, 2)
     with pytest.raises(error, match=message):
         mha(torch.randn(2, 5, 8), mask=mask)

@@ -7,7 +7,18 @@ import pytest
 import torch
 from _tiny import TINY_RGB16
 
-from vit_einops import PRESETS, TIMM_NAMES, ViT, ViTConfig, create_vit, list_presets
+from vit_einops import (
+    PRESETS,
+    TIMM_NAMES,
+    ClassificationHead,
+    FeedForwardBlock,
+    MultiHeadAttention,
+    PatchEmbedding,
+    ViT,
+    ViTConfig,
+    create_vit,
+    list_presets,
+)
 from vit_einops.presets import TIMM_ARCHS
 from vit_einops.sizes import parameter_count
 from vit_einops.summary import count_parameters, meta_vit, summarize, zeroed_vit
@@ -174,6 +185,37 @@ def test_state_dict_keys_are_readable():
         "head.fc.weight",
     ]:
         assert key in keys
+
+
+def test_state_dict_keys_are_the_layers_own_under_fixed_paths():
+    """A ViT's keys are its layers' keys, each layer built alone, under the paths the interop key tables spell
+    (``blocks.{i}.attn.fn.mha.``, ``blocks.{i}.mlp.fn.ff.``...), in order; the layers' own keys are the names
+    torchvision, timm and HF map to. Every option that adds a tensor is on."""
+    options = dict(qk_norm=True, layer_scale=1e-5, distill_token=True, register_tokens=2, pre_norm=True)
+    model = ViT(**TINY_RGB16, **options)
+    c, d = model.config, TINY_RGB16["dim"]
+
+    def under(path, module):
+        return [f"{path}.{key}" for key in module.state_dict()]
+
+    mha, ff = MultiHeadAttention(d, 4, qk_norm=True), FeedForwardBlock(d, 64)
+    expected = under("patch_embed", PatchEmbedding(16, 4, 3, d, distill_token=True, register_tokens=2, pre_norm=True))
+    for i in range(c.depth):
+        norm = ["norm.weight", "norm.bias"]
+        expected += [f"blocks.{i}.attn.fn.{k}" for k in norm] + under(f"blocks.{i}.attn.fn.mha", mha)
+        expected += [f"blocks.{i}.attn.fn.ls.gamma"] + [f"blocks.{i}.mlp.fn.{k}" for k in norm]
+        expected += under(f"blocks.{i}.mlp.fn.ff", ff) + [f"blocks.{i}.mlp.fn.ls.gamma"]
+    expected += under("head", ClassificationHead(c))
+    assert list(model.state_dict()) == expected
+    qkv_proj = ["qkv.weight", "qkv.bias", "q_norm.weight", "q_norm.bias", "k_norm.weight", "k_norm.bias"]
+    assert list(mha.state_dict()) == qkv_proj + ["proj.weight", "proj.bias"]
+    assert list(ff.state_dict()) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert under("patch_embed", PatchEmbedding(16, 4, 3, d)) == [
+        "patch_embed.proj.weight",
+        "patch_embed.proj.bias",
+        "patch_embed.cls_token.weight",
+        "patch_embed.pos_embed.weight",
+    ]
 
 
 def test_slices_keep_working():

@@ -222,3 +222,17 @@ def test_every_timm_family_equals_its_torch_reference(name):
     ref = torch_reference_vit(model).eval()
     x = torch.randn(2, 3, 2 * patch, 2 * patch, dtype=torch.float64)
     assert_close(model(x), ref(x), F64_TOL, "logits")
+
+
+def test_a_bias_free_qkv_is_modelled_as_a_zero_in_proj_bias():
+    """MultiHeadAttention(qkv_bias=False) built alone: torch's fused projection always has a bias, and a zero one is
+    the same map; the output projection's bias is still copied."""
+    from vit_einops import MultiHeadAttention
+
+    mha = MultiHeadAttention(16, 2, qkv_bias=False).double()
+    with torch.no_grad():
+        mha.proj.bias.normal_()
+    ref = torch_mha_from(mha)
+    assert ref.in_proj_bias.abs().max() == 0
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    assert_close(mha(x), ref(x, x, x, need_weights=False)[0], F64_TOL, "output")

@@ -55,6 +55,29 @@ def check_size(name: str, value: Any, *, positive: bool = True) -> int:
     return value
 
 
+def check_heads(dim: Any, heads: Any) -> tuple[int, int]:
+    """(dim, heads) as sizes, ``dim`` split evenly between the heads (D_h = D / h, Eq. 5); else raise naming both."""
+    dim, heads = check_size("dim", dim), check_size("heads", heads)
+    if dim % heads:
+        raise ValueError(f"dim {dim} is not divisible by heads {heads}")
+    return dim, heads
+
+
+def check_patch_grid(image_size: Any, patch_size: Any) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(image_size, patch_size) as (h, w) pairs of sizes (an int means square), each side of the image a whole
+    number of patches (Eq. 1: N' = HW / P^2); else raise naming the side and both pairs."""
+    image, patch = (
+        tuple(check_size(f"{name}[{i}]", side) for i, side in enumerate(to_pair(name, value)))
+        for name, value in (("image_size", image_size), ("patch_size", patch_size))
+    )
+    for size, side, axis in zip(image, patch, ("height", "width")):
+        if size % side:
+            raise ValueError(
+                f"image {axis} {size} is not divisible by patch {axis} {side} (image_size {image}, patch_size {patch})"
+            )
+    return image, patch
+
+
 def check_int_in_range(name: str, value: Any, low: int, high: int) -> int:
     """Return ``value`` (as a Python int) if it is an int in [low, high], else raise naming ``name`` and the value."""
     value = check_int(name, value)

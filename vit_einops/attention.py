@@ -24,10 +24,10 @@ from einops import einsum
 from einops.layers.torch import Rearrange
 from torch import nn
 
-from ._checks import check_choice, check_positive_int
+from ._checks import check_bool, check_choice, check_heads, check_positive_int, check_probability
 from .chunk_plan import CHUNK_ELEMENTS
 from .chunked import chunked_attention
-from .config import ATTN_IMPLS, ViTConfig, check_config
+from .config import ATTN_IMPLS, ViTConfig, check_config, check_float32
 
 
 def check_attn_impl(value: Any, name: str = "attn_impl") -> str:
@@ -116,7 +116,7 @@ class Attend(nn.Module):
         super().__init__()
         self.scale = check_positive_int("head_dim", head_dim) ** -0.5
         self.softmax = nn.Softmax(dim=-1)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(check_probability("dropout", dropout))
         self.impl = impl
         self.chunk_elements = check_positive_int("chunk_elements", chunk_elements)
         self._warned_hook = False  # warn_skipped_softmax_hook once per layer, not on every forward
@@ -157,27 +157,67 @@ class MultiHeadAttention(nn.Module):
     rows [i*D_h:(i+1)*D_h] in each. That is exactly ``nn.MultiheadAttention.in_proj_weight`` and timm's
     ``attn.qkv.weight``, so weights copy across without permutation.
 
-    Built from a :class:`ViTConfig`, it reads ``dim`` (D), ``heads`` (h), ``dropout`` (after the output projection
-    ``proj``, Appendix B.1) and ``attn_dropout`` (on the attention matrix). ``impl`` ("einsum", the default,
-    "chunked" or "sdpa") is a plain attribute, set at run time.
+    Built alone as ``nn.MultiheadAttention(embed_dim, num_heads)`` and timm's ``Attention(dim, num_heads)`` are:
+    ``MultiHeadAttention(64, 4)``; an encoder block builds it with :meth:`from_config`.
+
+    Args:
+        dim: D, the width of the tokens.
+        heads: h, the number of heads; D_h = D / h.
+        qkv_bias: the bias of ``qkv`` (the paper, torchvision and timm's ViTs have one).
+        qk_norm: a LayerNorm over D_h on every head's q and k before Eq. 6 (Dehghani et al. 2023; timm's qk_norm).
+        layer_norm_eps: the epsilon of those LayerNorms (torchvision and timm: 1e-6).
+        attn_dropout: dropout on the attention matrix A (timm's attn_drop).
+        proj_dropout: dropout after the output projection ``proj`` (Appendix B.1).
+        impl: "einsum" (the paper literally), "chunked" or "sdpa": which kernel runs; a plain attribute that may be
+            changed at run time, never part of the architecture.
 
     Shapes: x (b, n, D); mask None or bool broadcastable to (b, h, n, n), True = may attend;
     output (b, n, D).
     """
 
-    def __init__(self, config: ViTConfig) -> None:
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        layer_norm_eps: float = 1e-6,
+        attn_dropout: float = 0.0,
+        proj_dropout: float = 0.0,
+        impl: str = "einsum",
+    ) -> None:
         super().__init__()
-        check_config(config, "MultiHeadAttention")
-        self.dim, self.heads = config.dim, config.heads
-        self.qkv = nn.Linear(config.dim, 3 * config.dim)
-        self.split_heads = Rearrange("b n (qkv h d) -> qkv b h n d", qkv=3, h=config.heads)
-        if config.qk_norm:  # each head's q and k normed over D_h before Eq. 6 (Dehghani et al. 2023; timm's qk_norm)
-            self.q_norm = nn.LayerNorm(config.head_dim, eps=config.layer_norm_eps)
-            self.k_norm = nn.LayerNorm(config.head_dim, eps=config.layer_norm_eps)
-        self.attend = Attend(config.head_dim, config.attn_dropout)
+        self.dim, self.heads = check_heads(dim, heads)
+        head_dim = self.dim // self.heads
+        qkv_bias, qk_norm = check_bool("qkv_bias", qkv_bias), check_bool("qk_norm", qk_norm)
+        layer_norm_eps = check_float32("layer_norm_eps", layer_norm_eps)
+        attn_dropout = check_probability("attn_dropout", attn_dropout)
+        proj_dropout = check_probability("proj_dropout", proj_dropout)
+        check_attn_impl(impl, "impl")
+        self.qkv = nn.Linear(self.dim, 3 * self.dim, bias=qkv_bias)
+        self.split_heads = Rearrange("b n (qkv h d) -> qkv b h n d", qkv=3, h=self.heads)
+        if qk_norm:
+            self.q_norm = nn.LayerNorm(head_dim, eps=layer_norm_eps)
+            self.k_norm = nn.LayerNorm(head_dim, eps=layer_norm_eps)
+        self.attend = Attend(head_dim, attn_dropout, impl)
         self.merge_heads = Rearrange("b h n d -> b n (h d)")
-        self.proj = nn.Linear(config.dim, config.dim)
-        self.dropout = nn.Dropout(config.dropout)
+        self.proj = nn.Linear(self.dim, self.dim)
+        self.dropout = nn.Dropout(proj_dropout)
+
+    @classmethod
+    def from_config(cls, config: ViTConfig) -> MultiHeadAttention:
+        """The attention of an encoder block of ``config``: its ``dim``, ``heads``, ``qk_norm``, ``layer_norm_eps``,
+        ``attn_dropout`` and ``dropout`` (after ``proj``)."""
+        check_config(config, "MultiHeadAttention.from_config")
+        return cls(
+            config.dim,
+            config.heads,
+            qk_norm=config.qk_norm,
+            layer_norm_eps=config.layer_norm_eps,
+            attn_dropout=config.attn_dropout,
+            proj_dropout=config.dropout,
+        )
 
     @property
     def impl(self) -> str:

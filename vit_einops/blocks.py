@@ -7,9 +7,10 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from ._checks import check_choice, check_probability, check_size
 from ._sequential import Sequential
 from .attention import MultiHeadAttention
-from .config import ViTConfig, check_config
+from .config import ACTIVATIONS, ViTConfig, check_config
 
 
 class ResidualAdd(nn.Module):
@@ -55,35 +56,50 @@ class QuickGELU(nn.Module):
 
 
 def activation(name: str) -> nn.Module:
-    """The MLP nonlinearity ``name`` of ViTConfig.act: "gelu" exact (erf, the paper), "gelu_tanh" (the tanh
+    """The MLP nonlinearity ``name`` (one of ACTIVATIONS): "gelu" exact (erf, the paper), "gelu_tanh" (the tanh
     approximation: HF's gelu_pytorch_tanh) or "quick_gelu"."""
-    if name == "quick_gelu":
+    if check_choice("act", name, ACTIVATIONS) == "quick_gelu":
         return QuickGELU()
     return nn.GELU(approximate="tanh" if name == "gelu_tanh" else "none")
 
 
 class FeedForwardBlock(Sequential):
-    """The MLP of Eq. 3: Linear(D, mlp_dim), GELU (exact, erf, unless ``config.act`` says otherwise), Dropout,
-    Linear(mlp_dim, D), Dropout.
+    """The MLP of Eq. 3: ``fc1`` Linear(D, mlp_dim), ``act`` (exact GELU, erf, by default), ``drop1`` Dropout,
+    ``fc2`` Linear(mlp_dim, D), ``drop2`` Dropout. Built alone as timm's ``Mlp(in_features, hidden_features)``:
+    ``FeedForwardBlock(64, 256)``; an encoder block builds it with :meth:`from_config`.
 
-    Reads ``dim``, ``mlp_dim``, ``act`` and ``dropout`` of its :class:`ViTConfig`. Shapes: (b, n, D) -> (b, n, D).
+    Args:
+        dim: D, the width of the tokens.
+        mlp_dim: the hidden width (Table 1's "MLP size", 4D for every preset).
+        act: "gelu" (exact, the paper), "gelu_tanh" (the tanh approximation) or "quick_gelu" (OpenAI's CLIP).
+        dropout: the rate of both Dropouts (Appendix B.1).
+
+    Shapes: (b, n, D) -> (b, n, D).
     """
 
-    def __init__(self, config: ViTConfig) -> None:
-        check_config(config, "FeedForwardBlock")
+    def __init__(self, dim: int, mlp_dim: int, *, act: str = "gelu", dropout: float = 0.0) -> None:
+        dim, mlp_dim = check_size("dim", dim), check_size("mlp_dim", mlp_dim)
+        dropout = check_probability("dropout", dropout)
         super().__init__(
             OrderedDict(
-                fc1=nn.Linear(config.dim, config.mlp_dim),
-                act=activation(config.act),
-                drop1=nn.Dropout(config.dropout),
-                fc2=nn.Linear(config.mlp_dim, config.dim),
-                drop2=nn.Dropout(config.dropout),
+                fc1=nn.Linear(dim, mlp_dim),
+                act=activation(act),
+                drop1=nn.Dropout(dropout),
+                fc2=nn.Linear(mlp_dim, dim),
+                drop2=nn.Dropout(dropout),
             )
         )
 
+    @classmethod
+    def from_config(cls, config: ViTConfig) -> FeedForwardBlock:
+        """The MLP of an encoder block of ``config``: its ``dim``, ``mlp_dim``, ``act`` and ``dropout``."""
+        check_config(config, "FeedForwardBlock.from_config")
+        return cls(config.dim, config.mlp_dim, act=config.act, dropout=config.dropout)
+
 
 class TransformerEncoderBlock(Sequential):
-    """One layer l of the encoder, built from a :class:`ViTConfig`.
+    """One layer l of the encoder, built from a :class:`ViTConfig`: its layers each built from the config
+    (``from_config``), composed as two pre-norm residual branches.
 
     ``attn``: z'_l = MSA(LN(z_{l-1})) + z_{l-1}   (Eq. 2)
     ``mlp``:  z_l  = MLP(LN(z'_l)) + z'_l         (Eq. 3)
@@ -98,8 +114,8 @@ class TransformerEncoderBlock(Sequential):
         check_config(config, "TransformerEncoderBlock")
         super().__init__(
             OrderedDict(
-                attn=_branch(config, "mha", MultiHeadAttention(config)),
-                mlp=_branch(config, "ff", FeedForwardBlock(config)),
+                attn=_branch(config, "mha", MultiHeadAttention.from_config(config)),
+                mlp=_branch(config, "ff", FeedForwardBlock.from_config(config)),
             )
         )
 

@@ -12,11 +12,12 @@ from ._checks import (
     MAX_SIZE,
     check_bool,
     check_choice,
+    check_heads,
+    check_patch_grid,
     check_positive_float,
     check_probability,
     check_size,
     show_int,
-    to_pair,
 )
 
 # The attention paths a model can run (runtime state, not architecture: ViT(attn_impl=...), model.set_attn_impl).
@@ -88,20 +89,13 @@ class ViTConfig:
         def store(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        for name in ("image_size", "patch_size"):
-            pair = to_pair(name, getattr(self, name))
-            store(name, tuple(check_size(f"{name}[{i}]", side) for i, side in enumerate(pair)))
+        image_size, patch_size = check_patch_grid(self.image_size, self.patch_size)
+        store("image_size", image_size)
+        store("patch_size", patch_size)
         for name in ("in_channels", "dim", "depth", "heads", "mlp_dim"):
             store(name, check_size(name, getattr(self, name)))
         store("num_classes", check_size("num_classes", self.num_classes, positive=False))  # 0: the head gives features
-        for size, patch, axis in zip(self.image_size, self.patch_size, ("height", "width")):
-            if size % patch:
-                raise ValueError(
-                    f"image {axis} {size} is not divisible by patch {axis} {patch} "
-                    f"(image_size {self.image_size}, patch_size {self.patch_size})"
-                )
-        if self.dim % self.heads:
-            raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}")
+        check_heads(self.dim, self.heads)
         store("dropout", check_probability("dropout", self.dropout))
         store("attn_dropout", check_probability("attn_dropout", self.attn_dropout))
         check_choice("pool", self.pool, POOLS)
@@ -268,10 +262,11 @@ def check_float32(name: str, value: Any) -> float:
 
 
 def check_config(config: Any, module: str) -> ViTConfig:
-    """``config`` if it is a ViTConfig: every module of a ViT is built from one (``module`` names the builder)."""
+    """``config`` if it is a ViTConfig: the model, its blocks and head, and each layer's ``from_config`` are built
+    from one (``module`` names the builder)."""
     if not isinstance(config, ViTConfig):
         raise TypeError(
-            f"{module} is built from a ViTConfig, e.g. {module}(ViTConfig(dim=64, heads=4)); "
+            f"{module} takes a ViTConfig, e.g. {module}(ViTConfig(dim=64, heads=4)); "
             f"got {type(config).__name__}"
         )
     return config

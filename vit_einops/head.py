@@ -73,7 +73,7 @@ class AttentionPool(nn.Module):
         self.merge_heads = Rearrange("b h n d -> b n (h d)")
         self.proj = nn.Linear(d, d)
         self.norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
-        self.mlp = FeedForwardBlock(config)
+        self.mlp = FeedForwardBlock.from_config(config)
 
     @property
     def mode(self) -> str:

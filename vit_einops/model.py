@@ -98,7 +98,7 @@ class ViT(Sequential):
         impls = per_layer_impls(attn_impl, config.depth)
         super().__init__(
             OrderedDict(
-                patch_embed=PatchEmbedding(config),
+                patch_embed=PatchEmbedding.from_config(config),
                 blocks=TransformerEncoder(config),
                 head=ClassificationHead(config),
             )

@@ -12,10 +12,18 @@ from einops.layers.torch import Rearrange
 from torch import nn
 
 from ._budget import check_memory
-from ._checks import check_choice, check_nonnegative_int, to_pair
+from ._checks import (
+    check_bool,
+    check_choice,
+    check_nonnegative_int,
+    check_patch_grid,
+    check_probability,
+    check_size,
+    to_pair,
+)
 from ._init import trunc_normal_
 from ._sequential import Sequential
-from .config import ViTConfig, check_config
+from .config import DYNAMIC_SIZES, PATCHIFY, ViTConfig, check_config, check_float32
 
 # ViT's own init for the class token and positions (timm, torchvision): a small truncated normal.
 EMBED_INIT_STD = 0.02
@@ -176,19 +184,65 @@ class PatchEmbedding(Sequential):
     patchify="linear": ``to_patches`` 'b c (h p1) (w p2) -> b (h w) (p1 p2 c)', then ``proj`` = Linear(P^2 C, D),
     the matrix E of Eq. 1 literally. Both compute the same map (see :func:`conv_to_linear_weight`).
     Then ``cls_token`` prepends x_class, ``dist_token`` inserts DeiT's distillation token after it,
-    ``reg_token`` the ``register_tokens`` after those (each when the config has it), ``pos_embed`` adds E_pos,
+    ``reg_token`` the ``register_tokens`` after those (each when asked for), ``pos_embed`` adds E_pos,
     ``dropout`` follows the addition, and ``norm_pre`` (CLIP's pre-norm) closes. With ``pos_embed_prefix=False``
     E_pos has the patches' rows only and is added before the prefix tokens come (timm's no_embed_class).
+
+    Built alone as ``PatchEmbedding(224, 16, 3, 768)`` (the paper's ViT-B/16); the model builds it with
+    :meth:`from_config`.
+
+    Args:
+        image_size: (H, W) of the input, or an int for a square image.
+        patch_size: (p1, p2), or an int P for square patches; each side of the image a whole number of them.
+        in_channels: C.
+        dim: D, the width of the tokens.
+        patchify: "conv" or "linear", as above.
+        bias: the bias of ``proj`` (CLIP has none).
+        class_token: x_class (False for SigLIP).
+        distill_token: DeiT's distillation token after the class token (needs ``class_token``).
+        register_tokens: R learned tokens after those, before the patches (Darcet et al. 2024).
+        pos_embed_prefix: E_pos covers the prefix tokens too (the paper); False gives the patches alone positions.
+        dropout: after the addition of E_pos (Appendix B.1).
+        pre_norm: a LayerNorm ``norm_pre`` on z_0 (CLIP's ln_pre), with epsilon ``layer_norm_eps``.
+        dynamic_size: None (inputs of ``image_size`` only), or "timm" or "hf": any multiple of the patch size, E_pos
+            resampled as that library does (:func:`resample_pos_embed`).
 
     Shapes: (b, C, H, W) -> (b, N' + prefix tokens, D); with ``dynamic_size`` any H, W divisible by P.
     """
 
-    def __init__(self, config: ViTConfig) -> None:
-        check_config(config, "PatchEmbedding")
-        c, dim, (ph, pw) = config.in_channels, config.dim, config.patch_size
-        bias = config.patch_bias
-        if config.patchify == "conv":
-            proj = nn.Conv2d(c, dim, kernel_size=config.patch_size, stride=config.patch_size, bias=bias)
+    def __init__(
+        self,
+        image_size: int | tuple[int, int],
+        patch_size: int | tuple[int, int],
+        in_channels: int,
+        dim: int,
+        *,
+        patchify: str = "conv",
+        bias: bool = True,
+        class_token: bool = True,
+        distill_token: bool = False,
+        register_tokens: int = 0,
+        pos_embed_prefix: bool = True,
+        dropout: float = 0.0,
+        pre_norm: bool = False,
+        layer_norm_eps: float = 1e-6,
+        dynamic_size: str | None = None,
+    ) -> None:
+        image_size, patch_size = check_patch_grid(image_size, patch_size)
+        c, dim, (ph, pw) = check_size("in_channels", in_channels), check_size("dim", dim), patch_size
+        flags = dict(bias=bias, class_token=class_token, distill_token=distill_token,
+                     pos_embed_prefix=pos_embed_prefix, pre_norm=pre_norm)  # fmt: skip
+        for name, value in flags.items():
+            check_bool(name, value)
+        if distill_token and not class_token:
+            raise ValueError("distill_token needs the class token (it goes right after it), but class_token is False")
+        register_tokens = check_size("register_tokens", register_tokens, positive=False)
+        dropout = check_probability("dropout", dropout)
+        layer_norm_eps = check_float32("layer_norm_eps", layer_norm_eps)
+        if dynamic_size is not None:
+            check_choice("dynamic_size", dynamic_size, DYNAMIC_SIZES)
+        if check_choice("patchify", patchify, PATCHIFY) == "conv":
+            proj = nn.Conv2d(c, dim, kernel_size=patch_size, stride=patch_size, bias=bias)
             stages = [("proj", proj), ("flatten", Rearrange("b d h w -> b (h w) d"))]
         else:
             proj = nn.Linear(c * ph * pw, dim, bias=bias)
@@ -198,22 +252,44 @@ class PatchEmbedding(Sequential):
         if bias:
             nn.init.zeros_(proj.bias)
         prefix = []
-        if config.class_token:
+        if class_token:
             prefix.append(("cls_token", ClassToken(dim)))
-        if config.distill_token:
+        if distill_token:
             prefix.append(("dist_token", DistillationToken(dim)))
-        if config.register_tokens:
-            prefix.append(("reg_token", RegisterTokens(config.register_tokens, dim, after=len(prefix))))
-        rows_before = config.num_prefix_tokens if config.pos_embed_prefix else 0
-        pos = PositionEmbedding(config.num_pos_tokens, dim, config.grid_size, rows_before, config.dynamic_size)
+        if register_tokens:
+            prefix.append(("reg_token", RegisterTokens(register_tokens, dim, after=len(prefix))))
+        grid = (image_size[0] // ph, image_size[1] // pw)
+        rows_before = class_token + distill_token + register_tokens if pos_embed_prefix else 0
+        pos = PositionEmbedding(rows_before + grid[0] * grid[1], dim, grid, rows_before, dynamic_size)
         position = [("pos_embed", pos)]
-        stages += prefix + position if config.pos_embed_prefix else position + prefix
-        stages.append(("dropout", nn.Dropout(config.dropout)))
-        if config.pre_norm:
-            stages.append(("norm_pre", nn.LayerNorm(dim, eps=config.layer_norm_eps)))
+        stages += prefix + position if pos_embed_prefix else position + prefix
+        stages.append(("dropout", nn.Dropout(dropout)))
+        if pre_norm:
+            stages.append(("norm_pre", nn.LayerNorm(dim, eps=layer_norm_eps)))
         super().__init__(OrderedDict(stages))
-        self.image_size, self.patch_size, self.grid_size = config.image_size, config.patch_size, config.grid_size
-        self.patchify, self.in_channels = config.patchify, c
+        self.image_size, self.patch_size, self.grid_size = image_size, patch_size, grid
+        self.patchify, self.in_channels = patchify, c
+
+    @classmethod
+    def from_config(cls, config: ViTConfig) -> PatchEmbedding:
+        """The patch embedding of ``config``: its image, patch and token fields, ``dropout`` and ``layer_norm_eps``."""
+        check_config(config, "PatchEmbedding.from_config")
+        return cls(
+            config.image_size,
+            config.patch_size,
+            config.in_channels,
+            config.dim,
+            patchify=config.patchify,
+            bias=config.patch_bias,
+            class_token=config.class_token,
+            distill_token=config.distill_token,
+            register_tokens=config.register_tokens,
+            pos_embed_prefix=config.pos_embed_prefix,
+            dropout=config.dropout,
+            pre_norm=config.pre_norm,
+            layer_norm_eps=config.layer_norm_eps,
+            dynamic_size=config.dynamic_size,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         grid = self.grid_for(x.shape[-2:])  # E_pos is resampled for it when the model has dynamic_size

@@ -155,7 +155,10 @@ def _attention_options(mha: MultiHeadAttention) -> dict[str, Any]:
 
 def _copy_attention(mha: MultiHeadAttention, ref: nn.MultiheadAttention) -> None:
     ref.in_proj_weight.copy_(mha.qkv.weight)
-    ref.in_proj_bias.copy_(mha.qkv.bias)
+    if mha.qkv.bias is None:  # qkv_bias=False: torch's fused projection always has a bias; zero is the same map
+        ref.in_proj_bias.zero_()
+    else:
+        ref.in_proj_bias.copy_(mha.qkv.bias)
     ref.out_proj.weight.copy_(mha.proj.weight)
     ref.out_proj.bias.copy_(mha.proj.bias)
 

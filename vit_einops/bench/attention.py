@@ -19,7 +19,6 @@ import torch
 
 from ..attention import Attend, MultiHeadAttention
 from ..chunk_plan import default_chunk_elements
-from ..config import ViTConfig
 from ..reference import torch_mha_from
 from .measure import peak_memory_bytes, time_interleaved
 from .noise import LoadProbe
@@ -109,7 +108,7 @@ def _forwards(point, dtype, paths, compiled, q, k, v, x) -> dict[tuple[str, str]
             calls["core", path] = (lambda attend=attend: attend(q, k, v), [q, k, v])
     if paths.get("layer"):
         # One set of weights for every layer path, so they all compute the same function.
-        ours = MultiHeadAttention(ViTConfig(dim=point.dim, heads=point.heads)).to(dtype).eval()
+        ours = MultiHeadAttention(point.dim, point.heads).to(dtype).eval()
         for path in paths["layer"]:
             if path == "torch_mha":
                 module = torch_mha_from(ours).eval()
