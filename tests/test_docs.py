@@ -117,3 +117,19 @@ def test_relative_links_resolve(path):
         if "://" not in target and not (path.parent / target).exists()
     ]
     assert broken == []
+
+
+def test_the_files_docs_name_for_inspect_are_the_ones_it_writes():
+    """Every file name (`NAME.png`, `NAME.npz`) in a prose paragraph about inspect is one of the files its report
+    holds, and the docs name each of them somewhere."""
+    from vit_einops.inspect.report import REPORT_FILES
+
+    named = {}
+    for path in DOCS:
+        prose = FENCE.sub("", path.read_text(encoding="utf-8"))
+        for paragraph in re.split(r"\n\s*\n", prose):
+            if re.search(r"\binspect\b", paragraph):
+                for name in re.findall(r"`([\w-]+\.(?:png|npz))`", paragraph):
+                    named.setdefault(name, path.relative_to(ROOT))
+    assert {name: doc for name, doc in named.items() if name not in REPORT_FILES} == {}
+    assert set(named) == REPORT_FILES

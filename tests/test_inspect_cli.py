@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,7 +52,7 @@ def test_inspect_a_converted_file_with_images_of_several_modes(tmp_path, files, 
         main(["inspect", str(tmp_path / "m.safetensors"), *sum((["--image", f] for f in files), []), "--layer", "0"])
         == 0
     )
-    out = tmp_path / "m-inspect"
+    out = Path("m-inspect")  # the default: in the current directory, not beside the model file
     for name in ("attention", "attention_distance", "position_similarity", "embedding_filters"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG
     arrays = np.load(out / "arrays.npz")

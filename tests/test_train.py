@@ -471,7 +471,7 @@ def test_warm_up_is_capped_at_a_fifth_of_a_short_run_and_says_so_once(digits, ca
     from vit_einops.train.loop import warmup_steps
 
     assert warmup_steps(TrainConfig(epochs=3), 23) == (13, True)  # 5 epochs asked, int(0.2 * 69) given
-    assert warmup_steps(TrainConfig(), 23) == (115, False)  # the default 5 of 60 epochs: under the cap
+    assert warmup_steps(TrainConfig(), 23) == (115, False)  # the default 5 of 120 epochs: under the cap
     assert warmup_steps(TrainConfig(epochs=10, warmup_epochs=2), 7) == (14, False)  # exactly the cap
     _, result = run_tiny(digits, config={"epochs": 3, "warmup_epochs": 5, "batch_size": 32})  # 5 steps an epoch
     assert capsys.readouterr().err.count("note: warm-up capped at 3 steps (0.6 epochs), 20% of the run") == 1

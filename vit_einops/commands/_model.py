@@ -109,19 +109,43 @@ def model_inputs(path: str | Path, source: str | None = None) -> list[Path]:
     """The files and directories that loading MODEL ``path`` reads: what no output of the command may be, hold,
     or lie inside (:func:`vit_einops._io.check_output`).
 
-    A training run directory gives its model file and checkpoint, not itself, so that the run's own folder can take
-    the command's outputs (inspect writes runs/x/inspect); a Hugging Face weights file brings the config files
-    read beside it; any other path is itself. ``source`` None (recognised from the file) counts as every form.
+    A training run directory (:func:`training_run`) gives its model file and checkpoint, not itself, so that the
+    run's own folder can take the command's outputs (inspect writes runs/x/inspect); a Hugging Face weights file
+    brings the config files read beside it; any other path, a Hugging Face directory among them, is itself.
+    ``source`` None (recognised from the file) counts as every form.
     """
     path = Path(path)
-    run = path.is_dir() and ((path / "model.safetensors").exists() or (path / "checkpoint").is_dir())
-    if source in (None, "vit-einops") and run:
+    if path.is_dir() and training_run(path, source) == path:
         return [path / "model.safetensors", path / "checkpoint", path / "checkpoint.json"]
     if source in (None, "vit-einops") and path.name == "checkpoint.json":
         return [path.parent]
     if source in (None, "hf") and not path.is_dir():
         return [path, path.parent / "config.json", path.parent / "preprocessor_config.json"]
     return [path]
+
+
+def training_run(path: str | Path, source: str | None = None) -> Path | None:
+    """The training run directory that MODEL ``path`` names, or None: the run itself, its ``checkpoint/`` folder,
+    that folder's ``checkpoint.json``, or the run's ``model.safetensors``.
+
+    A run is a folder that `vit-einops train` wrote: it holds ``checkpoint/``, and no ``config.json``. A folder with
+    a config.json may be a Hugging Face model (``source`` None counts as every form), and a model is only ever an
+    input, often one in a hub cache: a command writes inside a run's folder, never inside a model's.
+    """
+    if source not in (None, "vit-einops"):
+        return None
+    path = Path(path)
+    if path.name == "checkpoint.json":
+        path = path.parent
+    if _is_run(path):
+        return path
+    if path.name in ("checkpoint", "model.safetensors") and _is_run(path.parent):
+        return path.parent
+    return None
+
+
+def _is_run(folder: Path) -> bool:
+    return folder.is_dir() and (folder / "checkpoint").is_dir() and not (folder / "config.json").exists()
 
 
 def preprocessing_from_args(args: argparse.Namespace, model: Any) -> Any:

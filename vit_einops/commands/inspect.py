@@ -10,9 +10,10 @@ Images go through the model's own preprocessing; no training data is read when i
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
-from ._model import add_model_arguments, default_images, load_model_from_args, model_inputs
+from ._model import add_model_arguments, default_images, load_model_from_args, model_inputs, training_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,22 +30,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=512,
         help="test digits the mean attention distance averages over (default %(default)s)",
     )
-    parser.add_argument("--out", metavar="DIR", help="where to write the figures (default: beside MODEL)")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="where to write the figures (default: a training run's inspect/; for any other MODEL, NAME-inspect in "
+        "the current directory, never inside or beside MODEL)",
+    )
     parser.add_argument(
         "--force", action="store_true", help="replace an earlier report in --out (a folder holding other files never)"
     )
 
 
-def default_out(model_path: Path) -> Path:
-    """runs/x/, runs/x/model.safetensors, runs/x/checkpoint[/checkpoint.json] -> runs/x/inspect;
-    m.safetensors -> m-inspect beside it."""
-    if model_path.name == "checkpoint.json":
-        model_path = model_path.parent
-    if model_path.is_dir():
-        return (model_path.parent if model_path.name == "checkpoint" else model_path) / "inspect"
-    if model_path.name == "model.safetensors" and (model_path.parent / "checkpoint").is_dir():
-        return model_path.parent / "inspect"  # the model file of a training run
-    return model_path.with_name(f"{model_path.stem}-inspect")
+def default_out(model_path: Path, source: str | None = None) -> Path:
+    """Where the report goes without --out: a training run's own inspect/ folder (MODEL being the run, its
+    checkpoint/, checkpoint/checkpoint.json or the run's model.safetensors); for any other MODEL, NAME-inspect in the
+    current directory, NAME being the file's stem or the folder's name. Any other MODEL is an input, often one in a
+    hub or torch.hub cache, so nothing is written inside or beside it unless --out says so."""
+    run = training_run(model_path, source)
+    if run is not None:
+        return run / "inspect"
+    absolute = Path(os.path.abspath(model_path))  # "." and ".." named by the folder they are
+    name = absolute.name if absolute.is_dir() else absolute.stem
+    return Path(f"{name or 'model'}-inspect")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,8 +63,13 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.model or args.checkpoint)
     check_positive_int("--num-images", args.num_images)
     check_positive_int("--distance-images", args.distance_images)
-    out = Path(args.out) if args.out else default_out(path)
-    check_output(out, [*model_inputs(path, args.source), *(args.image or ())])
+    out = Path(args.out) if args.out else default_out(path, args.source)
+    try:
+        check_output(out, [*model_inputs(path, args.source), *(args.image or ())])
+    except ValueError as err:
+        if args.out:
+            raise
+        raise ValueError(f"{err}, with --out DIR (this is the default output for MODEL)") from None
     with output_lock(out, parents=True):  # held from the first check to the commit: a second writer fails at once
         return _inspect(args, path, out)
 

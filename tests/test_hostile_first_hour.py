@@ -1,0 +1,69 @@
+"""What a new user meets in the first hour: a study command's default output lands in the current directory (or
+in a training run's own folder), never inside or beside the model it reads, which may sit in a hub cache."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from _hostile import assert_user_error, grey_png, run_cli, tiny_model
+from _tiny import TINY_RGB16, tiny_vit
+from test_hostile_writes import INSPECT, REPORT, tree
+
+from vit_einops.interop import save_hf, save_state_dict_file, to_timm
+
+
+@pytest.fixture
+def hub_cache(tmp_path):
+    """A Hugging Face model folder and a timm weights file laid out as in the hub's cache (snapshots/<commit>/)."""
+    snapshot = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "0123abcd"
+    save_hf(tiny_model(class_names=[f"digit {i}" for i in range(10)]), snapshot)
+    timm_file = tmp_path / "hub" / "models--timm--tiny" / "snapshots" / "4567ef01" / "tiny.pth"
+    timm_file.parent.mkdir(parents=True)
+    save_state_dict_file(to_timm(tiny_vit(TINY_RGB16)), timm_file)
+    return {"hf": snapshot, "timm": timm_file}
+
+
+@pytest.mark.parametrize(
+    "form, flags, written",
+    [("hf", [], "0123abcd-inspect"), ("timm", ["--heads", str(TINY_RGB16["heads"])], "tiny-inspect")],
+)
+def test_inspect_of_a_model_in_a_cache_writes_in_the_current_directory(
+    tmp_path, hub_cache, unrendered, form, flags, written
+):
+    before = tree(tmp_path / "hub")
+    image = grey_png(tmp_path / "digit.png")  # given, so that no sample images are loaded
+    result = run_cli("inspect", hub_cache[form], "--image", image, *flags, *INSPECT)
+    assert result.returncode == 0, result.stderr
+    assert tree(tmp_path / "hub") == before  # nothing inside the model's folder nor beside its file
+    assert sorted(os.listdir(written)) == REPORT
+    assert f"attention: {Path(written) / 'attention.png'}" in result.stdout
+
+
+def test_a_default_output_inside_the_model_is_refused_naming_out(tmp_path, hub_cache, monkeypatch):
+    """Run from inside the Hugging Face folder, the default ./NAME-inspect would lie inside it: refused, before any
+    work, naming the flag that chooses another place."""
+    before = tree(tmp_path / "hub")
+    monkeypatch.chdir(hub_cache["hf"])
+    assert_user_error(
+        run_cli("inspect", ".", *INSPECT),
+        r"the output 0123abcd-inspect lies inside the input \.; refused even with --force: write elsewhere, "
+        r"with --out DIR \(this is the default output for MODEL\)",
+    )
+    assert tree(tmp_path / "hub") == before
+
+
+def test_an_output_inside_a_hugging_face_folder_is_refused(tmp_path, hub_cache):
+    """A Hugging Face folder holds model.safetensors as a training run does, but all of it is read (config.json,
+    preprocessor_config.json): no output may go inside it, as inspect's --out or as convert's destination."""
+    folder = hub_cache["hf"]
+    before = tree(tmp_path / "hub")
+    for argv, out in (
+        (["inspect", folder, "--out", folder / "inspect", *INSPECT], folder / "inspect"),
+        (["convert", folder, folder / "config.json", "--from", "hf", "--force"], folder / "config.json"),
+    ):
+        message = rf"the output {re.escape(str(out))} lies inside the input {re.escape(str(folder))};"
+        assert_user_error(run_cli(*argv), message)
+    assert tree(tmp_path / "hub") == before
