@@ -113,15 +113,10 @@ def available_memory() -> int:
     return 2**63 - 1  # no way to know: the estimate alone cannot be judged
 
 
-@contextlib.contextmanager
-def max_memory(limit: int | str | None) -> Iterator[None]:
+def max_memory(limit: int | str | None) -> contextlib.AbstractContextManager[None]:
     """Within the block, :func:`check_memory` judges estimates against ``limit`` (bytes, or a size such as "64GiB")
     instead of the machine's available memory; None keeps the limit that applies outside."""
-    token = _LIMIT.set(parse_bytes(limit) if limit is not None else _LIMIT.get())
-    try:
-        yield
-    finally:
-        _LIMIT.reset(token)
+    return _within(_LIMIT, parse_bytes(limit) if limit is not None else _LIMIT.get())
 
 
 def memory_limit() -> tuple[int, str]:
@@ -136,15 +131,20 @@ def memory_limit() -> tuple[int, str]:
     return available_memory(), "this machine has available"
 
 
-@contextlib.contextmanager
-def max_build_time(limit: int | str | None) -> Iterator[None]:
+def max_build_time(limit: int | str | None) -> contextlib.AbstractContextManager[None]:
     """Within the block, :func:`check_build_time` judges estimates against ``limit`` (seconds, or a time such as
     "2min") instead of :data:`BUILD_SECONDS`; None keeps the limit that applies outside."""
-    token = _TIME_LIMIT.set(parse_seconds(limit) if limit is not None else _TIME_LIMIT.get())
+    return _within(_TIME_LIMIT, parse_seconds(limit) if limit is not None else _TIME_LIMIT.get())
+
+
+@contextlib.contextmanager
+def _within(limit: ContextVar[Any], value: Any) -> Iterator[None]:
+    """``limit`` set to ``value`` for the block (and for nothing outside it, threads and tasks included)."""
+    token = limit.set(value)
     try:
         yield
     finally:
-        _TIME_LIMIT.reset(token)
+        limit.reset(token)
 
 
 def build_time_limit() -> tuple[float, str]:
