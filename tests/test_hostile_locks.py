@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import signal
+import stat
 from pathlib import Path
 
 import pytest
@@ -385,3 +387,110 @@ def test_a_planted_lock_file_cannot_send_cleanup_outside_its_directory(tmp_path,
     with output_lock(out / "page.html"):
         pass
     assert notes.read_bytes() == NOTES and sorted(os.listdir(out)) == ["link"]
+
+
+# --- a lock file or an entry of another user is never acted on --------------------------------------------------------
+
+
+def forged_lock(lock: Path, *entries: Path, restore: Path | None = None) -> None:
+    """A lock file in our format recording ``entries`` (their real device and inode, which anyone who can list the
+    folder reads), as another user of a shared folder could plant it."""
+    lines = []
+    for entry in entries:
+        info = os.lstat(entry)
+        line = {"path": entry.name, "kind": "dir" if entry.is_dir() else "file", "dev": info.st_dev, "ino": info.st_ino}
+        if restore is not None:
+            line["restore"] = restore.name
+        lines.append(json.dumps(line) + "\n")
+    lock.write_bytes(LOCK_HEADER + b'{"pid": 1}\n' + "".join(lines).encode())
+
+
+@pytest.fixture
+def project(tmp_path):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "main.py").write_bytes(NOTES)
+    return folder
+
+
+def another_users_lock(lock) -> str:
+    """The message for a lock file owned by the user running the tests, while the process runs as uid 4242."""
+    uid = os.lstat(lock).st_uid
+    owner = f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    return refused_lock(lock, f"a file owned by {owner}, not by you (a lock file must be yours)")
+
+
+def test_explore_refuses_a_lock_file_of_another_user_and_keeps_what_it_records(tmp_path, notes, monkeypatch):
+    """In a shared folder (/tmp, a group's), another user may plant ``.page.html.lock`` in our format, recording a
+    file of ours: the lock is not taken over, and nothing it records is removed."""
+    model = save_vit(digits_model(), tmp_path / "m.safetensors")
+    lock = tmp_path / ".page.html.lock"
+    forged_lock(lock, notes)
+    before = tree(tmp_path)
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)  # we run as uid 4242; the lock is the test user's
+    done = run_cli("explore", model, "--out", tmp_path / "page.html")
+    assert_user_error(done, another_users_lock(lock))
+    assert tree(tmp_path) == before and notes.read_bytes() == NOTES
+
+
+def test_a_staged_directory_refuses_a_lock_file_of_another_user_and_keeps_the_folder_it_records(
+    tmp_path, project, monkeypatch
+):
+    lock = tmp_path / ".hf.lock"
+    forged_lock(lock, project, restore=tmp_path / "hf")
+    before = tree(tmp_path)
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    with pytest.raises(ValueError, match=f"^{another_users_lock(lock)}$"):
+        with staged_directory(tmp_path / "hf", owned={"config.json"}):
+            pytest.fail("the lock was taken")
+    assert tree(tmp_path) == before
+
+
+def test_records_of_our_own_lock_naming_entries_we_never_leave_are_not_acted_on(tmp_path, notes, project):
+    """A lock file of ours whose records name a user's file and folder by their inode (edited, or left from another
+    target's write): those names are not what a write of the lock's target leaves, so they are kept, byte for byte,
+    and the writes go ahead."""
+    forged_lock(tmp_path / ".page.html.lock", notes)
+    forged_lock(tmp_path / ".hf.lock", project, restore=tmp_path / "hf")
+    other = tmp_path / ".other.html.abcdefgh.tmp"  # our writers' name, but for another target
+    other.write_bytes(NOTES)
+    forged_lock(tmp_path / ".report.html.lock", other)
+    before = tree(tmp_path)
+    _io.write_file(tmp_path / "page.html", b"<html>")
+    _io.write_file(tmp_path / "report.html", b"<html>")
+    with staged_directory(tmp_path / "hf", owned={"config.json"}) as staging:
+        (staging / "config.json").write_bytes(b"{}")
+    after = tree(tmp_path)
+    locks = {".page.html.lock", ".hf.lock", ".report.html.lock"}
+    assert {name: after[name] for name in set(before) - locks} == {name: before[name] for name in set(before) - locks}
+    assert sorted(set(after) - set(before)) == ["hf", "hf/config.json", "page.html", "report.html"]
+    assert not locks & set(after)  # taken over, their records dropped, removed at release
+
+
+def test_a_recorded_leftover_owned_by_another_user_is_kept(tmp_path):
+    """An entry named as our temporaries are, with the recorded inode, but another user's: kept. (chown: the tests
+    run as root.)"""
+    planted = tmp_path / ".page.html.abcdefgh.tmp"
+    planted.write_bytes(NOTES)
+    os.chown(planted, 4242, 4242)
+    forged_lock(tmp_path / ".page.html.lock", planted)
+    _io.write_file(tmp_path / "page.html", b"<html>")
+    assert planted.read_bytes() == NOTES and os.lstat(planted).st_uid == 4242
+    assert sorted(os.listdir(tmp_path)) == [".page.html.abcdefgh.tmp", "page.html"]
+
+
+# --- a folder written whole gets the permissions a plain mkdir gives --------------------------------------------------
+
+
+def test_a_staged_directory_gets_the_mode_mkdir_would_give():
+    mask = os.umask(0o022)
+    try:
+        with staged_directory(Path("report"), owned={"attention.png"}) as staging:
+            (staging / "attention.png").write_bytes(b"png")
+        os.umask(0o027)
+        with staged_directory(Path("other"), owned={"attention.png"}) as staging:
+            (staging / "attention.png").write_bytes(b"png")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(os.lstat("report").st_mode) == 0o755
+    assert stat.S_IMODE(os.lstat("other").st_mode) == 0o750

@@ -8,7 +8,8 @@ a staging directory beside its target and swapped in whole, a swap undone if wha
 Outputs of a command are written under a lock (:class:`LockFile`: a file of ours beside them, or in a training run's
 directory), so a second writer fails at once, naming the first. What a write under a lock may leave when killed (a
 temporary, a staging directory, a directory set aside) is recorded in that lock file before it can be left, and the
-next holder removes exactly those entries: nothing is ever removed, truncated or replaced for its name alone.
+next holder removes exactly those entries: nothing is ever removed, truncated or replaced for its name alone, and
+nothing for a lock file or an entry that another user owns.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from ._text import printable
 
 # renameat2 flags (linux/fs.h) and AT_FDCWD (fcntl.h): create without replacing; swap two existing paths.
 _NOREPLACE, _EXCHANGE, _AT_FDCWD = 1, 2, -100
@@ -62,7 +65,7 @@ def atomic_write_chunks(
     """
     path = Path(path)
     lock = _covering(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(**_leftover(path, ".tmp"))
     forget = _nothing
     try:
         with os.fdopen(fd, "wb") as f:
@@ -141,6 +144,28 @@ def _rename2(src: str | Path, dst: str | Path, flags: int) -> bool:
     raise OSError(err, os.strerror(err), str(dst))
 
 
+# What a write of a target NAME may leave beside it: ".NAME.<tempfile's random part>" and one of these suffixes.
+_LEFTOVER_SUFFIXES = (".tmp", ".staging", ".replaced")
+
+
+def _leftover(target: Path, suffix: str) -> dict[str, Any]:
+    """tempfile's arguments (``dir``, ``prefix``, ``suffix``) for an entry a write of ``target`` makes beside it."""
+    return {"dir": target.parent, "prefix": f".{target.name}.", "suffix": suffix}
+
+
+def _target_of(entry: Path) -> Path | None:
+    """The target whose write makes an entry of ``entry``'s name (as :func:`_leftover` names it), else None."""
+    for suffix in _LEFTOVER_SUFFIXES:
+        stem, _, random = entry.name.removesuffix(suffix).rpartition(".")  # tempfile's random part has no "."
+        if not (random and stem.startswith(".") and len(stem) > 1):
+            continue
+        target = entry.parent / stem[1:]
+        made = _leftover(target, suffix)
+        if made["prefix"] + random + made["suffix"] == entry.name:
+            return target
+    return None
+
+
 def write_file(path: str | Path, data: bytes, *, replace: bool = False) -> Path:
     """Write one output file of a command, under its lock (:func:`output_lock`, whose taking removes what killed
     writes of it left), with :func:`atomic_write_bytes`'s checks at the commit. Returns the path."""
@@ -167,7 +192,8 @@ def staged_directory(path: str | Path, *, owned: Collection[str], replace: bool 
     with output_lock(path, parents=True):
         _check_directory(path, owned, replace)
         lock = _covering(path)
-        staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".staging"))
+        staging = Path(tempfile.mkdtemp(**_leftover(path, ".staging")))
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700; give the folder the permissions mkdir would
         forgets: list[Callable[[], None]] = []
         try:
             forgets.append(_record(lock, staging))
@@ -238,7 +264,7 @@ def _commit_directory(
                 _rename2(staging, path, _EXCHANGE)  # put it back
                 raise type(err)(str(err).replace(str(staging), str(path))) from None
         else:  # set the old one aside, move the new in: a kill between leaves it aside, to be put back
-            aside = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".replaced"))
+            aside = Path(tempfile.mkdtemp(**_leftover(path, ".replaced")))
             forgets.append(_record(lock, aside))  # the empty directory that holds the name
             forgets.append(_record(lock, aside, old, restore=path))
             os.rename(path, aside)
@@ -302,10 +328,13 @@ class LockFile:
     The lock covers ``covers`` (a file or a directory) and what lies inside it: :func:`atomic_write_chunks` and
     :func:`staged_directory` record their temporaries in the lock this process holds over their target.
     The lock file is opened without following a link and without blocking, and judged on the open descriptor: a
-    link, FIFO, device or directory is refused (ValueError naming it), and so is a regular file that is not empty
-    and does not start with :data:`LOCK_HEADER` (a user's file; an empty one is a lock whose holder was killed as it
-    created it). Neither is changed. A lock file left by a killed holder is taken over; at release the file is
-    removed if its path still names it. On Windows (no ``flock``) nothing is locked or recorded.
+    link, FIFO, device or directory is refused (ValueError naming it), and so is a regular file owned by another
+    user (whose records, in a shared folder, could name any entry of ours), or one that is not empty and does not
+    start with :data:`LOCK_HEADER` (a user's file; an empty one is a lock whose holder was killed as it created it).
+    Neither is changed. A record is acted on only for an entry owned by this process's user and named as the
+    writers name what they leave of the lock's target (:func:`_leftover`). A lock file left by a killed holder is
+    taken over; at release the file is removed if its path still names it. On Windows (no ``flock``) nothing is
+    locked or recorded.
     """
 
     def __init__(self, file: Path, covers: Path, fd: int) -> None:
@@ -387,7 +416,7 @@ class LockFile:
         kept = []
         for line in self._entries:
             try:
-                _remove_recorded(self.directory, line)
+                _remove_recorded(self.directory, self.covers, line)
             except OSError:
                 kept.append(line)
         self._entries = kept
@@ -453,11 +482,30 @@ def _open_lock(file: Path, *, create: bool) -> int:
         if stat.S_ISREG(mode):
             raise  # a permission, say: its message names the file
         raise _not_a_lock(file, kind_of(mode)) from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        raise _not_a_lock(file, kind_of(mode))
+        raise _not_a_lock(file, kind_of(info.st_mode))
+    if not _ours(info):  # another user's file in a shared folder: its records could name any of ours
+        os.close(fd)
+        raise _not_a_lock(file, f"a file owned by {_owner(info.st_uid)}, not by you (a lock file must be yours)")
     return fd
+
+
+def _ours(info: os.stat_result) -> bool:
+    """Whether the entry whose stat is ``info`` is owned by this process's effective user (always, where the system
+    has no user ids)."""
+    return not hasattr(os, "geteuid") or info.st_uid == os.geteuid()
+
+
+def _owner(uid: int) -> str:
+    """The user ``uid``, by name and id, for messages."""
+    try:
+        import pwd
+
+        return f"{printable(pwd.getpwuid(uid).pw_name)} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
 
 
 def _not_a_lock(file: Path, what: str) -> ValueError:
@@ -505,9 +553,10 @@ def _entries(data: bytes) -> list[dict[str, Any]]:
     return entries
 
 
-def _recorded_entry(directory: str, line: dict[str, Any]) -> Path | None:
-    """The recorded entry's path if it is still there as recorded (same kind, device and inode), else None. Its
-    path must stay inside ``directory`` through real directories: never ``..``, never a link."""
+def _recorded_entry(directory: str, covers: str, line: dict[str, Any]) -> Path | None:
+    """The recorded entry's path if it is still there as recorded (same kind, device and inode), owned by this
+    process's user and named as a write of ``covers`` or of a path inside it names its leftovers (:func:`_leftover`),
+    else None. Its path must stay inside ``directory`` through real directories: never ``..``, never a link."""
     entry = _inside(directory, line["path"])
     if entry is None:
         return None
@@ -516,7 +565,15 @@ def _recorded_entry(directory: str, line: dict[str, Any]) -> Path | None:
     except OSError:
         return None
     kind = "dir" if stat.S_ISDIR(info.st_mode) else "file" if stat.S_ISREG(info.st_mode) else None
-    return entry if (kind, *_identity_of(info)) == (line["kind"], line["dev"], line["ino"]) else None
+    if (kind, *_identity_of(info)) != (line["kind"], line["dev"], line["ino"]) or not _ours(info):
+        return None
+    target = _target_of(entry)
+    if target is None:
+        return None
+    # covers is a real path; the target itself may be a link to it (an output given as a link)
+    if os.path.realpath(target) == covers or str(target).startswith(covers.rstrip(os.sep) + os.sep):
+        return entry
+    return None
 
 
 def _inside(directory: str, where: str) -> Path | None:
@@ -534,26 +591,27 @@ def _inside(directory: str, where: str) -> Path | None:
     return path / parts[-1]
 
 
-def _remove_recorded(directory: str, line: dict[str, Any]) -> None:
-    """Remove the recorded entry if it is still there as recorded; a set-aside directory whose place is empty goes
-    back there instead."""
-    entry = _recorded_entry(directory, line)
+def _remove_recorded(directory: str, covers: str, line: dict[str, Any]) -> None:
+    """Remove the recorded entry if it is still there as recorded; a set-aside directory whose place (its target)
+    is empty goes back there instead."""
+    entry = _recorded_entry(directory, covers, line)
     if entry is None:
         return
     if line["kind"] == "file":
         entry.unlink()
         return
     back = _inside(directory, line["restore"]) if "restore" in line else None
-    if back is not None and not os.path.lexists(back):
+    if back is not None and back == _target_of(entry) and not os.path.lexists(back):
         os.rename(entry, back)
     else:
         shutil.rmtree(entry)
 
 
 def recorded_leftovers(file: str | Path) -> set[str]:
-    """The entries the lock file ``file`` records that are still there as recorded (paths relative to its directory,
-    "/"-separated): what killed writers left, or what a live one is writing. Empty if there is no lock file; the
-    ValueError of :class:`LockFile` if what is there is not a lock of ours. Reads, never changes, anything."""
+    """The entries the lock file ``file`` of a directory (a training run's) records that are still there as
+    recorded (paths relative to that directory, "/"-separated): what killed writers left, or what a live one is
+    writing. Empty if there is no lock file; the ValueError of :class:`LockFile` if what is there is not a lock of
+    ours. Reads, never changes, anything."""
     file = Path(file)
     try:
         fd = _open_lock(file, create=False)
@@ -564,7 +622,7 @@ def recorded_leftovers(file: str | Path) -> set[str]:
     finally:
         os.close(fd)
     directory = os.path.realpath(file.parent)
-    return {line["path"] for line in _entries(data) if _recorded_entry(directory, line) is not None}
+    return {line["path"] for line in _entries(data) if _recorded_entry(directory, directory, line) is not None}
 
 
 def check_output(path: str | Path, inputs: Iterable[str | Path]) -> None:
