@@ -27,6 +27,11 @@ def head_swap_help(dim: int, features: int) -> str:
     )
 
 
+def _outputs(classifier: nn.Module) -> int:
+    """The outputs of a head's classifier: 0 for nn.Identity (no classifier), else the Linear's out_features."""
+    return 0 if isinstance(classifier, nn.Identity) else classifier.out_features
+
+
 class TokenPool(nn.Module):
     """(b, n, D) -> (b, D): "cls" takes the class token z^0 (the paper); "mean" averages the patch tokens,
     the ``num_prefix_tokens`` before them (class, distillation and register tokens) excluded.
@@ -132,6 +137,7 @@ class ClassificationHead(Sequential):
         """``fc`` on the pooled features; with a distillation token the mean of ``fc`` on the class token and
         ``fc_dist`` on the distillation token (DeiT at inference, as timm and HF average them)."""
         if "fc_dist" in self._modules:
+            self.check_classifiers()
             return (self.fc(x[:, 0]) + self.fc_dist(x[:, 1])) / 2
         return self.fc(x)
 
@@ -158,8 +164,20 @@ class ClassificationHead(Sequential):
 
     @property
     def num_classes(self) -> int:
-        """K, the classifier's outputs; 0 when ``fc`` is nn.Identity."""
-        return 0 if isinstance(self.fc, nn.Identity) else self.fc.out_features
+        """K, the classifier's outputs; 0 when ``fc`` is nn.Identity (see :meth:`check_classifiers`)."""
+        return self.check_classifiers()
+
+    def check_classifiers(self) -> int:
+        """K, the outputs of ``fc``; with a distillation token ``fc_dist`` must have as many (their logits are
+        averaged): a ValueError saying how to change both otherwise, rather than torch's error on the sum."""
+        k = _outputs(self.fc)
+        if "fc_dist" in self._modules and _outputs(self.fc_dist) != k:
+            raise ValueError(
+                f"head.fc has {k} outputs but head.fc_dist has {_outputs(self.fc_dist)}: a distilled head averages "
+                f"the two classifiers' logits, so they must agree. Assign both head.fc and head.fc_dist "
+                f"(nn.Linear({self.in_features}, num_classes) each), or call model.reset_classifier(num_classes)"
+            )
+        return k
 
     @property
     def token_norm(self) -> bool:

@@ -19,6 +19,7 @@ import torch
 
 from .._checks import check_index, check_real
 from .rollout import check_maps, class_attention_grid
+from .tokens import check_grid
 
 DINO_KEEP = 0.6  # Caron et al.'s threshold: the mask keeps 60% of the attention mass
 
@@ -94,7 +95,8 @@ def dino_view(
             refused.
     """
     check_maps(maps)
+    grid = check_grid("grid", grid)
     layer = check_index("layer", layer, maps.shape[0], f"{maps.shape[0]} recorded layers")
     attention = class_attention_grid(maps[layer], grid, prefix_tokens)  # (b, h, gh, gw)
-    mask = dino_mask(attention.flatten(-2), keep).unflatten(-1, tuple(grid))
+    mask = dino_mask(attention.flatten(-2), keep).unflatten(-1, grid)
     return DinoView(attention, mask)

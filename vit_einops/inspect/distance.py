@@ -11,13 +11,17 @@ from collections.abc import Sequence
 import torch
 from einops import einsum, rearrange
 
+from .._budget import check_memory
 from .._checks import to_pair
-from .tokens import num_patch_tokens
+from .tokens import check_grid, num_patch_tokens
 
 
 def patch_distances(grid_size: tuple[int, int], patch_size: int | tuple[int, int]) -> torch.Tensor:
-    """Euclidean pixel distance between the centres of every pair of patches, (N', N'), row-major patch order."""
-    (gh, gw), (ph, pw) = to_pair("grid_size", grid_size), to_pair("patch_size", patch_size)
+    """Euclidean pixel distance between the centres of every pair of patches, (N', N'), row-major patch order.
+    The (N', N') float64 matrix is checked against the memory budget before it is allocated."""
+    (gh, gw), (ph, pw) = check_grid("grid_size", grid_size), to_pair("patch_size", patch_size)
+    patches = gh * gw
+    check_memory(8 * patches**2, f"the pixel distances between every pair of {patches:,} patches ({gh}x{gw} grid)")
     rows, cols = torch.meshgrid(torch.arange(gh) * float(ph), torch.arange(gw) * float(pw), indexing="ij")
     centres = rearrange(torch.stack([rows, cols], dim=-1), "gh gw yx -> (gh gw) yx").double()
     return torch.cdist(centres, centres)
@@ -38,7 +42,7 @@ def distance_sums(
 
     Shapes: maps (l, b, h, n, n) with n = len(prefix_tokens) + gh * gw -> ((l, b, h), (l, b, h)).
     """
-    gh, gw = to_pair("grid_size", grid_size)
+    gh, gw = check_grid("grid_size", grid_size)
     if maps.ndim != 5 or maps.shape[-1] != maps.shape[-2]:
         raise ValueError(f"expected maps (layers, b, h, n, n), got {tuple(maps.shape)}")
     prefix = num_patch_tokens(maps.shape[-1], (gh, gw), prefix_tokens)

@@ -7,9 +7,11 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
+from .._budget import check_memory
 from .._checks import check_nonnegative_int, check_positive_int
 from ..model import ViT
 from ..patch_embed import conv_to_linear_weight
+from .tokens import check_grid
 
 
 def position_similarity(pos_embed: torch.Tensor, grid_size: tuple[int, int], prefix_rows: int = 1) -> torch.Tensor:
@@ -23,15 +25,20 @@ def position_similarity(pos_embed: torch.Tensor, grid_size: tuple[int, int], pre
         grid_size: (gh, gw), the patch grid, gh * gw = N'.
 
     Returns (gh, gw, gh, gw): entry [r1, c1, r2, c2] compares patch (r1, c1) with patch (r2, c2); the slice
-    [r1, c1] is one tile of the paper's grid of grids.
+    [r1, c1] is one tile of the paper's grid of grids. Its (N')^2 entries, in float64 and then in pos_embed's dtype,
+    are checked against the memory budget before they are computed.
     """
-    gh, gw = grid_size
+    gh, gw = check_grid("grid_size", grid_size)
     prefix_rows = check_nonnegative_int("prefix_rows", prefix_rows)
     weight = pos_embed.detach().reshape(-1, pos_embed.shape[-1])[prefix_rows:]  # (N', D)
     if weight.shape[0] != gh * gw:
         raise ValueError(
             f"{weight.shape[0]} patch position embeddings (after {prefix_rows} prefix rows) do not fit a {gh}x{gw} grid"
         )
+    check_memory(
+        (gh * gw) ** 2 * (8 + pos_embed.element_size()),
+        f"the position-embedding similarity of every pair of {gh * gw:,} patches ({gh}x{gw} grid)",
+    )
     unit = F.normalize(weight.double(), dim=-1)
     return rearrange(unit @ unit.T, "(r1 c1) (r2 c2) -> r1 c1 r2 c2", r1=gh, r2=gh).to(pos_embed.dtype)
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_index
+from .._checks import check_dense_tensor, check_index
 from .._plot import new_figure
 from .._text import printable_lines
 from ..images import to_display
@@ -26,7 +26,7 @@ from ..prediction import class_name
 from .dino import DinoView
 from .record import AttentionRecorder
 from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
-from .tokens import CLASS_TOKEN
+from .tokens import CLASS_TOKEN, check_prefix_tokens
 
 PANEL_INCHES = 1.45  # one attention panel; the grid's figure size follows from it
 ATTENTION_CMAP = "inferno"
@@ -178,7 +178,15 @@ def plot_token_norms(norms: torch.Tensor, prefix_tokens: Sequence[str], *, layer
     """
     from matplotlib import colormaps
 
-    names = tuple(prefix_tokens)
+    check_dense_tensor("norms", norms)
+    names = check_prefix_tokens(prefix_tokens)
+    if norms.ndim != 3:
+        raise ValueError(f"plot_token_norms takes norms (layers, b, n), got shape {tuple(norms.shape)}")
+    if len(names) >= norms.shape[-1]:
+        raise ValueError(
+            f"{len(names)} names in prefix_tokens for norms over {norms.shape[-1]} tokens (shape "
+            f"{tuple(norms.shape)}); expected fewer names than tokens: the prefix tokens, then at least one patch"
+        )
     layers = norms.shape[0]
     layer = check_index("layer", layer, layers, f"{layers} layers of norms")
     values = norms.detach().double().cpu()
@@ -210,7 +218,15 @@ def plot_prefix_share(share: torch.Tensor, prefix_tokens: Sequence[str]):
     rest). A register or class token near 1 is an attention sink. Shapes: share (l, b, h, p). Returns a Figure."""
     from matplotlib import colormaps
 
-    names = tuple(prefix_tokens)
+    check_dense_tensor("share", share)
+    names = check_prefix_tokens(prefix_tokens)
+    if share.ndim != 4:
+        raise ValueError(f"plot_prefix_share takes share (layers, b, h, p), got shape {tuple(share.shape)}")
+    if share.shape[-1] != len(names):
+        raise ValueError(
+            f"{len(names)} names in prefix_tokens for {share.shape[-1]} prefix-token columns of share (shape "
+            f"{tuple(share.shape)}); expected one name per column"
+        )
     values = share.detach().double().cpu()
     layers = values.shape[0]
     per_head = values.mean(dim=1)  # (l, h, p)

@@ -12,7 +12,7 @@ import torch
 from einops import rearrange, reduce
 
 from .._checks import check_choice, check_dense_tensor, check_real_in_range
-from .tokens import class_index, num_patch_tokens
+from .tokens import check_grid, class_index, num_patch_tokens
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -81,7 +81,7 @@ def class_attention_grid(
 
     Shapes: (..., n, n) with n = len(prefix_tokens) + gh * gw -> (..., gh, gw).
     """
-    gh, gw = grid_size
+    gh, gw = check_grid("grid_size", grid_size)
     prefix = num_patch_tokens(attention.shape[-1], grid_size, prefix_tokens)
     row = class_index(prefix_tokens, "class_attention_grid")
     return rearrange(attention[..., row, prefix:], "... (gh gw) -> ... gh gw", gh=gh, gw=gw)
@@ -96,7 +96,7 @@ def patch_attention_grid(
 
     Shapes: (..., n, n) with n = len(prefix_tokens) + gh * gw -> (..., gh, gw).
     """
-    gh, gw = grid_size
+    gh, gw = check_grid("grid_size", grid_size)
     prefix = num_patch_tokens(attention.shape[-1], grid_size, prefix_tokens)
     received = reduce(attention[..., prefix:, prefix:], "... i j -> ... j", "mean")
     return rearrange(received, "... (gh gw) -> ... gh gw", gh=gh, gw=gw)

@@ -9,11 +9,14 @@ class token or that the grid is the config's.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
+
+from .._checks import MAX_SIZE, show_int
 
 CLASS_TOKEN = "cls"
 # What to read where a model has no class token (SigLIP): the patches' own attention, averaged over them.
@@ -32,9 +35,27 @@ def check_prefix_tokens(prefix_tokens: Any) -> tuple[str, ...]:
     return names
 
 
+def check_grid(name: str, grid: Any) -> tuple[int, int]:
+    """A patch grid (gh, gw) as a pair of Python ints: two positive ints (not bools, not floats) in a tuple, list or
+    torch.Size; a TypeError or ValueError naming ``name`` and the grid otherwise. Every tool that takes a grid reads
+    it here, so a negative grid whose product fits the tokens, or a float one, is refused before any reshape."""
+    expected = "a (gh, gw) pair of positive ints"
+    if not isinstance(grid, (tuple, list)):
+        raise TypeError(f"{name} must be {expected}, got {grid!r} of type {type(grid).__name__}")
+    if len(grid) != 2:
+        raise ValueError(f"{name} must be {expected}, got {len(grid)} values: {grid!r}")
+    for side in grid:
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+            raise TypeError(f"{name} must be {expected}, got {grid!r} (a {type(side).__name__} side)")
+    gh, gw = (int(side) for side in grid)
+    if not (0 < gh <= MAX_SIZE and 0 < gw <= MAX_SIZE):
+        raise ValueError(f"{name} must be {expected} (each at most 2**63 - 1), got ({show_int(gh)}, {show_int(gw)})")
+    return gh, gw
+
+
 def num_patch_tokens(n: int, grid_size: tuple[int, int], prefix_tokens: Sequence[str]) -> int:
     """The number of prefix tokens P, after checking that ``n`` tokens are P prefix tokens and a gh x gw grid."""
-    gh, gw = grid_size
+    gh, gw = check_grid("grid_size", grid_size)
     names = check_prefix_tokens(prefix_tokens)
     if n != len(names) + gh * gw:
         raise ValueError(
