@@ -28,7 +28,7 @@ PATCH_WEIGHT = "patch_embed.proj.weight"
 NAMED_KEYS = 5
 
 
-def _some(keys: Sequence[str]) -> str:
+def some_keys(keys: Sequence[str]) -> str:
     """The first :data:`NAMED_KEYS` of ``keys``, printable, then how many more."""
     named = ", ".join(map(printable, keys[:NAMED_KEYS]))
     return named + (f" and {len(keys) - NAMED_KEYS} more" if len(keys) > NAMED_KEYS else "")
@@ -49,9 +49,9 @@ class StateDictMismatchError(ValueError):
         # One line per kind of mismatch; the keys and source come from a file, so none may start a line of its own.
         lines = [f"{printable(source)} state dict does not match the expected layout:"]
         if missing:
-            lines.append(f"  missing keys ({len(missing)}): {_some(missing)}")
+            lines.append(f"  missing keys ({len(missing)}): {some_keys(missing)}")
         if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {_some(unexpected)}")
+            lines.append(f"  unexpected keys ({len(unexpected)}): {some_keys(unexpected)}")
         for key, (got, want) in list(mis_shaped.items())[:NAMED_KEYS]:
             lines.append(f"  mis-shaped {printable(key)}: got {tuple(got)}, expected {tuple(want)}")
         if len(mis_shaped) > NAMED_KEYS:
