@@ -231,7 +231,7 @@ def test_config_that_does_not_match_the_weights_is_reported(saved):
     record["config"]["dim"] = 32
     record["config"]["depth"] = 3
     meta.write_text(json.dumps(record))
-    with pytest.raises(CheckpointError, match=r"do not match the config.*missing \['blocks\.2\..*shape mismatches"):
+    with pytest.raises(CheckpointError, match=r"do not match the config.*missing blocks\.2\..*shape mismatches"):
         load_checkpoint(meta)
 
 

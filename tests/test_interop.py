@@ -288,7 +288,7 @@ def test_timm_layer_scale_in_some_blocks_only_names_the_missing_gammas():
 
 def test_missing_block_in_the_middle_is_named():
     theirs = {k: v for k, v in to_timm(ViT(**{**TINY, "depth": 3})).items() if not k.startswith("blocks.1.")}
-    with pytest.raises(ValueError, match=r"blocks \[1\] are missing"):
+    with pytest.raises(ValueError, match=r"the keys name 2 blocks, the largest index 2; 1 block is missing \(1\)$"):
         timm_config(theirs, heads=4)
 
 

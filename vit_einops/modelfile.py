@@ -193,7 +193,7 @@ def load_vit(
     except ValueError as err:  # a config too large for any tensor
         raise ValueError(f"{path}: {err}") from err
     check_keys(state_dict, expected, str(path))
-    state_dict = cast_weights(state_dict, str(path), dtype)
+    state_dict = cast_weights(state_dict, str(path), dtype, stored)
     config = ViTConfig.from_dict({**stored.to_dict(), **overrides})
     impl = info["attn_impl"] if attn_impl is None else attn_impl
     model = build_vit(config, convert_patchify(state_dict, config, stored.patchify, config.patchify), impl)

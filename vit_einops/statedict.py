@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ._budget import check_memory
 from ._text import printable
 from .config import ViTConfig
 from .model import ViT
@@ -23,8 +24,19 @@ FREE_FIELDS = ("dropout", "attn_dropout", "patchify", "layer_norm_eps")
 PATCH_WEIGHT = "patch_embed.proj.weight"
 
 
+# The keys of each kind a mismatch message names before it counts the rest: a planted file can miss millions.
+NAMED_KEYS = 5
+
+
+def some_keys(keys: Sequence[str]) -> str:
+    """The first :data:`NAMED_KEYS` of ``keys``, printable, then how many more."""
+    named = ", ".join(map(printable, keys[:NAMED_KEYS]))
+    return named + (f" and {len(keys) - NAMED_KEYS} more" if len(keys) > NAMED_KEYS else "")
+
+
 class StateDictMismatchError(ValueError):
-    """A state dict does not fit the expected layout; lists every missing, unexpected and mis-shaped key."""
+    """A state dict does not fit the expected layout. ``missing``, ``unexpected`` and ``mis_shaped`` hold every
+    such key; the message names the first few of each kind and counts the rest."""
 
     def __init__(
         self,
@@ -37,11 +49,13 @@ class StateDictMismatchError(ValueError):
         # One line per kind of mismatch; the keys and source come from a file, so none may start a line of its own.
         lines = [f"{printable(source)} state dict does not match the expected layout:"]
         if missing:
-            lines.append(f"  missing keys ({len(missing)}): {', '.join(map(printable, missing))}")
+            lines.append(f"  missing keys ({len(missing)}): {some_keys(missing)}")
         if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(map(printable, unexpected))}")
-        for key, (got, want) in mis_shaped.items():
+            lines.append(f"  unexpected keys ({len(unexpected)}): {some_keys(unexpected)}")
+        for key, (got, want) in list(mis_shaped.items())[:NAMED_KEYS]:
             lines.append(f"  mis-shaped {printable(key)}: got {tuple(got)}, expected {tuple(want)}")
+        if len(mis_shaped) > NAMED_KEYS:
+            lines.append(f"  and {len(mis_shaped) - NAMED_KEYS} more mis-shaped keys")
         super().__init__("\n".join(lines))
 
 
@@ -102,13 +116,38 @@ def check_weights(state_dict: Mapping[str, torch.Tensor], source: str, dtype: to
         raise ValueError(f"{source}: non-finite values (nan or inf) in {len(bad)} tensors, e.g. {bad[0]!r}")
 
 
+def declared_bytes(state_dict: Mapping[str, torch.Tensor], itemsize: int = 0) -> int:
+    """The bytes of ``state_dict``'s tensors as their shapes declare them (numel x element size, at least
+    ``itemsize`` each): what checking, casting or copying them makes, however little storage a file gave them (a
+    stride-0 view saved by torch.save stores one row of the millions it declares)."""
+    return sum(v.numel() * max(v.element_size(), itemsize) for v in state_dict.values())
+
+
+def check_loading_memory(
+    config: ViTConfig, state_dict: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype | None
+) -> None:
+    """Refuse loading ``state_dict`` into a ViT of ``config`` (the one its shapes gave) when it would not fit the
+    memory budget: the model's weights twice (the file's tensors and the model's copies, at ``dtype``'s size, else
+    the largest of theirs), and every tensor at its declared size. Arithmetic on the shapes only: no tensor is read."""
+    itemsize = dtype.itemsize if dtype is not None else max((v.element_size() for v in state_dict.values()), default=4)
+    check_model_memory(config, itemsize, copies=2, action="loading")
+    check_memory(
+        declared_bytes(state_dict, itemsize),
+        f"holding the {len(state_dict)} tensor{'s' * (len(state_dict) != 1)} from {printable(source)} at their "
+        "declared sizes (numel x element size)",
+    )
+
+
 def cast_weights(
-    state_dict: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype | None
+    state_dict: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype | None, config: ViTConfig
 ) -> dict[str, torch.Tensor]:
-    """:func:`check_weights`, then every tensor cast to ``dtype`` (None keeps them as they are)."""
+    """:func:`check_loading_memory` against ``config``, :func:`check_weights`, then every tensor cast to ``dtype``
+    (None keeps them as they are). Every loader of weights comes through here between reading a file's shapes and
+    touching its values, so the memory a file's shapes declare is judged before any of it is made."""
     if dtype is not None and (not isinstance(dtype, torch.dtype) or dtype not in MODEL_DTYPES):
         raise TypeError(f"dtype must be torch.float16, bfloat16, float32, float64 or None, got {dtype!r}")
     state_dict = check_state_dict(state_dict, source)
+    check_loading_memory(config, state_dict, source, dtype)
     check_weights(state_dict, source, dtype)
     return state_dict if dtype is None else {k: v.to(dtype) for k, v in state_dict.items()}
 

@@ -275,7 +275,7 @@ def load_hf(
         raise ValueError(f"{err}{hf_names(str(err))}") from err
     itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
     check_model_memory(config, itemsize, copies=2, action="loading")
-    state_dict = cast_weights(load_state_dict_file(weights), str(weights), dtype)
+    state_dict = cast_weights(load_state_dict_file(weights), str(weights), dtype, config)
     model = build_vit(config, from_family(state_dict, config, family), attn_impl)
     names = id2label(hf)
     classifier = family.architecture in CLASSIFIERS

@@ -41,15 +41,52 @@ def require(state_dict: Mapping[str, torch.Tensor], key: str, ndim: int, source:
     return tensor
 
 
+# Block indices with more digits than this are beyond any depth a file can describe; int() is not even asked
+# to read them (it refuses over 4,300 digits).
+_INDEX_DIGITS = 30
+# The missing blocks a message names before it counts the rest.
+_NAMED = 3
+
+
 def count_blocks(state_dict: Mapping[str, torch.Tensor], pattern: str, source: str) -> int:
-    """L, from the block indices in keys matching ``pattern`` (one group: the index); they must run 0..L-1."""
-    indices = {int(m.group(1)) for k in state_dict if (m := re.match(pattern, k))}
-    if not indices:
+    """L, from the block indices in keys matching ``pattern`` (one group: the index); they must run 0..L-1.
+
+    A file names each of its blocks, so L is the number of indices present: a stray index in the billions is
+    refused here, in one line that names a few of the missing blocks and counts the rest, before a model of that
+    depth is laid out or its keys listed."""
+    digits = {m.group(1).lstrip("0") or "0" for k in state_dict if (m := re.match(pattern, k))}
+    if not digits:
         raise ValueError(f"{source} state dict has no encoder blocks (no key matches {pattern!r})")
-    if indices != set(range(len(indices))):
-        gaps = sorted(set(range(max(indices) + 1)) - indices)
-        raise ValueError(f"{source} encoder block indices are not 0..{max(indices)}: blocks {gaps} are missing")
-    return len(indices)
+    giant = max((d for d in digits if len(d) > _INDEX_DIGITS), key=len, default=None)
+    indices = {int(d) for d in digits if len(d) <= _INDEX_DIGITS}
+    if giant is None and indices == set(range(len(indices))):
+        return len(indices)
+    present = len(digits)
+    largest = None if giant is not None else max(indices)
+    # The first _NAMED indices below the largest that no key names lie among the first present + _NAMED.
+    end = present + _NAMED if largest is None else min(largest, present + _NAMED)
+    named = [i for i in range(end) if i not in indices][:_NAMED]
+    if giant is not None:  # 10**(n-1) or more: too many digits to print the count
+        index, missing, more = f"has {len(giant)} digits", f"over 10**{len(giant) - 1:,} blocks are", " and more"
+    else:
+        count = largest + 1 - present
+        index, missing = str(largest), f"{count:,} block{'s are' if count > 1 else ' is'}"
+        more = f" and {count - len(named):,} more" if count > len(named) else ""
+    raise ValueError(
+        f"{source} encoder block indices are not 0..L-1: the keys name {present} blocks, the largest index "
+        f"{index}; {missing} missing ({', '.join(map(str, named))}{more})"
+    )
+
+
+def check_pos_rows(pos: torch.Tensor, key: str, prefix: int, source: str) -> None:
+    """ValueError unless the position table ``pos`` (1, rows, D) has a row for each of its ``prefix`` tokens and at
+    least one patch: with fewer, the patch grid would have no cells (or fewer than none) to take the side of."""
+    rows = pos.shape[1]
+    if rows < prefix + 1:
+        tokens = f"{prefix} prefix token{'s' * (prefix != 1)} and 1 patch" if prefix else "1 patch"
+        raise ValueError(
+            f"{source} {key} of shape {tuple(pos.shape)} has {rows} rows: expected at least {prefix + 1} ({tokens})"
+        )
 
 
 def infer_heads(dim: int, heads: int | None) -> int:

@@ -39,6 +39,7 @@ from ..preprocess import Preprocessing
 from .io import load_state_dict_file
 from .keys import (
     KeyLayout,
+    check_pos_rows,
     count_blocks,
     infer_heads,
     infer_image_size,
@@ -195,6 +196,7 @@ def _config_from_keys(
         )
     elif not isinstance(pos_embed_prefix, bool):
         raise TypeError(f"pos_embed_prefix must be a bool or None, got {type(pos_embed_prefix).__name__}")
+    check_pos_rows(pos, "pos_embed", prefix * pos_embed_prefix, SOURCE)
     return ViTConfig(
         image_size=infer_image_size(pos.shape[1] - prefix * pos_embed_prefix, tuple(patch), image_size, SOURCE),
         patch_size=tuple(patch),
@@ -441,7 +443,7 @@ def load_timm(
         dynamic_size=dynamic_size,
         **overrides,
     )
-    model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype), config), attn_impl)
+    model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype, config), config), attn_impl)
     # The family's own (DINOv2's ImageNet mean/std, CLIP's, SigLIP's), else the augreg ViTs' crop_pct 0.9, bicubic, 0.5
     family = timm_preprocessing(arch, config.image_size) if arch is not None else None
     model.preprocessing = family or Preprocessing.timm(crop=config.image_size)

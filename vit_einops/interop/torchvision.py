@@ -27,6 +27,7 @@ from ..preprocess import Preprocessing
 from .io import load_state_dict_file
 from .keys import (
     KeyLayout,
+    check_pos_rows,
     count_blocks,
     infer_heads,
     infer_image_size,
@@ -93,6 +94,7 @@ def torchvision_config(
     fc1 = require(state_dict, "encoder.layers.encoder_layer_0.mlp.0.weight", 2, SOURCE)
     head = require(state_dict, "heads.head.weight", 2, SOURCE)
     pre_logits = state_dict.get("heads.pre_logits.weight")
+    check_pos_rows(pos, "encoder.pos_embedding", 1, SOURCE)
     return ViTConfig(
         image_size=infer_image_size(pos.shape[1] - 1, tuple(patch), image_size, SOURCE),
         patch_size=tuple(patch),
@@ -177,7 +179,7 @@ def load_torchvision(
     """
     state_dict = source if isinstance(source, Mapping) else load_state_dict_file(source)
     config = torchvision_config(state_dict, heads=heads, image_size=image_size, **overrides)
-    model = build_vit(config, from_torchvision(cast_weights(state_dict, SOURCE, dtype), config), attn_impl)
+    model = build_vit(config, from_torchvision(cast_weights(state_dict, SOURCE, dtype, config), config), attn_impl)
     model.preprocessing = Preprocessing.torchvision(crop=config.image_size)
     model.source = {"library": SOURCE, "file": None if isinstance(source, Mapping) else str(source)}
     assume_imagenet_names(model)  # the file holds no names; 1000 logits are ImageNet-1k's

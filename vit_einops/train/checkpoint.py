@@ -34,7 +34,15 @@ from ..attention import stored_attn_impl
 from ..config import ViTConfig
 from ..model import ViT
 from ..sizes import check_file_holds
-from ..statedict import StateDictMismatchError, check_keys, check_weights, expected_shapes, safetensors_bytes
+from ..statedict import (
+    NAMED_KEYS,
+    StateDictMismatchError,
+    check_keys,
+    check_weights,
+    expected_shapes,
+    safetensors_bytes,
+    some_keys,
+)
 from .rundir import CHECKPOINT_FILES, CheckpointError
 from .rundir import CHECKPOINT_FORMAT as FORMAT
 from .rundir import CHECKPOINT_META as META_NAME
@@ -354,12 +362,13 @@ def _check_weights_match_config(
     except StateDictMismatchError as err:
         problems = []
         if err.missing:
-            problems.append(f"missing {sorted(err.missing)}")
+            problems.append(f"missing {some_keys(sorted(err.missing))}")
         if err.unexpected:
-            problems.append(f"unexpected {sorted(err.unexpected)}")
+            problems.append(f"unexpected {some_keys(sorted(err.unexpected))}")
         if err.mis_shaped:
             shapes = [f"{k}: {got} vs config {want}" for k, (got, want) in sorted(err.mis_shaped.items())]
-            problems.append("shape mismatches " + "; ".join(shapes))
+            more = f"; and {len(shapes) - NAMED_KEYS} more" if len(shapes) > NAMED_KEYS else ""
+            problems.append("shape mismatches " + "; ".join(shapes[:NAMED_KEYS]) + more)
         raise CheckpointError(
             f"weights in {weights_path} do not match the config in {meta_path}: " + ", ".join(problems)
         ) from err
