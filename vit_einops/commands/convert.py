@@ -60,6 +60,7 @@ def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
     )
     from .._io import check_directory_output, check_file_output
     from ..interop.hf import HF_FILES
+    from ..interop.hf_families import PROCESSORS, target_family
     from ..modelfile import save_vit
 
     if args.target == "hf":
@@ -81,9 +82,13 @@ def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
             print(f"  preprocessing {json.dumps(model.preprocessing.to_dict())}")
     elif args.target == "hf":
         save_hf(model, dst, overwrite=args.force)
-        print(f"wrote {printable(dst)}/: Hugging Face ViT (config.json, model.safetensors)")
-        if not (dst / "preprocessor_config.json").exists():
-            print("  no preprocessor_config.json: ViTImageProcessor cannot express this model's resize + crop")
+        family = target_family(model.config)
+        files = "config.json, model.safetensors"
+        if model.preprocessing is not None:
+            files += f", preprocessor_config.json for {PROCESSORS[family.model_types[0]]}"
+        print(f"wrote {printable(dst)}/: Hugging Face {family.architecture} ({files})")
+        if model.preprocessing is not None and model.preprocessing.backend == "pil":
+            print('  it resizes with PIL: load the processor with AutoImageProcessor.from_pretrained(DST, backend="pil")')
     else:
         if args.target == "torchvision":
             builder = f"torchvision.models.VisionTransformer(**{torchvision_kwargs(model.config)})"
