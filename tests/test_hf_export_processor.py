@@ -5,6 +5,7 @@ of these files is in tests/test_interop_hf_processor.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -94,11 +95,10 @@ def test_every_field_is_written_so_that_no_class_default_applies():
     }
 
 
-def test_nearest_resampling_is_refused_by_name_and_nothing_is_written(tmp_path):
-    model = _model("Dinov2Model", Preprocessing(18, (16, 16), "nearest", IMAGENET_MEAN, IMAGENET_STD, "torch"))
+def test_nearest_resampling_is_refused_by_name():
+    p = Preprocessing(18, (16, 16), "nearest", IMAGENET_MEAN, IMAGENET_STD, "torch")
     with pytest.raises(ValueError, match="BitImageProcessor cannot express .*resample 0 resizes with nearest-exact"):
-        save_hf(model, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
+        preprocessing_to_hf(p, "BitImageProcessor")
 
 
 def test_an_unknown_processor_is_named():
@@ -122,15 +122,31 @@ def test_convert_names_the_class_and_processor_it_wrote(capsys, tmp_path, arch):
     ]
 
 
-def test_convert_of_a_pil_preprocessing_says_how_transformers_resizes_the_same_way(capsys, tmp_path):
-    timm_style = Preprocessing(18, (16, 16), "bicubic", IMAGENET_MEAN, IMAGENET_STD, "pil")
-    lines = _convert(capsys, tmp_path, "Dinov2Model", timm_style)
-    assert lines[0].endswith("Hugging Face Dinov2Model (config.json, model.safetensors, preprocessor_config.json "
-                             "for BitImageProcessor)")
-    assert lines[1] == (
+def test_convert_of_a_pil_resize_says_how_transformers_resizes_the_same_way(capsys, tmp_path):
+    timm_style = Preprocessing((16, 16), None, "bicubic", HALF, HALF, "pil")
+    lines = _convert(capsys, tmp_path, "SiglipVisionModel", timm_style)
+    assert lines[1:] == [
         '  it resizes with PIL: load the processor with AutoImageProcessor.from_pretrained(DST, backend="pil")'
-    )
-    written = json.loads((tmp_path / "hf" / "preprocessor_config.json").read_text())
-    assert (written["size"], written["crop_size"], written["resample"]) == (
-        {"shortest_edge": 18}, {"height": 16, "width": 16}, 3
-    )
+    ]
+    assert load_hf(tmp_path / "hf").preprocessing == dataclasses.replace(timm_style, backend="torch")
+
+
+@pytest.mark.parametrize(
+    ("preprocessing", "words"),
+    [
+        (
+            Preprocessing(18, (16, 16), "bicubic", IMAGENET_MEAN, IMAGENET_STD, "pil"),
+            "its crop_size centres an odd margin as transformers does, not as torchvision and timm do",
+        ),
+        (
+            Preprocessing(18, (16, 16), "nearest", IMAGENET_MEAN, IMAGENET_STD, "torch"),
+            "its resample 0 resizes with nearest-exact, not nearest",
+        ),
+    ],
+)
+def test_convert_writes_no_processor_it_cannot_express_and_says_which_field(capsys, tmp_path, preprocessing, words):
+    lines = _convert(capsys, tmp_path, "Dinov2Model", preprocessing)
+    assert lines[0].endswith("Hugging Face Dinov2Model (config.json, model.safetensors)")
+    assert lines[1].startswith("  no preprocessor_config.json: BitImageProcessor cannot express Preprocessing(")
+    assert words in lines[1] and len(lines) == 2
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]

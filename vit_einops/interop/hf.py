@@ -224,8 +224,9 @@ def preprocessing_to_hf(preprocessing: Preprocessing, processor: str = "ViTImage
     written, so no class default applies (BitImageProcessor's crop, CLIP's mean). transformers resizes with torch by
     default, and with PIL given ``backend="pil"``: the file is the same for both.
 
-    ValueError naming the field a processor cannot express: nearest resampling, which transformers does as
-    nearest-exact."""
+    ValueError naming the field a processor cannot express: nearest resampling (transformers' is nearest-exact),
+    and a crop after a PIL resize (transformers puts an odd margin's extra pixel below and right, torchvision and timm
+    above and left half the time; the ``torch`` backend crops as transformers does)."""
     if not isinstance(preprocessing, Preprocessing):
         raise TypeError(f"preprocessing must be a vit_einops Preprocessing, got {type(preprocessing).__name__}")
     if processor not in PROCESSORS.values():
@@ -235,6 +236,11 @@ def preprocessing_to_hf(preprocessing: Preprocessing, processor: str = "ViTImage
         raise ValueError(
             f"{processor} cannot express {p}: its resample 0 resizes with nearest-exact, not nearest; "
             f"use bilinear or bicubic"
+        )
+    if p.backend == "pil" and p.crop is not None:
+        raise ValueError(
+            f"{processor} cannot express {p}: its crop_size centres an odd margin as transformers does, not as "
+            f"torchvision and timm do after a PIL resize"
         )
     size = {"shortest_edge": p.resize} if isinstance(p.resize, int) else {"height": p.resize[0], "width": p.resize[1]}
     crop = {} if p.crop is None else {"crop_size": {"height": p.crop[0], "width": p.crop[1]}}
@@ -311,12 +317,25 @@ def _json_bytes(data: dict[str, Any]) -> bytes:
     return (json.dumps(data, indent=2) + "\n").encode()
 
 
+def hf_processor(model: ViT) -> tuple[dict[str, Any] | None, str]:
+    """(preprocessor_config.json, "") for ``model``'s preprocessing, written for its family's image processor
+    (:data:`~vit_einops.interop.hf_families.PROCESSORS`: BitImageProcessor for DINOv2, CLIPImageProcessor,
+    SiglipImageProcessor, DeiTImageProcessor, ViTImageProcessor); (None, why not) when it has none, or when that
+    processor cannot express it (:func:`preprocessing_to_hf`'s message, naming the field)."""
+    if model.preprocessing is None:
+        return None, "the model has no preprocessing"
+    processor = PROCESSORS[target_family(model.config).model_types[0]]
+    try:
+        return preprocessing_to_hf(model.preprocessing, processor), ""
+    except ValueError as err:
+        return None, str(err)
+
+
 def save_hf(model: ViT, directory: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write ``model`` as a directory that transformers loads as the architecture :func:`to_hf` names
     (``from_pretrained``): config.json, model.safetensors and, when the model has a preprocessing, the
-    preprocessor_config.json of that family's image processor (:data:`~vit_einops.interop.hf_families.PROCESSORS`:
-    BitImageProcessor for DINOv2, CLIPImageProcessor, SiglipImageProcessor, DeiTImageProcessor, ViTImageProcessor),
-    as :func:`preprocessing_to_hf` writes it; its ValueError is raised before anything is written.
+    preprocessor_config.json of that family's image processor that :func:`hf_processor` makes, unless it says why
+    that processor cannot express the preprocessing.
 
     The directory is written as one unit (:func:`vit_einops._io.staged_directory`): a kill leaves the whole old
     directory or the whole new one, and a file of the old one that the new one lacks is gone. An existing non-empty
@@ -324,8 +343,8 @@ def save_hf(model: ViT, directory: str | os.PathLike, *, overwrite: bool = False
     directory = Path(directory)
     state, hf_cfg = to_hf(model)
     files = {WEIGHT_FILES[0]: safetensors_bytes(state, {"format": "pt"}), CONFIG_NAME: _json_bytes(hf_cfg)}
-    if model.preprocessing is not None:
-        processor = preprocessing_to_hf(model.preprocessing, PROCESSORS[hf_cfg["model_type"]])
+    processor, _ = hf_processor(model)
+    if processor is not None:
         files[PROCESSOR_NAME] = _json_bytes(processor)
     with staged_directory(directory, owned=HF_FILES, replace=overwrite) as staging:
         for name, data in files.items():
