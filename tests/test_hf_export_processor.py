@@ -126,7 +126,7 @@ def test_convert_of_a_pil_resize_says_how_transformers_resizes_the_same_way(caps
     timm_style = Preprocessing((16, 16), None, "bicubic", HALF, HALF, "pil")
     lines = _convert(capsys, tmp_path, "SiglipVisionModel", timm_style)
     assert lines[1:] == [
-        '  it resizes with PIL: load the processor with AutoImageProcessor.from_pretrained(DST, backend="pil")'
+        '  it resizes with PIL: load it with AutoImageProcessor.from_pretrained(DST, backend="pil")'
     ]
     assert load_hf(tmp_path / "hf").preprocessing == dataclasses.replace(timm_style, backend="torch")
 

@@ -88,9 +88,9 @@ def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
             files += f", preprocessor_config.json for {processor['image_processor_type']}"
         print(f"wrote {printable(dst)}/: Hugging Face {target_family(model.config).architecture} ({files})")
         if processor is None:
-            print(f"  no preprocessor_config.json: {why_not}")
+            print(f"  no preprocessor_config.json: {printable(why_not)}")
         elif model.preprocessing.backend == "pil":
-            print('  it resizes with PIL: load the processor with AutoImageProcessor.from_pretrained(DST, backend="pil")')
+            print('  it resizes with PIL: load it with AutoImageProcessor.from_pretrained(DST, backend="pil")')
     else:
         if args.target == "torchvision":
             builder = f"torchvision.models.VisionTransformer(**{torchvision_kwargs(model.config)})"
