@@ -9,7 +9,9 @@ import dataclasses
 import json
 
 import pytest
+import torch
 from _tiny import TINY_RGB16, tiny_vit
+from PIL import Image
 
 from vit_einops.cli import main
 from vit_einops.interop import load_hf, preprocessing_from_hf, preprocessing_to_hf, save_hf
@@ -71,6 +73,7 @@ def test_each_family_writes_its_own_processor_and_reads_back_the_same_preprocess
     directory = save_hf(model, tmp_path / arch)
     written = json.loads((directory / "preprocessor_config.json").read_text())
     assert written["image_processor_type"] == EXPORTS[arch][2]
+    assert written["do_center_crop"] is (model.preprocessing.crop is not None)  # never the class's default
     assert json.loads((directory / "config.json").read_text())["architectures"] == [arch]
     assert preprocessing_from_hf(written) == model.preprocessing
     assert load_hf(directory).preprocessing == model.preprocessing
@@ -93,6 +96,16 @@ def test_every_field_is_written_so_that_no_class_default_applies():
         "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5],
     }
+
+
+@pytest.mark.parametrize(("backend", "offset"), [("torch", 1), ("pil", 2)])
+def test_a_crop_of_an_odd_margin_is_centred_as_transformers_does_after_a_torch_resize(backend, offset):
+    """11 px cropped to 8: transformers' processors start at floor(3 / 2) = 1, torchvision and timm at round(1.5)."""
+    pixels = torch.arange(11 * 11, dtype=torch.uint8).view(1, 11, 11)
+    image = Image.fromarray(pixels[0].numpy())  # mode L
+    p = Preprocessing((11, 11), (8, 8), "bilinear", (0.0,), (1.0,), backend)
+    window = pixels[:, offset : offset + 8, offset : offset + 8]
+    assert torch.equal(p(image), window.float() / 255)
 
 
 def test_nearest_resampling_is_refused_by_name():
