@@ -97,7 +97,10 @@ def unrendered(monkeypatch):
 
 @pytest.fixture
 def model_file(tmp_path):
-    return save_vit(digits_model(), tmp_path / "m.safetensors")
+    """The digits model, its preprocessing a crop after a PIL resize: no Hugging Face image processor does it
+    exactly, so its HF directory holds no preprocessor_config.json (hf_dir's has one)."""
+    crop_after_pil_resize = Preprocessing(9, (8, 8), mean=(0.0,), std=(1.0,))
+    return save_vit(digits_model(crop_after_pil_resize), tmp_path / "m.safetensors")
 
 
 @pytest.fixture
@@ -517,7 +520,7 @@ def test_hf_and_inspect_remove_their_staging_directories(tmp_path, model_file, c
 
 
 def test_convert_to_hf_force_removes_the_old_directorys_other_files(tmp_path, hf_dir, model_file, capsys):
-    """The new model's preprocessing has no ViTImageProcessor form: the old preprocessor_config.json must go, or
+    """The new model's preprocessing has no image processor form: the old preprocessor_config.json must go, or
     the directory would pair the new weights with the old preprocessing."""
     assert cli(capsys, "convert", model_file, hf_dir, "--to", "hf", "--force")[0] == 0
     assert sorted(os.listdir(hf_dir)) == ["config.json", "model.safetensors"]

@@ -55,8 +55,9 @@ class Preprocessing:
             every resized image: no side larger than ``resize``'s (a crop past the image would pad it with black).
         interpolation: "bilinear", "bicubic" or "nearest".
         mean, std: per-channel normalisation, one value per input channel (1 for grey, 3 for RGB).
-        backend: "pil" resizes with PIL (as torchvision and timm do on PIL images); "torch" resizes a uint8 tensor
-            with ``torch.nn.functional.interpolate(antialias=True)`` (as transformers 5's image processors do).
+        backend: "pil" resizes with PIL and centre-crops as torchvision and timm do on PIL images; "torch" resizes
+            a uint8 tensor with ``torch.nn.functional.interpolate(antialias=True)`` and centre-crops as transformers
+            5's image processors do (an odd margin's extra pixel below and right).
     """
 
     resize: int | tuple[int, int]
@@ -348,6 +349,8 @@ def _center_crop(image: Any, crop: tuple[int, int]) -> Any:
 
 
 def _center_crop_tensor(x: torch.Tensor, crop: tuple[int, int]) -> torch.Tensor:
+    """transformers' centre crop (both its backends): an odd margin's extra pixel goes below and right, where
+    torchvision's rounding (:func:`_crop_box`) puts it above and left half the time."""
     ch, cw = crop
-    top, left = _crop_box(x.shape[-2], x.shape[-1], crop)
+    top, left = (x.shape[-2] - ch) // 2, (x.shape[-1] - cw) // 2
     return x[..., top : top + ch, left : left + cw]

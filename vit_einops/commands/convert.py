@@ -59,7 +59,8 @@ def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
         torchvision_kwargs,
     )
     from .._io import check_directory_output, check_file_output
-    from ..interop.hf import HF_FILES
+    from ..interop.hf import HF_FILES, hf_processor
+    from ..interop.hf_families import target_family
     from ..modelfile import save_vit
 
     if args.target == "hf":
@@ -81,9 +82,15 @@ def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
             print(f"  preprocessing {json.dumps(model.preprocessing.to_dict())}")
     elif args.target == "hf":
         save_hf(model, dst, overwrite=args.force)
-        print(f"wrote {printable(dst)}/: Hugging Face ViT (config.json, model.safetensors)")
-        if not (dst / "preprocessor_config.json").exists():
-            print("  no preprocessor_config.json: ViTImageProcessor cannot express this model's resize + crop")
+        processor, why_not = hf_processor(model)
+        files = "config.json, model.safetensors"
+        if processor is not None:
+            files += f", preprocessor_config.json for {processor['image_processor_type']}"
+        print(f"wrote {printable(dst)}/: Hugging Face {target_family(model.config).architecture} ({files})")
+        if processor is None:
+            print(f"  no preprocessor_config.json: {printable(why_not)}")
+        elif model.preprocessing.backend == "pil":
+            print('  it resizes with PIL: load it with AutoImageProcessor.from_pretrained(DST, backend="pil")')
     else:
         if args.target == "torchvision":
             builder = f"torchvision.models.VisionTransformer(**{torchvision_kwargs(model.config)})"

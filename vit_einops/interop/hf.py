@@ -36,6 +36,7 @@ from ..preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocessing
 from ..sizes import check_file_holds, check_model_memory
 from .hf_families import (
     FAMILIES,
+    PROCESSORS,
     family_config,
     family_of,
     from_family,
@@ -217,23 +218,39 @@ def _flag(cfg: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
-def preprocessing_to_hf(preprocessing: Preprocessing) -> dict[str, Any]:
-    """A ``preprocessor_config.json`` for transformers' ViTImageProcessor (exact resize, no crop, torch backend);
-    ValueError for a preprocessing it cannot express."""
+def preprocessing_to_hf(preprocessing: Preprocessing, processor: str = "ViTImageProcessor") -> dict[str, Any]:
+    """A ``preprocessor_config.json`` for transformers' image processor ``processor`` (one of
+    :data:`~vit_einops.interop.hf_families.PROCESSORS`' values) that does what ``preprocessing`` does. Every field is
+    written, so no class default applies (BitImageProcessor's crop, CLIP's mean). transformers resizes with torch by
+    default, and with PIL given ``backend="pil"``: the file is the same for both.
+
+    ValueError naming the field a processor cannot express: nearest resampling (transformers' is nearest-exact),
+    and a crop after a PIL resize (transformers puts an odd margin's extra pixel below and right, torchvision and timm
+    above and left half the time; the ``torch`` backend crops as transformers does)."""
     if not isinstance(preprocessing, Preprocessing):
         raise TypeError(f"preprocessing must be a vit_einops Preprocessing, got {type(preprocessing).__name__}")
+    if processor not in PROCESSORS.values():
+        raise ValueError(f"processor {processor!r} is not one of {sorted(set(PROCESSORS.values()))}")
     p = preprocessing
-    if not isinstance(p.resize, tuple) or p.crop is not None or p.backend != "torch":
+    if p.interpolation == "nearest":
         raise ValueError(
-            f"{p} resizes the shorter side and/or crops with PIL, which ViTImageProcessor cannot express "
-            f"(it resizes to an exact size with torch, and has no crop)"
+            f"{processor} cannot express {p}: its resample 0 resizes with nearest-exact, not nearest; "
+            f"use bilinear or bicubic"
         )
-    codes = {name: code for code, name in _RESAMPLE.items()}
+    if p.backend == "pil" and p.crop is not None:
+        raise ValueError(
+            f"{processor} cannot express {p}: its crop_size centres an odd margin as transformers does, not as "
+            f"torchvision and timm do after a PIL resize"
+        )
+    size = {"shortest_edge": p.resize} if isinstance(p.resize, int) else {"height": p.resize[0], "width": p.resize[1]}
+    crop = {} if p.crop is None else {"crop_size": {"height": p.crop[0], "width": p.crop[1]}}
     return {
-        "image_processor_type": "ViTImageProcessor",
+        "image_processor_type": processor,
         "do_resize": True,
-        "size": {"height": p.resize[0], "width": p.resize[1]},
-        "resample": codes[p.interpolation],
+        "size": size,
+        "resample": {name: code for code, name in _RESAMPLE.items()}[p.interpolation],
+        "do_center_crop": p.crop is not None,
+        **crop,
         "do_rescale": True,
         "rescale_factor": 1 / 255,
         "do_normalize": True,
@@ -300,23 +317,33 @@ def _json_bytes(data: dict[str, Any]) -> bytes:
     return (json.dumps(data, indent=2) + "\n").encode()
 
 
+def hf_processor(model: ViT) -> tuple[dict[str, Any] | None, str]:
+    """(preprocessor_config.json, "") for ``model``'s preprocessing, written for its family's image processor
+    (:data:`~vit_einops.interop.hf_families.PROCESSORS`: BitImageProcessor for DINOv2, CLIPImageProcessor,
+    SiglipImageProcessor, DeiTImageProcessor, ViTImageProcessor); (None, why not) when it has none, or when that
+    processor cannot express it (:func:`preprocessing_to_hf`'s message, naming the field)."""
+    if model.preprocessing is None:
+        return None, "the model has no preprocessing"
+    processor = PROCESSORS[target_family(model.config).model_types[0]]
+    try:
+        return preprocessing_to_hf(model.preprocessing, processor), ""
+    except ValueError as err:
+        return None, str(err)
+
+
 def save_hf(model: ViT, directory: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Write ``model`` as a directory that ``transformers.ViTForImageClassification.from_pretrained`` (or
-    ``ViTModel``, for a model with a pooler and no classifier) loads: config.json, model.safetensors and, when the
-    model's preprocessing is ViTImageProcessor-shaped, preprocessor_config.json.
+    """Write ``model`` as a directory that transformers loads as the architecture :func:`to_hf` names
+    (``from_pretrained``): config.json, model.safetensors and, when the model has a preprocessing, the
+    preprocessor_config.json of that family's image processor that :func:`hf_processor` makes, unless it says why
+    that processor cannot express the preprocessing.
 
     The directory is written as one unit (:func:`vit_einops._io.staged_directory`): a kill leaves the whole old
     directory or the whole new one, and a file of the old one that the new one lacks is gone. An existing non-empty
     directory is refused unless ``overwrite``; one that holds any other file is refused even then."""
     directory = Path(directory)
     state, hf_cfg = to_hf(model)
-    processor = None
-    if model.preprocessing is not None:
-        try:
-            processor = preprocessing_to_hf(model.preprocessing)
-        except ValueError:
-            processor = None  # torchvision/timm-style resize + crop: no ViTImageProcessor equivalent
     files = {WEIGHT_FILES[0]: safetensors_bytes(state, {"format": "pt"}), CONFIG_NAME: _json_bytes(hf_cfg)}
+    processor, _ = hf_processor(model)
     if processor is not None:
         files[PROCESSOR_NAME] = _json_bytes(processor)
     with staged_directory(directory, owned=HF_FILES, replace=overwrite) as staging:
