@@ -113,8 +113,8 @@ def timm_config(
             no tensor holds (heads, act, layer_norm_eps, image size, pooling, LayerScale's init) come from its entry
             in :data:`vit_einops.presets.TIMM_ARCHS`, and the ones the tensors fix must agree with it (a ValueError
             names each field that differs). A tag after the dot fixes the classes too. The arguments below, when
-            given, replace the arch's. None: the arch the tensors determine, if they
-            determine one (a ValueError lists the candidates where they do not).
+            given, replace the arch's. None: the arch the tensors determine, if they determine one (a ValueError
+            lists the candidates where they do not).
         heads: h; not stored in any shape, so by default the arch's, else Table 1's value for the width D.
         image_size: the checkpoint's (H, W); by default the arch's, else a square grid.
         global_pool: the timm model's ``global_pool``: "token", "avg" or "map". "map" is read off the keys
