@@ -148,11 +148,15 @@ def test_layer_scale_models_are_refused_by_torchvision_and_hf():
         torchvision_kwargs(model.config)
 
 
+# What no tensor holds, told: a file with registers or LayerScale that fits no timm arch is refused without it.
+TOLD = dict(heads=4, act="gelu", layer_norm_eps=1e-6)
+
+
 def test_timm_keys_tell_registers_layer_scale_and_the_position_layout():
     """timm_config on a state dict of our own export: each option is read back from the keys and shapes alone."""
     for registers, prefix in ((0, True), (R, True), (R, False), (0, False)):
         model = tiny_vit(TINY_RGB16, register_tokens=registers, pos_embed_prefix=prefix, layer_scale=1e-5)
-        read = timm_config(to_timm(model), heads=4)
+        read = timm_config(to_timm(model), **TOLD)
         assert read == model.config
 
 
@@ -161,9 +165,9 @@ def test_timm_position_rows_that_fit_both_layouts_ask_for_the_image_size():
     model = tiny_vit(TINY_RGB16, image_size=12, register_tokens=4, pos_embed_prefix=False)
     state = to_timm(model)
     with pytest.raises(ValueError, match="the timm pos_embed has 9 rows: a square grid both with"):
-        timm_config(state, heads=4)
-    assert timm_config(state, heads=4, image_size=12) == model.config
-    assert timm_config(state, heads=4, pos_embed_prefix=False) == model.config
+        timm_config(state, **TOLD)
+    assert timm_config(state, **TOLD, image_size=12) == model.config
+    assert timm_config(state, **TOLD, pos_embed_prefix=False) == model.config
 
 
 def test_a_plain_timm_vit_keeps_the_papers_layout_unless_told():

@@ -95,8 +95,11 @@ def test_create_vit_builds_each_arch_and_arch_reads_it_back(name):
 def test_arch_supplies_what_no_key_holds():
     """Quick-GELU, eps 1e-5, h 12 and DeiT III's init 1e-6 are nowhere in the tensors: arch= tells them."""
     clip = _timm_shapes("vit_base_patch16_clip_quickgelu_224")
-    plain = timm_config(clip)
-    assert (plain.act, plain.layer_norm_eps) == ("gelu", 1e-6)
+    with pytest.raises(ValueError, match=r"fits 2 of timm's architectures, which differ in what no tensor holds: "
+                       r"vit_base_patch16_clip_224 \(act 'gelu', its preprocessing\), "
+                       r"vit_base_patch16_clip_quickgelu_224 \(act 'quick_gelu', its preprocessing\)\. Name the one "
+                       r"it is: arch=NAME \(on the command line, --arch NAME\)$"):  # fmt: skip
+        timm_config(clip)
     told = timm_config(clip, arch="vit_base_patch16_clip_quickgelu_224")
     assert (told.act, told.layer_norm_eps, told.heads, told.pre_norm, told.patch_bias) == ("quick_gelu", 1e-5, 12,
                                                                                           True, False)  # fmt: skip
@@ -213,8 +216,9 @@ def test_summary_counts_a_family_at_its_own_size_and_classes(name, capsys):
 
 def test_a_family_loaded_by_arch_reads_photos_as_timm_does_for_it(monkeypatch):
     """load_timm(arch=) records the family's preprocessing, not the augreg ViTs' mean = std = 0.5: a DINOv2 file
-    normalises with ImageNet's mean and std at crop_pct 1.0, CLIP's with OpenAI's at 0.9; without arch= the augreg
-    default stays (the file cannot tell). The two archs are shrunk in the table, so their files are tiny."""
+    normalises with ImageNet's mean and std at crop_pct 1.0, CLIP's with OpenAI's at 0.9; without arch=,
+    the tensors name the family just as well (each fits one arch alone). The two archs are shrunk in the table, so
+    their files are tiny."""
     small = dict(dim=32, depth=1, heads=2, mlp_dim=64)
     for name, size, mean, resize in (
         ("vit_small_patch14_reg4_dinov2", 56, (0.485, 0.456, 0.406), 56),
@@ -225,4 +229,7 @@ def test_a_family_loaded_by_arch_reads_photos_as_timm_does_for_it(monkeypatch):
         loaded = load_timm(to_timm(model), arch=name)
         assert loaded.preprocessing == model.preprocessing
         assert (loaded.preprocessing.mean, loaded.preprocessing.resize) == (mean, resize)
-        assert load_timm(to_timm(model), heads=2).preprocessing.mean == (0.5, 0.5, 0.5)
+        detected = load_timm(to_timm(model))
+        assert (detected.preprocessing, detected.source["arch"], detected.config) == (
+            model.preprocessing, name, model.config
+        )

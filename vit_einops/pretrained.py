@@ -227,10 +227,13 @@ def weights_url(name: str) -> str:
 
 
 def _offline_hint(name: str, url: str, reason: str, file: str) -> str:
+    # A timm file's tensors do not tell every field (heads, act, eps, pooling): the command names the arch, as
+    # create_vit(name, weights=...) does.
+    timm = f" --from timm --arch {name}" if PRETRAINED[name].library == "timm" else ""
     return (
         f"create_vit({name!r}, pretrained=True) could not fetch {printable(url)}: {reason.rstrip('.')}. Without "
         f"network, download that file elsewhere and pass it: create_vit({name!r}, weights={file!r}), or convert it "
-        f"once with `vit-einops convert {file} {name}.safetensors`"
+        f"once with `vit-einops convert {file} {name}.safetensors{timm}`"
     )
 
 

@@ -64,7 +64,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
         "--arch",
         metavar="TIMM_NAME",
         help="timm MODEL's architecture, e.g. vit_small_patch14_reg4_dinov2 or vit_base_patch16_clip_224.openai: "
-        "the heads, activation, LayerNorm eps and pooling no tensor holds (MODEL must fit it)",
+        "the heads, activation, LayerNorm eps and pooling no tensor holds (MODEL must fit it; default: the one "
+        "MODEL's tensors fit, MODEL refused where several that differ fit)",
     )
     prep = parser.add_argument_group("preprocessing (default: what MODEL records)")
     prep.add_argument("--preprocessing", choices=CONVENTIONS, help="a library's convention at the model's size")

@@ -17,11 +17,16 @@ which parts exist: class token, distillation token, registers, pre-norm, patch b
 attention pooling (pool "map"), classifier bias, and whether E_pos covers the prefix tokens (its number of rows).
 Not readable: the heads h, the activation, LayerNorm's eps, the pooling between "token" and "avg", LayerScale's
 initial value. ``arch=`` (a timm model name, :data:`vit_einops.presets.TIMM_ARCHS`) supplies them, and the state dict
-must then agree with that architecture; without it, Table 1's h by D, GELU, eps 1e-6 and "token" are assumed.
+must then agree with that architecture. Without it, the tensors are matched against every name of that table (and
+the plain ViTs': TIMM_NAMES): the one architecture they fit supplies them; architectures that fit but differ in what
+no tensor holds are refused, listing them. A file no name fits is a plain ViT (Table 1's h by D, GELU, eps 1e-6,
+"token"), unless it holds a family's parts (norm_pre, registers, LayerScale...), which the paper's defaults would
+read as another model: it is refused, asking for arch=.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Mapping, Sequence
@@ -33,7 +38,7 @@ from .._checks import check_choice, to_pair
 from ..config import ViTConfig
 from ..imagenet import assume_imagenet_names
 from ..model import ViT
-from ..presets import TIMM_ARCHS, TIMM_TAGS, timm_arch, timm_preprocessing
+from ..presets import TIMM_ARCHS, TIMM_NAMES, TIMM_TAGS, timm_arch, timm_preprocessing
 from ..statedict import build_vit, cast_weights, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
 from .io import load_state_dict_file
@@ -108,7 +113,8 @@ def timm_config(
             no tensor holds (heads, act, layer_norm_eps, image size, pooling, LayerScale's init) come from its entry
             in :data:`vit_einops.presets.TIMM_ARCHS`, and the ones the tensors fix must agree with it (a ValueError
             names each field that differs). A tag after the dot fixes the classes too. The arguments below, when
-            given, replace the arch's.
+            given, replace the arch's. None: the arch the tensors determine, if they determine one (a ValueError
+            lists the candidates where they do not).
         heads: h; not stored in any shape, so by default the arch's, else Table 1's value for the width D.
         image_size: the checkpoint's (H, W); by default the arch's, else a square grid.
         global_pool: the timm model's ``global_pool``: "token", "avg" or "map". "map" is read off the keys
@@ -121,6 +127,90 @@ def timm_config(
             there too), "hf" to resample as Hugging Face does, None (default) for the checkpoint's size only.
         **overrides: fields no tensor holds: dropout, attn_dropout, patchify, layer_norm_eps.
     """
+    told = dict(
+        heads=heads,
+        image_size=image_size,
+        global_pool=global_pool,
+        pos_embed_prefix=pos_embed_prefix,
+        act=act,
+        dynamic_size=dynamic_size,
+        **overrides,
+    )
+    return _config_of_arch(state_dict, arch if arch is not None else _arch_of(state_dict, **told), **told)
+
+
+def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> str | None:
+    """The timm architecture a state dict's tensors determine, for reading it without ``arch=``; None for a plain ViT.
+
+    Each untagged name of :data:`vit_einops.presets.TIMM_ARCHS` and :data:`~vit_einops.presets.TIMM_NAMES` is a
+    candidate when the fields the tensors fix (D, L, P, tokens, registers, pre-norm, patch bias, LayerScale, pooling,
+    image size...) agree with it. ``told`` are :func:`timm_config`'s other arguments, which replace a candidate's.
+    The candidates must agree on everything else (heads, act, eps: the config they give) and on their preprocessing;
+    a ValueError lists them where they do not, and asks for ``arch=``. None where no family fits (or only the plain
+    ViTs, which are the paper's defaults); a file that holds a family's parts is then refused unless ``told`` names
+    heads, act and layer_norm_eps, since the paper's defaults would read it silently as another model.
+    """
+    fits: dict[str, tuple[ViTConfig, Preprocessing | None]] = {}
+    for name in (*TIMM_ARCHS, *TIMM_NAMES):
+        try:
+            config = _config_of_arch(state_dict, name, **told)
+        except ValueError:
+            continue
+        fits[name] = (config, timm_preprocessing(name, config.image_size))
+    families = [name for name in fits if name in TIMM_ARCHS]
+    configs = {name: dataclasses.asdict(config) for name, (config, _) in fits.items()}
+    preprocessings = {name: repr(prep and prep.to_dict()) for name, (_, prep) in fits.items()}
+    differ = [field for field in ViTConfig.__dataclass_fields__ if len({repr(c[field]) for c in configs.values()}) > 1]
+    if differ or len(set(preprocessings.values())) > 1:
+        own = ["its preprocessing"] * (len(set(preprocessings.values())) > 1)
+        listed = ", ".join(
+            f"{name} ({', '.join([*(f'{field} {configs[name][field]!r}' for field in differ), *own])})" for name in fits
+        )
+        raise ValueError(
+            f"the timm state dict fits {len(fits)} of timm's architectures, which differ in what no tensor holds: "
+            f"{listed}. Name the one it is: arch=NAME (on the command line, --arch NAME)"
+        )
+    if families:
+        return families[0]
+    if not fits and not all(told.get(field) is not None for field in ("heads", "act", "layer_norm_eps")):
+        _config_of_arch(state_dict, None, **told)  # what a plain ViT's reading refuses is the closer reason
+        parts = [part for part, held in _family_parts(check_state_dict(state_dict, SOURCE)).items() if held]
+        if parts:
+            raise ValueError(
+                f"the timm state dict holds {', '.join(parts)}, parts of timm's ViT families, but fits none of their "
+                "architectures (vit_einops.presets.TIMM_ARCHS): its heads, activation and LayerNorm eps are nowhere "
+                "in its tensors. Name its architecture: arch=NAME (on the command line, --arch NAME), or pass heads=, "
+                "act= and layer_norm_eps="
+            )
+    return None
+
+
+def _family_parts(state_dict: Mapping[str, torch.Tensor]) -> dict[str, bool]:
+    """The parts of a timm state dict that only timm's ViT families hold, each with whether this one holds it."""
+    return {
+        "a pre-norm (norm_pre)": "norm_pre.weight" in state_dict,
+        "no patch bias (patch_embed.proj.bias)": "patch_embed.proj.bias" not in state_dict,
+        "registers (reg_token)": "reg_token" in state_dict,
+        "a distillation token (dist_token)": "dist_token" in state_dict,
+        "LayerScale (blocks.i.ls1.gamma)": any(key.endswith(".ls1.gamma") for key in state_dict),
+        "qk-norm (blocks.i.attn.q_norm)": any(key.endswith(".attn.q_norm.weight") for key in state_dict),
+        "attention pooling (attn_pool)": any(key.startswith("attn_pool.") for key in state_dict),
+    }
+
+
+def _config_of_arch(
+    state_dict: Mapping[str, torch.Tensor],
+    arch: str | None,
+    *,
+    heads: int | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    global_pool: str | None = None,
+    pos_embed_prefix: bool | None = None,
+    act: str | None = None,
+    dynamic_size: str | None = None,
+    **overrides: Any,
+) -> ViTConfig:
+    """:func:`timm_config` of ``arch``, or of a plain ViT (the paper's defaults) where it is None."""
     check_free_fields(overrides)
     fields = timm_arch(arch) if arch is not None else {}
     if global_pool is not None:
@@ -425,16 +515,14 @@ def load_timm(
     Args: as :func:`timm_config` (``arch="vit_small_patch14_reg4_dinov2"`` names the architecture, which fills what
     the keys cannot tell and which the weights must fit; ``dynamic_size="timm"`` accepts any input size, as timm's
     ``dynamic_img_size=True``); ``dtype`` casts the weights (None keeps theirs); ``attn_impl`` as in
-    :class:`~vit_einops.ViT`. The model records timm's eval preprocessing (``model.transforms()``): the arch's family's
-    (:data:`vit_einops.presets.TIMM_PREPROCESSING`: DINOv2 ImageNet mean/std at crop_pct 1.0, CLIP's mean/std, ...),
-    else the augreg ViTs' (crop_pct 0.9, bicubic, mean = std = 0.5); set ``model.preprocessing`` for checkpoints
-    trained otherwise. Resample to another resolution afterwards with
+    :class:`~vit_einops.ViT`. The model records timm's eval preprocessing (``model.transforms()``): the family's of the
+    arch, named or determined by the tensors (:data:`vit_einops.presets.TIMM_PREPROCESSING`: DINOv2 ImageNet mean/std
+    at crop_pct 1.0, CLIP's mean/std, ...), else the augreg ViTs' (crop_pct 0.9, bicubic, mean = std = 0.5); set
+    ``model.preprocessing`` for checkpoints trained otherwise. Resample to another resolution afterwards with
     :func:`vit_einops.interop.resample_vit` (``mode="timm"`` matches timm's own).
     """
     state_dict = source if isinstance(source, Mapping) else load_state_dict_file(source)
-    config = timm_config(
-        state_dict,
-        arch=arch,
+    told = dict(
         heads=heads,
         image_size=image_size,
         global_pool=global_pool,
@@ -443,6 +531,9 @@ def load_timm(
         dynamic_size=dynamic_size,
         **overrides,
     )
+    if arch is None:
+        arch = _arch_of(state_dict, **told)
+    config = timm_config(state_dict, arch=arch, **told)
     model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype, config), config), attn_impl)
     # The family's own (DINOv2's ImageNet mean/std, CLIP's, SigLIP's), else the augreg ViTs' crop_pct 0.9, bicubic, 0.5
     family = timm_preprocessing(arch, config.image_size) if arch is not None else None
