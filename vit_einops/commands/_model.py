@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._text import printable
+from ..config import ACTIVATIONS
 from ..preprocess import CONVENTIONS
 from ..sources import SOURCES
 
@@ -61,6 +62,15 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
         help="timm MODEL's global_pool (default: the --arch's, else map if MODEL has attn_pool, else token)",
     )
     group.add_argument(
+        "--act", choices=ACTIVATIONS, help="timm MODEL's activation, where no --arch fits it (default: the --arch's)"
+    )
+    group.add_argument(
+        "--layer-norm-eps",
+        type=float,
+        metavar="EPS",
+        help="timm MODEL's LayerNorm eps, where no --arch fits it (default: the --arch's)",
+    )
+    group.add_argument(
         "--arch",
         metavar="TIMM_NAME",
         help="timm MODEL's architecture, e.g. vit_small_patch14_reg4_dinov2 or vit_base_patch16_clip_224.openai: "
@@ -84,12 +94,14 @@ def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> A
     path = path if path is not None else args.model
     source = args.source or detect_source(path)
     kwargs: dict[str, Any] = {"heads": args.heads, "image_size": args.image_size}
-    timm_only = {"global_pool": args.global_pool, "arch": args.arch}
+    timm_only = {
+        "global_pool": args.global_pool, "arch": args.arch, "act": args.act, "layer_norm_eps": args.layer_norm_eps
+    }
     given = [f"--{k.replace('_', '-')}" for k, v in {**kwargs, **timm_only}.items() if v is not None]
     if source == "timm":
-        kwargs |= timm_only
+        kwargs |= {key: value for key, value in timm_only.items() if value is not None}
     elif source == "torchvision":
-        if timm_flags := [flag for flag in given if flag in ("--global-pool", "--arch")]:
+        if timm_flags := [flag for flag in given if flag[2:].replace("-", "_") in timm_only]:
             raise ValueError(
                 f"{' and '.join(timm_flags)} describe{'s' * (len(timm_flags) == 1)} timm files; {printable(path)} is "
                 f"torchvision's, whose ViT always pools the class token (--heads and --image-size describe it)"

@@ -180,7 +180,7 @@ def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> str | None:
                 f"the timm state dict holds {', '.join(parts)}, parts of timm's ViT families, but fits none of their "
                 "architectures (vit_einops.presets.TIMM_ARCHS): its heads, activation and LayerNorm eps are nowhere "
                 "in its tensors. Name its architecture: arch=NAME (on the command line, --arch NAME), or pass heads=, "
-                "act= and layer_norm_eps="
+                "act= and layer_norm_eps= (--heads, --act and --layer-norm-eps)"
             )
     return None
 
