@@ -66,7 +66,9 @@ def _size_name(size) -> str:
 def _tiny_timm(name: str) -> tuple[torch.nn.Module, dict]:
     kwargs = dict(FAMILIES[name])
     cls = kwargs.pop("cls", VisionTransformer)
-    ours = {"act": kwargs.pop("act", None), "layer_norm_eps": kwargs.pop("eps", 1e-6)}
+    # What no tensor holds, as timm builds it (nn.GELU, LayerNorm eps 1e-6 unless the family says otherwise): a tiny
+    # family model fits no arch of the table, so it is read as told.
+    ours = {"act": kwargs.pop("act", "gelu"), "layer_norm_eps": kwargs.pop("eps", 1e-6)}
     patch = kwargs.setdefault("patch_size", 8)
     torch.manual_seed(0)
     model = cls(img_size=SIZES[patch][0], dynamic_img_size=True, **TINY, **kwargs)
@@ -97,7 +99,7 @@ def test_tiny_family_both_ways_at_three_sizes(name):
     and kwargs we name build a timm model that takes our export bit for bit and computes the same."""
     tm, told = _tiny_timm(name)
     state = tm.state_dict()
-    model = load_timm(state, heads=2, dynamic_size="timm", **{k: v for k, v in told.items() if v is not None})
+    model = load_timm(state, heads=2, dynamic_size="timm", **told)
     assert model.config.dynamic_size == "timm"
     for size in SIZES[model.config.patch_size[0]]:
         h, w = size if isinstance(size, tuple) else (size, size)
@@ -113,8 +115,8 @@ def test_tiny_family_both_ways_at_three_sizes(name):
 
 def test_without_dynamic_size_other_sizes_are_refused_as_timm_does():
     """dynamic_size is opt-in, as timm's dynamic_img_size: a model loaded without it takes its own size only."""
-    tm, _ = _tiny_timm("vit_small_patch14_reg4_dinov2")
-    model = load_timm(tm.state_dict(), heads=2)
+    tm, told = _tiny_timm("vit_small_patch14_reg4_dinov2")
+    model = load_timm(tm.state_dict(), heads=2, **told)
     assert model.config.dynamic_size is None and timm_kwargs(model.config)["dynamic_img_size"] is False
     with pytest.raises(ValueError, match=r"dynamic_size='timm'"):
         model(torch.randn(1, 3, 56, 56))

@@ -136,11 +136,15 @@ def timm_config(
         dynamic_size=dynamic_size,
         **overrides,
     )
-    return _config_of_arch(state_dict, arch if arch is not None else _arch_of(state_dict, **told), **told)
+    if arch is None:
+        arch, told = _arch_of(state_dict, **told)
+    return _config_of_arch(state_dict, arch, **told)
 
 
-def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> str | None:
-    """The timm architecture a state dict's tensors determine, for reading it without ``arch=``; None for a plain ViT.
+def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> tuple[str | None, dict[str, Any]]:
+    """The timm architecture a state dict's tensors determine, for reading it without ``arch=`` (None for a plain
+    ViT), and ``told`` with the file's own image size where it has one: a family's file at another resolution (a
+    fine-tuned checkpoint) is that family at its size.
 
     Each untagged name of :data:`vit_einops.presets.TIMM_ARCHS` and :data:`~vit_einops.presets.TIMM_NAMES` is a
     candidate when the fields the tensors fix (D, L, P, tokens, registers, pre-norm, patch bias, LayerScale, pooling,
@@ -151,6 +155,11 @@ def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> str | None:
     heads, act and layer_norm_eps, since the paper's defaults would read it silently as another model.
     """
     fits: dict[str, tuple[ViTConfig, Preprocessing | None]] = {}
+    if told.get("image_size") is None:
+        try:
+            told = {**told, "image_size": _config_of_arch(state_dict, None, **told).image_size}
+        except ValueError:
+            pass  # the plain reading's own refusal is raised below, where no family fits
     for name in (*TIMM_ARCHS, *TIMM_NAMES):
         try:
             config = _config_of_arch(state_dict, name, **told)
@@ -171,7 +180,7 @@ def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> str | None:
             f"{listed}. Name the one it is: arch=NAME (on the command line, --arch NAME)"
         )
     if families:
-        return families[0]
+        return families[0], told
     if not fits and not all(told.get(field) is not None for field in ("heads", "act", "layer_norm_eps")):
         _config_of_arch(state_dict, None, **told)  # what a plain ViT's reading refuses is the closer reason
         parts = [part for part, held in _family_parts(check_state_dict(state_dict, SOURCE)).items() if held]
@@ -182,7 +191,7 @@ def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> str | None:
                 "in its tensors. Name its architecture: arch=NAME (on the command line, --arch NAME), or pass heads=, "
                 "act= and layer_norm_eps= (--heads, --act and --layer-norm-eps)"
             )
-    return None
+    return None, told
 
 
 def _family_parts(state_dict: Mapping[str, torch.Tensor]) -> dict[str, bool]:
@@ -532,7 +541,7 @@ def load_timm(
         **overrides,
     )
     if arch is None:
-        arch = _arch_of(state_dict, **told)
+        arch, told = _arch_of(state_dict, **told)
     config = timm_config(state_dict, arch=arch, **told)
     model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype, config), config), attn_impl)
     # The family's own (DINOv2's ImageNet mean/std, CLIP's, SigLIP's), else the augreg ViTs' crop_pct 0.9, bicubic, 0.5
