@@ -136,9 +136,16 @@ def timm_config(
         dynamic_size=dynamic_size,
         **overrides,
     )
+    return _read_config(state_dict, arch, told)[1]
+
+
+def _read_config(
+    state_dict: Mapping[str, torch.Tensor], arch: str | None, told: dict[str, Any]
+) -> tuple[str | None, ViTConfig]:
+    """The arch (``arch``, else the one the tensors determine: :func:`_arch_of`) and the config it reads."""
     if arch is None:
         arch, told = _arch_of(state_dict, **told)
-    return _config_of_arch(state_dict, arch, **told)
+    return arch, _config_of_arch(state_dict, arch, **told)
 
 
 def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> tuple[str | None, dict[str, Any]]:
@@ -540,9 +547,7 @@ def load_timm(
         dynamic_size=dynamic_size,
         **overrides,
     )
-    if arch is None:
-        arch, told = _arch_of(state_dict, **told)
-    config = timm_config(state_dict, arch=arch, **told)
+    arch, config = _read_config(state_dict, arch, told)
     model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype, config), config), attn_impl)
     # The family's own (DINOv2's ImageNet mean/std, CLIP's, SigLIP's), else the augreg ViTs' crop_pct 0.9, bicubic, 0.5
     family = timm_preprocessing(arch, config.image_size) if arch is not None else None
