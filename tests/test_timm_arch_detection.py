@@ -131,3 +131,29 @@ def test_the_offline_hint_for_a_timm_family_gives_a_command_that_works(monkeypat
     direct = create_vit(DINOV2, weights=tmp_path / "model.safetensors")
     assert (converted.config, converted.preprocessing) == (direct.config, direct.preprocessing)
     assert_same_state(converted.state_dict(), direct.state_dict())
+
+
+@pytest.mark.parametrize(
+    "break_it, message",
+    [
+        (lambda sd: sd.pop("blocks.0.attn.k_norm.weight"), r"missing keys \(1\): blocks\.0\.attn\.k_norm\.weight"),
+        (lambda sd: sd["reg_token"].fill_(float("nan")), r"non-finite values .* 'reg_token'"),
+    ],
+    ids=["a key missing", "a value not finite"],
+)
+def test_a_broken_family_file_no_arch_fits_names_its_own_defect_first(break_it, message):
+    """A file with a family's parts that fits no arch is refused asking for arch=; where it is also broken, the
+    defect is the closer reason and is said instead."""
+    theirs = to_timm(perturbed(ViT(**TINY, register_tokens=2, qk_norm=True, layer_scale=0.1)))
+    with pytest.raises(ValueError, match="fits none of their architectures"):
+        load_timm(dict(theirs), heads=TINY["heads"])
+    break_it(theirs)
+    with pytest.raises(ValueError, match=message):
+        load_timm(theirs, heads=TINY["heads"])
+
+
+def test_a_patch_projection_with_a_side_of_0_is_refused_by_name():
+    theirs = to_timm(ViT(**TINY))
+    theirs["patch_embed.proj.weight"] = torch.zeros(TINY["dim"], 3, 0, 0)
+    with pytest.raises(ValueError, match=r"patch_embed\.proj\.weight has shape \(\d+, 3, 0, 0\); .* no side of 0"):
+        load_timm(theirs, heads=TINY["heads"])

@@ -148,6 +148,10 @@ def _read_config(
     return arch, _config_of_arch(state_dict, arch, **told)
 
 
+class _NoArchFits(ValueError):
+    """A file with a family's parts that fits no arch of the table, told too little to be read as it is."""
+
+
 def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> tuple[str | None, dict[str, Any]]:
     """The timm architecture a state dict's tensors determine, for reading it without ``arch=`` (None for a plain
     ViT), and ``told`` with the file's own image size where it has one: a family's file at another resolution (a
@@ -192,7 +196,7 @@ def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> tuple[str |
         _config_of_arch(state_dict, None, **told)  # what a plain ViT's reading refuses is the closer reason
         parts = [part for part, held in _family_parts(check_state_dict(state_dict, SOURCE)).items() if held]
         if parts:
-            raise ValueError(
+            raise _NoArchFits(
                 f"the timm state dict holds {', '.join(parts)}, parts of timm's ViT families, but fits none of their "
                 "architectures (vit_einops.presets.TIMM_ARCHS): its heads, activation and LayerNorm eps are nowhere "
                 "in its tensors. Name its architecture: arch=NAME (on the command line, --arch NAME), or pass heads=, "
@@ -272,7 +276,12 @@ def _config_from_keys(
 ) -> ViTConfig:
     """The config the keys and shapes of a timm state dict fix, with the fields no tensor holds as given: ``pool``
     must fit the keys; ``default_pool`` (an arch's) applies where they allow it."""
-    dim, in_channels, *patch = require(state_dict, "patch_embed.proj.weight", 4, SOURCE).shape
+    proj = require(state_dict, "patch_embed.proj.weight", 4, SOURCE)
+    if 0 in proj.shape:
+        raise ValueError(
+            f"timm: patch_embed.proj.weight has shape {tuple(proj.shape)}; a patch projection has no side of 0"
+        )
+    dim, in_channels, *patch = proj.shape
     pos = require(state_dict, "pos_embed", 3, SOURCE)
     fc1 = require(state_dict, "blocks.0.mlp.fc1.weight", 2, SOURCE)
     head = state_dict.get("head.weight")
@@ -547,7 +556,13 @@ def load_timm(
         dynamic_size=dynamic_size,
         **overrides,
     )
-    arch, config = _read_config(state_dict, arch, told)
+    try:
+        arch, config = _read_config(state_dict, arch, told)
+    except _NoArchFits as refusal:
+        # A file that is also broken (a key missing, a value not finite) says that first: it is the closer reason.
+        plain = _config_of_arch(state_dict, None, **told)
+        from_timm(cast_weights(state_dict, SOURCE, dtype, plain), plain)
+        raise refusal from None
     model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype, config), config), attn_impl)
     # The family's own (DINOv2's ImageNet mean/std, CLIP's, SigLIP's), else the augreg ViTs' crop_pct 0.9, bicubic, 0.5
     family = timm_preprocessing(arch, config.image_size) if arch is not None else None
