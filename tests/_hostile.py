@@ -82,18 +82,25 @@ def grey_png(path: Path) -> Path:
     return path
 
 
+class StillRunning(BaseException):
+    """Raised by :func:`bounded`: a BaseException, so that no ``except OSError`` or ``except Exception`` of the code
+    under test can take it for an error of its own (TimeoutError is an OSError, which a download turns into its
+    own error)."""
+
+
 @contextmanager
 def bounded(seconds):
-    """Fail (TimeoutError) once ``seconds`` (an int) have passed, instead of hanging: SIGALRM interrupts a blocking
-    open() of a FIFO, or work a check should have refused. A guard against hangs; it times nothing."""
+    """Fail (StillRunning) once ``seconds`` have passed, instead of hanging: SIGALRM interrupts a blocking open() of
+    a FIFO, a read from a stalled server, or work a check should have refused. A guard against hangs; it times
+    nothing."""
 
     def expire(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s")
+        raise StillRunning(f"still running after {seconds} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
-        signal.alarm(0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

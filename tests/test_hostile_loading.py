@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import re
 import resource
-import time
 from contextlib import contextmanager
 
 import pytest
 import torch
-from _hostile import assert_user_error, run_cli
+from _hostile import assert_user_error, bounded, run_cli
 from _tiny import TINY_RGB16, tiny_vit
 
 from vit_einops import create_vit
@@ -40,9 +39,8 @@ def _low_limit(monkeypatch):
 def cheap(seconds: float = 1.0, mib: int = 256):
     """The block finishes within ``seconds`` and grows the process's peak RSS by less than ``mib`` MiB."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    start = time.perf_counter()
-    yield
-    assert time.perf_counter() - start < seconds
+    with bounded(seconds):
+        yield
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < mib * 1024
 
 
