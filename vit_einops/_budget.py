@@ -26,7 +26,7 @@ import contextlib
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -122,13 +122,7 @@ def max_memory(limit: int | str | None) -> contextlib.AbstractContextManager[Non
 def memory_limit() -> tuple[int, str]:
     """(limit in bytes, where it comes from, for the message): the innermost of :func:`max_memory`, the variable
     VIT_EINOPS_MAX_MEMORY, and the machine's available memory."""
-    limit = _LIMIT.get()
-    if limit is not None:
-        return limit, "the max-memory limit"
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return parse_bytes(env, ENV_VAR), f"the {ENV_VAR} limit"
-    return available_memory(), "this machine has available"
+    return _in_force(_LIMIT, "max-memory", ENV_VAR, parse_bytes, available_memory, "this machine has available")
 
 
 def max_build_time(limit: int | str | None) -> contextlib.AbstractContextManager[None]:
@@ -150,13 +144,28 @@ def _within(limit: ContextVar[Any], value: Any) -> Iterator[None]:
 def build_time_limit() -> tuple[float, str]:
     """(limit in seconds, where it comes from, for the message): the innermost of :func:`max_build_time`, the
     variable VIT_EINOPS_MAX_BUILD_TIME, and :data:`BUILD_SECONDS`."""
-    limit = _TIME_LIMIT.get()
-    if limit is not None:
-        return limit, "the max-build-time limit"
-    env = os.environ.get(TIME_ENV_VAR)
+    return _in_force(
+        _TIME_LIMIT, "max-build-time", TIME_ENV_VAR, parse_seconds, lambda: BUILD_SECONDS, "the default build-time limit"
+    )
+
+
+def _in_force(
+    limit: ContextVar[Any],
+    flag: str,
+    env_var: str,
+    parse: Callable[[str, str], Any],
+    default: Callable[[], Any],
+    default_source: str,
+) -> tuple[Any, str]:
+    """(the limit in force, where it comes from): the block's (``limit``), else the variable ``env_var``'s, else
+    ``default()`` (called only then: the machine's available memory is read from /proc)."""
+    value = limit.get()
+    if value is not None:
+        return value, f"the {flag} limit"
+    env = os.environ.get(env_var)
     if env:
-        return parse_seconds(env, TIME_ENV_VAR), f"the {TIME_ENV_VAR} limit"
-    return BUILD_SECONDS, "the default build-time limit"
+        return parse(env, env_var), f"the {env_var} limit"
+    return default(), default_source
 
 
 def check_build_time(estimate: float, what: str) -> None:
