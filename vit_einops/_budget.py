@@ -144,9 +144,8 @@ def _within(limit: ContextVar[Any], value: Any) -> Iterator[None]:
 def build_time_limit() -> tuple[float, str]:
     """(limit in seconds, where it comes from, for the message): the innermost of :func:`max_build_time`, the
     variable VIT_EINOPS_MAX_BUILD_TIME, and :data:`BUILD_SECONDS`."""
-    return _in_force(
-        _TIME_LIMIT, "max-build-time", TIME_ENV_VAR, parse_seconds, lambda: BUILD_SECONDS, "the default build-time limit"
-    )
+    default = "the default build-time limit"
+    return _in_force(_TIME_LIMIT, "max-build-time", TIME_ENV_VAR, parse_seconds, lambda: BUILD_SECONDS, default)
 
 
 def _in_force(
