@@ -235,25 +235,6 @@ def test_config_that_does_not_match_the_weights_is_reported(saved):
         load_checkpoint(meta)
 
 
-def test_a_checkpoint_that_records_its_attn_impl_starts_the_model_on_it(saved):
-    """Checkpoints written while attn_impl was a config field still load; the caller's impl wins."""
-    meta, model, _, _ = saved
-    assert "attn_impl" not in json.loads(meta.read_text())["config"]
-    record = json.loads(meta.read_text())
-    record["config"]["attn_impl"] = ["sdpa", "chunked"]
-    meta.write_text(json.dumps(record))
-    ckpt = load_checkpoint(meta)
-    assert ckpt.config == model.config and ckpt.build_model().attn_impl == ("sdpa", "chunked")
-    assert ckpt.build_model("einsum").attn_impl == "einsum"
-    x = torch.rand(2, 1, 8, 8)
-    torch.testing.assert_close(ckpt.build_model()(x), model.eval()(x), rtol=1e-5, atol=1e-6)
-    assert load_model(meta.parent, attn_impl="chunked").attn_impl == "chunked"
-    record["config"]["attn_impl"] = "flash"
-    meta.write_text(json.dumps(record))
-    with pytest.raises(CheckpointError, match="attn_impl 'flash'"):
-        load_checkpoint(meta)
-
-
 def test_missing_files_and_foreign_json(saved, tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint at"):
         load_checkpoint(tmp_path / "nowhere")

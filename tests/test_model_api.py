@@ -278,18 +278,6 @@ def test_per_layer_impls_as_an_argument():
     assert create_vit("vit_ti_16", image_size=32, depth=2, attn_impl="chunked").attn_impl == "chunked"
 
 
-def test_the_former_config_field_says_where_the_attention_path_went():
-    """Users of 0.1.0 wrote ViTConfig(attn_impl=...) and read model.config.attn_impl: both fail loudly, naming the
-    field and what to use instead, never a silent default."""
-    with pytest.raises(TypeError, match=r"no field attn_impl.*ViT\.from_config\(config, attn_impl="):
-        ViTConfig(dim=32, heads=4, attn_impl="sdpa")
-    with pytest.raises(AttributeError, match=r"no attn_impl.*read model\.attn_impl"):
-        _ = tiny().config.attn_impl
-    with pytest.raises(AttributeError, match=r"no attribute 'attn_impls'"):
-        _ = tiny().config.attn_impls
-    assert dataclasses.replace(tiny().config, num_classes=3).num_classes == 3  # the dataclass machinery is intact
-
-
 def test_a_model_no_config_describes_says_what_differs():
     model = tiny()
     model.blocks[1].mlp.fn.ff.drop1.p = 0.3

@@ -211,7 +211,7 @@ def test_a_paper_config_reads_as_before_and_options_appear_only_when_set():
     siglip = ViTConfig(**TINY_RGB16, class_token=False, pool="map", act="gelu_tanh").to_dict()
     assert set(siglip) - set(plain) == {"class_token", "act"} and siglip["pool"] == "map"
     assert ViTConfig.from_dict(siglip) == ViTConfig(**TINY_RGB16, class_token=False, pool="map", act="gelu_tanh")
-    assert ViTConfig(**TINY_RGB16, class_token=False, pool="map").beyond_paper() == ["class_token False", "pool 'map'"]
+    assert ViTConfig(**TINY_RGB16, class_token=False, pool="map").beyond_paper() == ["pool 'map'", "class_token False"]
 
 
 def test_reset_classifier_refuses_a_pooling_the_head_cannot_switch_to():

@@ -77,24 +77,6 @@ def _old_file(path, model, config: dict) -> None:
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path, metadata=meta)
 
 
-def test_files_that_record_their_attn_impl_still_load_and_start_on_it(tmp_path):
-    model = perturbed(ViT(**TINY)).eval()
-    depth = model.config.depth
-    recorded = ["sdpa"] + ["chunked"] * (depth - 1)
-    path = tmp_path / "old.safetensors"
-    _old_file(path, model, {**model.config.to_dict(), "attn_impl": recorded})
-    loaded = load_vit(path)
-    assert loaded.attn_impl == tuple(recorded) and loaded.config == model.config
-    x = torch.randn(2, 3, 32, 32)
-    torch.testing.assert_close(loaded.eval()(x), model(x), rtol=1e-5, atol=1e-5)
-    assert load_vit(path, attn_impl="einsum").attn_impl == "einsum"  # the caller's choice wins
-    assert load_model(path, attn_impl="sdpa").attn_impl == "sdpa"
-    _old_file(path, model, {**model.config.to_dict(), "attn_impl": "flash"})
-    with pytest.raises(ValueError, match="attn_impl 'flash'") as info:
-        load_vit(path)
-    assert str(path) in str(info.value)
-
-
 def test_new_files_record_no_attn_impl(tmp_path):
     path = save_vit(perturbed(ViT(**TINY)).set_attn_impl("sdpa"), tmp_path / "m.safetensors")
     with safe_open(path, framework="pt") as f:

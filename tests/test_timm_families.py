@@ -127,8 +127,8 @@ def test_arch_that_disagrees_with_the_state_dict_names_each_field():
                        r"register_tokens 0 \(timm's vit_small_patch14_reg4_dinov2 has 4\); pos_embed_prefix True "
                        r"\(timm's vit_small_patch14_reg4_dinov2 has False\)\. Load it without arch="):  # fmt: skip
         timm_config(_timm_shapes("vit_small_patch14_dinov2"), arch="vit_small_patch14_reg4_dinov2")
-    with pytest.raises(ValueError, match=r"pos_embed_prefix True \(timm's deit3_small_patch16_224 has False\); "
-                       r"LayerScale absent \(timm's deit3_small_patch16_224 has init_values 1e-06\)\."):  # fmt: skip
+    with pytest.raises(ValueError, match=r"layer_scale None \(timm's deit3_small_patch16_224 has 1e-06\); "
+                       r"pos_embed_prefix True \(timm's deit3_small_patch16_224 has False\)\."):  # fmt: skip
         timm_config(_timm_shapes("vit_small_patch16_224"), arch="deit3_small_patch16_224")
     with pytest.raises(ValueError, match=r"num_classes 512 \(timm's vit_base_patch16_clip_224.laion2b_ft_in1k has "
                        r"1000\); the tags with 512 classes: vit_base_patch16_clip_224.datacompxl, "):  # fmt: skip

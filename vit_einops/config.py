@@ -1,10 +1,17 @@
-"""The one configuration of a ViT, validated once at construction (the paper's Table 1 sizes by default)."""
+"""The one configuration of a ViT (the paper's Table 1 sizes by default), and the registry of its fields.
+
+Each field is declared once, in :class:`ViTConfig`, with everything the rest of the package needs to know about it
+(:class:`Field`): its check, whether it is an option beyond the 2021 paper, whether a state dict's tensors hold it,
+whether loading weights may set it, and its names in timm and Hugging Face. Every list of fields elsewhere (the
+options beyond the paper, the fields a loader may override, the fields a named architecture promises, what an
+exporter can express) is derived from :data:`FIELDS`, so a new field is a new line here and every view sees it.
+"""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ._budget import check_memory
@@ -27,15 +34,76 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")
 # How a model with dynamic_size resamples E_pos for another input size: the library whose numbers it reproduces.
 DYNAMIC_SIZES = ("timm", "hf")
 PATCHIFY = ("conv", "linear")
-# Configs written before the attention path became runtime state list it among their fields; a stored config that
-# does still loads, and its model starts on that impl (vit_einops.attention.stored_attn_impl).
-FORMER_FIELDS = ("attn_impl",)
 # float32's largest value and its smallest positive one (a subnormal): the weights' dtype. A layer_scale past the
 # first is inf in the model, one under the second 0; a layer_norm_eps under it adds nothing to the variance.
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.401298464324817e-45
 # What naming one register token costs Python ("reg123", its tuple slot), for the budget of prefix_tokens.
 NAME_BYTES = 72
+
+
+def check_float32(name: str, value: Any) -> float:
+    """A positive float the weights' dtype float32 holds (LayerScale's gamma, LayerNorm's epsilon), else a
+    ValueError naming ``name``, the value and the range."""
+    value = check_positive_float(name, value)
+    if not FLOAT32_TINY <= value <= FLOAT32_MAX:
+        raise ValueError(
+            f"{name} {value:g} is outside float32's range, the weights' dtype: expected a positive float from "
+            f"{FLOAT32_TINY:.4g} to {FLOAT32_MAX:.4g}"
+        )
+    return value
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
+    return functools.partial(_check_choice, choices=choices)
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    return check_choice(name, value, choices)
+
+
+def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    return functools.partial(_check_optional, check=check)
+
+
+def _check_optional(name: str, value: Any, check: Callable[[str, Any], Any]) -> Any:
+    return None if value is None else check(name, value)
+
+
+def _count(name: str, value: Any) -> int:
+    return check_size(name, value, positive=False)
+
+
+def _pass(name: str, value: Any) -> Any:
+    return value  # image_size and patch_size are checked together, in ViTConfig.__post_init__
+
+
+@dataclass(frozen=True)
+class Field:
+    """What the package knows of one ViTConfig field, declared beside it.
+
+    check: validates a value and returns it normalised (``check(name, value)``).
+    beyond_paper: an option the 2021 paper's ViT lacks (True: its default leaves it out, as LayerScale's None or 0
+        registers; a tuple: the values beyond the paper, as pool's "map").
+    held: what a state dict's tensors say of it: "shapes" (its keys and shapes fix it), "presence" (only whether it
+        is there: LayerScale's initial value is not in trained weights) or None (nothing: heads, eps, dropout).
+    free: may be set when weights are loaded (dropout, the patch projection's form): the same tensors load either way.
+    per_checkpoint: may differ between checkpoints of one architecture (a fine-tuned file's resolution, classes).
+    timm: the argument of timm's VisionTransformer that expresses it, None where timm has none.
+    hf: its name in a Hugging Face config.json, None where transformers' ViTs have none.
+    """
+
+    check: Callable[[str, Any], Any]
+    beyond_paper: bool | tuple[Any, ...] = False
+    held: str | None = "shapes"
+    free: bool = False
+    per_checkpoint: bool = False
+    timm: str | None = None
+    hf: str | None = None
+
+
+def _field(default: Any, check: Callable[[str, Any], Any], **about: Any) -> Any:
+    return field(default=default, metadata={"field": Field(check, **about)})
 
 
 @dataclass(frozen=True)
@@ -52,73 +120,80 @@ class ViTConfig:
     """
 
     # Defaults are ViT-B/16 at 224 px with the 1000 ImageNet classes (Table 1).
-    image_size: int | tuple[int, int] = 224  # H, W; an int means square
-    patch_size: int | tuple[int, int] = 16  # P; an int means square patches
-    in_channels: int = 3  # C
-    num_classes: int = 1000  # K; 0 means no classifier, the head returns the pooled features
-    dim: int = 768  # D, the hidden size
-    depth: int = 12  # L, the number of encoder blocks
-    heads: int = 12  # h; D_h = D / h
-    mlp_dim: int = 3072  # Table 1 "MLP size", 4D for every preset
-    dropout: float = 0.0  # Appendix B.1: 0.1 for ImageNet runs, 0 for JFT pre-training
-    attn_dropout: float = 0.0  # dropout on the attention matrix A (not in the paper; timm's attn_drop)
-    pool: str = "cls"  # "cls": Eq. 4 reads z_L^0; "mean": average of the patch tokens
-    patchify: str = "conv"  # "conv": Conv2d(k=s=P); "linear": einops patches times E (Eq. 1 literally)
-    representation_size: int | None = None  # the pre-training head's hidden layer (tanh), None at fine-tuning
-    fc_norm: bool = False  # final LayerNorm after pooling (timm's fc_norm) rather than on every token before it
-    layer_norm_eps: float = 1e-6  # torchvision and timm; torch's default 1e-5 would not load their weights exactly
-    layer_scale: float | None = None  # LayerScale's initial gamma in each residual branch (timm's init_values;
-    # DINOv2 1e-5, DeiT III 1e-6), None for none (the paper)
-    register_tokens: int = 0  # learned tokens after the class token, before the patches (Darcet et al. 2024: 4)
-    pos_embed_prefix: bool = True  # E_pos covers the class (and register) tokens (the paper); False adds positions
-    # to the patches only, then prepends the prefix tokens (timm's no_embed_class: DINOv2 with registers, DeiT III)
-    class_token: bool = True  # x_class of Eq. 1; False (SigLIP) leaves the patches alone, pooled by "mean" or "map"
-    distill_token: bool = False  # DeiT's distillation token after the class token, read by a second classifier
-    # ``head.fc_dist``; the two classifiers' logits are averaged (Touvron et al. 2021, timm and HF at inference)
-    pre_norm: bool = False  # a LayerNorm on z_0 before the first block (CLIP's ln_pre, timm's norm_pre)
-    patch_bias: bool = True  # the patch projection's bias (CLIP has none)
-    act: str = "gelu"  # the MLP's nonlinearity: "gelu" (exact, the paper), "gelu_tanh" (SigLIP's HF config),
-    # "quick_gelu" (x * sigmoid(1.702 x), OpenAI's CLIP)
-    qk_norm: bool = False  # a LayerNorm over D_h on every head's q and k before Eq. 6 (timm's qk_norm)
-    head_bias: bool = True  # the classifier's bias; CLIP's projection to the joint embedding has none
-    dynamic_size: str | None = None  # None: inputs must be image_size; "timm" or "hf": any multiple of the patch
-    # size, E_pos resampled at forward as that library does (timm's dynamic_img_size, HF's interpolate_pos_encoding)
+    image_size: int | tuple[int, int] = _field(224, _pass, per_checkpoint=True, timm="img_size", hf="image_size")
+    # H, W; an int means square
+    patch_size: int | tuple[int, int] = _field(16, _pass, timm="patch_size", hf="patch_size")  # P; an int: square
+    in_channels: int = _field(3, check_size, timm="in_chans", hf="num_channels")  # C
+    # K; 0 means no classifier, the head returns the pooled features
+    num_classes: int = _field(
+        1000, _count, per_checkpoint=True, timm="num_classes", hf="num_labels, id2label or projection_dim"
+    )
+    dim: int = _field(768, check_size, timm="embed_dim", hf="hidden_size")  # D, the hidden size
+    depth: int = _field(12, check_size, timm="depth", hf="num_hidden_layers")  # L, the number of encoder blocks
+    heads: int = _field(12, check_size, held=None, timm="num_heads", hf="num_attention_heads")  # h; D_h = D / h
+    # Table 1 "MLP size", 4D for every preset
+    mlp_dim: int = _field(3072, check_size, timm="mlp_ratio", hf="intermediate_size or mlp_ratio")
+    # Appendix B.1: 0.1 for ImageNet runs, 0 for JFT pre-training
+    dropout: float = _field(0.0, check_probability, held=None, free=True, timm="proj_drop_rate",
+                            hf="hidden_dropout_prob")  # fmt: skip
+    # dropout on the attention matrix A (not in the paper; timm's attn_drop)
+    attn_dropout: float = _field(0.0, check_probability, held=None, free=True, timm="attn_drop_rate",
+                                 hf="attention_probs_dropout_prob or attention_dropout")  # fmt: skip
+    # "cls": Eq. 4 reads z_L^0; "mean": average of the patch tokens; "map": attention pooling (SigLIP)
+    pool: str = _field("cls", _choice(POOLS), beyond_paper=("map",), timm="global_pool")
+    # "conv": Conv2d(k=s=P); "linear": einops patches times E (Eq. 1 literally)
+    patchify: str = _field("conv", _choice(PATCHIFY), held=None, free=True)
+    # the pre-training head's hidden layer (tanh), None at fine-tuning
+    representation_size: int | None = _field(None, _optional(check_size), hf="pooler_output_size")
+    # final LayerNorm after pooling (timm's fc_norm) rather than on every token before it
+    fc_norm: bool = _field(False, check_bool, timm="fc_norm")
+    # torchvision and timm; torch's default 1e-5 would not load their weights exactly
+    layer_norm_eps: float = _field(1e-6, check_float32, held=None, free=True, timm="norm_layer", hf="layer_norm_eps")
+    # LayerScale's initial gamma in each residual branch (timm's init_values; DINOv2 1e-5, DeiT III 1e-6), None for
+    # none (the paper)
+    layer_scale: float | None = _field(None, _optional(check_float32), beyond_paper=True, held="presence",
+                                       timm="init_values", hf="layerscale_value")  # fmt: skip
+    # learned tokens after the class token, before the patches (Darcet et al. 2024: 4)
+    register_tokens: int = _field(0, _count, beyond_paper=True, timm="reg_tokens", hf="num_register_tokens")
+    # E_pos covers the class (and register) tokens (the paper); False adds positions to the patches only, then
+    # prepends the prefix tokens (timm's no_embed_class: DINOv2 with registers, DeiT III)
+    pos_embed_prefix: bool = _field(True, check_bool, beyond_paper=True, timm="no_embed_class")
+    # x_class of Eq. 1; False (SigLIP) leaves the patches alone, pooled by "mean" or "map"
+    class_token: bool = _field(True, check_bool, beyond_paper=True, timm="class_token")
+    # DeiT's distillation token after the class token, read by a second classifier ``head.fc_dist``; the two
+    # classifiers' logits are averaged (Touvron et al. 2021, timm and HF at inference)
+    distill_token: bool = _field(False, check_bool, beyond_paper=True, timm="VisionTransformerDistilled")
+    # a LayerNorm on z_0 before the first block (CLIP's ln_pre, timm's norm_pre)
+    pre_norm: bool = _field(False, check_bool, beyond_paper=True, timm="pre_norm")
+    # the patch projection's bias (CLIP has none; timm ties it to pre_norm)
+    patch_bias: bool = _field(True, check_bool, beyond_paper=True, timm="pre_norm")
+    # the MLP's nonlinearity: "gelu" (exact, the paper), "gelu_tanh" (SigLIP's HF config), "quick_gelu"
+    # (x * sigmoid(1.702 x), OpenAI's CLIP)
+    act: str = _field("gelu", _choice(ACTIVATIONS), beyond_paper=True, held=None, timm="act_layer", hf="hidden_act")
+    # a LayerNorm over D_h on every head's q and k before Eq. 6 (timm's qk_norm)
+    qk_norm: bool = _field(False, check_bool, beyond_paper=True, timm="qk_norm")
+    # the classifier's bias; CLIP's projection to the joint embedding has none
+    head_bias: bool = _field(True, check_bool, beyond_paper=True)
+    # None: inputs must be image_size; "timm" or "hf": any multiple of the patch size, E_pos resampled at forward as
+    # that library does (timm's dynamic_img_size, HF's interpolate_pos_encoding). How a forward treats other input
+    # sizes, not architecture: every format holds such a model.
+    dynamic_size: str | None = _field(None, _optional(_choice(DYNAMIC_SIZES)), beyond_paper=True, held=None,
+                                      free=True, timm="dynamic_img_size")  # fmt: skip
 
     def __post_init__(self) -> None:
         # Frozen: normalised values are stored with object.__setattr__, once, here.
-        def store(name: str, value: Any) -> None:
-            object.__setattr__(self, name, value)
-
         image_size, patch_size = check_patch_grid(self.image_size, self.patch_size)
-        store("image_size", image_size)
-        store("patch_size", patch_size)
-        for name in ("in_channels", "dim", "depth", "heads", "mlp_dim"):
-            store(name, check_size(name, getattr(self, name)))
-        store("num_classes", check_size("num_classes", self.num_classes, positive=False))  # 0: the head gives features
+        object.__setattr__(self, "image_size", image_size)
+        object.__setattr__(self, "patch_size", patch_size)
+        for name, about in FIELDS.items():
+            object.__setattr__(self, name, about.check(name, getattr(self, name)))
         check_heads(self.dim, self.heads)
-        store("dropout", check_probability("dropout", self.dropout))
-        store("attn_dropout", check_probability("attn_dropout", self.attn_dropout))
-        check_choice("pool", self.pool, POOLS)
-        check_choice("patchify", self.patchify, PATCHIFY)
-        check_bool("fc_norm", self.fc_norm)
-        if self.representation_size is not None:
-            store("representation_size", check_size("representation_size", self.representation_size))
-        store("layer_norm_eps", check_float32("layer_norm_eps", self.layer_norm_eps))
-        if self.layer_scale is not None:
-            store("layer_scale", check_float32("layer_scale", self.layer_scale))
-        store("register_tokens", check_size("register_tokens", self.register_tokens, positive=False))
         if self.num_tokens > MAX_SIZE:
             raise ValueError(
                 f"the tokens must be at most 2**63 - 1 (torch's sizes are int64), got {show_int(self.num_tokens)} "
                 f"from image_size {self.image_size}, patch_size {self.patch_size} and register_tokens "
                 f"{self.register_tokens}"
             )
-        flags = ("pos_embed_prefix", "class_token", "distill_token", "pre_norm", "patch_bias", "qk_norm", "head_bias")
-        for name in flags:
-            check_bool(name, getattr(self, name))
-        check_choice("act", self.act, ACTIVATIONS)
-        if self.dynamic_size is not None:
-            check_choice("dynamic_size", self.dynamic_size, DYNAMIC_SIZES)
         self._check_combinations()
 
     def _check_combinations(self) -> None:
@@ -174,26 +249,20 @@ class ViTConfig:
 
     def beyond_paper(self) -> list[str]:
         """The options set here that the 2021 paper's ViT lacks (LayerScale, registers, positions for the patches
-        only, ...: :data:`BEYOND_PAPER`), each as "field value"; empty for the paper's architecture. Formats and
-        tools that know only that architecture refuse a config with any of them."""
-        # dynamic_size is how a forward treats other input sizes, not architecture: every format holds such a model.
-        found = [
-            f"{name} {getattr(self, name)}"
-            for name, plain in BEYOND_PAPER.items()
-            if getattr(self, name) != plain and name != "dynamic_size"
+        only, attention pooling...: the fields :class:`Field` marks ``beyond_paper``), each as "field value"; empty
+        for the paper's architecture. Formats and tools that know only that architecture refuse a config with any of
+        them. The free fields (``dynamic_size``: how a forward treats other input sizes) are no architecture: every
+        format holds them."""
+        return [
+            f"{name} {getattr(self, name)!r}"
+            for name, about in FIELDS.items()
+            if about.beyond_paper and not about.free and _beyond(name, about, getattr(self, name))
         ]
-        return found + (["pool 'map'"] if self.pool == "map" else [])
 
     @property
     def head_dim(self) -> int:
         """D_h = D / h."""
         return self.dim // self.heads
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for a name the config does not have: say where a former field went.
-        if name in FORMER_FIELDS:
-            raise AttributeError(f"ViTConfig has no {name}: {MOVED}; read model.{name}")
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: tuples become lists. The options beyond the paper are left out at their plain values, so a
@@ -201,64 +270,45 @@ class ViTConfig:
         return {
             k: list(v) if isinstance(v, tuple) else v
             for k, v in asdict(self).items()
-            if not (k in BEYOND_PAPER and v == BEYOND_PAPER[k])
+            if not (FIELDS[k].beyond_paper is True and v == DEFAULTS[k])
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ViTConfig:
-        """The config of :meth:`to_dict`'s mapping; a former field (``attn_impl``) is skipped."""
+        """The config of :meth:`to_dict`'s mapping."""
         if not isinstance(d, Mapping):
             raise TypeError(f"a ViTConfig is read from a mapping of its fields, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known - set(FORMER_FIELDS), key=str)
+        unknown = sorted(set(d) - known, key=str)
         if unknown:
             raise ValueError(f"unknown ViTConfig fields {unknown}; expected a subset of {sorted(known)}")
-        return cls(**{k: v for k, v in d.items() if k in known})
+        return cls(**d)
 
 
-# The fields of options the 2021 paper's ViT lacks, each with the value that leaves it out.
-BEYOND_PAPER: dict[str, Any] = {
-    "layer_scale": None,
-    "register_tokens": 0,
-    "pos_embed_prefix": True,
-    "class_token": True,
-    "distill_token": False,
-    "pre_norm": False,
-    "patch_bias": True,
-    "act": "gelu",
-    "qk_norm": False,
-    "head_bias": True,
-    "dynamic_size": None,
-}
-
-MOVED = (
-    "the attention path is runtime state, not architecture: pass attn_impl= to ViT(...), ViT.from_config(config, "
-    "attn_impl=...), create_vit, load_vit or load_model, or call model.set_attn_impl(impl)"
-)
-_dataclass_init = ViTConfig.__init__
+# The registry: each field's Field and default, in declaration order. Every list of fields is derived from these.
+FIELDS: dict[str, Field] = {f.name: f.metadata["field"] for f in fields(ViTConfig)}
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ViTConfig)}
+# The fields a loader may set beside the weights it reads: no tensor holds them, and the same tensors load either way.
+FREE_FIELDS = tuple(name for name, about in FIELDS.items() if about.free)
 
 
-@functools.wraps(_dataclass_init)
-def _init(self: ViTConfig, *args: Any, **kwargs: Any) -> None:
-    former = sorted(set(kwargs) & set(FORMER_FIELDS))
-    if former:
-        raise TypeError(f"ViTConfig has no field {former[0]}: {MOVED}")
-    _dataclass_init(self, *args, **kwargs)
+def _beyond(name: str, about: Field, value: Any) -> bool:
+    if isinstance(about.beyond_paper, tuple):
+        return value in about.beyond_paper
+    return value != DEFAULTS[name]
 
 
-ViTConfig.__init__ = _init  # a former field gets a message saying where it went, not "unexpected keyword argument"
+def same(name: str, a: Any, b: Any) -> bool:
+    """Whether two values of field ``name`` describe the same architecture: equal, or for a field the weights hold
+    only by presence (LayerScale, whose initial value trained weights forget), both present or both absent."""
+    if FIELDS[name].held == "presence":
+        return (a is None) == (b is None)
+    return a == b
 
 
-def check_float32(name: str, value: Any) -> float:
-    """A positive float the weights' dtype float32 holds (LayerScale's gamma, LayerNorm's epsilon), else a
-    ValueError naming ``name``, the value and the range."""
-    value = check_positive_float(name, value)
-    if not FLOAT32_TINY <= value <= FLOAT32_MAX:
-        raise ValueError(
-            f"{name} {value:g} is outside float32's range, the weights' dtype: expected a positive float from "
-            f"{FLOAT32_TINY:.4g} to {FLOAT32_MAX:.4g}"
-        )
-    return value
+def differences(got: ViTConfig, want: ViTConfig, names: Iterable[str]) -> list[tuple[str, Any, Any]]:
+    """(field, got's value, want's value) for each of ``names`` where the two configs describe other architectures."""
+    return [(n, getattr(got, n), getattr(want, n)) for n in names if not same(n, getattr(got, n), getattr(want, n))]
 
 
 def check_config(config: Any, module: str) -> ViTConfig:

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import fields, replace
 from typing import Any
 
+import inspect
+
 import torch
 from einops import rearrange
 from torch import nn
@@ -16,7 +18,7 @@ from ._init import trunc_normal_
 from ._sequential import Sequential
 from .attention import Attend, attn_impl_of, per_layer_impls, set_attn_impl
 from .blocks import TransformerEncoder, TransformerEncoderBlock
-from .config import ViTConfig
+from .config import FIELDS, ViTConfig
 from .head import ClassificationHead, head_swap_help
 from .patch_embed import PatchEmbedding
 from .preprocess import Preprocessing
@@ -56,39 +58,15 @@ class ViT(Sequential):
     """
 
 
-    def __init__(
-        self,
-        *,
-        image_size: int | tuple[int, int] = 224,
-        patch_size: int | tuple[int, int] = 16,
-        in_channels: int = 3,
-        num_classes: int = 1000,
-        dim: int = 768,
-        depth: int = 12,
-        heads: int = 12,
-        mlp_dim: int = 3072,
-        dropout: float = 0.0,
-        attn_dropout: float = 0.0,
-        pool: str = "cls",
-        patchify: str = "conv",
-        representation_size: int | None = None,
-        fc_norm: bool = False,
-        layer_norm_eps: float = 1e-6,
-        layer_scale: float | None = None,
-        register_tokens: int = 0,
-        pos_embed_prefix: bool = True,
-        class_token: bool = True,
-        distill_token: bool = False,
-        pre_norm: bool = False,
-        patch_bias: bool = True,
-        act: str = "gelu",
-        qk_norm: bool = False,
-        head_bias: bool = True,
-        dynamic_size: str | None = None,
-        attn_impl: str | Sequence[str] = "einsum",
-    ) -> None:
-        arguments = locals()  # the keywords above: ViTConfig's fields (tests hold them equal), then attn_impl
-        config = ViTConfig(**{f.name: arguments[f.name] for f in fields(ViTConfig)})
+    def __init__(self, *, attn_impl: str | Sequence[str] = "einsum", **fields: Any) -> None:
+        # The keywords are ViTConfig's fields (its registry): ViT's signature is made from them below the class.
+        unknown = sorted(set(fields) - set(FIELDS))
+        if unknown:
+            raise TypeError(
+                f"ViT got an unexpected keyword argument {unknown[0]!r}; its keywords are ViTConfig's fields "
+                f"({', '.join(FIELDS)}) and attn_impl"
+            )
+        config = ViTConfig(**fields)
         # Checked before anything of the model exists: a config that asks for terabytes, or for more modules than
         # build in the time budget, fails now, not after minutes of building. On the meta device (loaders, counts)
         # only the modules' own memory counts.
@@ -470,6 +448,17 @@ class ViT(Sequential):
             + head_swap_help(self.head.dim, self.head.in_features)
         )
 
+
+
+# ViT's keywords, as help(ViT) and editors show them: ViTConfig's fields with their defaults, then attn_impl.
+ViT.__init__.__signature__ = inspect.Signature(
+    [
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        *(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+          for f in fields(ViTConfig)),
+        inspect.Parameter("attn_impl", inspect.Parameter.KEYWORD_ONLY, default="einsum"),
+    ]
+)
 
 def check_class_names(class_names: Any, num_classes: int) -> list[str] | None:
     """None, or ``num_classes`` names as a list of str."""

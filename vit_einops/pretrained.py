@@ -135,11 +135,6 @@ PRETRAINED: dict[str, PublishedWeights] = {
     # each with timm's preprocessing for it
     **{name: _timm_family(name) for name in (*TIMM_ARCHS, "vit_small_patch16_224.dino", "vit_base_patch16_224.mae")},
 }
-# Fields a checkpoint fixes and the name promises; image size and classes may differ (a fine-tuned file).
-_ARCHITECTURE = (
-    "patch_size", "in_channels", "dim", "depth", "heads", "mlp_dim", "class_token", "distill_token", "register_tokens",
-    "pos_embed_prefix", "pre_norm", "patch_bias", "act", "qk_norm",
-)  # fmt: skip
 
 
 def create_vit(
@@ -317,13 +312,14 @@ def _sha256(path: Path) -> str:
 
 
 def _check_architecture(model: ViT, name: str, expected: dict[str, Any], weights: Any) -> None:
-    from .config import ViTConfig
+    from .config import FIELDS, ViTConfig, differences
 
-    want, got = ViTConfig(**expected), model.config
+    # The fields the name promises: all but the free ones and those a checkpoint may change (a fine-tuned file's
+    # image size and classes).
+    promised = [field for field, about in FIELDS.items() if not (about.free or about.per_checkpoint)]
     differ = [
-        f"{field} {getattr(got, field)} (a {name} has {getattr(want, field)})"
-        for field in _ARCHITECTURE
-        if getattr(got, field) != getattr(want, field)
+        f"{field} {got!r} (a {name} has {wanted!r})"
+        for field, got, wanted in differences(model.config, ViTConfig(**expected), promised)
     ]
     if differ:
         where = weights if weights is not None else "the published weights"

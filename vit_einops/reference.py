@@ -22,7 +22,7 @@ from torch import nn
 
 from .attention import MultiHeadAttention
 from .blocks import TransformerEncoderBlock, activation
-from .config import ACTIVATIONS, ViTConfig
+from .config import ACTIVATIONS, DEFAULTS, ViTConfig
 from .model import ViT
 
 
@@ -95,7 +95,6 @@ REFUSES: dict[str, dict[str, str]] = {
     "torch_encoder_layer_from": {"qk_norm": _QK_NORM},
     "torch_reference_vit": {"qk_norm": _QK_NORM},
 }
-_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ViTConfig)}
 
 # The submodules each layer builder reads; any other (a module a new option added) is refused by its path.
 _MHA_MODULES = (
@@ -122,7 +121,7 @@ def _refuse_unmodelled(builder: str, values: Mapping[str, Any]) -> None:
     """A ValueError naming the first field of ``values`` (field -> value) that ``builder`` does not model and that is
     not at its ViTConfig default: refused in :data:`REFUSES`, or decided nowhere."""
     for name, value in values.items():
-        if name in MODELS[builder] or (name in _DEFAULTS and value == _DEFAULTS[name]):
+        if name in MODELS[builder] or (name in DEFAULTS and value == DEFAULTS[name]):
             continue
         why = REFUSES[builder].get(name, "no reference models it yet (vit_einops.reference.MODELS)")
         raise ValueError(f"{builder} cannot model {name}={value!r}: {why}")

@@ -14,13 +14,11 @@ import torch
 
 from ._budget import check_memory
 from ._text import printable
-from .config import ViTConfig
+from .config import FREE_FIELDS, ViTConfig
 from .model import ViT
 from .patch_embed import conv_to_linear_weight, linear_to_conv_weight
 from .sizes import check_model_memory
 
-# The ViTConfig fields a state dict cannot pin down and that change no tensor: callers may set them freely.
-FREE_FIELDS = ("dropout", "attn_dropout", "patchify", "layer_norm_eps")
 PATCH_WEIGHT = "patch_embed.proj.weight"
 
 

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from .._checks import MAX_SIZE, show_int
-from ..config import ViTConfig
+from ..config import DEFAULTS, FIELDS, ViTConfig
 from ..statedict import check_keys, check_state_dict, convert_patchify, expected_shapes
 
 SOURCE = "hf"
@@ -102,10 +102,10 @@ CLIP_LAYOUT: tuple[Rule, ...] = (
     (r"head\.fc\.weight", "visual_projection.weight", None),
 )  # fmt: skip
 
-# What a ViTConfig option is in a model each family cannot vary: the plain ViT's values.
-PLAIN: dict[str, Any] = dict(
-    layer_scale=None, register_tokens=0, pos_embed_prefix=True, class_token=True, distill_token=False,
-    pre_norm=False, patch_bias=True, qk_norm=False, head_bias=True, pool="cls", fc_norm=False,
+# The ViTConfig fields every family's config.json writes (hidden_size, hidden_act, ...). What a family holds besides
+# these is its ``options``; any other field must be at its default, or the model is refused (never exported plain).
+EXPRESSED = (
+    "image_size", "patch_size", "in_channels", "num_classes", "dim", "depth", "heads", "mlp_dim", "layer_norm_eps", "act"
 )  # fmt: skip
 
 
@@ -126,8 +126,8 @@ A_POOLER = Holds(lambda r: r is not None, "a pooler (representation_size)")
 class Family:
     """One transformers architecture: its config.json ``model_type`` values, the prefix its files put before the
     backbone keys, its key rules, the starts of the keys its files may hold that no vit-einops tensor matches
-    (dropped when read; DINOv2's mask token is written as zeros), the ViTConfig options it fixes (a value, or a
-    test of the value), and its config.json reader."""
+    (dropped when read; DINOv2's mask token is written as zeros), the ViTConfig options it holds beyond
+    :data:`EXPRESSED` (a value, or a test of the value), and its config.json reader."""
 
     architecture: str
     model_types: tuple[str, ...]
@@ -142,9 +142,14 @@ class Family:
         return "ViT" if self.architecture.startswith("ViT") else self.architecture
 
     def problems(self, config: ViTConfig) -> list[str]:
-        """What ``config`` has that this architecture cannot hold, each as "field value (what it holds)"."""
+        """What ``config`` has that this architecture cannot hold, each as "field value (what it holds)": a field it
+        neither writes (:data:`EXPRESSED`) nor holds (``options``) must be at its default; free fields (dropout, the
+        patch projection's form) are not architecture."""
         found = []
-        for name, plain in {**PLAIN, **self.options}.items():
+        for name, about in FIELDS.items():
+            if name not in self.options and (name in EXPRESSED or about.free):
+                continue
+            plain = self.options.get(name, DEFAULTS[name])
             value = getattr(config, name)
             fits = plain.test(value) if isinstance(plain, Holds) else value == plain
             if not fits:
@@ -408,19 +413,9 @@ def hf_fields(hf: Mapping[str, Any], family: Family, num_labels: int) -> dict[st
     return {"dynamic_size": "timm" if fields.get("register_tokens") else "hf"} | fields
 
 
-# Our field -> its config.json name in each family, to name the user's field in an error from ViTConfig.
-HF_NAMES = {
-    "dim": "hidden_size", "depth": "num_hidden_layers", "heads": "num_attention_heads", "image_size": "image_size",
-    "patch_size": "patch_size", "in_channels": "num_channels", "mlp_dim": "intermediate_size or mlp_ratio",
-    "layer_norm_eps": "layer_norm_eps", "register_tokens": "num_register_tokens", "layer_scale": "layerscale_value",
-    "num_classes": "num_labels, id2label or projection_dim", "dropout": "hidden_dropout_prob",
-    "attn_dropout": "attention_probs_dropout_prob or attention_dropout", "representation_size": "pooler_output_size",
-}  # fmt: skip
-
-
 def hf_names(message: str) -> str:
-    """The config.json fields behind the ViTConfig fields a message names."""
-    named = [theirs for ours, theirs in HF_NAMES.items() if re.search(rf"\b{ours}\b", message)]
+    """The config.json fields behind the ViTConfig fields a message names (each field's ``hf`` name)."""
+    named = [about.hf for ours, about in FIELDS.items() if about.hf and re.search(rf"\b{ours}\b", message)]
     return f" (config.json's {', '.join(named)})" if named else ""
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from .._checks import check_choice, to_pair
-from ..config import ViTConfig
+from ..config import DEFAULTS, FIELDS, ViTConfig, differences
 from ..imagenet import assume_imagenet_names
 from ..model import ViT
 from ..presets import TIMM_ARCHS, TIMM_NAMES, TIMM_TAGS, timm_arch, timm_preprocessing
@@ -81,12 +81,9 @@ _RULES = (
 # Our head.norm is timm's norm (before pooling) or fc_norm (after it, our fc_norm=True; timm's norm is then Identity).
 LAYOUT = KeyLayout(SOURCE, (*_RULES, (r"head\.norm\.(weight|bias)", r"norm.\1")))
 FC_NORM_LAYOUT = KeyLayout(SOURCE, (*_RULES, (r"head\.norm\.(weight|bias)", r"fc_norm.\1")))
-# The fields a timm state dict fixes, which must agree with a named arch (num_classes only when a tag names it;
-# image_size only when not passed; LayerScale by its presence).
-_ARCH_CHECKED = (
-    "patch_size", "in_channels", "dim", "depth", "mlp_dim", "class_token", "distill_token", "register_tokens",
-    "pos_embed_prefix", "pre_norm", "patch_bias", "qk_norm", "head_bias", "fc_norm", "pool",
-)  # fmt: skip
+# The fields a timm state dict fixes, which must agree with a named arch (the ones a checkpoint may change, image
+# size and classes, only where the caller did not pass the size and a tag names the classes).
+_ARCH_CHECKED = tuple(name for name, about in FIELDS.items() if about.held and not about.per_checkpoint)
 
 
 def _layout(config: ViTConfig) -> KeyLayout:
@@ -180,7 +177,7 @@ def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> tuple[str |
     families = [name for name in fits if name in TIMM_ARCHS]
     configs = {name: dataclasses.asdict(config) for name, (config, _) in fits.items()}
     preprocessings = {name: repr(prep and prep.to_dict()) for name, (_, prep) in fits.items()}
-    differ = [field for field in ViTConfig.__dataclass_fields__ if len({repr(c[field]) for c in configs.values()}) > 1]
+    differ = [field for field in FIELDS if len({repr(c[field]) for c in configs.values()}) > 1]
     if differ or len(set(preprocessings.values())) > 1:
         own = ["its preprocessing"] * (len(set(preprocessings.values())) > 1)
         listed = ", ".join(
@@ -407,20 +404,9 @@ def _global_pool(pool: str) -> str:
 def _check_arch(config: ViTConfig, arch: str, fields: dict[str, Any], *, image_size_given: bool) -> None:
     """ValueError naming each field the state dict fixes that differs from timm's ``arch``."""
     want = ViTConfig(**fields)
-    checked = [*_ARCH_CHECKED, *(("image_size",) * (not image_size_given))]
-    differ = [
-        f"{field} {getattr(config, field)!r} (timm's {arch} has {getattr(want, field)!r})"
-        for field in checked
-        if getattr(config, field) != getattr(want, field)
-    ]
-    if (config.layer_scale is None) != (want.layer_scale is None):
-        differ.append(
-            f"LayerScale {'present' if config.layer_scale else 'absent'} (timm's {arch} has "
-            f"{'none' if want.layer_scale is None else f'init_values {want.layer_scale:g}'})"
-        )
     base, tagged, _ = arch.partition(".")
-    if tagged and config.num_classes != want.num_classes:
-        differ.append(f"num_classes {config.num_classes} (timm's {arch} has {want.num_classes})")
+    checked = [*_ARCH_CHECKED, *(("image_size",) * (not image_size_given)), *(("num_classes",) * bool(tagged))]
+    differ = [f"{name} {got!r} (timm's {arch} has {wanted!r})" for name, got, wanted in differences(config, want, checked)]
     if differ:
         tags = [f"{base}.{t}" for t, n in TIMM_TAGS.get(base, {}).items() if n == config.num_classes]
         hint = f"; the tags with {config.num_classes} classes: {', '.join(tags)}" if tagged and tags else ""
@@ -472,18 +458,17 @@ def timm_class(config: ViTConfig) -> str:
 def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
     """Arguments of timm's :func:`timm_class` (``VisionTransformer``, or ``VisionTransformerDistilled`` for DeiT's
     distillation token) that build the architecture of ``config``; a ValueError for a config timm cannot build."""
-    if config.representation_size is not None:
-        raise ValueError(
-            f"timm's VisionTransformer has no pre-logits layer (representation_size {config.representation_size})"
-        )
+    # Allow-listed: a field with no timm argument (FIELDS[name].timm) must be at its default, whatever it is.
+    unexpressed = [f"{name} {getattr(config, name)!r}" for name, about in FIELDS.items()
+                   if about.timm is None and not about.free and getattr(config, name) != DEFAULTS[name]]  # fmt: skip
+    if unexpressed:
+        raise ValueError(f"timm's VisionTransformer has no counterpart of {', '.join(unexpressed)}")
     if config.patch_bias == config.pre_norm:
         # timm ties them: PatchEmbed(bias=not pre_norm)
         raise ValueError(
             f"timm's patch projection has a bias exactly when it has no pre-norm; got patch_bias {config.patch_bias} "
             f"with pre_norm {config.pre_norm}"
         )
-    if not config.head_bias and config.num_classes:
-        raise ValueError("timm's classifier always has a bias; this model's head has none (head_bias False)")
     if config.distill_token and not config.pos_embed_prefix:
         raise ValueError("timm's VisionTransformerDistilled gives its prefix tokens position rows (pos_embed_prefix)")
     mlp_ratio = config.mlp_dim / config.dim
