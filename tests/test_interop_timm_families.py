@@ -7,7 +7,7 @@ Each family is compared at its native size and at two others, timm with ``dynami
 ``forward_features`` and on the logits (the pooled features for a model without a classifier); every measurement
 goes to the interop report (tests/_interop.py report_diffs) under the family's timm name.
 
-The table of architectures (vit_einops.presets.TIMM_ARCHS) is held to timm's own models: each name's state dict
+The registry of families (vit_einops.presets.FAMILIES) is held to timm's own models: each name's state dict
 (built on the meta device, nothing computed) reads back as the table's config, with timm's parameter count.
 """
 
@@ -22,7 +22,8 @@ from _interop import assert_same_state, interop_library, perturbed, report_diffs
 
 from vit_einops import ViTConfig, create_vit, parameter_count
 from vit_einops.interop import load_timm, timm_class, timm_config, timm_kwargs, to_timm
-from vit_einops.presets import TIMM_ARCHS, TIMM_PREPROCESSING, TIMM_TAGS, timm_arch, timm_preprocessing
+from vit_einops import presets
+from vit_einops.presets import TIMM_ARCHS, tags_of, timm_arch, timm_preprocessing
 
 timm = interop_library("timm")
 from timm.models.deit import VisionTransformerDistilled  # noqa: E402
@@ -134,15 +135,10 @@ def test_real_size_by_name(name):
     _compare(f"timm {name} {size}", model, tm, torch.randn(1, 3, size, size))
 
 
-# Every name of the table, its default tag and the tags that change the classes: timm's parameter count, and a state
-# dict that reads back as the table says.
-ARCH_NAMES = [
-    *TIMM_ARCHS,
-    "vit_small_patch16_224.dino",
-    "vit_base_patch16_224.mae",
-    "vit_base_patch16_clip_224.openai",
-    "vit_base_patch16_clip_224.laion2b_ft_in12k",
-]
+# The contract every entry of the registry is held to, parametrised over it (a new family or tag is tested without
+# new test code): every name and every tag of every family.
+TAGGED = [f"{name}.{tag}" for family in presets.FAMILIES.values() for name, tags in family.tags.items() for tag in tags]
+ARCH_NAMES = [*TIMM_ARCHS, *TAGGED]
 
 
 @pytest.mark.parametrize("name", ARCH_NAMES)
@@ -160,14 +156,15 @@ def test_table_equals_timms_architecture(name):
 
 
 def test_tags_hold_timms_classes():
-    for base, tags in TIMM_TAGS.items():
+    for base in TIMM_ARCHS:
+        tags = tags_of(base)
         for tag, classes in tags.items():
             assert timm.models.get_pretrained_cfg(f"{base}.{tag}").num_classes == classes, f"{base}.{tag}"
         default = timm.models.get_pretrained_cfg(base)  # the name alone: timm's default tag
         assert next(iter(tags)) == default.tag and timm_arch(base)["num_classes"] == default.num_classes, base
 
 
-@pytest.mark.parametrize("name", sorted(TIMM_PREPROCESSING))
+@pytest.mark.parametrize("name", ARCH_NAMES)
 def test_family_preprocessing_is_timms_data_config(name):
     """What create_vit(name) and load_timm(arch=name) record equals timm's own eval transform for those weights:
     mean, std, interpolation and the resize its crop_pct gives (timm.data.resolve_data_config on the name's

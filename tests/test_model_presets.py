@@ -8,8 +8,8 @@ import torch
 from _tiny import TINY_RGB16
 
 from vit_einops import (
+    FAMILIES,
     PRESETS,
-    TIMM_NAMES,
     ClassificationHead,
     FeedForwardBlock,
     MultiHeadAttention,
@@ -241,12 +241,15 @@ TIMM_ARGS = {
 }
 
 
-@pytest.mark.parametrize("name", list(TIMM_NAMES))
+@pytest.mark.parametrize("name", [*FAMILIES["vit"].members, *FAMILIES["vit_384"].members])
 def test_timm_names_build_timms_architecture(name):
     stem, size = name.rsplit("_", 1)
     p, d, depth, h = TIMM_ARGS[stem]
     cfg = meta_vit(name).config
-    assert cfg == ViTConfig(image_size=int(size), patch_size=p, dim=d, depth=depth, heads=h, mlp_dim=4 * d)
+    # the classes of timm's default tag: 0 for the in21k-only weights of vit_large_patch32_224 and vit_huge_patch14_224
+    classes = 0 if name in ("vit_large_patch32_224", "vit_huge_patch14_224") else 1000
+    assert cfg == ViTConfig(image_size=int(size), patch_size=p, dim=d, depth=depth, heads=h, mlp_dim=4 * d,
+                            num_classes=classes)  # fmt: skip
     assert name in list_presets(timm_names=True) and name not in list_presets()
 
 

@@ -214,13 +214,13 @@ def test_a_family_downloads_with_its_arch_and_preprocessing(cache, hub_cache, mo
     loads with the name as its arch (registers, LayerScale, positions for the patches only, no classifier) and
     records DINOv2's preprocessing (ImageNet mean and std, crop 1.0). The architecture is shrunk in the table, so
     the served file is tiny."""
-    from vit_einops.pretrained import _timm_family
+    from vit_einops.pretrained import _timm
     from vit_einops.presets import TIMM_ARCHS
 
     name = "vit_small_patch14_reg4_dinov2"
     small = dict(dim=32, depth=1, heads=2, mlp_dim=64, image_size=28)
     monkeypatch.setitem(TIMM_ARCHS, name, {**TIMM_ARCHS[name], **small})
-    published = _timm_family(name)
+    published = _timm(name)
     monkeypatch.setitem(PRETRAINED, name, published)
     model = perturbed(create_vit(name))
     with serve() as site:

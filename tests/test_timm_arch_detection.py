@@ -82,8 +82,8 @@ def test_a_family_file_no_arch_fits_is_refused_naming_its_parts(tmp_path, capsys
     fields = {**TINY, "pre_norm": True, "patch_bias": False, "layer_norm_eps": 1e-5}
     theirs = to_timm(perturbed(ViT(**fields)))
     refused = (
-        r"^the timm state dict holds a pre-norm \(norm_pre\), no patch bias \(patch_embed.proj.bias\), parts of "
-        r"timm's ViT families, but fits none of their architectures \(vit_einops.presets.TIMM_ARCHS\): its heads, "
+        r"^the timm state dict holds pre_norm True, patch_bias False, parts of "
+        r"timm's ViT families, but fits none of their architectures \(vit_einops.presets.FAMILIES\): its heads, "
         r"activation and LayerNorm eps are nowhere in its tensors\. Name its architecture: arch=NAME \(on the command "
         r"line, --arch NAME\), or pass heads=, act= and layer_norm_eps= \(--heads, --act and --layer-norm-eps\)$"
     )
@@ -95,7 +95,7 @@ def test_a_family_file_no_arch_fits_is_refused_naming_its_parts(tmp_path, capsys
     assert told == ViT(**fields).config
     src = save_state_dict_file(theirs, tmp_path / "clip.safetensors")
     assert main(["convert", str(src), str(tmp_path / "out.safetensors"), "--heads", str(TINY["heads"])]) == 2
-    assert "holds a pre-norm (norm_pre), no patch bias" in capsys.readouterr().err
+    assert "holds pre_norm True, patch_bias False" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.safetensors"]
     told_flags = ["--heads", str(TINY["heads"]), "--act", "gelu", "--layer-norm-eps", "1e-5"]
     assert main(["convert", str(src), str(tmp_path / "out.safetensors"), *told_flags]) == 0

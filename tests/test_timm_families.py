@@ -167,8 +167,11 @@ TINY_ARCH = "vit_tiny_test_clip_quickgelu"
 
 @pytest.fixture
 def tiny_arch(monkeypatch, tmp_path):
-    """A CLIP-like tiny architecture in TIMM_ARCHS, and a timm file of it (quick-GELU: no key says so)."""
+    """A CLIP-like tiny family in the registry, and a timm file of it (quick-GELU: no key says so)."""
     fields = {**TINY, "heads": 2, **FAMILIES["clip quick-gelu"]}
+    family = presets.Family("tiny", "a test", members={TINY_ARCH: fields}, tags={TINY_ARCH: {"test": 5}},
+                            norm=presets.FAMILIES["clip"].norm)  # fmt: skip
+    monkeypatch.setitem(presets.FAMILIES, family.name, family)
     monkeypatch.setitem(presets.TIMM_ARCHS, TINY_ARCH, fields)
     model = perturbed(ViT(**fields))
     return model, save_state_dict_file(to_timm(model), tmp_path / "clip.safetensors")

@@ -41,7 +41,7 @@ _EXPORTS = {
     "Prediction": "prediction",
     "predict": "prediction",
     "PRESETS": "presets",
-    "TIMM_NAMES": "presets",
+    "FAMILIES": "presets",
     "create_vit": "pretrained",
     "list_presets": "presets",
     "max_build_time": "_budget",

@@ -1,5 +1,6 @@
-"""Table 1 of the paper, plus the DeiT-sized Ti and S that every library also ships; also under timm's names, and
-timm's ViT families (DINO, DINOv2, DeiT, DeiT III, CLIP, SigLIP, MAE) by their timm names.
+"""The named architectures: Table 1 of the paper (plus the DeiT-sized Ti and S that every library also ships), and
+the registry of ViT families (:data:`FAMILIES`), each written once with its timm names, pretrained tags, their
+preprocessing and hub repositories.
 
 Importing this module does not import torch (the command line reads the names for its --help); the model is
 imported when a preset is built.
@@ -7,6 +8,9 @@ imported when a preset is built.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .preprocess import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, Preprocessing
@@ -31,102 +35,172 @@ PRESETS: dict[str, dict[str, Any]] = {
     for name, (p, d, depth, h) in _SIZES.items()
 }
 
-# timm's model names for the same architectures: (our preset, image size). timm builds these with our defaults
-# (class-token pooling, no fc_norm, LayerNorm eps 1e-6, 1000 classes), so only the image size differs; what
-# timm's pretrained tags add (their mean/std, crop) is preprocessing, which travels with the weights.
-TIMM_NAMES: dict[str, tuple[str, int]] = {
-    "vit_tiny_patch16_224": ("vit_ti_16", 224),
-    "vit_tiny_patch16_384": ("vit_ti_16", 384),
-    "vit_small_patch16_224": ("vit_s_16", 224),
-    "vit_small_patch16_384": ("vit_s_16", 384),
-    "vit_small_patch32_224": ("vit_s_32", 224),
-    "vit_small_patch32_384": ("vit_s_32", 384),
-    "vit_base_patch16_224": ("vit_b_16", 224),
-    "vit_base_patch16_384": ("vit_b_16", 384),
-    "vit_base_patch32_224": ("vit_b_32", 224),
-    "vit_base_patch32_384": ("vit_b_32", 384),
-    "vit_large_patch16_224": ("vit_l_16", 224),
-    "vit_large_patch16_384": ("vit_l_16", 384),
-    "vit_large_patch32_224": ("vit_l_32", 224),
-    "vit_large_patch32_384": ("vit_l_32", 384),
-    "vit_huge_patch14_224": ("vit_h_14", 224),
-}
+Norm = tuple[tuple[float, ...], tuple[float, ...]]
+_IMAGENET: Norm = (IMAGENET_MEAN, IMAGENET_STD)
+_CLIP: Norm = (CLIP_MEAN, CLIP_STD)
+_HALF: Norm = (INCEPTION_MEAN, INCEPTION_MEAN)
 
 
-# The widths of Table 1's Ti, S and B (D, L, h, MLP size), which timm's families share.
-_TI, _S, _B = (
-    {k: v for k, v in PRESETS[n].items() if k in ("dim", "depth", "heads", "mlp_dim")}
-    for n in ("vit_ti_16", "vit_s_16", "vit_b_16")
-)
-_DINOV2 = {"patch_size": 14, "image_size": 518, "layer_scale": 1e-5, "num_classes": 0}  # 37 x 37 patches of 14
+@dataclass(frozen=True)
+class Family:
+    """One ViT family as timm publishes it, written once.
+
+    Args:
+        name: our name for it ("dinov2").
+        cite: the paper, for the docs' tables.
+        members: timm's model names -> their ViTConfig fields at the default tag's size (timm 1.0's pretrained_cfg;
+            the classes are the default tag's). The fields no tensor holds (heads, act, layer_norm_eps, image size, pooling,
+            LayerScale's init) come from here when a timm file of that name is read.
+        tags: each member's pretrained tags -> the classes of their head (0: none), timm's default tag first. A tag
+            of another family's member makes that name.tag this family's (DINO and MAE are tags of timm's plain
+            ViTs).
+        norm: the mean and std of its eval preprocessing (bicubic, timm's).
+        crop_pct: timm's crop_pct; ``tag_crops`` maps each tag whose crop differs to its own.
+        hub_repos: members whose weights sit in another name's hub repository (timm's hf_hub_id).
+    """
+
+    name: str
+    cite: str
+    members: Mapping[str, Mapping[str, Any]]
+    tags: Mapping[str, Mapping[str, int]]
+    norm: Norm
+    crop_pct: float = 0.9
+    tag_crops: Mapping[str, float] = field(default_factory=dict)
+    hub_repos: Mapping[str, str] = field(default_factory=dict)
+
+    def crop(self, tag: str) -> float:
+        return self.tag_crops.get(tag, self.crop_pct)
+
+
+def _widths(preset: str) -> dict[str, Any]:
+    return {k: v for k, v in PRESETS[preset].items() if k in ("patch_size", "dim", "depth", "heads", "mlp_dim")}
+
+
+_TI, _S, _B = _widths("vit_ti_16"), _widths("vit_s_16"), _widths("vit_b_16")
+
+
+def _plain(preset: str, size: int) -> dict[str, Any]:
+    return {**PRESETS[preset], "image_size": size}
+
+
+_AUGREG = {"augreg_in21k_ft_in1k": 1000}
+_DINOV2 = {"patch_size": 14, "image_size": 518, "layer_scale": 1e-5}  # 37 x 37 patches of 14
 _REG4 = {"register_tokens": 4, "pos_embed_prefix": False}  # timm's reg_tokens=4, no_embed_class=True
 _DEIT3 = {"layer_scale": 1e-6, "pos_embed_prefix": False}  # timm's init_values=1e-6, no_embed_class=True
-_CLIP = {"pre_norm": True, "patch_bias": False, "layer_norm_eps": 1e-5}  # timm's pre_norm=True (no patch bias then)
+_CLIP_OPTS = {"pre_norm": True, "patch_bias": False, "layer_norm_eps": 1e-5}  # timm's pre_norm=True (no patch bias)
+_CLIP_TAGS = {
+    "laion2b_ft_in12k_in1k": 1000, "datacompxl": 512, "dfn2b": 512, "laion2b": 512, "laion2b_ft_in1k": 1000,
+    "laion2b_ft_in12k": 11821, "laion400m_e32": 512, "metaclip_2pt5b": 512, "metaclip_400m": 512, "openai": 512,
+    "openai_ft_in1k": 1000, "openai_ft_in12k": 11821, "openai_ft_in12k_in1k": 1000,
+}  # fmt: skip
 
-# timm's ViT families: each name's ViTConfig fields, at its default pretrained tag's size and classes (timm 1.0's
-# pretrained_cfg). The fields no tensor holds (heads, act, layer_norm_eps, image size, pooling, LayerScale's init)
-# come from here when a state dict is loaded with arch=NAME; every other field is read off the tensors and must agree.
-TIMM_ARCHS: dict[str, dict[str, Any]] = {
-    name: {"image_size": 224, "patch_size": 16, "num_classes": 1000, **fields}
-    for name, fields in {
-        "vit_small_patch14_dinov2": {**_S, **_DINOV2},
-        "vit_small_patch14_reg4_dinov2": {**_S, **_DINOV2, **_REG4},
-        "vit_base_patch14_dinov2": {**_B, **_DINOV2},
-        "vit_base_patch14_reg4_dinov2": {**_B, **_DINOV2, **_REG4},
-        # DeiT's distilled models are timm.models.deit.VisionTransformerDistilled
-        "deit_tiny_distilled_patch16_224": {**_TI, "distill_token": True},
-        "deit_small_distilled_patch16_224": {**_S, "distill_token": True},
-        "deit_base_distilled_patch16_224": {**_B, "distill_token": True},
-        "deit3_small_patch16_224": {**_S, **_DEIT3},
-        "deit3_base_patch16_224": {**_B, **_DEIT3},
-        "vit_base_patch16_clip_224": {**_B, **_CLIP},
-        "vit_base_patch16_clip_quickgelu_224": {**_B, **_CLIP, "act": "quick_gelu", "num_classes": 512},
-        "vit_base_patch16_siglip_224": {**_B, "class_token": False, "pool": "map", "num_classes": 0},
-    }.items()
-}
-
-# timm's pretrained tags ("name.tag") -> the classes of their head (pretrained_cfg num_classes; 0: no head). A name
-# without a tag is its default tag (the first here, and the classes above).
-TIMM_TAGS: dict[str, dict[str, int]] = {
-    "vit_small_patch16_224": {"augreg_in21k_ft_in1k": 1000, "augreg_in1k": 1000, "augreg_in21k": 21843, "dino": 0},
+# Table 1's ViTs under timm's names: timm builds them with our defaults (class-token pooling, no fc_norm, LayerNorm
+# eps 1e-6), so only the image size differs (and the crop: 1.0 at 384 px).
+_VIT_NAMES = (("tiny", 16, "vit_ti_16"), ("small", 16, "vit_s_16"), ("small", 32, "vit_s_32"), ("base", 16, "vit_b_16"),
+              ("base", 32, "vit_b_32"), ("large", 16, "vit_l_16"), ("large", 32, "vit_l_32"))  # fmt: skip
+_VIT_MEMBERS = {f"vit_{size}_patch{p}_224": _plain(preset, 224) for size, p, preset in _VIT_NAMES}
+_VIT_MEMBERS["vit_huge_patch14_224"] = _plain("vit_h_14", 224)
+_VIT_384 = {f"vit_{size}_patch{p}_384": _plain(preset, 384) for size, p, preset in _VIT_NAMES}
+_VIT_TAGS = {
+    "vit_tiny_patch16_224": _AUGREG, "vit_tiny_patch16_384": _AUGREG,
+    "vit_small_patch16_224": {**_AUGREG, "augreg_in1k": 1000, "augreg_in21k": 21843},
+    "vit_small_patch16_384": _AUGREG, "vit_small_patch32_224": _AUGREG, "vit_small_patch32_384": _AUGREG,
     "vit_base_patch16_224": {
-        "augreg2_in21k_ft_in1k": 1000,
-        "augreg_in1k": 1000,
-        "augreg_in21k": 21843,
-        "augreg_in21k_ft_in1k": 1000,
-        "dino": 0,
-        "mae": 0,
-        "orig_in21k": 0,
-        "orig_in21k_ft_in1k": 1000,
-        "sam_in1k": 1000,
+        "augreg2_in21k_ft_in1k": 1000, "augreg_in1k": 1000, "augreg_in21k": 21843, "augreg_in21k_ft_in1k": 1000,
+        "orig_in21k": 0, "orig_in21k_ft_in1k": 1000, "sam_in1k": 1000,
     },
-    **{name: {"lvd142m": 0} for name in TIMM_ARCHS if name.endswith("dinov2")},
-    **{name: {"fb_in1k": 1000} for name in TIMM_ARCHS if name.startswith("deit_")},
-    **{name: {"fb_in1k": 1000, "fb_in22k_ft_in1k": 1000} for name in TIMM_ARCHS if name.startswith("deit3_")},
-    "vit_base_patch16_clip_224": {
-        "laion2b_ft_in12k_in1k": 1000,
-        "datacompxl": 512,
-        "dfn2b": 512,
-        "laion2b": 512,
-        "laion2b_ft_in1k": 1000,
-        "laion2b_ft_in12k": 11821,
-        "laion400m_e32": 512,
-        "metaclip_2pt5b": 512,
-        "metaclip_400m": 512,
-        "openai": 512,
-        "openai_ft_in1k": 1000,
-        "openai_ft_in12k": 11821,
-        "openai_ft_in12k_in1k": 1000,
-    },
-    "vit_base_patch16_clip_quickgelu_224": {"metaclip_2pt5b": 512, "metaclip_400m": 512, "openai": 512},
-    "vit_base_patch16_siglip_224": {"v2_webli": 0, "webli": 0},
+    "vit_base_patch16_384": _AUGREG, "vit_base_patch32_224": _AUGREG, "vit_base_patch32_384": _AUGREG,
+    "vit_large_patch16_224": _AUGREG, "vit_large_patch16_384": _AUGREG,
+    "vit_large_patch32_224": {"orig_in21k": 0}, "vit_large_patch32_384": {"orig_in21k_ft_in1k": 1000},
+    "vit_huge_patch14_224": {"orig_in21k": 0},
+}  # fmt: skip
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        # Table 1's ViTs under timm's names: timm builds them with our defaults (class-token pooling, no fc_norm,
+        # LayerNorm eps 1e-6), so only the image size differs; crop_pct 1.0 at 384 px.
+        Family("vit", "Dosovitskiy et al. 2021", members=_VIT_MEMBERS, norm=_HALF,
+               tags={name: _VIT_TAGS[name] for name in _VIT_MEMBERS}),
+        Family("vit_384", "Dosovitskiy et al. 2021, fine-tuned at 384 px", members=_VIT_384, norm=_HALF, crop_pct=1.0,
+               tags={name: _VIT_TAGS[name] for name in _VIT_384}),
+        Family("dino", "Caron et al. 2021", members={}, norm=_IMAGENET,
+               tags={"vit_small_patch16_224": {"dino": 0}, "vit_base_patch16_224": {"dino": 0}}),
+        Family("mae", "He et al. 2022", members={}, norm=_IMAGENET, tags={"vit_base_patch16_224": {"mae": 0}}),
+        Family(
+            "dinov2", "Oquab et al. 2024", norm=_IMAGENET, crop_pct=1.0,
+            members={"vit_small_patch14_dinov2": {**_S, **_DINOV2}, "vit_base_patch14_dinov2": {**_B, **_DINOV2}},
+            tags={"vit_small_patch14_dinov2": {"lvd142m": 0}, "vit_base_patch14_dinov2": {"lvd142m": 0}},
+        ),
+        Family(
+            "dinov2_reg", "Darcet et al. 2024", norm=_IMAGENET, crop_pct=1.0,
+            members={"vit_small_patch14_reg4_dinov2": {**_S, **_DINOV2, **_REG4},
+                     "vit_base_patch14_reg4_dinov2": {**_B, **_DINOV2, **_REG4}},
+            tags={"vit_small_patch14_reg4_dinov2": {"lvd142m": 0}, "vit_base_patch14_reg4_dinov2": {"lvd142m": 0}},
+        ),
+        # DeiT's distilled models are timm.models.deit.VisionTransformerDistilled
+        Family(
+            "deit", "Touvron et al. 2021", norm=_IMAGENET,
+            members={f"deit_{s}_distilled_patch16_224": {**w, "distill_token": True}
+                     for s, w in (("tiny", _TI), ("small", _S), ("base", _B))},
+            tags={f"deit_{s}_distilled_patch16_224": {"fb_in1k": 1000} for s in ("tiny", "small", "base")},
+        ),
+        Family(
+            "deit3", "Touvron et al. 2022", norm=_IMAGENET,
+            members={"deit3_small_patch16_224": {**_S, **_DEIT3}, "deit3_base_patch16_224": {**_B, **_DEIT3}},
+            tags={f"deit3_{s}_patch16_224": {"fb_in1k": 1000, "fb_in22k_ft_in1k": 1000} for s in ("small", "base")},
+            tag_crops={"fb_in22k_ft_in1k": 1.0},
+        ),
+        Family(
+            "clip", "Radford et al. 2021", norm=_CLIP, crop_pct=0.95,
+            members={"vit_base_patch16_clip_224": {**_B, **_CLIP_OPTS}},
+            tags={"vit_base_patch16_clip_224": _CLIP_TAGS},
+            tag_crops={tag: 1.0 for tag in ("datacompxl", "dfn2b", "laion2b", "laion2b_ft_in1k", "laion400m_e32",
+                                            "metaclip_2pt5b", "metaclip_400m")}
+            | {tag: 0.9 for tag in ("laion2b_ft_in12k", "openai", "openai_ft_in1k", "openai_ft_in12k")},
+        ),
+        Family(
+            "clip_quickgelu", "Radford et al. 2021 (OpenAI's QuickGELU)", norm=_CLIP, crop_pct=1.0,
+            tag_crops={"openai": 0.9},
+            members={"vit_base_patch16_clip_quickgelu_224": {**_B, **_CLIP_OPTS, "act": "quick_gelu"}},
+            tags={"vit_base_patch16_clip_quickgelu_224": {"metaclip_2pt5b": 512, "metaclip_400m": 512, "openai": 512}},
+            hub_repos={"vit_base_patch16_clip_quickgelu_224": "vit_base_patch16_clip_224"},
+        ),
+        Family(
+            "siglip", "Zhai et al. 2023", norm=_HALF,
+            members={"vit_base_patch16_siglip_224": {**_B, "class_token": False, "pool": "map"}},
+            tags={"vit_base_patch16_siglip_224": {"v2_webli": 0, "webli": 0}},
+        ),
+    )
+}  # fmt: skip
+
+# timm's model names -> their ViTConfig fields, derived from FAMILIES: every family's members, with the classes of
+# their default tag (what timm.create_model(name) builds).
+TIMM_ARCHS: dict[str, dict[str, Any]] = {
+    name: {"image_size": 224, "patch_size": 16, **fields, "num_classes": next(iter(family.tags[name].values()))}
+    for family in FAMILIES.values()
+    for name, fields in family.members.items()
 }
+
+
+def family_of(name: str) -> Family:
+    """The family of timm's "name" or "name.tag": the one whose tags hold the tag, else the one listing the name."""
+    base, _, tag = name.partition(".")
+    family = _listing(base)
+    if tag:
+        family = next((f for f in FAMILIES.values() if tag in f.tags.get(base, {})), family)
+    return family
+
+
+def tags_of(name: str) -> dict[str, int]:
+    """Every pretrained tag of timm's untagged ``name`` -> its classes, in every family; timm's default first."""
+    return {tag: classes for family in FAMILIES.values() for tag, classes in family.tags.get(name, {}).items()}
 
 
 def list_presets(*, timm_names: bool = False) -> list[str]:
     """Our preset names (torchvision's too: vit_b_16 ...), and with ``timm_names`` timm's after them (Table 1's
-    ViTs, then the families of :data:`TIMM_ARCHS`)."""
-    return [*PRESETS, *TIMM_NAMES, *TIMM_ARCHS] if timm_names else list(PRESETS)
+    ViTs, then the families of :data:`FAMILIES`)."""
+    return [*PRESETS, *TIMM_ARCHS] if timm_names else list(PRESETS)
 
 
 def preset_config(name: str, **overrides: Any) -> dict[str, Any]:
@@ -138,27 +212,31 @@ def preset_config(name: str, **overrides: Any) -> dict[str, Any]:
     return {**timm_arch(name), **overrides}
 
 
+def _listing(base: str) -> Family:
+    """The family that lists timm's name ``base`` among its members."""
+    _check_timm_name(base)
+    return next(f for f in FAMILIES.values() if base in f.members)
+
+
+def _check_timm_name(base: str) -> None:
+    if base not in TIMM_ARCHS:
+        close = difflib.get_close_matches(base, [*PRESETS, *TIMM_ARCHS], n=4, cutoff=0.6)
+        raise ValueError(
+            f"unknown preset {base!r}; expected one of {', '.join(PRESETS)}, or one of timm's names "
+            f"{', '.join(TIMM_ARCHS)}" + (f"; close names: {', '.join(close)}" if close else "")
+        )
+
+
 def timm_arch(name: str) -> dict[str, Any]:
     """The ViTConfig fields of timm's model ``name`` ("vit_small_patch14_reg4_dinov2"), or of one of its pretrained
     tags ("vit_base_patch16_clip_224.openai": the tag sets the classes, as timm's pretrained_cfg)."""
     if not isinstance(name, str):
         raise TypeError(f"a timm model name is a str, got {name!r} of type {type(name).__name__}")
     base, dot, tag = name.partition(".")
-    if base in TIMM_NAMES:
-        preset, image_size = TIMM_NAMES[base]
-        fields = {**PRESETS[preset], "image_size": image_size}
-    elif base in TIMM_ARCHS:
-        fields = dict(TIMM_ARCHS[base])
-    else:
-        import difflib
-
-        close = difflib.get_close_matches(base, [*PRESETS, *TIMM_NAMES, *TIMM_ARCHS], n=4, cutoff=0.6)
-        raise ValueError(
-            f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}, or one of timm's names "
-            f"{', '.join([*TIMM_NAMES, *TIMM_ARCHS])}" + (f"; close names: {', '.join(close)}" if close else "")
-        )
+    _check_timm_name(base)
+    fields = dict(TIMM_ARCHS[base])
     if dot:
-        tags = TIMM_TAGS.get(base, {})
+        tags = tags_of(base)
         if tag not in tags:
             known = ", ".join(f"{base}.{t}" for t in tags) or f"none: use {base}"
             raise ValueError(f"unknown timm pretrained tag {tag!r} of {base}; known tags: {known}")
@@ -166,33 +244,19 @@ def timm_arch(name: str) -> dict[str, Any]:
     return fields
 
 
-# timm's eval preprocessing of each family (its pretrained_cfg at the default tag: mean, std, crop_pct; bicubic for
-# all), and the tags whose crop differs. A model of the family records it, so model.transforms() reads a photo as
-# timm would for those weights, never with another family's mean and std.
-_IMAGENET_NORM, _CLIP_NORM, _HALF_NORM = (IMAGENET_MEAN, IMAGENET_STD), (CLIP_MEAN, CLIP_STD), (INCEPTION_MEAN,) * 2
-TIMM_PREPROCESSING: dict[str, tuple[tuple[tuple[float, ...], tuple[float, ...]], float]] = {
-    **{name: (_IMAGENET_NORM, 1.0) for name in TIMM_ARCHS if name.endswith("dinov2")},
-    **{name: (_IMAGENET_NORM, 0.9) for name in TIMM_ARCHS if name.startswith("deit")},
-    "vit_base_patch16_clip_224": (_CLIP_NORM, 0.95),
-    "vit_base_patch16_clip_224.openai": (_CLIP_NORM, 0.9),
-    "vit_base_patch16_clip_quickgelu_224": (_CLIP_NORM, 1.0),
-    "vit_base_patch16_siglip_224": (_HALF_NORM, 0.9),
-    "vit_small_patch16_224.dino": (_IMAGENET_NORM, 0.9),
-    "vit_base_patch16_224.dino": (_IMAGENET_NORM, 0.9),
-    "vit_base_patch16_224.mae": (_IMAGENET_NORM, 0.9),
-}
+def default_tag(name: str) -> str:
+    """timm's default pretrained tag of ``name`` (the first its family lists)."""
+    return next(iter(_listing(name).tags[name]))
 
 
-def timm_preprocessing(name: str, image_size: int | tuple[int, int] | None = None) -> Preprocessing | None:
-    """timm's eval preprocessing for the family ``name`` ("name" or "name.tag", as :data:`TIMM_PREPROCESSING`),
-    cropping to ``image_size`` (by default the name's); None for a name the table does not hold (the augreg ViTs
-    keep :meth:`Preprocessing.timm`'s defaults)."""
-    entry = TIMM_PREPROCESSING.get(name, TIMM_PREPROCESSING.get(name.partition(".")[0]))  # the tag's, else the name's
-    if entry is None:
-        return None
-    (mean, std), crop_pct = entry
+def timm_preprocessing(name: str, image_size: int | tuple[int, int] | None = None) -> Preprocessing:
+    """timm's eval preprocessing for ``name`` ("name" at its default tag, or "name.tag"), cropping to
+    ``image_size`` (by default the name's): its family's mean and std, and the tag's crop_pct, bicubic."""
+    base, _, tag = name.partition(".")
+    family = family_of(name)
     size = image_size if image_size is not None else timm_arch(name)["image_size"]
-    return Preprocessing.timm(size, crop_pct, mean=mean, std=std)
+    crop_pct = family.crop(tag or default_tag(base))
+    return Preprocessing.timm(size, crop_pct, mean=family.norm[0], std=family.norm[1])
 
 
 def create_vit(name: str, **overrides: Any) -> ViT:
@@ -208,6 +272,6 @@ def create_vit(name: str, **overrides: Any) -> ViT:
         )
 
     model = ViT(**preset_config(name, **overrides))
-    if name not in PRESETS:  # a timm family records timm's preprocessing for its weights, as its pretrained_cfg
+    if name not in PRESETS:  # a timm name records timm's preprocessing for its weights, as its pretrained_cfg
         model.preprocessing = timm_preprocessing(name, model.config.image_size)
     return model

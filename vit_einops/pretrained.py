@@ -20,8 +20,7 @@ Every download is capped at the size its architecture implies (:func:`download_l
 server on 127.0.0.1). ``create_vit(name, weights=PATH)`` loads a local file or directory in any form
 :func:`vit_einops.load_model` reads, and checks it holds the named architecture (a timm file is read with
 ``arch=name``). timm's families (``vit_small_patch14_reg4_dinov2``, ``vit_base_patch16_clip_224.openai``...:
-:data:`vit_einops.presets.TIMM_ARCHS`) build with random weights or load with ``weights=PATH``; none is published
-here.
+:data:`vit_einops.presets.FAMILIES`) download from the hub in the same way.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from ._text import printable
 from .config import ViTConfig
 from .preprocess import Preprocessing
 from .presets import create_vit as create_architecture
-from .presets import PRESETS, TIMM_ARCHS, TIMM_TAGS, preset_config, timm_arch, timm_preprocessing
+from .presets import FAMILIES, PRESETS, default_tag, family_of, preset_config, timm_arch, timm_preprocessing
 from .sizes import parameter_count
 
 if TYPE_CHECKING:
@@ -81,26 +80,16 @@ def _tv(file: str, size: int, resize: int, interpolation: str = "bilinear") -> P
     return PublishedWeights("torchvision", file, size, 1000, Preprocessing.torchvision(size, resize, interpolation))
 
 
-def _timm(name: str, tag: str, num_classes: int = 1000) -> PublishedWeights:
-    size = int(name.rsplit("_", 1)[1])
-    crop_pct = 0.9 if size == 224 else 1.0  # timm's _cfg default, and 1.0 for every 384 tag
-    return PublishedWeights("timm", f"timm/{name}.{tag}", size, num_classes, Preprocessing.timm(size, crop_pct))
-
-
-def _timm_family(name: str) -> PublishedWeights:
-    """A timm family's weights: ``name`` at its default tag (the first of TIMM_TAGS, timm's own), or "name.tag";
-    size, classes and preprocessing as that tag's pretrained_cfg (TIMM_ARCHS, TIMM_TAGS, TIMM_PREPROCESSING)."""
+def _timm(name: str) -> PublishedWeights:
+    """timm's weights of ``name`` at its default tag (timm's own), or of "name.tag": size, classes, preprocessing and
+    hub repository as its family states them (:data:`vit_einops.presets.FAMILIES`)."""
     base, _, tag = name.partition(".")
-    tag = tag or next(iter(TIMM_TAGS[base]))
+    tag = tag or default_tag(base)
     fields = timm_arch(f"{base}.{tag}")
-    size = fields["image_size"]
-    repo = _HUB_REPOS.get(base, base)
-    return PublishedWeights("timm", f"timm/{repo}.{tag}", size, fields["num_classes"], timm_preprocessing(name, size))
-
-
-# Names whose weights sit in another name's hub repo (the keys are the same; what differs, the activation, no tensor
-# holds): timm's pretrained_cfg hf_hub_id.
-_HUB_REPOS = {"vit_base_patch16_clip_quickgelu_224": "vit_base_patch16_clip_224"}
+    repo = family_of(name).hub_repos.get(base, base)
+    return PublishedWeights(
+        "timm", f"timm/{repo}.{tag}", fields["image_size"], fields["num_classes"], timm_preprocessing(f"{base}.{tag}")
+    )
 
 
 PRETRAINED: dict[str, PublishedWeights] = {
@@ -110,30 +99,11 @@ PRETRAINED: dict[str, PublishedWeights] = {
     "vit_l_16": _tv("vit_l_16-852ce7e3.pth", 224, 242),
     "vit_l_32": _tv("vit_l_32-c7638314.pth", 224, 256),
     "vit_h_14": _tv("vit_h_14_swag-80465313.pth", 518, 518, "bicubic"),
-    # timm's default tag per name (timm 1.0's pretrained_cfg; mean = std = 0.5, bicubic)
-    **{
-        name: _timm(name, tag, classes)
-        for name, tag, classes in (
-            ("vit_tiny_patch16_224", "augreg_in21k_ft_in1k", 1000),
-            ("vit_tiny_patch16_384", "augreg_in21k_ft_in1k", 1000),
-            ("vit_small_patch16_224", "augreg_in21k_ft_in1k", 1000),
-            ("vit_small_patch16_384", "augreg_in21k_ft_in1k", 1000),
-            ("vit_small_patch32_224", "augreg_in21k_ft_in1k", 1000),
-            ("vit_small_patch32_384", "augreg_in21k_ft_in1k", 1000),
-            ("vit_base_patch16_224", "augreg2_in21k_ft_in1k", 1000),
-            ("vit_base_patch16_384", "augreg_in21k_ft_in1k", 1000),
-            ("vit_base_patch32_224", "augreg_in21k_ft_in1k", 1000),
-            ("vit_base_patch32_384", "augreg_in21k_ft_in1k", 1000),
-            ("vit_large_patch16_224", "augreg_in21k_ft_in1k", 1000),
-            ("vit_large_patch16_384", "augreg_in21k_ft_in1k", 1000),
-            ("vit_large_patch32_224", "orig_in21k", 0),
-            ("vit_large_patch32_384", "orig_in21k_ft_in1k", 1000),
-            ("vit_huge_patch14_224", "orig_in21k", 0),
-        )
-    },
-    # The families of later papers, at timm's default tag (DINOv2's lvd142m, DeiT's fb_in1k, ...) or the tag named,
-    # each with timm's preprocessing for it
-    **{name: _timm_family(name) for name in (*TIMM_ARCHS, "vit_small_patch16_224.dino", "vit_base_patch16_224.mae")},
+    # timm's names at their default tag (timm 1.0's pretrained_cfg), and the tags of the families that are tags of
+    # another's names (DINO, MAE)
+    **{name: _timm(name) for family in FAMILIES.values() for name in family.members},
+    **{f"{name}.{tag}": _timm(f"{name}.{tag}") for family in FAMILIES.values() if not family.members
+       for name, tags in family.tags.items() for tag in tags},  # fmt: skip
 }
 
 

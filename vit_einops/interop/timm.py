@@ -16,9 +16,9 @@ Read off the state dict: P, C, D, L, MLP size, image size (square unless ``image
 which parts exist: class token, distillation token, registers, pre-norm, patch bias, qk-norm, LayerScale, fc_norm,
 attention pooling (pool "map"), classifier bias, and whether E_pos covers the prefix tokens (its number of rows).
 Not readable: the heads h, the activation, LayerNorm's eps, the pooling between "token" and "avg", LayerScale's
-initial value. ``arch=`` (a timm model name, :data:`vit_einops.presets.TIMM_ARCHS`) supplies them, and the state dict
+initial value. ``arch=`` (a timm model name, :data:`vit_einops.presets.FAMILIES`) supplies them, and the state dict
 must then agree with that architecture. Without it, the tensors are matched against every name of that table (and
-the plain ViTs': TIMM_NAMES): the one architecture they fit supplies them; architectures that fit but differ in what
+the paper's ViTs'): the one architecture they fit supplies them; architectures that fit but differ in what
 no tensor holds are refused, listing them. A file no name fits is a plain ViT (Table 1's h by D, GELU, eps 1e-6,
 "token"), unless it holds a family's parts (norm_pre, registers, LayerScale...), which the paper's defaults would
 read as another model: it is refused, asking for arch=.
@@ -38,7 +38,7 @@ from .._checks import check_choice, to_pair
 from ..config import DEFAULTS, FIELDS, ViTConfig, differences
 from ..imagenet import assume_imagenet_names
 from ..model import ViT
-from ..presets import TIMM_ARCHS, TIMM_NAMES, TIMM_TAGS, timm_arch, timm_preprocessing
+from ..presets import TIMM_ARCHS, tags_of, timm_arch, timm_preprocessing
 from ..statedict import build_vit, cast_weights, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
 from .io import load_state_dict_file
@@ -108,7 +108,7 @@ def timm_config(
         state_dict: timm ``VisionTransformer.state_dict()`` (keys ``pos_embed``, ``blocks.i...``, ``cls_token``...).
         arch: timm's model name ("vit_small_patch14_reg4_dinov2", "vit_base_patch16_clip_224.openai"): the fields
             no tensor holds (heads, act, layer_norm_eps, image size, pooling, LayerScale's init) come from its entry
-            in :data:`vit_einops.presets.TIMM_ARCHS`, and the ones the tensors fix must agree with it (a ValueError
+            in :data:`vit_einops.presets.FAMILIES`, and the ones the tensors fix must agree with it (a ValueError
             names each field that differs). A tag after the dot fixes the classes too. The arguments below, when
             given, replace the arch's. None: the arch the tensors determine, if they determine one (a ValueError
             lists the candidates where they do not).
@@ -154,7 +154,7 @@ def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> tuple[str |
     ViT), and ``told`` with the file's own image size where it has one: a family's file at another resolution (a
     fine-tuned checkpoint) is that family at its size.
 
-    Each untagged name of :data:`vit_einops.presets.TIMM_ARCHS` and :data:`~vit_einops.presets.TIMM_NAMES` is a
+    Each untagged name of :data:`vit_einops.presets.TIMM_ARCHS` (every family's members) is a
     candidate when the fields the tensors fix (D, L, P, tokens, registers, pre-norm, patch bias, LayerScale, pooling,
     image size...) agree with it. ``told`` are :func:`timm_config`'s other arguments, which replace a candidate's.
     The candidates must agree on everything else (heads, act, eps: the config they give) and on their preprocessing;
@@ -168,13 +168,15 @@ def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> tuple[str |
             told = {**told, "image_size": _config_of_arch(state_dict, None, **told).image_size}
         except ValueError:
             pass  # the plain reading's own refusal is raised below, where no family fits
-    for name in (*TIMM_ARCHS, *TIMM_NAMES):
+    for name in TIMM_ARCHS:
         try:
             config = _config_of_arch(state_dict, name, **told)
         except ValueError:
             continue
-        fits[name] = (config, timm_preprocessing(name, config.image_size))
-    families = [name for name in fits if name in TIMM_ARCHS]
+        # The paper's ViTs' names differ only in their size's crop: a file of one is read as the paper's ViT.
+        plain = not config.beyond_paper()
+        fits[name] = (config, None if plain else timm_preprocessing(name, config.image_size))
+    families = [name for name, (_, prep) in fits.items() if prep is not None]
     configs = {name: dataclasses.asdict(config) for name, (config, _) in fits.items()}
     preprocessings = {name: repr(prep and prep.to_dict()) for name, (_, prep) in fits.items()}
     differ = [field for field in FIELDS if len({repr(c[field]) for c in configs.values()}) > 1]
@@ -190,29 +192,22 @@ def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> tuple[str |
     if families:
         return families[0], told
     if not fits and not all(told.get(field) is not None for field in ("heads", "act", "layer_norm_eps")):
-        _config_of_arch(state_dict, None, **told)  # what a plain ViT's reading refuses is the closer reason
-        parts = [part for part, held in _family_parts(check_state_dict(state_dict, SOURCE)).items() if held]
+        plain = _config_of_arch(state_dict, None, **told)  # what a plain ViT's reading refuses is the closer reason
+        # The parts beyond the paper that its tensors hold (registers, LayerScale, a pre-norm...: the field registry),
+        # but for the two that timm's VisionTransformer takes as plain options (class_token=False with avg pooling,
+        # no_embed_class), which imply nothing of the fields no tensor holds.
+        parts = [
+            part for part in plain.beyond_paper()
+            if FIELDS[part.split()[0]].held and part.split()[0] not in ("class_token", "pos_embed_prefix")
+        ]  # fmt: skip
         if parts:
             raise _NoArchFits(
                 f"the timm state dict holds {', '.join(parts)}, parts of timm's ViT families, but fits none of their "
-                "architectures (vit_einops.presets.TIMM_ARCHS): its heads, activation and LayerNorm eps are nowhere "
+                "architectures (vit_einops.presets.FAMILIES): its heads, activation and LayerNorm eps are nowhere "
                 "in its tensors. Name its architecture: arch=NAME (on the command line, --arch NAME), or pass heads=, "
                 "act= and layer_norm_eps= (--heads, --act and --layer-norm-eps)"
             )
     return None, told
-
-
-def _family_parts(state_dict: Mapping[str, torch.Tensor]) -> dict[str, bool]:
-    """The parts of a timm state dict that only timm's ViT families hold, each with whether this one holds it."""
-    return {
-        "a pre-norm (norm_pre)": "norm_pre.weight" in state_dict,
-        "no patch bias (patch_embed.proj.bias)": "patch_embed.proj.bias" not in state_dict,
-        "registers (reg_token)": "reg_token" in state_dict,
-        "a distillation token (dist_token)": "dist_token" in state_dict,
-        "LayerScale (blocks.i.ls1.gamma)": any(key.endswith(".ls1.gamma") for key in state_dict),
-        "qk-norm (blocks.i.attn.q_norm)": any(key.endswith(".attn.q_norm.weight") for key in state_dict),
-        "attention pooling (attn_pool)": any(key.startswith("attn_pool.") for key in state_dict),
-    }
 
 
 def _config_of_arch(
@@ -408,7 +403,7 @@ def _check_arch(config: ViTConfig, arch: str, fields: dict[str, Any], *, image_s
     checked = [*_ARCH_CHECKED, *(("image_size",) * (not image_size_given)), *(("num_classes",) * bool(tagged))]
     differ = [f"{name} {got!r} (timm's {arch} has {wanted!r})" for name, got, wanted in differences(config, want, checked)]
     if differ:
-        tags = [f"{base}.{t}" for t, n in TIMM_TAGS.get(base, {}).items() if n == config.num_classes]
+        tags = [f"{base}.{t}" for t, n in tags_of(base).items() if n == config.num_classes]
         hint = f"; the tags with {config.num_classes} classes: {', '.join(tags)}" if tagged and tags else ""
         if config.image_size != want.image_size:
             hint += "; image_size= names a checkpoint's other resolution"
@@ -526,7 +521,7 @@ def load_timm(
     the keys cannot tell and which the weights must fit; ``dynamic_size="timm"`` accepts any input size, as timm's
     ``dynamic_img_size=True``); ``dtype`` casts the weights (None keeps theirs); ``attn_impl`` as in
     :class:`~vit_einops.ViT`. The model records timm's eval preprocessing (``model.transforms()``): the family's of the
-    arch, named or determined by the tensors (:data:`vit_einops.presets.TIMM_PREPROCESSING`: DINOv2 ImageNet mean/std
+    arch, named or determined by the tensors (:data:`vit_einops.presets.FAMILIES`: DINOv2 ImageNet mean/std
     at crop_pct 1.0, CLIP's mean/std, ...), else the augreg ViTs' (crop_pct 0.9, bicubic, mean = std = 0.5); set
     ``model.preprocessing`` for checkpoints trained otherwise. Resample to another resolution afterwards with
     :func:`vit_einops.interop.resample_vit` (``mode="timm"`` matches timm's own).
@@ -550,8 +545,10 @@ def load_timm(
         raise refusal from None
     model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype, config), config), attn_impl)
     # The family's own (DINOv2's ImageNet mean/std, CLIP's, SigLIP's), else the augreg ViTs' crop_pct 0.9, bicubic, 0.5
-    family = timm_preprocessing(arch, config.image_size) if arch is not None else None
-    model.preprocessing = family or Preprocessing.timm(crop=config.image_size)
+    if arch is not None:
+        model.preprocessing = timm_preprocessing(arch, config.image_size)
+    else:
+        model.preprocessing = Preprocessing.timm(crop=config.image_size)
     model.source = {"library": SOURCE, "file": None if isinstance(source, Mapping) else str(source)}
     if arch is not None:
         model.source["arch"] = arch
