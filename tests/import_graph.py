@@ -32,6 +32,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "core": (
         "config",
         "patch_embed",
+        "rope",
         "attention",
         "chunk_plan",
         "chunked",

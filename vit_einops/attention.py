@@ -28,6 +28,7 @@ from ._checks import check_bool, check_choice, check_heads, check_positive_int, 
 from .chunk_plan import CHUNK_ELEMENTS
 from .chunked import chunked_attention
 from .config import ATTN_IMPLS, ViTConfig, check_config, check_float32
+from .rope import RopeTable, apply_rope
 
 
 def check_attn_impl(value: Any, name: str = "attn_impl") -> str:
@@ -163,7 +164,8 @@ class MultiHeadAttention(nn.Module):
     Args:
         dim: D, the width of the tokens.
         heads: h, the number of heads; D_h = D / h.
-        qkv_bias: the bias of ``qkv`` (the paper, torchvision and timm's ViTs have one).
+        qkv_bias: the bias of ``qkv``: True (the paper, torchvision and timm's ViTs), False, or "qv" (BEiT, EVA): the
+            learned ``q_bias`` and ``v_bias`` with k's third fixed at zero (``k_bias``, a buffer that is not saved).
         qk_norm: a LayerNorm over D_h on every head's q and k before Eq. 6 (Dehghani et al. 2023; timm's qk_norm).
         layer_norm_eps: the epsilon of those LayerNorms (torchvision and timm: 1e-6).
         attn_dropout: dropout on the attention matrix A (timm's attn_drop).
@@ -171,8 +173,9 @@ class MultiHeadAttention(nn.Module):
         impl: "einsum" (the paper literally), "chunked" or "sdpa": which kernel runs; a plain attribute that may be
             changed at run time, never part of the architecture.
 
-    Shapes: x (b, n, D); mask None or bool broadcastable to (b, h, n, n), True = may attend;
-    output (b, n, D).
+    Shapes: x (b, n, D); mask None or bool broadcastable to (b, h, n, n), True = may attend; rope None or the
+    :class:`~vit_einops.rope.RopeTable` of x's tokens, which rotates q and k after the head split (and qk-norm),
+    so every impl and every hook on ``attend`` sees the rotated q and k; output (b, n, D).
     """
 
     def __init__(
@@ -180,7 +183,7 @@ class MultiHeadAttention(nn.Module):
         dim: int,
         heads: int,
         *,
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,
         qk_norm: bool = False,
         layer_norm_eps: float = 1e-6,
         attn_dropout: float = 0.0,
@@ -190,12 +193,19 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.dim, self.heads = check_heads(dim, heads)
         head_dim = self.dim // self.heads
-        qkv_bias, qk_norm = check_bool("qkv_bias", qkv_bias), check_bool("qk_norm", qk_norm)
+        if not isinstance(qkv_bias, bool) and qkv_bias != "qv":
+            error = ValueError if isinstance(qkv_bias, str) else TypeError  # a str is the right kind, the wrong value
+            raise error(f"qkv_bias must be True, False or 'qv' (q and v biases, none on k), got {qkv_bias!r}")
+        qk_norm = check_bool("qk_norm", qk_norm)
         layer_norm_eps = check_float32("layer_norm_eps", layer_norm_eps)
         attn_dropout = check_probability("attn_dropout", attn_dropout)
         proj_dropout = check_probability("proj_dropout", proj_dropout)
         check_attn_impl(impl, "impl")
-        self.qkv = nn.Linear(self.dim, 3 * self.dim, bias=qkv_bias)
+        self.qkv = nn.Linear(self.dim, 3 * self.dim, bias=qkv_bias is True)
+        if qkv_bias == "qv":  # without RoPE a bias on k adds q . b_k to every key of a query: the softmax cancels it
+            self.q_bias = nn.Parameter(torch.zeros(self.dim))
+            self.register_buffer("k_bias", torch.zeros(self.dim), persistent=False)
+            self.v_bias = nn.Parameter(torch.zeros(self.dim))
         self.split_heads = Rearrange("b n (qkv h d) -> qkv b h n d", qkv=3, h=self.heads)
         if qk_norm:
             self.q_norm = nn.LayerNorm(head_dim, eps=layer_norm_eps)
@@ -227,14 +237,19 @@ class MultiHeadAttention(nn.Module):
     def impl(self, value: str) -> None:
         self.attend.impl = value
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, rope: RopeTable | None = None) -> torch.Tensor:
         if x.ndim != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected x of shape (b, n, {self.dim}), got {tuple(x.shape)}")
         if mask is not None:
             mask = self._check_mask(mask, x)
-        q, k, v = self.split_heads(self.qkv(x))
+        qkv = self.qkv(x)
+        if "q_bias" in self._parameters:
+            qkv = qkv + torch.cat((self.q_bias, self.k_bias, self.v_bias))
+        q, k, v = self.split_heads(qkv)
         if "q_norm" in self._modules:
             q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
         return self.dropout(self.proj(self.merge_heads(self.attend(q, k, v, mask))))
 
     def _check_mask(self, mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

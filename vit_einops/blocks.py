@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ._checks import check_choice, check_probability, check_size
 from ._sequential import Sequential
 from .attention import MultiHeadAttention
 from .config import ACTIVATIONS, ViTConfig, check_config
+from .rope import RopeTable
 
 
 class ResidualAdd(nn.Module):
@@ -40,12 +42,24 @@ class LayerScale(nn.Module):
         return f"dim={self.gamma.shape[0]}, init={self.init:g}"
 
 
+class PreNorm(nn.Sequential):
+    """LayerNorm, a layer, then LayerScale when there is one: the inside of a pre-norm residual branch. Keyword
+    arguments of ``forward`` go to the layer (the attention's ``rope``)."""
+
+    def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
+        norm, layer, *rest = self
+        x = layer(norm(x), **kwargs)
+        for module in rest:
+            x = module(x)
+        return x
+
+
 def _branch(config: ViTConfig, name: str, fn: nn.Module) -> ResidualAdd:
     """ResidualAdd(LayerNorm, fn[, LayerScale]): one pre-norm residual branch; ``ls`` when config.layer_scale."""
     stages = [("norm", nn.LayerNorm(config.dim, eps=config.layer_norm_eps)), (name, fn)]
     if config.layer_scale is not None:
         stages.append(("ls", LayerScale(config.dim, config.layer_scale)))
-    return ResidualAdd(nn.Sequential(OrderedDict(stages)))
+    return ResidualAdd(PreNorm(OrderedDict(stages)))
 
 
 class QuickGELU(nn.Module):
@@ -63,6 +77,20 @@ def activation(name: str) -> nn.Module:
     return nn.GELU(approximate="tanh" if name == "gelu_tanh" else "none")
 
 
+def _mlp(dim: int, mlp_dim: int, act: nn.Module, dropout: float, gated: bool = False) -> OrderedDict[str, nn.Module]:
+    """fc1, act, drop1, fc2, drop2, sizes and rate checked; fc1 twice as wide when ``act`` gates one half of its
+    output with the other (SwiGLU)."""
+    dim, mlp_dim = check_size("dim", dim), check_size("mlp_dim", mlp_dim)
+    dropout = check_probability("dropout", dropout)
+    return OrderedDict(
+        fc1=nn.Linear(dim, 2 * mlp_dim if gated else mlp_dim),
+        act=act,
+        drop1=nn.Dropout(dropout),
+        fc2=nn.Linear(mlp_dim, dim),
+        drop2=nn.Dropout(dropout),
+    )
+
+
 class FeedForwardBlock(Sequential):
     """The MLP of Eq. 3: ``fc1`` Linear(D, mlp_dim), ``act`` (exact GELU, erf, by default), ``drop1`` Dropout,
     ``fc2`` Linear(mlp_dim, D), ``drop2`` Dropout. Built alone as timm's ``Mlp(in_features, hidden_features)``:
@@ -78,23 +106,47 @@ class FeedForwardBlock(Sequential):
     """
 
     def __init__(self, dim: int, mlp_dim: int, *, act: str = "gelu", dropout: float = 0.0) -> None:
-        dim, mlp_dim = check_size("dim", dim), check_size("mlp_dim", mlp_dim)
-        dropout = check_probability("dropout", dropout)
-        super().__init__(
-            OrderedDict(
-                fc1=nn.Linear(dim, mlp_dim),
-                act=activation(act),
-                drop1=nn.Dropout(dropout),
-                fc2=nn.Linear(mlp_dim, dim),
-                drop2=nn.Dropout(dropout),
-            )
-        )
+        super().__init__(_mlp(dim, mlp_dim, activation(act), dropout))
 
     @classmethod
     def from_config(cls, config: ViTConfig) -> FeedForwardBlock:
         """The MLP of an encoder block of ``config``: its ``dim``, ``mlp_dim``, ``act`` and ``dropout``."""
         check_config(config, "FeedForwardBlock.from_config")
         return cls(config.dim, config.mlp_dim, act=config.act, dropout=config.dropout)
+
+
+class GatedSiLU(nn.Module):
+    """SiLU(g) * x of the two halves [g; x] of its input: the gate of SwiGLU. Shapes: (..., 2 m) -> (..., m)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, x = x.chunk(2, dim=-1)
+        return F.silu(gate) * x
+
+
+class SwiGLU(Sequential):
+    """The MLP of EVA-02 (Shazeer 2020, "GLU Variants Improve Transformer"): SwiGLU(x) = (SiLU(x W_g) * x W_x) W_2.
+
+    ``fc1`` Linear(D, 2 mlp_dim) computes x W_g and x W_x at once (W_g's rows first), ``act`` :class:`GatedSiLU`
+    multiplies them, then ``drop1`` Dropout, ``fc2`` Linear(mlp_dim, D), ``drop2`` Dropout. timm's
+    ``SwiGLUPacked`` (``GluMlp(act_layer=nn.SiLU, gate_last=False)``), which EVA-02 tiny and small use: the same
+    keys and shapes. Built alone: ``SwiGLU(64, 170)``.
+
+    Args:
+        dim: D, the width of the tokens.
+        mlp_dim: the hidden width after the gate (EVA-02: int(D * 4 * 2/3), keeping the parameters of a 4D MLP).
+        dropout: the rate of both Dropouts.
+
+    Shapes: (b, n, D) -> (b, n, D).
+    """
+
+    def __init__(self, dim: int, mlp_dim: int, *, dropout: float = 0.0) -> None:
+        super().__init__(_mlp(dim, mlp_dim, GatedSiLU(), dropout, gated=True))
+
+    @classmethod
+    def from_config(cls, config: ViTConfig) -> SwiGLU:
+        """The SwiGLU MLP of an encoder block of ``config``: its ``dim``, ``mlp_dim`` and ``dropout``."""
+        check_config(config, "SwiGLU.from_config")
+        return cls(config.dim, config.mlp_dim, dropout=config.dropout)
 
 
 class TransformerEncoderBlock(Sequential):
@@ -107,7 +159,7 @@ class TransformerEncoderBlock(Sequential):
     With ``config.layer_scale`` each branch ends in a :class:`LayerScale` ``ls`` (DINOv2, DeiT III): MSA and MLP
     outputs are scaled per channel before the addition.
 
-    Shapes: (b, n, D) -> (b, n, D).
+    Shapes: (b, n, D) -> (b, n, D); ``rope``, the input's :class:`~vit_einops.rope.RopeTable`, goes to the MSA.
     """
 
     def __init__(self, config: ViTConfig) -> None:
@@ -119,10 +171,19 @@ class TransformerEncoderBlock(Sequential):
             )
         )
 
+    def forward(self, x: torch.Tensor, rope: RopeTable | None = None) -> torch.Tensor:
+        return self.mlp(self.attn(x, rope=rope))
+
 
 class TransformerEncoder(Sequential):
-    """``config.depth`` TransformerEncoderBlocks in a row (l = 1..L). Shapes: (b, n, D) -> (b, n, D)."""
+    """``config.depth`` TransformerEncoderBlocks in a row (l = 1..L). Shapes: (b, n, D) -> (b, n, D); ``rope``,
+    computed once for the input, goes to every block (as timm's Eva passes ``rope=rot_pos_embed``)."""
 
     def __init__(self, config: ViTConfig) -> None:
         check_config(config, "TransformerEncoder")
         super().__init__(*(TransformerEncoderBlock(config) for _ in range(config.depth)))
+
+    def forward(self, x: torch.Tensor, rope: RopeTable | None = None) -> torch.Tensor:
+        for block in self:
+            x = block(x, rope=rope)
+        return x

@@ -154,7 +154,9 @@ def _attention_options(mha: MultiHeadAttention) -> dict[str, Any]:
 
 def _copy_attention(mha: MultiHeadAttention, ref: nn.MultiheadAttention) -> None:
     ref.in_proj_weight.copy_(mha.qkv.weight)
-    if mha.qkv.bias is None:  # qkv_bias=False: torch's fused projection always has a bias; zero is the same map
+    if "q_bias" in mha._parameters:  # qkv_bias="qv": k's third of the bias is the zero k_bias
+        ref.in_proj_bias.copy_(torch.cat((mha.q_bias, mha.k_bias, mha.v_bias)))
+    elif mha.qkv.bias is None:  # qkv_bias=False: torch's fused projection always has a bias; zero is the same map
         ref.in_proj_bias.zero_()
     else:
         ref.in_proj_bias.copy_(mha.qkv.bias)
