@@ -22,7 +22,8 @@ OTHER = {
     "mlp_dim": 40, "dropout": 0.1, "attn_dropout": 0.1, "pool": "mean", "patchify": "linear",
     "representation_size": 8, "fc_norm": True, "layer_norm_eps": 1e-5, "layer_scale": 0.1, "register_tokens": 2,
     "pos_embed_prefix": False, "class_token": False, "distill_token": True, "pre_norm": True, "patch_bias": False,
-    "act": "quick_gelu", "qk_norm": True, "head_bias": False, "dynamic_size": "timm",
+    "act": "quick_gelu", "qk_norm": True, "head_bias": False, "qkv_bias": "qv", "ffn": "swiglu", "rope_grid": 4,
+    "dynamic_size": "timm",
 }  # fmt: skip
 # What each other value needs beside it to be a valid config.
 NEEDS = {"class_token": {"pool": "mean"}, "pool": {}, "fc_norm": {"pool": "mean"}}

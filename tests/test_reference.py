@@ -12,6 +12,7 @@ from _equiv import F64_TOL, assert_close, forward_backward
 from _tiny import TINY_RGB16
 
 from vit_einops import TransformerEncoderBlock, ViT, ViTConfig, create_vit
+from vit_einops.config import DEFAULTS
 from vit_einops.presets import TIMM_ARCHS
 from vit_einops.reference import MODELS, REFUSES, torch_encoder_layer_from, torch_mha_from, torch_reference_vit
 
@@ -209,12 +210,18 @@ def test_dropout_is_torch_layers_dropout_in_each_place():
 
 
 @pytest.mark.parametrize("name", list(TIMM_ARCHS))
-def test_every_timm_family_equals_its_torch_reference(name):
+def test_every_timm_family_equals_its_torch_reference_or_is_refused(name):
     """Each family's options (LayerScale, registers, CLIP's pre-norm and quick GELU, SigLIP's attention pool...) at a
-    tiny width: torch's encoder layers with the model's patch embedding and head give the same logits."""
+    tiny width: torch's encoder layers with the model's patch embedding and head give the same logits. A family with
+    an option torch's layers cannot hold (EVA-02's SwiGLU and RoPE) is refused naming the first of them."""
     patch = TIMM_ARCHS[name]["patch_size"]
     torch.manual_seed(0)
     model = create_vit(name, image_size=2 * patch, dim=12, depth=2, heads=3, mlp_dim=20).double()
+    refused = [f for f in REFUSES["torch_reference_vit"] if getattr(model.config, f) != DEFAULTS[f]]
+    if refused:
+        with pytest.raises(ValueError, match=rf"^torch_reference_vit cannot model {refused[0]}="):
+            torch_reference_vit(model)
+        return
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.5 * torch.randn_like(p))

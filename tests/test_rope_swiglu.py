@@ -8,6 +8,8 @@ Between the attention impls in float32: 1e-5 (rtol and atol) on values and gradi
 
 from __future__ import annotations
 
+import functools
+
 import math
 from collections import OrderedDict
 
@@ -62,8 +64,8 @@ def rope_cases(draw):
 def test_rope_equals_complex_rotation_of_each_pair(case):
     """Every grid, reference grid, head size and prefix: the same as rotating each channel pair as a complex number
     (1e-6, float64)."""
-    rope = RotaryEmbedding(case["head_dim"], case["ref_grid"], case["temperature"]).double()
-    table = rope(case["grid"], case["prefix"])
+    rope = RotaryEmbedding(case["head_dim"], case["ref_grid"], case["temperature"])
+    table = rope(case["grid"], case["prefix"], dtype=torch.float64)
     n = case["prefix"] + math.prod(case["grid"])
     x = torch.randn(2, 3, n, case["head_dim"], dtype=torch.float64)
     expected = reference_rope(x, case["grid"], case["ref_grid"], case["prefix"], case["temperature"])
@@ -73,8 +75,8 @@ def test_rope_equals_complex_rotation_of_each_pair(case):
 def test_eva02_table_at_16x16_and_other_grids():
     """EVA-02's head size 64 at its reference grid 16 x 16 and at 24 x 24 and 16 x 20 (1e-6, float64), and the table
     is computed, not saved: nothing in the state dict."""
-    rope = RotaryEmbedding(64, 16).double()
-    assert rope.state_dict() == OrderedDict() and rope.omega.dtype == torch.float64
+    rope = functools.partial(RotaryEmbedding(64, 16), dtype=torch.float64)
+    assert RotaryEmbedding(64, 16).state_dict() == OrderedDict() and rope((2, 2), 0).cos.dtype == torch.float64
     for grid in ((16, 16), (24, 24), (16, 20)):
         x = torch.randn(1, 2, 1 + math.prod(grid), 64, dtype=torch.float64)
         assert_close(apply_rope(x, rope(grid, 1)), reference_rope(x, grid, (16, 16), 1), ROPE_TOL, f"grid {grid}")
@@ -95,14 +97,14 @@ def test_scores_depend_only_on_relative_position():
     j - i; and on a 2-D grid only on the offset (dy, dx)."""
     d = 16
     q, k = torch.randn(d, dtype=torch.float64), torch.randn(d, dtype=torch.float64)
-    rope = RotaryEmbedding(d, (1, 9)).double()
+    rope = functools.partial(RotaryEmbedding(d, (1, 9)), dtype=torch.float64)
     table = rope((1, 9), 0)
     scores = apply_rope(q.expand(9, d), table) @ apply_rope(k.expand(9, d), table).T
     for offset in range(-8, 9):
         diagonal = torch.diagonal(scores, offset)
         assert_close(diagonal, diagonal[:1].expand_as(diagonal), F64_TOL, f"offset {offset}")
     assert scores[0].unique().numel() == 9  # and it does depend on it
-    rope = RotaryEmbedding(d, (3, 4)).double()
+    rope = functools.partial(RotaryEmbedding(d, (3, 4)), dtype=torch.float64)
     table = rope((3, 4), 0)
     grid_scores = (apply_rope(q.expand(12, d), table) @ apply_rope(k.expand(12, d), table).T).reshape(3, 4, 3, 4)
     assert_close(grid_scores[1:, 1:, 1:, 1:], grid_scores[:-1, :-1, :-1, :-1], F64_TOL, "2-D shift")
@@ -163,7 +165,7 @@ def test_attention_with_rope_equals_plain_torch(impl, qk_norm):
     """RoPE turns q and k (after qk-norm), not v, and only the patch tokens: every impl equals the plain-torch EVA
     attention, at the reference grid and at a non-square other one (1e-6, float64)."""
     mha = perturbed_attention(32, 2, qkv_bias="qv", qk_norm=qk_norm, impl=impl)
-    rope = RotaryEmbedding(16, (3, 3)).double()
+    rope = functools.partial(RotaryEmbedding(16, (3, 3)), dtype=torch.float64)
     for grid in ((3, 3), (2, 5)):
         x = torch.randn(2, 1 + math.prod(grid), 32, dtype=torch.float64)
         assert_close(mha(x, rope=rope(grid, 1)), rope_attention(mha, x, grid, (3, 3), 1), ROPE_TOL, f"{impl} {grid}")
@@ -192,21 +194,20 @@ def test_impls_agree_with_rope_in_values_and_gradients_float32():
 
 
 def test_qv_bias_keeps_k_bias_zero_through_training():
-    """qkv_bias="qv": q_bias and v_bias are parameters and get gradients, k_bias is a zero buffer the state dict
-    does not hold; after an optimiser step k_bias is still zero while q_bias and v_bias moved. With RoPE the k bias
-    would matter (rotated by position it no longer cancels in the softmax), so zero is a real constraint."""
+    """qkv_bias="qv": q_bias and v_bias are parameters and get gradients; k has no bias at all (no parameter, no
+    buffer, nothing saved), so training cannot give it one. With RoPE a k bias would matter (rotated by position it
+    no longer cancels in the softmax), so its absence is a real constraint."""
     mha = MultiHeadAttention(32, 2, qkv_bias="qv")
     assert mha.qkv.bias is None
     keys = ["q_bias", "v_bias", "qkv.weight", "proj.weight", "proj.bias"]  # timm's EvaAttention's, in its order
     assert [name for name, _ in mha.named_parameters()] == list(mha.state_dict()) == keys
-    assert [name for name, _ in mha.named_buffers()] == ["k_bias"]
+    assert list(mha.named_buffers()) == []
     table = RotaryEmbedding(16, 4)((4, 4), 1)
     optimiser = torch.optim.SGD(mha.parameters(), lr=0.5)
     before = {name: p.detach().clone() for name, p in mha.named_parameters()}
     mha(torch.randn(2, 17, 32), rope=table).square().sum().backward()
     assert mha.q_bias.grad.abs().max() > 0 and mha.v_bias.grad.abs().max() > 0
     optimiser.step()
-    assert torch.equal(mha.k_bias, torch.zeros(32))
     assert not torch.equal(mha.q_bias, before["q_bias"]) and not torch.equal(mha.v_bias, before["v_bias"])
 
 

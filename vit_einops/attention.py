@@ -165,7 +165,7 @@ class MultiHeadAttention(nn.Module):
         dim: D, the width of the tokens.
         heads: h, the number of heads; D_h = D / h.
         qkv_bias: the bias of ``qkv``: True (the paper, torchvision and timm's ViTs), False, or "qv" (BEiT, EVA): the
-            learned ``q_bias`` and ``v_bias`` with k's third fixed at zero (``k_bias``, a buffer that is not saved).
+            learned ``q_bias`` and ``v_bias`` with k's third fixed at zero (no parameter, nothing saved).
         qk_norm: a LayerNorm over D_h on every head's q and k before Eq. 6 (Dehghani et al. 2023; timm's qk_norm).
         layer_norm_eps: the epsilon of those LayerNorms (torchvision and timm: 1e-6).
         attn_dropout: dropout on the attention matrix A (timm's attn_drop).
@@ -204,7 +204,6 @@ class MultiHeadAttention(nn.Module):
         self.qkv = nn.Linear(self.dim, 3 * self.dim, bias=qkv_bias is True)
         if qkv_bias == "qv":  # without RoPE a bias on k adds q . b_k to every key of a query: the softmax cancels it
             self.q_bias = nn.Parameter(torch.zeros(self.dim))
-            self.register_buffer("k_bias", torch.zeros(self.dim), persistent=False)
             self.v_bias = nn.Parameter(torch.zeros(self.dim))
         self.split_heads = Rearrange("b n (qkv h d) -> qkv b h n d", qkv=3, h=self.heads)
         if qk_norm:
@@ -217,12 +216,13 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     def from_config(cls, config: ViTConfig) -> MultiHeadAttention:
-        """The attention of an encoder block of ``config``: its ``dim``, ``heads``, ``qk_norm``, ``layer_norm_eps``,
+        """The attention of an encoder block of ``config``: its ``dim``, ``heads``, ``qkv_bias``, ``qk_norm``, ``layer_norm_eps``,
         ``attn_dropout`` and ``dropout`` (after ``proj``)."""
         check_config(config, "MultiHeadAttention.from_config")
         return cls(
             config.dim,
             config.heads,
+            qkv_bias=config.qkv_bias,
             qk_norm=config.qk_norm,
             layer_norm_eps=config.layer_norm_eps,
             attn_dropout=config.attn_dropout,
@@ -244,7 +244,7 @@ class MultiHeadAttention(nn.Module):
             mask = self._check_mask(mask, x)
         qkv = self.qkv(x)
         if "q_bias" in self._parameters:
-            qkv = qkv + torch.cat((self.q_bias, self.k_bias, self.v_bias))
+            qkv = qkv + torch.cat((self.q_bias, torch.zeros_like(self.q_bias), self.v_bias))
         q, k, v = self.split_heads(qkv)
         if "q_norm" in self._modules:
             q, k = self.q_norm(q), self.k_norm(k)

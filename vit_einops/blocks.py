@@ -149,6 +149,10 @@ class SwiGLU(Sequential):
         return cls(config.dim, config.mlp_dim, dropout=config.dropout)
 
 
+# Each ViTConfig.ffn value's MLP.
+FFNS: dict[str, type[FeedForwardBlock | SwiGLU]] = {"mlp": FeedForwardBlock, "swiglu": SwiGLU}
+
+
 class TransformerEncoderBlock(Sequential):
     """One layer l of the encoder, built from a :class:`ViTConfig`: its layers each built from the config
     (``from_config``), composed as two pre-norm residual branches.
@@ -167,7 +171,7 @@ class TransformerEncoderBlock(Sequential):
         super().__init__(
             OrderedDict(
                 attn=_branch(config, "mha", MultiHeadAttention.from_config(config)),
-                mlp=_branch(config, "ff", FeedForwardBlock.from_config(config)),
+                mlp=_branch(config, "ff", FFNS[config.ffn].from_config(config)),
             )
         )
 
@@ -182,8 +186,14 @@ class TransformerEncoder(Sequential):
     def __init__(self, config: ViTConfig) -> None:
         check_config(config, "TransformerEncoder")
         super().__init__(*(TransformerEncoderBlock(config) for _ in range(config.depth)))
+        self.needs_rope = config.rope_grid is not None
 
     def forward(self, x: torch.Tensor, rope: RopeTable | None = None) -> torch.Tensor:
+        if self.needs_rope and rope is None:  # model[:2] would run it without the patches' positions
+            raise ValueError(
+                "this encoder rotates q and k by RoPE (rope_grid): run the whole model (model(x), "
+                "model.forward_features(x)), or pass rope=model.rope(grid, model.num_prefix_tokens)"
+            )
         for block in self:
             x = block(x, rope=rope)
         return x

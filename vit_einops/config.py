@@ -25,6 +25,7 @@ from ._checks import (
     check_probability,
     check_size,
     show_int,
+    to_pair,
 )
 
 # The attention paths a model can run (runtime state, not architecture: ViT(attn_impl=...), model.set_attn_impl).
@@ -34,6 +35,8 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")
 # How a model with dynamic_size resamples E_pos for another input size: the library whose numbers it reproduces.
 DYNAMIC_SIZES = ("timm", "hf")
 PATCHIFY = ("conv", "linear")
+# The MLP of each block: "mlp" Linear-act-Linear (Eq. 3), "swiglu" a SiLU-gated MLP (EVA-02).
+FFNS = ("mlp", "swiglu")
 # float32's largest value and its smallest positive one (a subnormal): the weights' dtype. A layer_scale past the
 # first is inf in the model, one under the second 0; a layer_norm_eps under it adds nothing to the variance.
 FLOAT32_MAX = 3.4028234663852886e38
@@ -72,6 +75,17 @@ def _check_optional(name: str, value: Any, check: Callable[[str, Any], Any]) -> 
 
 def _count(name: str, value: Any) -> int:
     return check_size(name, value, positive=False)
+
+
+def _qkv_bias(name: str, value: Any) -> bool | str:
+    if isinstance(value, bool) or value == "qv":
+        return value
+    error = ValueError if isinstance(value, str) else TypeError  # a str is the right kind, the wrong value
+    raise error(f"{name} must be True, False or 'qv' (q and v biases, none on k), got {value!r}")
+
+
+def _grid(name: str, value: Any) -> tuple[int, int]:
+    return to_pair(name, value)
 
 
 def _pass(name: str, value: Any) -> Any:
@@ -174,6 +188,15 @@ class ViTConfig:
     qk_norm: bool = _field(False, check_bool, beyond_paper=True, timm="qk_norm")
     # the classifier's bias; CLIP's projection to the joint embedding has none
     head_bias: bool = _field(True, check_bool, beyond_paper=True)
+    # the fused qkv Linear's bias: True (the paper), False, or "qv": q and v biases, k's fixed at 0 (BEiT, EVA-02)
+    qkv_bias: bool | str = _field(True, _qkv_bias, beyond_paper=True, timm="qkv_bias")
+    # the MLP of Eq. 3: "mlp" (Linear, act, Linear), or "swiglu" (SiLU(x W_g) * x W_x, then W_2: EVA-02), whose fc1
+    # is 2 mlp_dim wide
+    ffn: str = _field("mlp", _choice(FFNS), beyond_paper=True, timm="swiglu_mlp")
+    # 2-D rotary position embedding of the patch tokens' q and k (EVA-02), positions scaled to this reference grid
+    # (the pre-training grid: 16 x 16 for 224 / 14); None for none (the paper: E_pos only)
+    rope_grid: int | tuple[int, int] | None = _field(None, _optional(_grid), beyond_paper=True, held=None,
+                                                     timm="ref_feat_shape")  # fmt: skip
     # None: inputs must be image_size; "timm" or "hf": any multiple of the patch size, E_pos resampled at forward as
     # that library does (timm's dynamic_img_size, HF's interpolate_pos_encoding). How a forward treats other input
     # sizes, not architecture: every format holds such a model.
@@ -210,6 +233,11 @@ class ViTConfig:
                 raise ValueError("distill_token has no fc_norm or representation_size (DeiT's heads are plain Linears)")
         if self.pool == "map" and (self.fc_norm or self.representation_size is not None):
             raise ValueError('pool "map" (attention pooling) has no fc_norm or representation_size, as in timm')
+        if self.rope_grid is not None and self.head_dim % 4:
+            raise ValueError(
+                f"rope_grid needs a head size D/h divisible by 4 (2-D RoPE turns D_h/4 channel pairs per axis), got "
+                f"{self.head_dim} from dim {self.dim} and heads {self.heads}"
+            )
 
     @property
     def grid_size(self) -> tuple[int, int]:

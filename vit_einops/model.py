@@ -22,6 +22,7 @@ from .config import FIELDS, ViTConfig
 from .head import ClassificationHead, head_swap_help
 from .patch_embed import PatchEmbedding
 from .preprocess import Preprocessing
+from .rope import RopeTable, RotaryEmbedding
 from .sizes import check_build_time, check_forward_memory, check_model_memory
 
 # timm's default for every Linear in the encoder and head; the embeddings have their own init.
@@ -74,13 +75,14 @@ class ViT(Sequential):
         check_model_memory(config, 0 if on_meta else torch.get_default_dtype().itemsize)
         check_build_time(config)
         impls = per_layer_impls(attn_impl, config.depth)
-        super().__init__(
-            OrderedDict(
-                patch_embed=PatchEmbedding.from_config(config),
-                blocks=TransformerEncoder(config),
-                head=ClassificationHead(config),
-            )
+        stages = OrderedDict(
+            patch_embed=PatchEmbedding.from_config(config),
+            blocks=TransformerEncoder(config),
+            head=ClassificationHead(config),
         )
+        if config.rope_grid is not None:  # EVA-02: the RoPE table of each input's grid, for every block (timm's rope)
+            stages["rope"] = RotaryEmbedding(config.head_dim, config.rope_grid)
+        super().__init__(stages)
         self._built_config = config  # model.config starts here (see read_config)
         self.num_prefix_tokens = config.num_prefix_tokens  # timm's name: the class, distillation and register tokens
         # What a model file carries beside the weights (vit_einops.modelfile): plain attributes, set by the loaders
@@ -123,7 +125,22 @@ class ViT(Sequential):
     # -- input -------------------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(self._admit(x))
+        return self.head(self._encode(self._admit(x)))
+
+    def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, RopeTable | None]:
+        """Eq. 1's tokens of an admitted batch, and the RoPE table of its patch grid where the model has RoPE."""
+        grid = self.patch_embed.grid_for(x.shape[-2:])
+        rope = self.rope(grid, self.num_prefix_tokens, device=x.device) if self._has_rope else None
+        return self.patch_embed(x), rope
+
+    def _encode(self, x: torch.Tensor) -> torch.Tensor:
+        """z_L: the encoder's tokens of an admitted batch."""
+        tokens, rope = self._embed(x)
+        return self.blocks(tokens, rope=rope)
+
+    @property
+    def _has_rope(self) -> bool:
+        return "rope" in self._modules
 
     def check_input(self, x: Any) -> torch.Tensor:
         """``x`` as this model runs it, or a TypeError/ValueError saying what was expected.
@@ -222,7 +239,7 @@ class ViT(Sequential):
         token alone, so the class token's row is exactly y of Eq. 4). A model with ``fc_norm`` norms after the
         pooling instead, so its tokens come out un-normed, as in timm.
         """
-        x = self.blocks(self.patch_embed(self._admit(x)))
+        x = self._encode(self._admit(x))
         return self.head.norm(x) if self.head.token_norm else x
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -335,11 +352,11 @@ class ViT(Sequential):
             raise ValueError("norm=True needs a LayerNorm on every token; this model's (fc_norm=True) follows pooling")
         x = self._admit(x)
         gh, gw = self.patch_embed.grid_for(x.shape[-2:])
-        x = self.patch_embed(x)
+        x, rope = self._embed(x)
         blocks = list(self.blocks)[: max(take) + 1] if stop_early else self.blocks
         intermediates = []
         for i, block in enumerate(blocks):
-            x = block(x)
+            x = block(x, rope=rope)
             if i in take:
                 intermediates.append(self.head.norm(x) if norm else x)
         prefix = [y[:, : self.num_prefix_tokens] for y in intermediates]
@@ -499,8 +516,11 @@ def read_config(model: ViT) -> ViTConfig:
     what differs.
     """
     stages = list(model._modules)
-    if stages != ["patch_embed", "blocks", "head"]:
-        raise ValueError(f"the ViT's stages are {stages}; a ViTConfig describes exactly patch_embed, blocks, head")
+    if stages != ["patch_embed", "blocks", "head", *(["rope"] * (model._built_config.rope_grid is not None))]:
+        raise ValueError(
+            f"the ViT's stages are {stages}; a ViTConfig describes exactly patch_embed, blocks, head (and rope with "
+            f"rope_grid)"
+        )
     pe, head = model.patch_embed, model.head
     if not isinstance(pe, PatchEmbedding) or not isinstance(head, ClassificationHead):
         raise TypeError(

@@ -166,6 +166,14 @@ FAMILIES: dict[str, Family] = {
             tags={"vit_base_patch16_clip_quickgelu_224": {"metaclip_2pt5b": 512, "metaclip_400m": 512, "openai": 512}},
             hub_repos={"vit_base_patch16_clip_quickgelu_224": "vit_base_patch16_clip_224"},
         ),
+        # timm's Eva: q and v biases, SwiGLU MLP (2/3 of 4D wide), RoPE on the patches beside E_pos, mean pooling
+        Family(
+            "eva02", "Fang et al. 2024", norm=_CLIP,
+            members={f"eva02_{s}_patch14_224": {**w, "patch_size": 14, "mlp_dim": w["dim"] * 8 // 3, "ffn": "swiglu",
+                                                 "qkv_bias": "qv", "rope_grid": 16, "pool": "mean", "fc_norm": True}
+                     for s, w in (("tiny", _TI), ("small", _S))},
+            tags={f"eva02_{s}_patch14_224": {"mim_in22k": 0} for s in ("tiny", "small")},
+        ),
         Family(
             "siglip", "Zhai et al. 2023", norm=_HALF,
             members={"vit_base_patch16_siglip_224": {**_B, "class_token": False, "pool": "map"}},

@@ -60,8 +60,11 @@ SHARED = (
     "dynamic_size",
 )
 _QK_NORM = "nn.MultiheadAttention has no LayerNorm on each head's q and k"
+_SWIGLU = "nn.TransformerEncoderLayer's MLP is Linear, activation, Linear: no gate"
+_ROPE = "nn.MultiheadAttention has no rotary position embedding of q and k"
 _ENCODER_LAYER = {
     "dim": "d_model",
+    "qkv_bias": "in_proj_bias: True copied, False and 'qv' as zeros in the missing thirds",
     "heads": "nhead",
     "mlp_dim": "dim_feedforward",
     "layer_norm_eps": "layer_norm_eps (norm1, norm2)",
@@ -76,6 +79,7 @@ MODELS: dict[str, dict[str, str]] = {
     "torch_mha_from": {
         "dim": "embed_dim",
         "heads": "num_heads",
+        "qkv_bias": "in_proj_bias: True copied, False and 'qv' as zeros in the missing thirds",
         "attn_dropout": "dropout, on the attention weights",
     },
     "torch_encoder_layer_from": _ENCODER_LAYER,
@@ -92,8 +96,8 @@ REFUSES: dict[str, dict[str, str]] = {
         "dropout": "nn.MultiheadAttention has no dropout after its output projection",
         "qk_norm": _QK_NORM,
     },
-    "torch_encoder_layer_from": {"qk_norm": _QK_NORM},
-    "torch_reference_vit": {"qk_norm": _QK_NORM},
+    "torch_encoder_layer_from": {"qk_norm": _QK_NORM, "ffn": _SWIGLU},
+    "torch_reference_vit": {"qk_norm": _QK_NORM, "ffn": _SWIGLU, "rope_grid": _ROPE},
 }
 
 # The submodules each layer builder reads; any other (a module a new option added) is refused by its path.
@@ -154,8 +158,8 @@ def _attention_options(mha: MultiHeadAttention) -> dict[str, Any]:
 
 def _copy_attention(mha: MultiHeadAttention, ref: nn.MultiheadAttention) -> None:
     ref.in_proj_weight.copy_(mha.qkv.weight)
-    if "q_bias" in mha._parameters:  # qkv_bias="qv": k's third of the bias is the zero k_bias
-        ref.in_proj_bias.copy_(torch.cat((mha.q_bias, mha.k_bias, mha.v_bias)))
+    if "q_bias" in mha._parameters:  # qkv_bias="qv": k's third of the bias is zero
+        ref.in_proj_bias.copy_(torch.cat((mha.q_bias, torch.zeros_like(mha.q_bias), mha.v_bias)))
     elif mha.qkv.bias is None:  # qkv_bias=False: torch's fused projection always has a bias; zero is the same map
         ref.in_proj_bias.zero_()
     else:

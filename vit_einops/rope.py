@@ -54,8 +54,8 @@ class RotaryEmbedding(nn.Module):
         temperature: the base of the frequencies omega_m (10000, as in RoFormer and EVA-02).
 
     ``rope(grid, prefix_tokens)`` gives the :class:`RopeTable` of an input whose patch grid is ``grid`` (gh, gw),
-    its patch tokens following ``prefix_tokens`` others; the frequencies are a buffer computed at construction, not
-    saved in the state dict.
+    its patch tokens following ``prefix_tokens`` others, computed on ``device`` in ``dtype`` (float32, as timm):
+    nothing is stored, so the state dict is empty and a model built on the meta device needs nothing filled in.
     """
 
     def __init__(self, head_dim: int, ref_grid: int | tuple[int, int], temperature: float = 10000.0) -> None:
@@ -65,15 +65,20 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"head_dim {head_dim} is not a multiple of 4: 2-D RoPE rotates d/4 channel pairs per axis")
         self.ref_grid = to_pair("ref_grid", ref_grid)
         self.temperature = check_positive_float("temperature", temperature)
-        bands = head_dim // 4
-        omega = 1.0 / self.temperature ** (torch.arange(bands, dtype=torch.float32) / bands)
-        self.register_buffer("omega", omega, persistent=False)
 
-    def forward(self, grid: int | tuple[int, int], prefix_tokens: int) -> RopeTable:
+    def forward(
+        self,
+        grid: int | tuple[int, int],
+        prefix_tokens: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> RopeTable:
         (gh, gw), (ref_h, ref_w) = to_pair("grid", grid), self.ref_grid
-        omega = self.omega
-        y = torch.arange(gh, device=omega.device, dtype=omega.dtype) / gh * ref_h
-        x = torch.arange(gw, device=omega.device, dtype=omega.dtype) / gw * ref_w
+        bands = self.head_dim // 4
+        omega = 1.0 / self.temperature ** (torch.arange(bands, device=device, dtype=dtype) / bands)
+        y = torch.arange(gh, device=device, dtype=dtype) / gh * ref_h
+        x = torch.arange(gw, device=device, dtype=dtype) / gw * ref_w
         angles = torch.cat(  # (gh, gw, d/2): the rows' d/4 angles, then the columns'
             (repeat(torch.outer(y, omega), "i m -> i j m", j=gw), repeat(torch.outer(x, omega), "j m -> i j m", i=gh)),
             dim=-1,

@@ -38,9 +38,11 @@ _KEPT: ContextVar[int] = ContextVar("vit_einops_kept_attention", default=0)
 
 def block_parameters(config: ViTConfig) -> int:
     """The parameters of one encoder block (Eqs. 2-3): two LayerNorms, qkv and output projections, the MLP, and
-    LayerScale's and qk-norm's when the config has them."""
+    LayerScale's and qk-norm's when the config has them (and SwiGLU's wider fc1, or q and v biases only)."""
     d, m = config.dim, config.mlp_dim
-    block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * m + m) + (m * d + d)
+    qkv_bias = {True: 3 * d, "qv": 2 * d, False: 0}[config.qkv_bias]
+    fc1 = 2 * m if config.ffn == "swiglu" else m  # SwiGLU's fc1 computes the gate and the value at once
+    block = 2 * d + (3 * d * d + qkv_bias) + (d * d + d) + 2 * d + (d * fc1 + fc1) + (m * d + d)
     if config.layer_scale is not None:
         block += 2 * d  # gamma of each branch
     if config.qk_norm:
@@ -77,7 +79,8 @@ def module_count(config: ViTConfig) -> int:
     embed = 5 + config.class_token + config.distill_token + (config.register_tokens > 0) + config.pre_norm
     # head with norm, pool (attention pooling: 16 more), fc, DeiT's fc_dist, pre_logits (Sequential, Linear, Tanh)
     head = 4 + config.distill_token + 16 * (config.pool == "map") + 3 * (config.representation_size is not None)
-    return 1 + embed + 1 + config.depth * block + head  # the ViT and its blocks container count one each
+    rope = config.rope_grid is not None  # the RotaryEmbedding
+    return 1 + embed + 1 + config.depth * block + head + rope  # the ViT and its blocks container count one each
 
 
 def size_fields(config: ViTConfig) -> str:

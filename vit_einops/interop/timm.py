@@ -63,6 +63,7 @@ ACT_LAYERS = {"gelu": None, "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"
 # The classes that build a config in timm: DeiT's distillation token and head need timm.models.deit's.
 VISION_TRANSFORMER = "timm.models.vision_transformer.VisionTransformer"
 DISTILLED = "timm.models.deit.VisionTransformerDistilled"
+EVA = "timm.models.eva.Eva"
 _RULES = (
     (r"patch_embed\.proj\.(weight|bias)", r"patch_embed.proj.\1"),
     (r"patch_embed\.(cls|dist|reg)_token\.weight", r"\1_token"),
@@ -72,6 +73,7 @@ _RULES = (
     (r"blocks\.(\d+)\.mlp\.fn\.ls\.gamma", r"blocks.\1.ls2.gamma"),
     (r"blocks\.(\d+)\.attn\.fn\.norm\.(weight|bias)", r"blocks.\1.norm1.\2"),
     (r"blocks\.(\d+)\.attn\.fn\.mha\.(qkv|proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (r"blocks\.(\d+)\.attn\.fn\.mha\.(q_bias|v_bias)", r"blocks.\1.attn.\2"),  # EVA's q and v biases
     (r"blocks\.(\d+)\.mlp\.fn\.norm\.(weight|bias)", r"blocks.\1.norm2.\2"),
     (r"blocks\.(\d+)\.mlp\.fn\.ff\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
     (r"head\.pool\.(.+)", r"attn_pool.\1"),  # SigLIP's attention pooling: latent, q, kv, proj, norm, mlp
@@ -84,6 +86,9 @@ FC_NORM_LAYOUT = KeyLayout(SOURCE, (*_RULES, (r"head\.norm\.(weight|bias)", r"fc
 # The fields a timm state dict fixes, which must agree with a named arch (the ones a checkpoint may change, image
 # size and classes, only where the caller did not pass the size and a tag names the classes).
 _ARCH_CHECKED = tuple(name for name, about in FIELDS.items() if about.held and not about.per_checkpoint)
+# The fields no tensor holds that a named arch supplies (heads and the free fields are passed on their own).
+_UNTOLD = tuple(name for name, about in FIELDS.items() if about.held is None and not about.free and name != "heads")
+_UNTOLD += ("layer_norm_eps",)  # free to override, but the arch's own value by default (CLIP's 1e-5)
 
 
 def _layout(config: ViTConfig) -> KeyLayout:
@@ -236,10 +241,12 @@ def _config_of_arch(
         default_pool=fields.get("pool"),
         pos_embed_prefix=pos_embed_prefix,
         layer_scale=fields.get("layer_scale") or LAYER_SCALE_INIT,
+        # What no tensor holds comes from the arch (the field registry says which: act, eps, RoPE's grid), else the
+        # paper's default; the caller's arguments replace it.
         extra={
+            **{name: fields.get(name, DEFAULTS[name]) for name in _UNTOLD},
             "act": act if act is not None else fields.get("act", "gelu"),
             "dynamic_size": dynamic_size,
-            "layer_norm_eps": fields.get("layer_norm_eps", 1e-6),
             **overrides,
         },
     )
@@ -276,6 +283,8 @@ def _config_from_keys(
     dim, in_channels, *patch = proj.shape
     pos = require(state_dict, "pos_embed", 3, SOURCE)
     fc1 = require(state_dict, "blocks.0.mlp.fc1.weight", 2, SOURCE)
+    fc2 = require(state_dict, "blocks.0.mlp.fc2.weight", 2, SOURCE)
+    gated = fc1.shape[0] == 2 * fc2.shape[1]  # SwiGLU: fc1 computes the gate and the value (EVA-02's GluMlp)
     head = state_dict.get("head.weight")
     class_token = "cls_token" in state_dict
     distill_token = "dist_token" in state_dict
@@ -312,7 +321,9 @@ def _config_from_keys(
         dim=dim,
         depth=count_blocks(state_dict, r"blocks\.(\d+)\.", SOURCE),
         heads=infer_heads(dim, heads),
-        mlp_dim=fc1.shape[0],
+        mlp_dim=fc2.shape[1],
+        ffn="swiglu" if gated else "mlp",
+        qkv_bias="qv" if "blocks.0.attn.q_bias" in state_dict else "blocks.0.attn.qkv.bias" in state_dict,
         pool=pool,
         fc_norm="fc_norm.weight" in state_dict,
         layer_scale=layer_scale if has_layer_scale else None,
@@ -445,8 +456,11 @@ def to_timm(
 
 
 def timm_class(config: ViTConfig) -> str:
-    """The timm class that builds ``config`` (with :func:`timm_kwargs`): ``VisionTransformer``, or DeiT's
-    ``timm.models.deit.VisionTransformerDistilled`` for a distillation token."""
+    """The timm class that builds ``config`` (with :func:`timm_kwargs`): ``VisionTransformer``, DeiT's
+    ``timm.models.deit.VisionTransformerDistilled`` for a distillation token, or ``timm.models.eva.Eva`` for
+    EVA-02's parts (q and v biases, SwiGLU, RoPE)."""
+    if config.rope_grid is not None or config.ffn == "swiglu" or config.qkv_bias == "qv":
+        return EVA
     return DISTILLED if config.distill_token else VISION_TRANSFORMER
 
 
@@ -498,7 +512,32 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         kwargs["act_layer"] = ACT_LAYERS[config.act]
     if config.layer_norm_eps != 1e-6:  # timm's LayerNorm default
         kwargs["norm_layer"] = functools.partial(torch.nn.LayerNorm, eps=config.layer_norm_eps)
+    if timm_class(config) == EVA:
+        return _eva_kwargs(config, kwargs)
     return kwargs
+
+
+def _eva_kwargs(config: ViTConfig, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """timm's Eva arguments for ``config`` (EVA-02's q and v biases, SwiGLU, RoPE), from VisionTransformer's."""
+    others = [f"{name} {getattr(config, name)!r}" for name in ("distill_token", "qk_norm", "pre_norm", "register_tokens")
+              if getattr(config, name) != DEFAULTS[name]]  # fmt: skip
+    if config.qkv_bias is True:
+        others.append("qkv_bias True (Eva's qkv_bias is q and v biases, none on k: 'qv')")
+    if config.pool == "map" or config.act != "gelu":
+        others.append(f"pool {config.pool!r}, act {config.act!r} (this Eva has mean or token pooling and GELU)")
+    if others:
+        raise ValueError(f"timm's Eva has no counterpart of {', '.join(others)}")
+    for name in ("fc_norm", "qk_norm", "reg_tokens", "pre_norm", "proj_drop_rate"):
+        kwargs.pop(name)
+    return kwargs | dict(
+        qkv_bias=config.qkv_bias == "qv",
+        swiglu_mlp=config.ffn == "swiglu",
+        use_rot_pos_emb=config.rope_grid is not None,
+        ref_feat_shape=config.rope_grid,
+        use_fc_norm=config.fc_norm,
+        drop_rate=0.0,
+        proj_drop_rate=config.dropout,
+    )
 
 
 def load_timm(
