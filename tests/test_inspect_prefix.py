@@ -122,6 +122,10 @@ def test_a_layout_splits_any_axis_into_its_prefix_tokens_and_the_patch_grid():
         layout.split(x)
     with pytest.raises(ValueError, match=re.escape("no 'dist' token here: the prefix tokens are ('cls', 'reg1')")):
         layout.index("dist")
+    many = TokenLayout(tuple(f"reg{i + 1}" for i in range(1000)), (2, 2))  # a message names eight, and counts the rest
+    with pytest.raises(ValueError, match=re.escape("prefix tokens are ('reg1', 'reg2', 'reg3', 'reg4', 'reg5', 'reg6', "
+                                                   "'reg7', 'reg8', ... 992 more)") + "$"):  # fmt: skip
+        many.index("cls")
 
 
 def test_the_layout_of_another_input_size_follows_dynamic_size():

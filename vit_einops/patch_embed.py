@@ -79,8 +79,13 @@ class TokenLayout:
     def index(self, name: str) -> int:
         """The position of the prefix token ``name`` ("cls", "dist", "reg2"), or a ValueError listing them."""
         if name not in self.prefix:
-            raise ValueError(f"no {name!r} token here: the prefix tokens are {self.prefix}")
+            raise ValueError(f"no {name!r} token here: the prefix tokens are {self.shown()}")
         return self.prefix.index(name)
+
+    def shown(self) -> str:
+        """The prefix tokens' names for a message: all of them, or the first eight and how many follow."""
+        more = len(self.prefix) - 8
+        return repr(self.prefix) if more <= 0 else f"({', '.join(map(repr, self.prefix[:8]))}, ... {more:,} more)"
 
     def labels(self) -> tuple[str, ...]:
         """A name for each of the N tokens, in order: the prefix tokens', then "patch (r, c)"."""
@@ -93,7 +98,7 @@ class TokenLayout:
         if tokens != self.num_tokens:
             (gh, gw), p = self.grid, self.num_prefix
             raise ValueError(
-                f"{tokens} tokens do not fit the layout of {p} prefix tokens {self.prefix} and a {gh}x{gw} patch grid "
+                f"{tokens} tokens do not fit the layout of {p} prefix tokens {self.shown()} and a {gh}x{gw} patch grid "
                 f"({p} + {gh * gw} = {self.num_tokens}); pass the layout of the input the tokens came from "
                 "(recorder.layout, model.patch_embed.layout(image_size))"
             )

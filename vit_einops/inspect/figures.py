@@ -219,7 +219,7 @@ def plot_prefix_share(share: torch.Tensor, layout: TokenLayout):
     names = check_layout(layout).prefix
     if share.shape[-1] != len(names):
         raise ValueError(
-            f"{len(names)} prefix tokens {names} for {share.shape[-1]} prefix-token columns of share (shape "
+            f"{len(names)} prefix tokens {layout.shown()} for {share.shape[-1]} prefix-token columns of share (shape "
             f"{tuple(share.shape)}); expected one column per prefix token"
         )
     values = share.detach().double().cpu()

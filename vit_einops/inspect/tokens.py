@@ -29,5 +29,5 @@ def class_index(layout: TokenLayout, what: str) -> int:
     """The class token's position among the prefix tokens, or a ValueError saying what to read instead."""
     if CLASS_TOKEN not in layout.prefix:
         raise ValueError(f"{what} reads the class token's row, but this model has none (prefix tokens "
-                         f"{layout.prefix!r}); use {NO_CLASS_TOKEN} instead")  # fmt: skip
+                         f"{layout.shown()}); use {NO_CLASS_TOKEN} instead")  # fmt: skip
     return layout.index(CLASS_TOKEN)
