@@ -84,7 +84,7 @@ def test_embedded_arrays_are_the_recorded_numbers_within_the_stated_precision(tm
         for key in ("distance", "entropy", "patch_mass"):
             np.testing.assert_allclose(image["stats"][key], stats[key][:, i].numpy(), atol=5e-7, rtol=0)
         # The one prefix token's share is the class token's share of inspect's statistics.
-        share = stats["class_share"][:, i, :, None]
+        share = stats["prefix_share"][:, i]
         np.testing.assert_allclose(image["stats"]["prefix_share"], share, atol=5e-7, rtol=0)
         np.testing.assert_allclose(image["stats"]["norms"], norms[:, i].numpy(), atol=5e-5 + 1e-6, rtol=0)
         picture = Image.open(io.BytesIO(base64.b64decode(image["png"])))

@@ -111,7 +111,7 @@ def test_mean_distance_matches_a_per_query_computation_and_is_nan_only_without_p
     mass = maps[..., 1:, 1:].sum(-1).mean(-1)
     torch.testing.assert_close(stats["patch_mass"], mass, rtol=1e-12, atol=1e-15)
     assert torch.equal(stats["distance"].isnan(), stats["patch_mass"] == 0)
-    for key in ("entropy", "class_share"):
+    for key in ("entropy", "prefix_share"):
         assert torch.isfinite(stats[key]).all()
 
 
@@ -123,7 +123,7 @@ def test_a_head_on_the_class_token_alone_has_patch_mass_0_no_distance_and_finite
     stats = head_statistics(maps, layout, 4)
     assert stats["distance"][0, :, 0].isnan().all() and torch.equal(stats["patch_mass"][0, :, 0], torch.zeros(2))
     assert torch.equal(stats["entropy"][0, :, 0], torch.zeros(2))
-    assert torch.equal(stats["class_share"][0, :, 0], torch.ones(2))
+    assert torch.equal(stats["prefix_share"][0, :, 0, layout.index("cls")], torch.ones(2))
     others = torch.ones_like(stats["distance"], dtype=torch.bool)
     others[0, :, 0] = False
     assert torch.isfinite(stats["distance"][others]).all() and (stats["patch_mass"][others] > 0.5).all()

@@ -21,7 +21,6 @@ from vit_einops.attention import MultiHeadAttention
 from vit_einops.inspect import (
     AttentionRecorder,
     class_attention_grid,
-    class_token_share,
     dino_mask,
     dino_view,
     head_statistics,
@@ -215,13 +214,9 @@ def test_prefix_share_is_each_prefix_tokens_mean_over_the_patch_queries():
     for t, _ in enumerate(NAMES):
         expected = sum(maps[..., q, t] for q in range(4, 13)) / 9
         torch.testing.assert_close(share[..., t], expected, rtol=1e-12, atol=0)
-    assert torch.equal(class_token_share(maps, TokenLayout(NAMES, (3, 3))), share[..., 0])
-    assert torch.equal(class_token_share(maps, TokenLayout(("dist", "cls", "reg1", "reg2"), (3, 3))), share[..., 1])
-    with pytest.raises(ValueError, match=r"class_token_share reads the class token's row, but this model has none"):
-        class_token_share(maps, TokenLayout(("reg1", "reg2", "reg3", "reg4"), (3, 3)))
     # The registers are never read as patches: one class token and a 3x3 grid do not fit 13 tokens.
     with pytest.raises(ValueError, match=r"13 tokens do not fit the layout of 1 prefix tokens \('cls',\) and a 3x3"):
-        class_token_share(maps, TokenLayout(("cls",), (3, 3)))
+        prefix_token_share(maps, TokenLayout(("cls",), (3, 3)))
 
 
 def test_distance_and_statistics_count_patch_queries_and_keys_only():
@@ -238,10 +233,9 @@ def test_distance_and_statistics_count_patch_queries_and_keys_only():
     distance = mean_attention_distance(maps, layout, 5)
     torch.testing.assert_close(distance, weighted / mass, rtol=1e-12, atol=0)
     stats = head_statistics(maps, layout, 5)
-    assert set(stats) == {"distance", "patch_mass", "entropy", "prefix_share", "class_share"}
+    assert set(stats) == {"distance", "patch_mass", "entropy", "prefix_share"}
     assert stats["prefix_share"].shape == (2, 2, 3, 4)
     torch.testing.assert_close(stats["patch_mass"], 1 - stats["prefix_share"].sum(-1), rtol=0, atol=1e-12)
-    assert "class_share" not in head_statistics(maps, TokenLayout(("reg1", "reg2", "reg3", "reg4"), (2, 3)), 5)
     with pytest.raises(ValueError, match=r"10 tokens do not fit the layout of 1 prefix tokens \('cls',\) and a 2x3"):
         mean_attention_distance(maps, TokenLayout(("cls",), (2, 3)), 5)  # one class token does not fit 10 tokens
 
@@ -441,7 +435,6 @@ def test_the_docs_inspect_examples_run_as_written_on_each_token_layout(family, u
     expected_share = maps[..., p:, :p].mean(dim=-2)
     torch.testing.assert_close(stats["prefix_share"], expected_share, rtol=1e-6, atol=0)
     torch.testing.assert_close(stats["patch_mass"], maps[..., p:, p:].sum(-1).mean(-1), rtol=1e-5, atol=1e-7)
-    assert ("class_share" in stats) == ("cls" in names)
     assert namespace["relevance"].shape == (2, p + 16, p + 16)
     assert namespace["relevance5"].shape == (2, 5, p + 16, p + 16)
     assert namespace["rollout"].shape == (2, p + 16, p + 16)

@@ -14,7 +14,7 @@ from vit_einops.inspect import (
     attention_entropy,
     attention_gradients,
     attention_relevance,
-    class_token_share,
+    prefix_token_share,
     head_statistics,
     mean_attention_distance,
     record_attention,
@@ -77,22 +77,22 @@ def test_entropy_rejects_what_is_not_a_distribution(rows, error, match):
 # --- class-token share, token norms, per-head statistics ---------------------------------------------------------
 
 
-def test_class_token_share_closed_forms():
+def test_prefix_token_share_of_the_class_token_closed_forms():
     n, layout = 5, TokenLayout(("cls",), (2, 2))
     uniform = torch.full((1, 1, 1, n, n), 1.0 / n)
-    torch.testing.assert_close(class_token_share(uniform, layout), torch.full((1, 1, 1), 1.0 / n))
+    torch.testing.assert_close(prefix_token_share(uniform, layout), torch.full((1, 1, 1, 1), 1.0 / n))
     sink = torch.zeros(1, 1, 1, n, n)
     sink[..., 0] = 1.0  # every query reads only the class token
-    assert torch.equal(class_token_share(sink, layout), torch.ones(1, 1, 1))
+    assert torch.equal(prefix_token_share(sink, layout), torch.ones(1, 1, 1, 1))
     mixed = torch.eye(n)[None, None, None].clone()  # each token reads itself ...
     mixed[..., 1:3, :] = torch.tensor([0.25, 0.75, 0.0, 0.0, 0.0])  # ... except patches 1 and 2
     # patch queries 1..4 put 0.25, 0.25, 0, 0 on the class token; the class token's own row is left out.
-    torch.testing.assert_close(class_token_share(mixed, layout), torch.full((1, 1, 1), 0.125))
+    torch.testing.assert_close(prefix_token_share(mixed, layout), torch.full((1, 1, 1, 1), 0.125))
 
 
-def test_class_token_share_rejects_rows_that_are_not_square_maps():
+def test_prefix_token_share_rejects_rows_that_are_not_square_maps():
     with pytest.raises(ValueError, match=r"\(layers, b, h, n, n\)"):
-        class_token_share(torch.full((2, 3, 4), 0.25), TokenLayout(("cls",), (1, 3)))
+        prefix_token_share(torch.full((2, 3, 4), 0.25), TokenLayout(("cls",), (1, 3)))
 
 
 def test_token_norms_are_the_lengths_of_each_block_output():
@@ -113,15 +113,14 @@ def test_head_statistics_per_image_match_the_shared_functions():
     model = tiny_vit(TINY)
     _, maps, layout = record_attention(model, torch.rand(3, 1, 8, 8))
     stats = head_statistics(maps, layout, 2)
-    names = ("distance", "patch_mass", "entropy", "class_share")
+    names = ("distance", "patch_mass", "entropy")
     assert {k: v.shape for k, v in stats.items()} == {**{k: (3, 3, 2) for k in names}, "prefix_share": (3, 3, 2, 1)}
-    assert torch.equal(stats["prefix_share"][..., 0], stats["class_share"])
     torch.testing.assert_close(stats["distance"][:, 1], mean_attention_distance(maps[:, 1:2], layout, 2))
     # The pooled distance is the per-image ones weighted by the attention mass each image sends between patches.
     mass = stats["patch_mass"]
     pooled = (stats["distance"] * mass).sum(1) / mass.sum(1)
     torch.testing.assert_close(pooled, mean_attention_distance(maps, layout, 2))
-    torch.testing.assert_close(mass, 1 - stats["class_share"])
+    torch.testing.assert_close(mass, 1 - stats["prefix_share"][..., 0])
     torch.testing.assert_close(stats["entropy"], attention_entropy(maps).mean(-1))
 
 

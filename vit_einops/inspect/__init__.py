@@ -32,7 +32,6 @@ from .rollout import attention_rollout, class_attention_grid, patch_attention_gr
 from .stats import (
     TokenNorms,
     attention_entropy,
-    class_token_share,
     head_statistics,
     prefix_token_share,
     token_norms,
@@ -49,7 +48,6 @@ __all__ = [
     "attention_relevance",
     "attention_rollout",
     "class_attention_grid",
-    "class_token_share",
     "dino_mask",
     "dino_view",
     "embedding_filter_components",

@@ -11,7 +11,7 @@ from einops import reduce
 
 from .._checks import check_choice, check_dense_tensor, check_real_in_range
 from ..patch_embed import TokenLayout
-from .tokens import check_layout, class_index
+from .tokens import CLASS_TOKEN, check_layout
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -75,8 +75,12 @@ def class_attention_grid(attention: torch.Tensor, layout: TokenLayout) -> torch.
 
     Shapes: (..., n, n) with n = layout.num_tokens -> (..., gh, gw).
     """
-    row = class_index(check_layout(layout, attention.shape[-1]), "class_attention_grid")
-    return layout.split(attention[..., row, :])[1]
+    if CLASS_TOKEN not in check_layout(layout, attention.shape[-1]).prefix:  # SigLIP: read the patches' own
+        raise ValueError(
+            "class_attention_grid reads the class token's row, but this model has none (prefix tokens "
+            f"{layout.shown()}); use the mean over patch queries (patch_attention_grid) instead"
+        )
+    return layout.split(attention[..., layout.index(CLASS_TOKEN), :])[1]
 
 
 def patch_attention_grid(attention: torch.Tensor, layout: TokenLayout) -> torch.Tensor:

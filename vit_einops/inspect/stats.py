@@ -6,7 +6,7 @@ named by the input's ``layout.prefix``: see :class:`~vit_einops.patch_embed.Toke
 - :func:`attention_entropy`: how spread out each query's row of A is, in nats: ``H_i = -sum_j A_ij log A_ij``.
   log n for a uniform row, 0 for a row that puts all its weight on one key.
 - :func:`prefix_token_share`: how much of the patches' attention lands on each prefix token (class,
-  distillation, register); :func:`class_token_share` is the class token's.
+  distillation, register); the class token's is its column ``layout.index("cls")``.
 - :func:`token_norms`: ``||z_l^i||``, the length of every token after every block; a few patch tokens with norms
   far above the rest are the "high-norm outlier tokens" that large ViTs grow, and that register tokens take over
   (Darcet et al. 2024, "Vision Transformers Need Registers").
@@ -25,7 +25,7 @@ from torch import nn
 
 from ..patch_embed import TokenLayout
 from .distance import distance_sums, ratio_or_nan
-from .tokens import CLASS_TOKEN, check_layout, class_index
+from .tokens import check_layout
 
 
 def _check_rows(maps: torch.Tensor) -> None:
@@ -76,16 +76,6 @@ def prefix_token_share(maps: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
         raise ValueError(f"expected attention maps (layers, b, h, n, n), got {tuple(maps.shape)}")
     p = check_layout(layout, maps.shape[-1]).num_prefix
     return maps[..., layout.patches, :p].mean(dim=-2)
-
-
-def class_token_share(maps: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-    """The share of the patches' attention that goes to the class token: :func:`prefix_token_share`'s "cls"
-    column; a model without a class token is refused.
-
-    Shapes: maps (l, b, h, n, n) -> (l, b, h).
-    """
-    share = prefix_token_share(maps, layout)
-    return share[..., class_index(layout, "class_token_share")]
 
 
 def _encoder_blocks(model: nn.Module) -> list[nn.Module]:
@@ -153,19 +143,14 @@ def head_statistics(
       only to prefix tokens, 1 for one that ignores them (``1 - prefix_share.sum(-1)`` up to rounding, but
       computed from the same sums as ``distance``, so the two agree on which heads are undefined);
     - ``entropy``: the mean over queries of :func:`attention_entropy`, nats;
-    - ``prefix_share``: :func:`prefix_token_share`, (l, b, h, p);
-    - ``class_share``: :func:`class_token_share`, where the model has a class token.
+    - ``prefix_share``: :func:`prefix_token_share`, (l, b, h, p).
 
     Shapes: maps (l, b, h, n, n) -> each (l, b, h), ``prefix_share`` (l, b, h, p).
     """
     weighted, mass = distance_sums(maps, layout, patch_size)
-    share = prefix_token_share(maps, layout)
-    stats = {
+    return {
         "distance": ratio_or_nan(weighted, mass).to(maps.dtype),
         "patch_mass": (mass / layout.num_patches).to(maps.dtype),
         "entropy": attention_entropy(maps).mean(dim=-1),
-        "prefix_share": share,
+        "prefix_share": prefix_token_share(maps, layout),
     }
-    if CLASS_TOKEN in layout.prefix:
-        stats["class_share"] = share[..., layout.index(CLASS_TOKEN)]
-    return stats

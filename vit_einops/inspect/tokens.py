@@ -9,8 +9,6 @@ from typing import Any
 from ..patch_embed import ClassToken, TokenLayout
 
 CLASS_TOKEN = ClassToken.NAME
-# What to read where a model has no class token (SigLIP): the patches' own attention, averaged over them.
-NO_CLASS_TOKEN = "the mean over patch queries (patch_attention_grid)"
 
 
 def check_layout(layout: Any, tokens: int | None = None) -> TokenLayout:
@@ -23,11 +21,3 @@ def check_layout(layout: Any, tokens: int | None = None) -> TokenLayout:
     if tokens is not None:
         layout.check(tokens)
     return layout
-
-
-def class_index(layout: TokenLayout, what: str) -> int:
-    """The class token's position among the prefix tokens, or a ValueError saying what to read instead."""
-    if CLASS_TOKEN not in layout.prefix:
-        raise ValueError(f"{what} reads the class token's row, but this model has none (prefix tokens "
-                         f"{layout.shown()}); use {NO_CLASS_TOKEN} instead")  # fmt: skip
-    return layout.index(CLASS_TOKEN)
