@@ -326,7 +326,7 @@ def test_softmax_hook_sees_a_on_the_einsum_path_without_warning(recwarn):
 
     model, seen = hooked_model("einsum")
     x = torch.randn(3, 3, 8, 8)
-    _, maps = record_attention(model, x)
+    _, maps, _ = record_attention(model, x)
     assert len(seen) == 2 and all(a.shape == (3, 2, 5, 5) for a in seen)
     torch.testing.assert_close(torch.stack(seen), maps, rtol=0, atol=0)
     assert not [w for w in recwarn if "attend.softmax" in str(w.message)]

@@ -10,6 +10,7 @@ from _tiny import TINY_RGB16, tiny_vit
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vit_einops import TokenLayout
 from vit_einops.inspect import DINO_KEEP, dino_mask, dino_view, record_attention
 
 R = 3  # registers: not 1 or 4, so that an off-by-one or a hard-coded 4 shows
@@ -91,7 +92,7 @@ def test_keep_outside_zero_one_is_refused_by_name(keep, error, message):
         dino_mask(torch.rand(4), keep)
     maps = torch.rand(1, 1, 1, 5, 5).softmax(-1)
     with pytest.raises(error, match=f"^{message.replace('(', '[(]').replace(')', '[)]')}$"):
-        dino_view(maps, (2, 2), keep=keep)
+        dino_view(maps, TokenLayout(("cls",), (2, 2)), keep=keep)
 
 
 @pytest.mark.parametrize(
@@ -120,14 +121,14 @@ def test_dino_view_reads_the_class_row_over_the_patches_skipping_the_registers(p
     seen = []
     hook = model.blocks[-1].attn.fn.mha.attend.softmax.register_forward_hook(lambda m, a, out: seen.append(out))
     try:
-        _, maps = record_attention(model, x)
+        _, maps, layout = record_attention(model, x)
     finally:
         hook.remove()
-    view = dino_view(maps, model.patch_embed.grid_for((16, 16)), model.config.prefix_tokens)
+    view = dino_view(maps, layout)
     expected = seen[0][:, :, 0, 1 + R :].reshape(2, 4, 4, 4)  # (b, h, gh, gw)
     torch.testing.assert_close(view.attention, expected, rtol=0, atol=1e-6)
     assert torch.equal(view.mask, dino_mask(view.attention.flatten(-2)).reshape(2, 4, 4, 4))
-    first = dino_view(maps, (4, 4), model.config.prefix_tokens, layer=0, keep=0.3)
+    first = dino_view(maps, layout, layer=0, keep=0.3)
     assert torch.equal(first.mask, dino_mask(first.attention.flatten(-2), 0.3).reshape(2, 4, 4, 4))
 
 
@@ -138,10 +139,10 @@ def test_dino_view_refuses_a_model_without_a_class_token_and_wrong_layouts():
         match=r"^class_attention_grid reads the class token's row, but this model has none \(prefix tokens \(\)\); "
         r"use the mean over patch queries \(patch_attention_grid\) instead$",
     ):
-        dino_view(maps, (2, 2), ())
-    with pytest.raises(ValueError, match=r"attention over 4 tokens does not fit a 2x2 grid after the 1 prefix"):
-        dino_view(maps, (2, 2))
+        dino_view(maps, TokenLayout((), (2, 2)))
+    with pytest.raises(ValueError, match=r"4 tokens do not fit the layout of 1 prefix tokens \('cls',\) and a 2x2"):
+        dino_view(maps, TokenLayout(("cls",), (2, 2)))
     with pytest.raises(ValueError, match=r"layer 2 out of range for 2 recorded layers \(valid: -2..1\)"):
-        dino_view(maps, (1, 3), layer=2)
+        dino_view(maps, TokenLayout(("cls",), (1, 3)), layer=2)
     with pytest.raises(ValueError, match=r"expected attention maps \(layers, b, h, n, n\), got \(1, 3, 4, 4\)"):
-        dino_view(maps[0], (1, 3))
+        dino_view(maps[0], TokenLayout(("cls",), (1, 3)))

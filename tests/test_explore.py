@@ -52,18 +52,19 @@ def test_embedded_arrays_are_the_recorded_numbers_within_the_stated_precision(tm
     page = write_explorer(model, images, tmp_path / "e.html", titles=["a", "b"], bits=bits)
     shared = embedded(page)
     [data] = shared["panes"]
-    logits, maps = record_attention(model, images)
+    logits, maps, layout = record_attention(model, images)
     maps = maps.double().numpy()
     depth, _, heads, n, _ = maps.shape
-    assert (data["depth"], data["heads"], data["tokens"], data["grid"], data["patch"]) == (2, 4, 17, [4, 4], [4, 4])
-    assert data["prefix_tokens"] == ["cls"] and data["name"] == "model"
+    assert (data["depth"], data["heads"], data["patch"]) == (2, 4, [4, 4])
+    assert data["layout"] == {"prefix": ["cls"], "grid": [4, 4]}
+    assert n == 17 and data["name"] == "model"
     levels = 2**bits - 1
     assert shared["attention_levels"] == levels
     top = logits.softmax(-1).topk(5, dim=-1)
     relevance = attention_relevance(model, images, top.indices).double().numpy()
     rollout = attention_rollout(torch.from_numpy(maps)).numpy()
-    stats = head_statistics(torch.from_numpy(maps), (4, 4), 4)
-    _, norms = token_norms(model, images)
+    stats = head_statistics(torch.from_numpy(maps), layout, 4)
+    _, norms, _ = token_norms(model, images)
     for i, image in enumerate(data["images"]):
         codes = decode(image["attention"], np.uint8, (depth, heads, n, n))
         rowmax = decode(image["attention_rowmax"], np.float32, (depth, heads, n))
@@ -83,7 +84,7 @@ def test_embedded_arrays_are_the_recorded_numbers_within_the_stated_precision(tm
         for key in ("distance", "entropy", "patch_mass"):
             np.testing.assert_allclose(image["stats"][key], stats[key][:, i].numpy(), atol=5e-7, rtol=0)
         # The one prefix token's share is the class token's share of inspect's statistics.
-        share = stats["class_share"][:, i, :, None]
+        share = stats["prefix_share"][:, i]
         np.testing.assert_allclose(image["stats"]["prefix_share"], share, atol=5e-7, rtol=0)
         np.testing.assert_allclose(image["stats"]["norms"], norms[:, i].numpy(), atol=5e-5 + 1e-6, rtol=0)
         picture = Image.open(io.BytesIO(base64.b64decode(image["png"])))

@@ -181,7 +181,7 @@ class Recorded:
     """The model's numbers for one page, and the row each view should draw."""
 
     def __init__(self, model, images):
-        self.logits, self.maps = record_attention(model, images)  # maps (l, b, h, n, n)
+        self.logits, self.maps, _ = record_attention(model, images)  # maps (l, b, h, n, n)
         self.top = self.logits.softmax(-1).topk(5, dim=-1).indices
         self.relevance = attention_relevance(model, images, self.top).double()  # (b, k, n, n)
         self.rollout = attention_rollout(self.maps.double())

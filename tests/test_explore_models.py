@@ -13,6 +13,7 @@ from PIL import Image
 from test_explore import decode, embedded
 from test_explore_stats import class_sink, per_query_distance
 
+from vit_einops import TokenLayout
 from vit_einops.explore import write_explorer
 from vit_einops.explore.payload import dino_view
 from vit_einops.inspect import record_attention, token_norms
@@ -55,10 +56,10 @@ def test_register_model_payload_shares_statistics_and_dino_masks_are_the_recorde
     model = register_vit()
     images = torch.rand(2, 3, 32, 32)
     [pane] = embedded(write_explorer(model, images, tmp_path / "e.html", top_k=1))["panes"]
-    _, maps = record_attention(model, images)
+    _, maps, _ = record_attention(model, images)
     maps = maps.double().numpy()  # (l, b, h, 21, 21)
-    _, norms = token_norms(model, images)
-    assert (pane["prefix_tokens"], pane["tokens"], pane["grid"], pane["input_size"]) == (PREFIX, 21, [4, 4], [32, 32])
+    _, norms, _ = token_norms(model, images)
+    assert (pane["layout"], pane["input_size"]) == ({"prefix": PREFIX, "grid": [4, 4]}, [32, 32])
     for i, image in enumerate(pane["images"]):
         stats = {key: np.array(value, dtype=float) for key, value in image["stats"].items()}
         shares = maps[:, i, :, 5:, :5].mean(axis=-2)  # (l, h, 5): patch queries' mass on each prefix token
@@ -89,8 +90,8 @@ def test_register_model_payload_shares_statistics_and_dino_masks_are_the_recorde
 
 def test_dino_view_needs_a_class_token():
     maps = torch.rand(2, 1, 2, 5, 5).softmax(-1)
-    assert dino_view(maps, ()) is None and dino_view(maps, ("reg1",)) is None
-    assert dino_view(maps, ("cls",))["masks"].shape == (1, 3, 4)
+    assert dino_view(maps, TokenLayout((), (1, 5))) is None and dino_view(maps, TokenLayout(("reg1",), (2, 2))) is None
+    assert dino_view(maps, TokenLayout(("cls",), (2, 2)))["masks"].shape == (1, 3, 4)
 
 
 def test_a_class_token_reading_only_itself_has_no_dino_mask(tmp_path):
@@ -116,14 +117,14 @@ def test_two_models_side_by_side_are_each_their_own_models(tmp_path):
     data = embedded(page)
     assert data["titles"] == ["x", "y"] and [pane["name"] for pane in data["panes"]] == [hostile, "plain"]
     a, b = data["panes"]
-    assert (a["depth"], a["heads"], a["grid"], a["prefix_tokens"]) == (2, 2, [4, 4], PREFIX)
-    assert (b["depth"], b["heads"], b["grid"], b["prefix_tokens"]) == (3, 4, [2, 2], ["cls"])
+    assert (a["depth"], a["heads"], a["layout"]) == (2, 2, {"prefix": PREFIX, "grid": [4, 4]})
+    assert (b["depth"], b["heads"], b["layout"]) == (3, 4, {"prefix": ["cls"], "grid": [2, 2]})
     for pane, model in ((a, registers), (b, plain)):
-        _, maps = record_attention(model, images)
+        _, maps, layout = record_attention(model, images)
         for i, image in enumerate(pane["images"]):
-            rowmax = decode(image["attention_rowmax"], np.float32, (pane["depth"], pane["heads"], pane["tokens"]))
+            rowmax = decode(image["attention_rowmax"], np.float32, (pane["depth"], pane["heads"], layout.num_tokens))
             assert np.array_equal(rowmax, maps[:, i].double().numpy().max(-1).astype(np.float32))
-            assert len(image["dino"]["masks"][0]) == pane["grid"][0] * pane["grid"][1]
+            assert len(image["dino"]["masks"][0]) == layout.num_patches
 
 
 def test_bad_model_lists_are_named(tmp_path):
@@ -173,9 +174,9 @@ def test_explore_two_model_files_on_one_photo(tmp_path):
     assert result.stdout.startswith(f"explorer: {out} (") and "1 images, 2 models side by side)" in result.stdout
     data = embedded(out)
     assert data["titles"] == ["photo.png"]
-    assert [(p["name"], p["prefix_tokens"], p["grid"]) for p in data["panes"]] == [
-        ("reg.safetensors", PREFIX, [4, 4]),
-        ("plain.safetensors", ["cls"], [2, 2]),
+    assert [(p["name"], p["layout"]) for p in data["panes"]] == [
+        ("reg.safetensors", {"prefix": PREFIX, "grid": [4, 4]}),
+        ("plain.safetensors", {"prefix": ["cls"], "grid": [2, 2]}),
     ]
     # Each pane shows the photo as its own model saw it: the same resize, normalisation undone.
     seen = np.asarray(Image.open(photo).resize((32, 32), Image.Resampling.BILINEAR))
@@ -253,11 +254,11 @@ def test_siglip_and_deit_panes_name_their_tokens_and_only_deit_has_a_dino_view(t
         write_explorer([siglip, deit], images, tmp_path / "e.html", top_k=1, names=["s", "d"], preprocessed=True)
     )
     first, second = page["panes"]
-    assert (first["prefix_tokens"], first["grid"], first["depth"]) == ([], [4, 4], 2)
+    assert (first["layout"], first["depth"]) == ({"prefix": [], "grid": [4, 4]}, 2)
     assert first["images"][0]["dino"] is None
-    assert (second["prefix_tokens"], second["grid"]) == (["cls", "dist"], [8, 8])
-    _, maps = record_attention(deit, images, preprocessed=True)
-    view = dino_view(maps.double(), ("cls", "dist"))
+    assert second["layout"] == {"prefix": ["cls", "dist"], "grid": [8, 8]}
+    _, maps, layout = record_attention(deit, images, preprocessed=True)
+    view = dino_view(maps.double(), layout)
     assert second["images"][0]["dino"]["masks"] == view["masks"][0].int().tolist()
     share = second["images"][0]["stats"]["prefix_share"]  # (l, h, 2): cls and dist columns over patch queries
     expected = maps[..., 2:, :2].double().mean(-2)[:, 0]

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_explore import embedded
 
+from vit_einops import TokenLayout
 from vit_einops.explore import write_explorer
 from vit_einops.explore.page import embed_json
 from vit_einops.inspect import head_statistics, mean_attention_distance, record_attention
@@ -100,32 +101,33 @@ def attention_maps(draw):
 def test_mean_distance_matches_a_per_query_computation_and_is_nan_only_without_patch_attention(case):
     maps, (gh, gw), (ph, pw) = case
     expected = per_query_distance(maps.numpy(), gh, gw, ph, pw)
-    got = mean_attention_distance(maps, (gh, gw), (ph, pw)).numpy()
+    layout = TokenLayout(("cls",), (gh, gw))
+    got = mean_attention_distance(maps, layout, (ph, pw)).numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)  # nan in the same places
-    stats = head_statistics(maps, (gh, gw), (ph, pw))
+    stats = head_statistics(maps, layout, (ph, pw))
     for b in range(maps.shape[1]):
         one = per_query_distance(maps[:, b : b + 1].numpy(), gh, gw, ph, pw)
         np.testing.assert_allclose(stats["distance"][:, b].numpy(), one, rtol=1e-10, atol=1e-12)
     mass = maps[..., 1:, 1:].sum(-1).mean(-1)
     torch.testing.assert_close(stats["patch_mass"], mass, rtol=1e-12, atol=1e-15)
     assert torch.equal(stats["distance"].isnan(), stats["patch_mass"] == 0)
-    for key in ("entropy", "class_share"):
+    for key in ("entropy", "prefix_share"):
         assert torch.isfinite(stats[key]).all()
 
 
 def test_a_head_on_the_class_token_alone_has_patch_mass_0_no_distance_and_finite_other_statistics():
     torch.manual_seed(0)
     model = class_sink(tiny_vit(TINY_RGB16))
-    _, maps = record_attention(model, torch.rand(2, 3, 16, 16))
+    _, maps, layout = record_attention(model, torch.rand(2, 3, 16, 16))
     assert torch.equal(maps[0, :, 0, :, 0], torch.ones(2, 17))  # exactly: the patches get 0.0
-    stats = head_statistics(maps, (4, 4), 4)
+    stats = head_statistics(maps, layout, 4)
     assert stats["distance"][0, :, 0].isnan().all() and torch.equal(stats["patch_mass"][0, :, 0], torch.zeros(2))
     assert torch.equal(stats["entropy"][0, :, 0], torch.zeros(2))
-    assert torch.equal(stats["class_share"][0, :, 0], torch.ones(2))
+    assert torch.equal(stats["prefix_share"][0, :, 0, layout.index("cls")], torch.ones(2))
     others = torch.ones_like(stats["distance"], dtype=torch.bool)
     others[0, :, 0] = False
     assert torch.isfinite(stats["distance"][others]).all() and (stats["patch_mass"][others] > 0.5).all()
-    pooled = mean_attention_distance(maps, (4, 4), 4)
+    pooled = mean_attention_distance(maps, layout, 4)
     assert pooled[0, 0].isnan() and torch.isfinite(pooled.flatten()[1:]).all()
 
 
@@ -134,8 +136,8 @@ def test_the_page_marks_the_class_sink_heads_distance_as_null_beside_its_patch_m
     model = class_sink(tiny_vit(TINY_RGB16))
     images = torch.rand(2, 3, 16, 16)
     data = embedded(write_explorer(model, images, tmp_path / "e.html"))
-    _, maps = record_attention(model, images)
-    stats = head_statistics(maps.double(), (4, 4), 4)
+    _, maps, layout = record_attention(model, images)
+    stats = head_statistics(maps.double(), layout, 4)
     for i, image in enumerate(data["panes"][0]["images"]):
         distance, mass = np.array(image["stats"]["distance"], dtype=float), np.array(image["stats"]["patch_mass"])
         assert np.isnan(distance[0, 0]) and mass[0, 0] == 0  # null in the JSON

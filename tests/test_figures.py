@@ -13,7 +13,7 @@ import torch
 from _tiny import TINY_RGB, tiny_vit
 from matplotlib.figure import Figure
 
-from vit_einops import ViT
+from vit_einops import TokenLayout, ViT
 from vit_einops.inspect import (
     DinoView,
     dino_mask,
@@ -65,8 +65,8 @@ def test_every_plot_function_returns_a_figure_that_pyplot_does_not_hold():
         plot_position_similarity(torch.rand(4, 4, 4, 4)),
         plot_filters(torch.rand(3, 1, 4, 4), torch.tensor([0.5, 0.3, 0.2])),
         show_attention(vit(), torch.rand(3, 16, 16)),
-        plot_token_norms(torch.rand(2, 3, 21), ("cls", "reg1", "reg2", "reg3", "reg4")),
-        plot_prefix_share(torch.rand(2, 3, 4, 2) / 2, ("cls", "dist")),
+        plot_token_norms(torch.rand(2, 3, 21), TokenLayout(("cls", "reg1", "reg2", "reg3", "reg4"), (4, 4))),
+        plot_prefix_share(torch.rand(2, 3, 4, 2) / 2, TokenLayout(("cls", "dist"), (4, 4))),
         plot_dino_view(torch.rand(1, 3, 16, 16), DinoView(torch.rand(1, 2, 4, 4), torch.rand(1, 2, 4, 4) > 0.5),
                        layer=1, keep=0.6),  # fmt: skip
     ]
@@ -144,7 +144,7 @@ def test_show_attention_head_draws_that_heads_map_alone(head):
     fig = show_attention(model, x, layer=0, head=head)
     panels = image_axes(fig)
     assert [ax.get_title().split("\n")[0] for ax in panels] == ["input", f"layer 0 head {k}"]
-    _, maps = record_attention(model, x[None])
+    _, maps, _ = record_attention(model, x[None])
     grid = maps[0, 0, k, 0, 1:].reshape(4, 4)  # the class token's row over the 4x4 patches, row-major
     up = torch.nn.functional.interpolate(grid[None, None], size=(16, 16), mode="bilinear", align_corners=False)[0, 0]
     drawn = torch.from_numpy(np.asarray(panels[1].get_images()[-1].get_array()))
@@ -199,7 +199,7 @@ def test_distance_figure_names_heads_whose_distance_is_undefined():
     """nan is a head attending only to the class token: drawn as a red cross at 0 on its layer, counted in the
     legend; the defined heads keep their dots."""
     distance = torch.tensor([[10.0, float("nan")], [float("nan"), float("nan")], [4.0, 6.0]])
-    ax = plot_attention_distance(distance).axes[0]
+    ax = plot_attention_distance(distance, layout=TokenLayout(("cls",), (2, 2))).axes[0]
     crosses = [c for c in ax.collections if c.get_label().startswith("n/a")]
     assert len(crosses) == 1 and crosses[0].get_label() == "n/a: attends only to the class token (3 heads)"
     assert crosses[0].get_offsets().tolist() == [[0, 0], [1, 0], [1, 0]]
@@ -209,9 +209,11 @@ def test_distance_figure_names_heads_whose_distance_is_undefined():
 
 def test_distance_figure_names_the_prefix_tokens_a_model_has():
     distance = torch.tensor([[float("nan"), 1.0]])
-    ax = plot_attention_distance(distance, prefix_tokens=("cls", "reg1")).axes[0]
+    ax = plot_attention_distance(distance, layout=TokenLayout(("cls", "reg1"), (2, 2))).axes[0]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend == ["n/a: attends only to prefix tokens (cls, reg1) (1 head)"]
+    unnamed = plot_attention_distance(distance).axes[0].get_legend().get_texts()  # no layout: no names to give
+    assert [t.get_text() for t in unnamed] == ["n/a: attends only to prefix tokens (1 head)"]
 
 
 def test_token_norm_chart_marks_each_prefix_token_beside_the_patches():
@@ -220,7 +222,7 @@ def test_token_norm_chart_marks_each_prefix_token_beside_the_patches():
     names = ("cls", "reg1", "reg2")
     norms = torch.rand(2, 4, 3 + 9) + 1
     norms[1, 0, 3 + 5] = 50.0  # one high-norm patch: the register paper's artifact
-    hist, lines = plot_token_norms(norms, names, layer=1).axes
+    hist, lines = plot_token_norms(norms, TokenLayout(names, (3, 3)), layer=1).axes
     assert sum(bar.get_height() for bar in hist.patches) == 4 * 9
     assert [t.get_text() for t in hist.get_legend().get_texts()] == ["patch tokens", *names]
     for p, line in enumerate(hist.get_lines()):
@@ -234,7 +236,7 @@ def test_token_norm_chart_marks_each_prefix_token_beside_the_patches():
 
 def test_prefix_share_chart_draws_each_tokens_mean_and_the_patches_rest():
     share = torch.rand(3, 2, 4, 2) / 2  # (layers, images, heads, prefix tokens)
-    ax = plot_prefix_share(share, ("cls", "dist")).axes[0]
+    ax = plot_prefix_share(share, TokenLayout(("cls", "dist"), (2, 2))).axes[0]
     drawn = {line.get_label(): line.get_ydata() for line in ax.get_lines()}
     assert list(drawn) == ["cls", "dist", "patches"]
     np.testing.assert_allclose(drawn["dist"], share[..., 1].double().mean((1, 2)).numpy(), rtol=1e-6)

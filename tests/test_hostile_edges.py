@@ -158,7 +158,7 @@ def test_rollout_refuses_maps_it_cannot_roll_out(maps, residual, head_fusion, me
 
 def test_rollout_of_recorded_maps_still_runs_at_residual_0():
     """Softmax rows sum to 1, so no row is all zeros: residual 0 is Abnar and Zuidema's plain product."""
-    _, maps = record_attention(tiny_vit(), torch.rand(2, 1, 8, 8), preprocessed=True)
+    _, maps, _ = record_attention(tiny_vit(), torch.rand(2, 1, 8, 8), preprocessed=True)
     rollout = attention_rollout(maps, residual=0.0)
     torch.testing.assert_close(rollout, maps[1].mean(1) @ maps[0].mean(1))
 

@@ -334,7 +334,7 @@ def test_a_module_without_preprocessing_takes_its_input_and_says_so_for_anything
     """record_attention takes any module with Attend layers: a float tensor is its input, a picture needs more."""
     encoder = tiny_vit(TINY_RGB).blocks
     x = torch.rand(1, 17, 48)
-    _, maps = record_attention(encoder, x)
+    _, maps, _ = record_attention(encoder, x)
     assert maps.shape == (2, 1, 4, 17, 17)
     message = (
         "a TransformerEncoder has no preprocessing (model.transforms()) to read images with; pass the model's input "

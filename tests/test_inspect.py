@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from vit_einops import ViT
+from vit_einops import TokenLayout, ViT
 from vit_einops.attention import MultiHeadAttention, set_attn_impl
 from vit_einops.config import ATTN_IMPLS
 from vit_einops.inspect import (
@@ -21,7 +21,6 @@ from vit_einops.inspect import (
     attention_rollout,
     class_attention_grid,
     embedding_filter_components,
-    last_layer_class_attention,
     mean_attention_distance,
     patch_distances,
     position_similarity,
@@ -57,7 +56,7 @@ def test_recorded_maps_agree_across_impls_and_rows_sum_to_one():
     maps = {}
     for impl in ATTN_IMPLS:
         model.set_attn_impl(impl)
-        _, maps[impl] = record_attention(model, x)
+        _, maps[impl], _ = record_attention(model, x)
     for impl in ATTN_IMPLS:
         # Layer 0 sees identical q, k on every path; deeper layers inherit the paths' float32 rounding.
         assert torch.equal(maps[impl][0], maps["einsum"][0]), impl
@@ -75,7 +74,7 @@ def test_einsum_path_recording_equals_the_models_own_softmax():
         for m in model.modules()
         if hasattr(m, "softmax")
     ]
-    _, maps = record_attention(model, torch.rand(2, 1, 8, 8))
+    _, maps, _ = record_attention(model, torch.rand(2, 1, 8, 8))
     for h in handles:
         h.remove()
     assert torch.equal(maps, torch.stack(seen))
@@ -113,8 +112,8 @@ def test_hooks_are_removed_on_exit_and_on_exceptions():
 def test_layer_selection_and_errors():
     model = tiny_vit()
     x = torch.rand(2, 1, 8, 8)
-    _, all_maps = record_attention(model, x)
-    _, last = record_attention(model, x, layers=[-1, 0])
+    _, all_maps, _ = record_attention(model, x)
+    _, last, _ = record_attention(model, x, layers=[-1, 0])
     assert torch.equal(last, all_maps[[2, 0]])
     with pytest.raises(ValueError, match="layer 3 out of range for the model's 3 attention layers"):
         AttentionRecorder(model, layers=[3])
@@ -161,11 +160,11 @@ def test_rollout_matches_a_plain_numpy_product(layers, n, residual):
 def test_class_attention_grid_reads_the_class_row_in_row_major_order():
     maps = torch.zeros(1, 1, 2, 7, 7)
     maps[..., 0, 1:] = torch.arange(6.0)
-    grid = last_layer_class_attention(maps, (2, 3))
+    grid = class_attention_grid(maps[-1], TokenLayout(("cls",), (2, 3)))
     assert grid.shape == (1, 2, 2, 3)
     assert torch.equal(grid[0, 1], torch.tensor([[0.0, 1, 2], [3, 4, 5]]))
-    with pytest.raises(ValueError, match="3x3 grid"):
-        class_attention_grid(maps[0], (3, 3))
+    with pytest.raises(ValueError, match="3x3 patch grid"):
+        class_attention_grid(maps[0], TokenLayout(("cls",), (3, 3)))
 
 
 def test_rollout_rejects_bad_arguments():
@@ -194,7 +193,7 @@ def uniform_maps(gh: int, gw: int, layers: int = 2, heads: int = 3) -> torch.Ten
     ],
 )
 def test_mean_distance_of_uniform_attention_is_the_grids_mean_pairwise_distance(grid, patch, expected):
-    got = mean_attention_distance(uniform_maps(*grid), grid, patch)
+    got = mean_attention_distance(uniform_maps(*grid), TokenLayout(("cls",), grid), patch)
     torch.testing.assert_close(got, torch.full((2, 3), expected), atol=1e-6, rtol=0)
 
 
@@ -204,7 +203,7 @@ def test_mean_distance_of_uniform_attention_matches_brute_force(gh, gw, ph, pw):
     brute = np.mean(
         [math.hypot((r1 - r2) * ph, (c1 - c2) * pw) for (r1, c1), (r2, c2) in itertools.product(cells, cells)]
     )
-    got = mean_attention_distance(uniform_maps(gh, gw).double(), (gh, gw), (ph, pw))
+    got = mean_attention_distance(uniform_maps(gh, gw).double(), TokenLayout(("cls",), (gh, gw)), (ph, pw))
     np.testing.assert_allclose(got.numpy(), brute, rtol=1e-12)
     np.testing.assert_allclose(patch_distances((gh, gw), (ph, pw)).mean().item(), brute, rtol=1e-12)
 
@@ -212,14 +211,15 @@ def test_mean_distance_of_uniform_attention_matches_brute_force(gh, gw, ph, pw):
 def test_self_attention_has_zero_distance_and_neighbour_attention_one_patch():
     n = 1 + 9
     own = torch.eye(n).expand(1, 1, 1, n, n)
-    assert mean_attention_distance(own, (3, 3), 2).item() == 0.0
+    layout = TokenLayout(("cls",), (3, 3))
+    assert mean_attention_distance(own, layout, 2).item() == 0.0
     right = torch.zeros(1, 1, 1, n, n)
     for i in range(9):  # each patch attends to its right neighbour, wrapping to the left end
         r, c = divmod(i, 3)
         right[..., 1 + i, 1 + r * 3 + (c + 1) % 3] = 1.0
     right[..., 0, 0] = 1.0
     expected = (6 * 2 + 3 * 4) / 9  # 6 queries one patch (2 px) away, 3 wrapping two patches (4 px)
-    assert mean_attention_distance(right, (3, 3), 2).item() == pytest.approx(expected)
+    assert mean_attention_distance(right, layout, 2).item() == pytest.approx(expected)
 
 
 # --- embeddings -------------------------------------------------------------------------------------------
@@ -280,7 +280,7 @@ def test_report_runs_the_model_once_when_distance_images_are_the_drawn_ones(tmp_
     write_report(model, images, tmp_path, distance_images=distance_images, titles=["a", "b", "c"])
     assert calls == [3]
     arrays = np.load(tmp_path / "arrays.npz")
-    expected = mean_attention_distance(torch.from_numpy(arrays["attention"]), (4, 4), 2)
+    expected = mean_attention_distance(torch.from_numpy(arrays["attention"]), model.patch_embed.layout(), 2)
     np.testing.assert_allclose(arrays["mean_attention_distance"], expected.numpy(), rtol=1e-6)
 
 
@@ -288,10 +288,10 @@ def test_report_batches_other_distance_images_to_the_same_mean(tmp_path, unrende
     model = tiny_vit()
     images, others = torch.rand(2, 1, 8, 8), torch.rand(5, 1, 8, 8)
     write_report(model, images, tmp_path, distance_images=others, batch_size=2)
-    _, maps = record_attention(model, others)
+    _, maps, _ = record_attention(model, others)
     np.testing.assert_allclose(
         np.load(tmp_path / "arrays.npz")["mean_attention_distance"],
-        mean_attention_distance(maps, (4, 4), 2).numpy(),
+        mean_attention_distance(maps, model.patch_embed.layout(), 2).numpy(),
         rtol=1e-5,
     )
 

@@ -82,7 +82,7 @@ def test_classifier_logits_and_attentions_match(tmp_path, labels):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         out = hf(pixel_values=x, output_attentions=True)
-        logits, maps = record_attention(ours, x, preprocessed=True)  # maps: (layers, b, h, n, n)
+        logits, maps, _ = record_attention(ours, x, preprocessed=True)  # maps: (layers, b, h, n, n)
     assert (logits - out.logits).abs().max() < 1e-5
     ref = torch.stack(out.attentions)  # HF: one (b, h, n, n) per layer
     assert maps.shape == ref.shape
@@ -227,7 +227,7 @@ def test_vit_b16_from_a_save_pretrained_directory(tmp_path):
     x = model.transforms()(Image.fromarray(sklearn_datasets.load_sample_images().images[0])).unsqueeze(0)
     with torch.no_grad():
         out = hf(pixel_values=x, output_attentions=True)
-        logits, maps = record_attention(model, x, preprocessed=True)
+        logits, maps, _ = record_attention(model, x, preprocessed=True)
     _report("hf ViT-B/16 logits, float32", (logits - out.logits).abs().max().item())
     _report("hf ViT-B/16 attentions, float32", (maps - torch.stack(out.attentions)).abs().max().item())
     assert (logits - out.logits).abs().max() < 1e-5

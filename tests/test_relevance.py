@@ -8,13 +8,13 @@ import pytest
 import torch
 from _tiny import TINY_DIGITS, tiny_vit
 
-from vit_einops import ViT
+from vit_einops import TokenLayout, ViT
 from vit_einops.config import ATTN_IMPLS
 from vit_einops.inspect import (
     attention_entropy,
     attention_gradients,
     attention_relevance,
-    class_token_share,
+    prefix_token_share,
     head_statistics,
     mean_attention_distance,
     record_attention,
@@ -53,7 +53,7 @@ def test_entropy_of_masked_rows_counts_only_the_allowed_keys_and_is_never_nan():
 
 
 def test_entropy_of_recorded_maps_equals_torch_distributions():
-    _, maps = record_attention(tiny_vit(TINY), torch.rand(2, 1, 8, 8))
+    _, maps, _ = record_attention(tiny_vit(TINY), torch.rand(2, 1, 8, 8))
     expected = torch.distributions.Categorical(probs=maps).entropy()
     torch.testing.assert_close(attention_entropy(maps), expected, rtol=1e-5, atol=1e-6)
     assert ((0 <= expected) & (expected <= math.log(maps.shape[-1]) + 1e-5)).all()
@@ -77,28 +77,28 @@ def test_entropy_rejects_what_is_not_a_distribution(rows, error, match):
 # --- class-token share, token norms, per-head statistics ---------------------------------------------------------
 
 
-def test_class_token_share_closed_forms():
-    n = 5
+def test_prefix_token_share_of_the_class_token_closed_forms():
+    n, layout = 5, TokenLayout(("cls",), (2, 2))
     uniform = torch.full((1, 1, 1, n, n), 1.0 / n)
-    torch.testing.assert_close(class_token_share(uniform, (2, 2)), torch.full((1, 1, 1), 1.0 / n))
+    torch.testing.assert_close(prefix_token_share(uniform, layout), torch.full((1, 1, 1, 1), 1.0 / n))
     sink = torch.zeros(1, 1, 1, n, n)
     sink[..., 0] = 1.0  # every query reads only the class token
-    assert torch.equal(class_token_share(sink, (2, 2)), torch.ones(1, 1, 1))
+    assert torch.equal(prefix_token_share(sink, layout), torch.ones(1, 1, 1, 1))
     mixed = torch.eye(n)[None, None, None].clone()  # each token reads itself ...
     mixed[..., 1:3, :] = torch.tensor([0.25, 0.75, 0.0, 0.0, 0.0])  # ... except patches 1 and 2
     # patch queries 1..4 put 0.25, 0.25, 0, 0 on the class token; the class token's own row is left out.
-    torch.testing.assert_close(class_token_share(mixed, (2, 2)), torch.full((1, 1, 1), 0.125))
+    torch.testing.assert_close(prefix_token_share(mixed, layout), torch.full((1, 1, 1, 1), 0.125))
 
 
-def test_class_token_share_rejects_rows_that_are_not_square_maps():
+def test_prefix_token_share_rejects_rows_that_are_not_square_maps():
     with pytest.raises(ValueError, match=r"\(layers, b, h, n, n\)"):
-        class_token_share(torch.full((2, 3, 4), 0.25), (1, 3))
+        prefix_token_share(torch.full((2, 3, 4), 0.25), TokenLayout(("cls",), (1, 3)))
 
 
 def test_token_norms_are_the_lengths_of_each_block_output():
     model = tiny_vit(TINY)
     x = torch.rand(2, 1, 8, 8)
-    out, norms = token_norms(model, x)
+    out, norms, layout = token_norms(model, x)
     assert torch.equal(out, model(x))  # the hooks leave the output alone, and are gone afterwards
     z = model.patch_embed(x)
     expected = []
@@ -106,22 +106,21 @@ def test_token_norms_are_the_lengths_of_each_block_output():
         z = block(z)
         expected.append(torch.linalg.vector_norm(z, dim=-1))
     torch.testing.assert_close(norms, torch.stack(expected), rtol=0, atol=0)
-    assert norms.shape == (3, 2, 17)
+    assert norms.shape == (3, 2, 17) and layout == model.patch_embed.layout()
 
 
 def test_head_statistics_per_image_match_the_shared_functions():
     model = tiny_vit(TINY)
-    _, maps = record_attention(model, torch.rand(3, 1, 8, 8))
-    stats = head_statistics(maps, (4, 4), 2)
-    names = ("distance", "patch_mass", "entropy", "class_share")
+    _, maps, layout = record_attention(model, torch.rand(3, 1, 8, 8))
+    stats = head_statistics(maps, layout, 2)
+    names = ("distance", "patch_mass", "entropy")
     assert {k: v.shape for k, v in stats.items()} == {**{k: (3, 3, 2) for k in names}, "prefix_share": (3, 3, 2, 1)}
-    assert torch.equal(stats["prefix_share"][..., 0], stats["class_share"])
-    torch.testing.assert_close(stats["distance"][:, 1], mean_attention_distance(maps[:, 1:2], (4, 4), 2))
+    torch.testing.assert_close(stats["distance"][:, 1], mean_attention_distance(maps[:, 1:2], layout, 2))
     # The pooled distance is the per-image ones weighted by the attention mass each image sends between patches.
     mass = stats["patch_mass"]
     pooled = (stats["distance"] * mass).sum(1) / mass.sum(1)
-    torch.testing.assert_close(pooled, mean_attention_distance(maps, (4, 4), 2))
-    torch.testing.assert_close(mass, 1 - stats["class_share"])
+    torch.testing.assert_close(pooled, mean_attention_distance(maps, layout, 2))
+    torch.testing.assert_close(mass, 1 - stats["prefix_share"][..., 0])
     torch.testing.assert_close(stats["entropy"], attention_entropy(maps).mean(-1))
 
 
@@ -248,7 +247,7 @@ def test_uniform_attention_over_identical_patches_gives_uniform_relevance():
             qkv.bias[: 2 * 16].zero_()
         model.patch_embed.pos_embed.weight.zero_()
     x = torch.full((2, 1, 8, 8), 0.3, dtype=torch.float64)
-    _, maps = record_attention(model, x)
+    _, maps, _ = record_attention(model, x)
     torch.testing.assert_close(maps, torch.full_like(maps, 1 / 17), rtol=0, atol=1e-15)
     for target in range(5):
         patches = attention_relevance(model, x, target)[:, 0, 1:]

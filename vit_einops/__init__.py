@@ -28,6 +28,7 @@ _EXPORTS = {
     "ClassToken": "patch_embed",
     "PatchEmbedding": "patch_embed",
     "PositionEmbedding": "patch_embed",
+    "TokenLayout": "patch_embed",
     "conv_to_linear_weight": "patch_embed",
     "linear_to_conv_weight": "patch_embed",
     "Preprocessing": "preprocess",

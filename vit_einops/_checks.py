@@ -55,6 +55,23 @@ def check_size(name: str, value: Any, *, positive: bool = True) -> int:
     return value
 
 
+def check_grid(name: str, grid: Any) -> tuple[int, int]:
+    """A patch grid (gh, gw) as a pair of Python ints: two positive ints (not bools, not floats) in a tuple, list or
+    torch.Size; a TypeError or ValueError naming ``name`` and the grid otherwise, before any reshape reads it."""
+    expected = "a (gh, gw) pair of positive ints"
+    if not isinstance(grid, (tuple, list)):
+        raise TypeError(f"{name} must be {expected}, got {grid!r} of type {type(grid).__name__}")
+    if len(grid) != 2:
+        raise ValueError(f"{name} must be {expected}, got {len(grid)} values: {grid!r}")
+    for side in grid:
+        if not _is_int(side):
+            raise TypeError(f"{name} must be {expected}, got {grid!r} (a {type(side).__name__} side)")
+    gh, gw = (int(side) for side in grid)
+    if not (0 < gh <= MAX_SIZE and 0 < gw <= MAX_SIZE):
+        raise ValueError(f"{name} must be {expected} (each at most 2**63 - 1), got ({show_int(gh)}, {show_int(gw)})")
+    return gh, gw
+
+
 def check_heads(dim: Any, heads: Any) -> tuple[int, int]:
     """(dim, heads) as sizes, ``dim`` split evenly between the heads (D_h = D / h, Eq. 5); else raise naming both."""
     dim, heads = check_size("dim", dim), check_size("heads", heads)

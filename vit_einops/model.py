@@ -129,9 +129,10 @@ class ViT(Sequential):
 
     def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, RopeTable | None]:
         """Eq. 1's tokens of an admitted batch, and the RoPE table of its patch grid where the model has RoPE."""
-        grid = self.patch_embed.grid_for(x.shape[-2:])
-        rope = self.rope(grid, self.num_prefix_tokens, device=x.device) if self._has_rope else None
-        return self.patch_embed(x), rope
+        if not self._has_rope:
+            return self.patch_embed(x), None
+        layout = self.patch_embed.layout(x.shape[-2:])
+        return self.patch_embed(x), self.rope(layout.grid, layout.num_prefix, device=x.device)
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         """z_L: the encoder's tokens of an admitted batch."""
@@ -307,7 +308,7 @@ class ViT(Sequential):
                 "this model pools by attention (pool 'map', a learned module); it cannot switch to another pooling in "
                 "place: build one with dataclasses.replace(model.config, pool=...) and load the other weights"
             )
-        if pool == "cls" and "cls" not in self.config.prefix_tokens:
+        if pool == "cls" and not self.config.class_token:
             raise ValueError("global_pool 'token' / 'cls' reads the class token, which this model has not")
         if self.head.distilled:
             raise ValueError(
@@ -351,7 +352,7 @@ class ViT(Sequential):
         if norm and not self.head.token_norm:
             raise ValueError("norm=True needs a LayerNorm on every token; this model's (fc_norm=True) follows pooling")
         x = self._admit(x)
-        gh, gw = self.patch_embed.grid_for(x.shape[-2:])
+        layout = self.patch_embed.layout(x.shape[-2:])
         x, rope = self._embed(x)
         blocks = list(self.blocks)[: max(take) + 1] if stop_early else self.blocks
         intermediates = []
@@ -359,10 +360,10 @@ class ViT(Sequential):
             x = block(x, rope=rope)
             if i in take:
                 intermediates.append(self.head.norm(x) if norm else x)
-        prefix = [y[:, : self.num_prefix_tokens] for y in intermediates]
-        intermediates = [y[:, self.num_prefix_tokens :] for y in intermediates]
-        if output_fmt == "NCHW":
-            intermediates = [rearrange(y, "b (h w) d -> b d h w", h=gh, w=gw) for y in intermediates]
+        # Each (b, P, D) prefix tokens and (b, gh, gw, D) patches.
+        prefix, intermediates = zip(*(layout.split(y, dim=1) for y in intermediates), strict=True)
+        pattern = "b h w d -> b d h w" if output_fmt == "NCHW" else "b h w d -> b (h w) d"
+        intermediates = [rearrange(y, pattern) for y in intermediates]
         if return_prefix_tokens:
             intermediates = list(zip(intermediates, prefix, strict=True))
         if intermediates_only:

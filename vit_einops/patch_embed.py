@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from ._budget import check_memory
 from ._checks import (
     check_bool,
     check_choice,
+    check_grid,
     check_nonnegative_int,
     check_patch_grid,
     check_probability,
@@ -23,17 +25,100 @@ from ._checks import (
 )
 from ._init import trunc_normal_
 from ._sequential import Sequential
-from .config import DYNAMIC_SIZES, PATCHIFY, ViTConfig, check_config, check_float32
+from .config import DYNAMIC_SIZES, NAME_BYTES, PATCHIFY, ViTConfig, check_config, check_float32
 
 # ViT's own init for the class token and positions (timm, torchvision): a small truncated normal.
 EMBED_INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """The tokens the encoder sees for one input: the prefix tokens, then the gh x gw patches in row-major order,
+    so patch (r, c) is token ``num_prefix + r * gw + c``. Rows and columns of every attention map, token norm and
+    relevance follow it. Made by the patch embedding: ``model.patch_embed.layout(image_size)``, or the recorders'
+    ``.layout``.
+
+    Args:
+        prefix: the prefix tokens' names in token order: ("cls",) in the paper, ("cls", "dist") in DeiT,
+            ("cls", "reg1", ..., "regR") with registers, () without a class token (SigLIP).
+        grid: (gh, gw), the patch grid of this input: the config's at its image_size, another with dynamic_size.
+    """
+
+    prefix: tuple[str, ...]
+    grid: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        names = self.prefix
+        if isinstance(names, str) or not isinstance(names, (tuple, list)):
+            raise TypeError(f"prefix must be a tuple of token names such as ('cls', 'reg1'), got {names!r}")
+        if not all(isinstance(name, str) and name for name in names) or len(set(names)) != len(names):
+            raise ValueError(f"prefix must be distinct non-empty names, got {tuple(names)!r}")
+        object.__setattr__(self, "prefix", tuple(names))
+        object.__setattr__(self, "grid", check_grid("grid", self.grid))
+
+    @property
+    def num_prefix(self) -> int:
+        """P, the tokens before the patches (timm's ``num_prefix_tokens``)."""
+        return len(self.prefix)
+
+    @property
+    def num_patches(self) -> int:
+        """N' = gh * gw."""
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def num_tokens(self) -> int:
+        """N = P + N'."""
+        return self.num_prefix + self.num_patches
+
+    @property
+    def patches(self) -> slice:
+        """The patch tokens' indices: ``x[:, layout.patches]``."""
+        return slice(self.num_prefix, self.num_tokens)
+
+    def index(self, name: str) -> int:
+        """The position of the prefix token ``name`` ("cls", "dist", "reg2"), or a ValueError listing them."""
+        if name not in self.prefix:
+            raise ValueError(f"no {name!r} token here: the prefix tokens are {self.shown()}")
+        return self.prefix.index(name)
+
+    def shown(self) -> str:
+        """The prefix tokens' names for a message: all of them, or the first eight and how many follow."""
+        more = len(self.prefix) - 8
+        return repr(self.prefix) if more <= 0 else f"({', '.join(map(repr, self.prefix[:8]))}, ... {more:,} more)"
+
+    def labels(self) -> tuple[str, ...]:
+        """A name for each of the N tokens, in order: the prefix tokens', then "patch (r, c)"."""
+        check_memory(self.num_tokens * NAME_BYTES, f"naming {self.num_tokens:,} tokens")
+        patches = (f"patch ({r}, {c})" for r in range(self.grid[0]) for c in range(self.grid[1]))
+        return self.prefix + tuple(patches)
+
+    def check(self, tokens: int) -> None:
+        """ValueError unless ``tokens`` is this layout's N."""
+        if tokens != self.num_tokens:
+            (gh, gw), p = self.grid, self.num_prefix
+            raise ValueError(
+                f"{tokens} tokens do not fit the layout of {p} prefix tokens {self.shown()} and a {gh}x{gw} patch grid "
+                f"({p} + {gh * gw} = {self.num_tokens}); pass the layout of the input the tokens came from "
+                "(recorder.layout, model.patch_embed.layout(image_size))"
+            )
+
+    def split(self, x: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prefix tokens, patches on the grid): (..., N, ...) along ``dim`` -> (..., P, ...), (..., gh, gw, ...)."""
+        self.check(x.shape[dim])
+        prefix, patches = x.split([self.num_prefix, self.num_patches], dim)
+        return prefix, patches.unflatten(dim, self.grid)
 
 
 class PrefixTokens(nn.Module):
     """Inserts ``count`` learned tokens after the first ``after`` tokens: (b, n, D) -> (b, n + count, D).
 
     Kept as a module with a ``weight`` (1, count, D) so tools that count module weights (torchsummary) see it.
+    ``names()`` are the tokens' names in the :class:`TokenLayout`.
     """
+
+    NAME = "token"
+    NUMBERED = False  # NAME1..NAMEr even for one token (registers); otherwise only for several
 
     def __init__(self, count: int, dim: int, after: int = 0) -> None:
         super().__init__()
@@ -45,9 +130,19 @@ class PrefixTokens(nn.Module):
         tokens = repeat(self.weight, "1 r d -> b r d", b=x.shape[0])
         return torch.cat([x[:, : self.after], tokens, x[:, self.after :]], dim=1)
 
+    def names(self) -> tuple[str, ...]:
+        """``NAME`` for one token, else ``NAME1``..``NAMEr``, made within the memory budget."""
+        count = self.weight.shape[1]
+        if count == 1 and not self.NUMBERED:
+            return (self.NAME,)
+        check_memory(count * NAME_BYTES, f"naming {count:,} {self.NAME} tokens")
+        return tuple(f"{self.NAME}{i + 1}" for i in range(count))
+
 
 class ClassToken(PrefixTokens):
     """Prepends the learnable x_class of Eq. 1 to the patch tokens: (b, n, D) -> (b, n + 1, D)."""
+
+    NAME = "cls"
 
     def __init__(self, dim: int) -> None:
         super().__init__(1, dim, after=0)
@@ -57,13 +152,17 @@ class DistillationToken(PrefixTokens):
     """DeiT's distillation token (Touvron et al. 2021), inserted right after the class token:
     (b, 1 + n, D) -> (b, 2 + n, D). The head's second classifier ``fc_dist`` reads its final state."""
 
+    NAME = "dist"
+
     def __init__(self, dim: int) -> None:
         super().__init__(1, dim, after=1)
 
 
 class RegisterTokens(PrefixTokens):
     """Inserts R learnable register tokens after the ``after`` tokens before them (the class token), before the
-    patches (Darcet et al. 2024): (b, after + n, D) -> (b, after + R + n, D)."""
+    patches (Darcet et al. 2024): (b, after + n, D) -> (b, after + R + n, D); named "reg1".."regR"."""
+
+    NAME, NUMBERED = "reg", True
 
     def __init__(self, count: int, dim: int, after: int = 1) -> None:
         super().__init__(count, dim, after=after)
@@ -292,13 +391,16 @@ class PatchEmbedding(Sequential):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        grid = self.grid_for(x.shape[-2:])  # E_pos is resampled for it when the model has dynamic_size
+        grid = (x.shape[-2] // self.patch_size[0], x.shape[-1] // self.patch_size[1])  # dynamic_size resamples E_pos
         for name, stage in self.named_children():
             x = stage(x, grid) if name == "pos_embed" else stage(x)
         return x
 
-    def grid_for(self, image_size: tuple[int, int]) -> tuple[int, int]:
-        """The patch grid (gh, gw) of an input of ``image_size`` (H, W): the tokens after the prefix form it."""
-        (h, w), (ph, pw) = image_size, self.patch_size
-        return (h // ph, w // pw)
-
+    def layout(self, image_size: int | tuple[int, int] | None = None) -> TokenLayout:
+        """The tokens made of an input of ``image_size`` (H, W), by default this embedding's own: the prefix tokens
+        by name, then that input's patch grid. Another size than its own needs ``dynamic_size``."""
+        image, (ph, pw) = check_patch_grid(self.image_size if image_size is None else image_size, self.patch_size)
+        if image != self.image_size and self.pos_embed.dynamic is None:
+            raise ValueError(f"image_size {image}: this embedding takes {self.image_size} only (no dynamic_size)")
+        names = (name for m in self.children() if isinstance(m, PrefixTokens) for name in m.names())
+        return TokenLayout(tuple(names), (image[0] // ph, image[1] // pw))

@@ -95,10 +95,11 @@ function makePane(data, index) {
     data,
     root,
     decoded: [],
-    N: data.tokens,
-    P: data.prefix_tokens.length,
-    GH: data.grid[0],
-    GW: data.grid[1],
+    prefix: data.layout.prefix,
+    P: data.layout.prefix.length,
+    GH: data.layout.grid[0],
+    GW: data.layout.grid[1],
+    N: data.layout.prefix.length + data.layout.grid[0] * data.layout.grid[1],
     el: (name) => root.querySelector(`.${name}`),
   };
 }
@@ -117,7 +118,7 @@ function paneHead(pane) {
 function tokenOf(pane, where) {
   if (where === null) return null;
   if (where.prefix !== undefined) {
-    const i = pane.data.prefix_tokens.indexOf(where.prefix);
+    const i = pane.prefix.indexOf(where.prefix);
     return i >= 0 ? i : null;
   }
   const [y, x] = where.point;
@@ -129,7 +130,7 @@ function tokenOf(pane, where) {
 // The query this pane draws: in the DINO view the class token's row (-1: it has none), else the selected one,
 // or where this model lacks that prefix token its first prefix token (the centre patch if it has none).
 function paneQuery(pane) {
-  if (state.view === "dino") return pane.data.prefix_tokens.indexOf("cls");
+  if (state.view === "dino") return pane.prefix.indexOf("cls");
   const token = tokenOf(pane, state.query);
   if (token !== null) return token;
   return pane.P > 0 ? 0 : Math.floor(pane.GH / 2) * pane.GW + Math.floor(pane.GW / 2);
@@ -146,7 +147,7 @@ function prefixColour(name) {
 }
 
 function tokenName(pane, token) {
-  if (token < pane.P) return `token ${token} (${prefixLabel(pane.data.prefix_tokens[token])})`;
+  if (token < pane.P) return `token ${token} (${prefixLabel(pane.prefix[token])})`;
   const p = token - pane.P;
   return `token ${token} (patch row ${Math.floor(p / pane.GW)}, col ${p % pane.GW})`;
 }
@@ -244,7 +245,7 @@ function drawImage(pane, row) {
   ctx.imageSmoothingEnabled = false;
   ctx.drawImage(d.picture, 0, 0, canvas.width, canvas.height);
   if (row === null) {
-    pane.data.prefix_tokens.forEach((name, t) => {
+    pane.prefix.forEach((name, t) => {
       pane.el("prefix-tokens").children[t].textContent = `${name} (token ${t}, ${prefixLabel(name)})`;
     });
     pane.el("patch-mass").textContent = "";
@@ -308,7 +309,7 @@ function drawMask(ctx, pane, mask, cellW, cellH) {
 function drawPrefix(pane, row, scaled, query, hover) {
   const items = pane.el("prefix-tokens").children;
   let prefixSum = 0;
-  pane.data.prefix_tokens.forEach((name, t) => {
+  pane.prefix.forEach((name, t) => {
     const item = items[t];
     const value = row.values[t];
     prefixSum += value;
@@ -361,7 +362,7 @@ function drawScale(pane, row, peak) {
     pane.el("scale-line").textContent = "";
     return;
   }
-  const above = pane.data.prefix_tokens.filter((_, t) => peak > 0 && row.values[t] > peak);
+  const above = pane.prefix.filter((_, t) => peak > 0 && row.values[t] > peak);
   const clipped = above.length ? `; above the scale, drawn at its top: ${above.join(", ")}` : "";
   pane.el("scale-line").textContent =
     `colour: linear from 0 (dark blue) to ${peak.toPrecision(4)} (yellow), the largest value on a patch in ` +
@@ -424,7 +425,7 @@ function clampNote(pane) {
     notes.push(`this model has ${pane.data.heads} heads: head ${state.head} is past its last, head ` +
       `${pane.data.heads - 1} is shown`);
   }
-  const missing = state.query.prefix !== undefined && !pane.data.prefix_tokens.includes(state.query.prefix);
+  const missing = state.query.prefix !== undefined && !pane.prefix.includes(state.query.prefix);
   if (state.view !== "dino" && missing) {
     notes.push(`this model has no ${state.query.prefix} token: its ${tokenName(pane, paneQuery(pane))} is the query`);
   }
@@ -530,10 +531,10 @@ function drawTokenChart(pane) {
   ctx.fillText(high.toPrecision(4), 2, pad.top + 8);
   ctx.fillText(low.toPrecision(4), 2, canvas.height - pad.bottom);
   norms.forEach((v, t) => {
-    ctx.fillStyle = t < P ? prefixColour(pane.data.prefix_tokens[t]) : "rgba(40, 90, 160, 0.8)";
+    ctx.fillStyle = t < P ? prefixColour(pane.prefix[t]) : "rgba(40, 90, 160, 0.8)";
     ctx.fillRect(x(t) - 1, y(v), 2, canvas.height - pad.bottom - y(v));
   });
-  pane.data.prefix_tokens.forEach((name, t) => {
+  pane.prefix.forEach((name, t) => {
     ctx.fillStyle = prefixColour(name);
     ctx.fillText(name, x(t) - 4, canvas.height - 6 - (t % 2) * 9);
   });
@@ -541,7 +542,7 @@ function drawTokenChart(pane) {
   const patches = norms.slice(P).map((v, p) => [v, p]).sort((a, b) => b[0] - a[0]);
   const median = patches[Math.floor(patches.length / 2)][0];
   const highest = patches.slice(0, 3).map(([v, p]) => `${v.toFixed(2)} (${tokenName(pane, P + p)})`);
-  const prefix = pane.data.prefix_tokens.map((name, t) => `${name} ${norms[t].toFixed(2)}`);
+  const prefix = pane.prefix.map((name, t) => `${name} ${norms[t].toFixed(2)}`);
   pane.el("norm-line").textContent =
     `after layer ${layer}: ` + (prefix.length ? `prefix tokens ${prefix.join(", ")}; ` : "") +
     `patches: median ${median.toFixed(2)}, highest ${highest.join(", ")}`;
@@ -586,7 +587,7 @@ function chartPoints(pane, chart) {
       if (chart.key === "norms") {
         const isQuery = i === query;
         const patch = isQuery ? "#000" : "rgba(40, 90, 160, 0.35)";
-        const colour = i < pane.P ? prefixColour(pane.data.prefix_tokens[i]) : patch;
+        const colour = i < pane.P ? prefixColour(pane.prefix[i]) : patch;
         points.push({ layer: l, y, label: `layer ${l}, ${tokenName(pane, i)}: norm ${y.toFixed(4)}`, colour,
           size: isQuery || i < pane.P ? 3 : 1.6 });
       } else if (y === null) {
@@ -808,7 +809,7 @@ function wirePane(pane) {
     }
   });
   const list = pane.el("prefix-tokens");
-  pane.data.prefix_tokens.forEach((name, t) => {
+  pane.prefix.forEach((name, t) => {
     const item = document.createElement("li");
     item.dataset.token = String(t);
     item.dataset.name = name;
@@ -840,8 +841,8 @@ function wireControls() {
 function paneLine(pane) {
   const d = pane.data;
   const [ph, pw] = d.patch;
-  const prefix = d.prefix_tokens.length
-    ? `${pane.P} prefix token${pane.P > 1 ? "s" : ""} (${d.prefix_tokens.join(", ")}, tokens 0..${pane.P - 1}) then`
+  const prefix = pane.P
+    ? `${pane.P} prefix token${pane.P > 1 ? "s" : ""} (${pane.prefix.join(", ")}, tokens 0..${pane.P - 1}) then`
     : "no prefix tokens, only";
   return (
     `${d.depth} layers × ${d.heads} heads · ${pane.GH}×${pane.GW} patches of ${ph}×${pw} px on a ` +
@@ -858,11 +859,11 @@ function compareLine() {
   const each = (what, f) => f(a) !== f(b) && differ.push(`${what} ${f(a)} vs ${f(b)}`);
   each("layers", (d) => d.depth);
   each("heads", (d) => d.heads);
-  each("patch grid", (d) => d.grid.join("×"));
+  each("patch grid", (d) => d.layout.grid.join("×"));
   each("patch size", (d) => d.patch.join("×"));
   each("input size", (d) => d.input_size.join("×"));
   each("input channels", (d) => d.in_channels);
-  each("prefix tokens", (d) => d.prefix_tokens.join(", ") || "none");
+  each("prefix tokens", (d) => d.layout.prefix.join(", ") || "none");
   if (!differ.length) return "The two models have the same layout: every selection applies to both.";
   const notes = [`The two models differ: ${differ.join("; ")}.`];
   if (a.depth !== b.depth || a.heads !== b.heads) {

@@ -1,12 +1,12 @@
 """The numbers an explorer page carries: computed with vit_einops.inspect, quantised, and packed for JSON.
 
 The page holds one pane per model (:func:`build_payload`; two models are shown side by side on the same images)
-and what the panes share (:func:`page_payload`). A pane knows its model's prefix tokens, the tokens before the
-patches (``config.prefix_tokens``: "cls", "dist", "reg1", ...), and the patch grid of the input it ran on
-(``model.patch_embed.grid_for``): maps over the image show the patches, the prefix tokens are listed beside them
-with their share of each row (:func:`prefix_statistics` gives the patches' mean share per layer and head). DINO's
-view (:func:`dino_view`) is the last layer's class-token attention over the patches per head, with the mask that
-keeps 60% of its mass (:func:`dino_mask`), computed from the recorded attention before it is quantised.
+and what the panes share (:func:`page_payload`). A pane carries the token layout of the input it ran on
+(``layout``: its prefix tokens "cls", "dist", "reg1", ... and its patch grid, as
+:class:`~vit_einops.patch_embed.TokenLayout` has them): maps over the image show the patches, the prefix tokens are
+listed beside them with their share of each row (``head_statistics`` gives the patches' mean share per layer and
+head). DINO's view (:func:`dino_view`) is the last layer's class-token attention over the patches per head, with the
+mask that keeps 60% of its mass (:func:`dino_mask`), computed from the recorded attention before it is quantised.
 
 Sizes: ViT-B/16 at 224 px records 12 layers x 12 heads x 197 x 197 = 5.6 million attention weights per image.
 Each row of A (one query, all keys) is stored as integers of ``bits`` bits (8 by default, L = 2^bits - 1
@@ -48,12 +48,14 @@ from ..inspect import (
     DINO_KEEP,
     attention_relevance,
     attention_rollout,
+    class_attention_grid,
     dino_mask,
     head_statistics,
     patch_distances,
     record_attention,
     token_norms,
 )
+from ..patch_embed import ClassToken, TokenLayout
 from ..prediction import class_name
 
 DEFAULT_BITS = 8
@@ -124,15 +126,15 @@ def relevance_is_identity(relevance: torch.Tensor) -> bool:
     return bool(torch.equal(relevance, torch.eye(relevance.shape[-1], dtype=relevance.dtype, device=relevance.device)))
 
 
-def dino_view(maps: torch.Tensor, prefix_tokens: Sequence[str]) -> dict[str, Any] | None:
+def dino_view(maps: torch.Tensor, layout: TokenLayout) -> dict[str, Any] | None:
     """The last layer's class-token attention over the patches, per head and for the mean of the heads, and
     :func:`dino_mask` of each: {"masks" (b, h + 1, patches) bool, "kept" (b, h + 1) the share of the row's mass
     each mask holds}, the last entry the mean of heads. A row with no weight on any patch (the class token reads
     only prefix tokens) has no mask: all False, ``kept`` nan. None for a model with no class token (no "cls" in
-    ``prefix_tokens``)."""
-    if "cls" not in prefix_tokens:
+    ``layout.prefix``)."""
+    if ClassToken.NAME not in layout.prefix:
         return None
-    rows = maps[-1, :, :, prefix_tokens.index("cls"), len(prefix_tokens) :].double()  # (b, h, patches)
+    rows = class_attention_grid(maps[-1].double(), layout).flatten(-2)  # (b, h, patches)
     rows = torch.cat([rows, rows.mean(dim=1, keepdim=True)], dim=1)
     total = rows.sum(dim=-1)
     some = total > 0
@@ -154,25 +156,16 @@ def build_payload(
     """Everything one pane of the page draws, for ``model`` (in eval mode) on ``images`` (b, C, H, W); see the
     module docstring.
 
-    Layers, heads, tokens and classes are numbered from 0. The tokens are the model's prefix tokens
-    (``prefix_tokens``, in token order), then the patches of the input's grid in row-major order.
+    Layers, heads, tokens and classes are numbered from 0. The tokens are those of the input's ``layout``: the
+    prefix tokens in token order, then the patches of the input's grid in row-major order.
     """
-    cfg = model.config
-    prefix_tokens = list(cfg.prefix_tokens)
-    prefix = len(prefix_tokens)
-    grid = tuple(model.patch_embed.grid_for(tuple(images.shape[-2:])))
     weights = "check the model's weights (non-finite or huge values)"
     # The encoder's layers only (the first len(blocks) Attend modules): an attention-pooling head has one too.
-    logits, maps = record_attention(model, images, range(len(model.blocks)), preprocessed=True)  # (l, b, h, n, n)
+    logits, maps, layout = record_attention(model, images, range(len(model.blocks)), preprocessed=True)
     check_finite("model's logits", logits, weights)
-    check_finite("attention maps", maps, weights)
+    check_finite("attention maps", maps, weights)  # (l, b, h, n, n)
     depth, b, heads, n, _ = maps.shape
-    if n != prefix + grid[0] * grid[1]:
-        raise ValueError(
-            f"the model attends over {n} tokens, not its {prefix} prefix tokens {tuple(prefix_tokens)} and the "
-            f"{grid[0]}x{grid[1]} patches of a {images.shape[-2]}x{images.shape[-1]} input"
-        )
-    _, norms = token_norms(model, images)  # (l, b, n)
+    norms = token_norms(model, images).norms  # (l, b, n)
     check_finite("token norms", norms, weights)
     probs = logits.double().softmax(dim=-1)
     k = min(top_k, logits.shape[-1])
@@ -180,9 +173,9 @@ def build_payload(
     relevance = attention_relevance(model, images, top.indices, preprocessed=True)  # (b, k, n, n)
     check_finite("relevance maps", relevance, f"the gradients overflowed; {weights}")
     rollout = attention_rollout(maps.double())  # (b, n, n)
-    patch_size = tuple(cfg.patch_size)
-    stats = head_statistics(maps.double(), grid, patch_size, prefix_tokens)  # each (l, b, h), prefix_share (.., p)
-    dino = dino_view(maps, prefix_tokens)
+    patch_size = tuple(model.config.patch_size)
+    stats = head_statistics(maps.double(), layout, patch_size)  # each (l, b, h), prefix_share (.., p)
+    dino = dino_view(maps, layout)
     maps64 = maps.detach().double().cpu().numpy()
 
     pages = []
@@ -228,14 +221,12 @@ def build_payload(
         "name": name,
         "depth": depth,
         "heads": heads,
-        "tokens": n,
-        "prefix_tokens": prefix_tokens,
-        "grid": list(grid),
+        "layout": {"prefix": list(layout.prefix), "grid": list(layout.grid)},
         "patch": list(patch_size),
         "input_size": list(images.shape[-2:]),
         "in_channels": int(images.shape[-3]),
         "uniform_entropy": math.log(n),
-        "uniform_distance": patch_distances(grid, patch_size).mean().item(),
+        "uniform_distance": patch_distances(layout.grid, patch_size).mean().item(),
         "dino_keep": DINO_KEEP,
         "images": pages,
     }

@@ -3,7 +3,8 @@
 (class, distillation, register) take and how long the tokens grow, draw DINO's view (the class token's attention
 and the mask keeping 60% of it), and draw the paper's Figure 6, 7 and 11 style plots (``vit-einops inspect``):
 each plot function returns a matplotlib Figure, shown inline in a notebook, and ``save_figure(fig, path)`` writes
-it atomically. Every tool reads the tokens as ``model.config.prefix_tokens`` then the patch grid of the input."""
+it atomically. Every tool reads the tokens by the input's token layout (``recorder.layout``,
+``model.patch_embed.layout(image_size)``): the prefix tokens by name, then the patch grid."""
 
 from .._plot import save_figure
 from .dino import DINO_KEEP, DinoView, dino_mask, dino_view
@@ -27,11 +28,10 @@ from .figures import (
 from .record import AttentionRecorder, attention_matrix, record_attention
 from .relevance import attention_gradients, attention_relevance, relevance_from_gradients
 from .report import write_report
-from .rollout import attention_rollout, class_attention_grid, last_layer_class_attention, patch_attention_grid
+from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
 from .stats import (
     TokenNorms,
     attention_entropy,
-    class_token_share,
     head_statistics,
     prefix_token_share,
     token_norms,
@@ -48,12 +48,10 @@ __all__ = [
     "attention_relevance",
     "attention_rollout",
     "class_attention_grid",
-    "class_token_share",
     "dino_mask",
     "dino_view",
     "embedding_filter_components",
     "head_statistics",
-    "last_layer_class_attention",
     "mean_attention_distance",
     "model_position_similarity",
     "patch_attention_grid",

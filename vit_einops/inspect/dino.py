@@ -12,14 +12,13 @@ Axes: l layers, b images, h heads, j patches, gh gw the patch grid.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 from .._checks import check_index, check_real
+from ..patch_embed import TokenLayout
 from .rollout import check_maps, class_attention_grid
-from .tokens import check_grid
 
 DINO_KEEP = 0.6  # Caron et al.'s threshold: the mask keeps 60% of the attention mass
 
@@ -74,29 +73,18 @@ class DinoView(NamedTuple):
     mask: torch.Tensor
 
 
-def dino_view(
-    maps: torch.Tensor,
-    grid: tuple[int, int],
-    prefix_tokens: Sequence[str] = ("cls",),
-    *,
-    keep: float = DINO_KEEP,
-    layer: int = -1,
-) -> DinoView:
+def dino_view(maps: torch.Tensor, layout: TokenLayout, *, keep: float = DINO_KEEP, layer: int = -1) -> DinoView:
     """DINO's Fig. 3 for recorded attention: each head's class-token attention over the patches in ``layer`` (by
     default the last, as DINO draws) on the patch grid, and the mask keeping ``keep`` of its mass.
 
     Args:
         maps: (l, b, h, n, n), as :func:`~vit_einops.inspect.record_attention` or
             :class:`~vit_einops.inspect.AttentionRecorder` give them.
-        grid: the patch grid of the recorded input (``recorder.grid``, or
-            ``model.patch_embed.grid_for(images.shape[-2:])``).
-        prefix_tokens: the tokens before the patches (``model.config.prefix_tokens``): the class token's row is
-            read, and every prefix token's column skipped (registers included). A model without a class token is
-            refused.
+        layout: the recorded input's (``recorder.layout``): the class token's row is read, and every prefix
+            token's column skipped (registers included). A model without a class token is refused.
     """
     check_maps(maps)
-    grid = check_grid("grid", grid)
     layer = check_index("layer", layer, maps.shape[0], f"{maps.shape[0]} recorded layers")
-    attention = class_attention_grid(maps[layer], grid, prefix_tokens)  # (b, h, gh, gw)
-    mask = dino_mask(attention.flatten(-2), keep).unflatten(-1, grid)
+    attention = class_attention_grid(maps[layer], layout)  # (b, h, gh, gw)
+    mask = dino_mask(attention.flatten(-2), keep).unflatten(-1, layout.grid)
     return DinoView(attention, mask)

@@ -8,27 +8,26 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from .._budget import check_memory
-from .._checks import check_nonnegative_int, check_positive_int
+from .._checks import check_grid, check_nonnegative_int, check_positive_int
 from ..model import ViT
 from ..patch_embed import conv_to_linear_weight
-from .tokens import check_grid
 
 
-def position_similarity(pos_embed: torch.Tensor, grid_size: tuple[int, int], prefix_rows: int = 1) -> torch.Tensor:
+def position_similarity(pos_embed: torch.Tensor, grid: tuple[int, int], prefix_rows: int = 1) -> torch.Tensor:
     """Cosine similarity between the position embeddings of every pair of patches.
 
     Args:
         pos_embed: E_pos, (1, N, D) or (N, D); its first ``prefix_rows`` rows belong to the prefix tokens and are
-            dropped: 1 for the paper's class token, ``config.num_prefix_tokens`` where E_pos covers the registers
-            too, 0 where it covers the patches only (``pos_embed_prefix=False``, DINOv2 and DeiT III).
+            dropped: 1 for the paper's class token, every prefix token where E_pos covers the registers too, 0
+            where it covers the patches only (``pos_embed_prefix=False``, DINOv2 and DeiT III).
             :func:`model_position_similarity` reads that from a model.
-        grid_size: (gh, gw), the patch grid, gh * gw = N'.
+        grid: (gh, gw), the patch grid, gh * gw = N'.
 
     Returns (gh, gw, gh, gw): entry [r1, c1, r2, c2] compares patch (r1, c1) with patch (r2, c2); the slice
     [r1, c1] is one tile of the paper's grid of grids. Its (N')^2 entries, in float64 and then in pos_embed's dtype,
     are checked against the memory budget before they are computed.
     """
-    gh, gw = check_grid("grid_size", grid_size)
+    gh, gw = check_grid("grid", grid)
     prefix_rows = check_nonnegative_int("prefix_rows", prefix_rows)
     weight = pos_embed.detach().reshape(-1, pos_embed.shape[-1])[prefix_rows:]  # (N', D)
     if weight.shape[0] != gh * gw:
@@ -46,8 +45,8 @@ def position_similarity(pos_embed: torch.Tensor, grid_size: tuple[int, int], pre
 def model_position_similarity(model: ViT) -> torch.Tensor:
     """:func:`position_similarity` of the model's own E_pos on the grid it was trained at, its prefix rows (when
     E_pos has any: ``config.pos_embed_prefix``) dropped. Shapes: -> (gh, gw, gh, gw)."""
-    cfg = model.config
-    return position_similarity(model.patch_embed.pos_embed.weight, cfg.grid_size, cfg.num_pos_tokens - cfg.num_patches)
+    pos = model.patch_embed.pos_embed
+    return position_similarity(pos.weight, pos.grid, pos.prefix)
 
 
 def patch_embedding_matrix(model: ViT) -> torch.Tensor:

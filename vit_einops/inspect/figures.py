@@ -11,7 +11,6 @@ Head panels are laid out in a grid of ceil(sqrt(panels)) columns, so 3, 12 or 16
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -22,11 +21,12 @@ from .._plot import new_figure
 from .._text import printable_lines
 from ..images import to_display
 from ..inputs import model_inputs_and_pictures
+from ..patch_embed import TokenLayout
 from ..prediction import class_name
 from .dino import DinoView
 from .record import AttentionRecorder
 from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
-from .tokens import CLASS_TOKEN, check_prefix_tokens
+from .tokens import CLASS_TOKEN, check_layout
 
 PANEL_INCHES = 1.45  # one attention panel; the grid's figure size follows from it
 ATTENTION_CMAP = "inferno"
@@ -167,30 +167,24 @@ def plot_dino_view(images: torch.Tensor, view: DinoView, titles: list[str] | Non
     return plot_attention_overlays(images, view.attention, None, titles, layer=layer, masks=view.mask)
 
 
-def plot_token_norms(norms: torch.Tensor, prefix_tokens: Sequence[str], *, layer: int = -1):
+def plot_token_norms(norms: torch.Tensor, layout: TokenLayout, *, layer: int = -1):
     """How long the tokens of the residual stream are, prefix tokens marked (Darcet et al. 2024, Fig. 2/3): on the
     left, a histogram of the patch tokens' norms after block ``layer`` (all images), each prefix token's norm a
     named vertical line; on the right, by block, the patches' median and largest norm and each prefix token's.
     A few patches far above the median are the high-norm artifact that registers absorb.
 
-    Shapes: norms (l, b, n), the first ``len(prefix_tokens)`` tokens the prefix tokens (:func:`token_norms`).
-    Returns a Figure.
+    Shapes: norms (l, b, n) over the tokens of ``layout`` (:func:`token_norms` gives both). Returns a Figure.
     """
     from matplotlib import colormaps
 
     check_dense_tensor("norms", norms)
-    names = check_prefix_tokens(prefix_tokens)
     if norms.ndim != 3:
         raise ValueError(f"plot_token_norms takes norms (layers, b, n), got shape {tuple(norms.shape)}")
-    if len(names) >= norms.shape[-1]:
-        raise ValueError(
-            f"{len(names)} names in prefix_tokens for norms over {norms.shape[-1]} tokens (shape "
-            f"{tuple(norms.shape)}); expected fewer names than tokens: the prefix tokens, then at least one patch"
-        )
+    names = check_layout(layout, norms.shape[-1]).prefix
     layers = norms.shape[0]
     layer = check_index("layer", layer, layers, f"{layers} layers of norms")
     values = norms.detach().double().cpu()
-    patches, prefix = values[..., len(names) :], values[..., : len(names)]  # (l, b, N'), (l, b, p)
+    patches, prefix = values[..., layout.patches], values[..., : len(names)]  # (l, b, N'), (l, b, p)
     colours = colormaps["tab10"]
     fig = new_figure(figsize=(9.0, 3.6))
     hist, lines = fig.subplots(1, 2)
@@ -212,20 +206,21 @@ def plot_token_norms(norms: torch.Tensor, prefix_tokens: Sequence[str], *, layer
     return fig
 
 
-def plot_prefix_share(share: torch.Tensor, prefix_tokens: Sequence[str]):
+def plot_prefix_share(share: torch.Tensor, layout: TokenLayout):
     """The share of the patches' attention that lands on each prefix token (:func:`prefix_token_share`), by layer:
-    one line per prefix token (the mean over images and heads), a dot per head, and the patches' own share (the
-    rest). A register or class token near 1 is an attention sink. Shapes: share (l, b, h, p). Returns a Figure."""
+    one line per prefix token of ``layout`` (the mean over images and heads), a dot per head, and the patches' own
+    share (the rest). A register or class token near 1 is an attention sink. Shapes: share (l, b, h, p). Returns
+    a Figure."""
     from matplotlib import colormaps
 
     check_dense_tensor("share", share)
-    names = check_prefix_tokens(prefix_tokens)
     if share.ndim != 4:
         raise ValueError(f"plot_prefix_share takes share (layers, b, h, p), got shape {tuple(share.shape)}")
+    names = check_layout(layout).prefix
     if share.shape[-1] != len(names):
         raise ValueError(
-            f"{len(names)} names in prefix_tokens for {share.shape[-1]} prefix-token columns of share (shape "
-            f"{tuple(share.shape)}); expected one name per column"
+            f"{len(names)} prefix tokens {layout.shown()} for {share.shape[-1]} prefix-token columns of share (shape "
+            f"{tuple(share.shape)}); expected one column per prefix token"
         )
     values = share.detach().double().cpu()
     layers = values.shape[0]
@@ -255,8 +250,8 @@ def show_attention(
     """One image's attention maps, for a notebook: the input as the model saw it, and the class token's attention
     over the patches in ``layer`` (a block index: 0 is the first, -1 the last): with ``head=None`` every head and
     the attention rollout through all layers, with ``head=k`` head k alone. The prefix tokens (registers,
-    distillation) are named by ``model.config.prefix_tokens`` and left out of the maps; a model without a class
-    token shows the attention each patch receives from the patches
+    distillation) of the input's token layout are left out of the maps; a model without a class token shows the
+    attention each patch receives from the patches
     (:func:`~vit_einops.inspect.patch_attention_grid`).
 
     Args:
@@ -283,10 +278,10 @@ def show_attention(
             logits = model(inputs)
     finally:
         model.train(was_training)
-    maps, grid, prefix = recorder.maps, recorder.grid, recorder.prefix_tokens  # maps (l, 1, h, n, n)
-    token_map = class_attention_grid if CLASS_TOKEN in prefix else patch_attention_grid
-    head_maps = token_map(maps[layer, 0], grid, prefix)  # (h, gh, gw)
-    rollout = token_map(attention_rollout(maps)[0], grid, prefix)
+    maps, layout = recorder.maps, recorder.layout  # maps (l, 1, h, n, n)
+    token_map = class_attention_grid if CLASS_TOKEN in layout.prefix else patch_attention_grid
+    head_maps = token_map(maps[layer, 0], layout)  # (h, gh, gw)
+    rollout = token_map(attention_rollout(maps)[0], layout)
     title = f"layer {layer} of 0..{depth - 1}"
     if logits.ndim == 2 and model.num_classes:
         index = int(logits[0].argmax())
@@ -302,11 +297,11 @@ def show_attention(
 
 
 def plot_attention_distance(
-    distance: torch.Tensor, uniform_distance: float | None = None, prefix_tokens: Sequence[str] = ("cls",)
+    distance: torch.Tensor, uniform_distance: float | None = None, layout: TokenLayout | None = None
 ):
     """Mean attention distance (l, h) over layers, one dot per head coloured by its index (Figure 7 right /
     Figure 11); layers and heads numbered from 0. A head whose distance is undefined (nan: its patches attend only
-    to the class token, or to the ``prefix_tokens``) is drawn as a red cross on the axis and named in the legend.
+    to the prefix tokens, named by ``layout``) is drawn as a red cross on the axis and named in the legend.
     Returns a Figure."""
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
@@ -321,7 +316,9 @@ def plot_attention_distance(
     for h in range(heads):
         ax.scatter(range(layers), values[:, h].numpy(), s=18, color=cmap(norm(h)), edgecolors="none")
     undefined = torch.isnan(values).nonzero().tolist()  # [[layer, head], ...]
-    sinks = "the class token" if tuple(prefix_tokens) == ("cls",) else f"prefix tokens ({', '.join(prefix_tokens)})"
+    prefix = () if layout is None else layout.prefix
+    sinks = f"prefix tokens ({', '.join(prefix)})" if prefix else "prefix tokens"
+    sinks = "the class token" if prefix == (CLASS_TOKEN,) else sinks
     if undefined:
         ax.scatter(
             [layer for layer, _ in undefined], [0] * len(undefined), marker="x", s=30, color="red", clip_on=False,

@@ -6,8 +6,9 @@ untouched, so outputs do not change, and the fused SDPA path (which never forms 
 as the einsum path. Attention dropout is not applied: A is the distribution the layer attends with in eval.
 
 Of a ViT only the encoder's layers (``model.blocks``) are recorded: an attention-pooling head (pool "map") is an
-Attend too, recorded with ``AttentionRecorder(model.head)``. Rows and columns of A are the tokens in order: the
-prefix tokens named by ``recorder.prefix_tokens``, then the patches of ``recorder.grid`` in row-major order.
+Attend too, recorded with ``AttentionRecorder(model.head)``. Rows and columns of A are the tokens of
+``recorder.layout`` (:class:`~vit_einops.patch_embed.TokenLayout`): the prefix tokens, then the patches of the input's
+grid in row-major order.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from torch import nn
 from .._checks import check_index
 from ..attention import Attend, attention_scores
 from ..inputs import model_inputs
+from ..patch_embed import TokenLayout
 from ..sizes import keeping_attention
-from .tokens import model_prefix_tokens
 
 
 def attention_matrix(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -54,8 +55,8 @@ class AttentionRecorder:
 
     Inside ``with AttentionRecorder(model) as rec:`` every forward appends to the record; on exit, also after an
     exception, every hook is removed. ``rec.maps`` is (layers, b, h, n, n), b being all images seen, in order.
-    ``rec.prefix_tokens`` names the first rows and columns (``model.config.prefix_tokens``; None for a module
-    without a ViT's config), and ``rec.grid`` is the patch grid of the recorded inputs.
+    ``rec.layout`` is the :class:`~vit_einops.patch_embed.TokenLayout` of the recorded inputs, which names the rows
+    and columns (None for a module without a patch embedding, such as ``model.blocks``).
     """
 
     def __init__(self, model: nn.Module, layers: Sequence[int] | None = None) -> None:
@@ -74,10 +75,9 @@ class AttentionRecorder:
             raise ValueError(f"layers {list(layers)} name a layer twice")
         self.layers = chosen
         self._attends = [attends[i] for i in chosen]
-        self.prefix_tokens = model_prefix_tokens(model)
         self._patch_embed = getattr(model, "patch_embed", None)
         self._records: list[list[torch.Tensor]] = [[] for _ in chosen]
-        self._grids: list[tuple[int, int]] = []
+        self._layouts: list[TokenLayout] = []
         self._handles: list[Any] = []
         # A ViT's forward inside the block counts the encoder layers kept here in its memory budget.
         self._kept = len(chosen) if isinstance(getattr(model, "blocks", None), nn.Module) else 0
@@ -89,8 +89,8 @@ class AttentionRecorder:
         self._budget.enter_context(keeping_attention(self._kept))
         for records, attend in zip(self._records, self._attends, strict=True):
             self._handles.append(attend.register_forward_hook(self._hook(records), with_kwargs=True))
-        if hasattr(self._patch_embed, "grid_for"):
-            self._handles.append(self._patch_embed.register_forward_pre_hook(self._grid_hook))
+        if hasattr(self._patch_embed, "layout"):
+            self._handles.append(self._patch_embed.register_forward_pre_hook(self._layout_hook))
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -111,19 +111,21 @@ class AttentionRecorder:
 
         return hook
 
-    def _grid_hook(self, patch_embed: nn.Module, args: tuple) -> None:
-        self._grids.append(tuple(patch_embed.grid_for(tuple(args[0].shape[-2:]))))
+    def _layout_hook(self, patch_embed: nn.Module, args: tuple) -> None:
+        self._layouts.append(patch_embed.layout(args[0].shape[-2:]))
 
     @property
-    def grid(self) -> tuple[int, int]:
-        """(gh, gw): the patch grid of the inputs recorded so far (the model's ``patch_embed.grid_for``)."""
-        if not self._grids:
-            if not hasattr(self._patch_embed, "grid_for"):
-                raise RuntimeError("this recorder's module has no patch_embed: its tokens have no patch grid")
+    def layout(self) -> TokenLayout | None:
+        """The token layout of the inputs recorded so far (the model's ``patch_embed.layout``); None for a module
+        without a patch embedding."""
+        if not hasattr(self._patch_embed, "layout"):
+            return None
+        if not self._layouts:
             raise RuntimeError("nothing recorded yet: run the model inside the `with` block first")
-        if len(set(self._grids)) > 1:
-            raise ValueError(f"the recorded inputs have different patch grids: {sorted(set(self._grids))}")
-        return self._grids[0]
+        grids = {layout.grid for layout in self._layouts}
+        if len(grids) > 1:
+            raise ValueError(f"the recorded inputs have different patch grids: {sorted(grids)}")
+        return self._layouts[0]
 
     @property
     def maps(self) -> torch.Tensor:
@@ -136,14 +138,15 @@ class AttentionRecorder:
         """Forget what was recorded (the hooks stay while inside the `with` block)."""
         for r in self._records:
             r.clear()
-        self._grids.clear()
+        self._layouts.clear()
 
 
 @torch.no_grad()
 def record_attention(
     model: nn.Module, images: Any, layers: Sequence[int] | None = None, *, preprocessed: bool | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run ``model`` on ``images`` once and return (output, maps (layers, b, h, n, n)); no hook remains after.
+) -> tuple[torch.Tensor, torch.Tensor, TokenLayout | None]:
+    """Run ``model`` on ``images`` once and return (output, maps (layers, b, h, n, n), the input's token layout
+    (:attr:`AttentionRecorder.layout`)); no hook remains after.
 
     ``images``: paths, PIL images, uint8 or float tensors, or a list of them, as :func:`vit_einops.predict`
     takes them (``preprocessed``: how a float tensor is taken; see :mod:`vit_einops.inputs`). The model's
@@ -154,4 +157,4 @@ def record_attention(
     images = model_inputs(model, images, preprocessed=preprocessed)
     with recorder:
         output = model(images)
-    return output, recorder.maps
+    return output, recorder.maps, recorder.layout

@@ -12,7 +12,7 @@ replaces the latter's LRP relevance of A by A itself):
 
 where y_t is the logit of the target class t (not its softmax probability, as in their code). The class token's
 row of R over the patch keys (the prefix tokens' columns skipped: :func:`~vit_einops.inspect.class_attention_grid`
-with the model's ``config.prefix_tokens``) is its relevance map. (A model with ``pool="mean"`` classifies the mean
+with the input's token layout) is its relevance map. (A model with ``pool="mean"`` classifies the mean
 of the patch tokens, not the class token; the mean of R's patch rows, :func:`~vit_einops.inspect.patch_attention_grid`,
 is then the closer reading.) Only the encoder's layers (``model.blocks``) enter R.
 
@@ -155,9 +155,9 @@ def attention_relevance(
         target: None (the predicted class), an int, (b,) or (b, k) class indices (see
             :func:`attention_gradients`).
 
-    Shapes: images (b, C, H, W) -> R (b, n, n), or (b, k, n, n) for a (b, k) target, the tokens in the model's
-    order (``config.prefix_tokens``, then the patches). ``class_attention_grid(R, grid, model.config.prefix_tokens)``
-    lays the class token's relevance over the patches on the grid.
+    Shapes: images (b, C, H, W) -> R (b, n, n), or (b, k, n, n) for a (b, k) target, the tokens in the order of
+    ``layout = model.patch_embed.layout(images.shape[-2:])`` (the prefix tokens, then the patches);
+    ``class_attention_grid(R, layout)`` lays the class token's relevance over the patches on the grid.
     """
     images = model_inputs(model, images, preprocessed=preprocessed)
     _, maps, grads, _ = attention_gradients(model, images, target)

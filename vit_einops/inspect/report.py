@@ -28,7 +28,7 @@ from .figures import (
 from .record import AttentionRecorder
 from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
 from .stats import prefix_token_share, recording_token_norms
-from .tokens import CLASS_TOKEN, model_grid
+from .tokens import CLASS_TOKEN
 
 FIGURES = (
     "attention",
@@ -96,7 +96,7 @@ def write_report(
     The folder is written as one unit (:func:`vit_einops._io.staged_directory`): a kill leaves the whole old report
     or the whole new one. A folder holding any file but a report's is never replaced.
 
-    The tokens before the patches (``model.config.prefix_tokens``: class, distillation, register tokens) are
+    The tokens before the patches (the input's ``layout.prefix``: class, distillation, register tokens) are
     named: the attention maps show the patches, ``prefix_share.png`` the share of the patches' attention each
     prefix token takes, ``token_norms.png`` the token norms with the prefix tokens marked (the register paper's
     high-norm patches). ``attention.png`` is DINO's Figure 3 at the default (last) layer: each head's class-token
@@ -119,20 +119,20 @@ def write_report(
     with AttentionRecorder(model) as recorder, recording_token_norms(model) as norm_records:
         logits = model(images)
     check_finite_outputs(images, logits)
-    maps, grid, prefix = recorder.maps, recorder.grid, recorder.prefix_tokens  # maps (l, b, h, n, n)
-    has_class = CLASS_TOKEN in prefix
+    maps, layout = recorder.maps, recorder.layout  # maps (l, b, h, n, n)
+    has_class = CLASS_TOKEN in layout.prefix
     # Without a class token, the attention each patch receives from the patches is the map there is to draw.
     token_map = class_attention_grid if has_class else patch_attention_grid
-    heads = token_map(maps[layer], grid, prefix)  # (b, h, gh, gw)
+    heads = token_map(maps[layer], layout)  # (b, h, gh, gw)
     rollout = attention_rollout(maps)
-    rollout_grid = token_map(rollout, grid, prefix)
+    rollout_grid = token_map(rollout, layout)
     titles = titles or [f"image {i}" for i in range(len(images))]
     predicted = [class_name(p, classes) for p in logits.argmax(-1).tolist()]
     titles = [f"{title}\npredicted {name}" for title, name in zip(titles, predicted, strict=True)]
 
     if distance_images is None or _same(distance_images, images):
-        distance = mean_attention_distance(maps, grid, cfg.patch_size, prefix)  # recorded above already
-        distance_grid = grid
+        distance = mean_attention_distance(maps, layout, cfg.patch_size)  # recorded above already
+        distance_grid = layout.grid
     else:
         # The distance is a ratio of sums over images (see distance_sums): batches add their sums.
         weighted = torch.zeros(cfg.depth, cfg.heads, dtype=torch.float64)
@@ -141,16 +141,16 @@ def write_report(
             for start in range(0, len(distance_images), batch_size):
                 recorder.clear()
                 model(distance_images[start : start + batch_size])
-                batch_weighted, batch_mass = distance_sums(recorder.maps, recorder.grid, cfg.patch_size, prefix)
+                batch_weighted, batch_mass = distance_sums(recorder.maps, recorder.layout, cfg.patch_size)
                 weighted += batch_weighted.sum(dim=1)
                 mass += batch_mass.sum(dim=1)
         distance = ratio_or_nan(weighted, mass).float()
-        distance_grid = model_grid(model, distance_images)
+        distance_grid = model.patch_embed.layout(distance_images.shape[-2:]).grid
     uniform = patch_distances(distance_grid, cfg.patch_size).mean().item()
 
     similarity = model_position_similarity(model)
     components, explained = embedding_filter_components(model)
-    share = prefix_token_share(maps, grid, prefix)  # (l, b, h, p)
+    share = prefix_token_share(maps, layout)  # (l, b, h, p)
     norms = torch.stack(norm_records)  # (l, b, n)
 
     arrays = {
@@ -169,7 +169,7 @@ def write_report(
     }
     masks = None
     if has_class:  # DINO's view of the drawn layer: its maps outlined where they hold 60% of the mass
-        dino = dino_view(maps, grid, prefix, keep=DINO_KEEP, layer=layer)
+        dino = dino_view(maps, layout, keep=DINO_KEEP, layer=layer)
         arrays.update(dino_attention=dino.attention, dino_mask=dino.mask)
         masks = dino.mask
         titles = [f"{title}\noutlined: {100 * DINO_KEEP:.0f}% of the class token's attention" for title in titles]
@@ -179,16 +179,16 @@ def write_report(
     shown = images if display_images is None else display_images
     figures = {
         "attention": plot_attention_overlays(shown, heads, rollout_grid, titles, layer=layer, masks=masks),
-        "attention_distance": plot_attention_distance(distance, uniform, prefix),
+        "attention_distance": plot_attention_distance(distance, uniform, layout),
         "position_similarity": plot_position_similarity(similarity),
         "embedding_filters": plot_filters(components, explained),
-        "prefix_share": plot_prefix_share(share, prefix),
-        "token_norms": plot_token_norms(norms, prefix),
+        "prefix_share": plot_prefix_share(share, layout),
+        "token_norms": plot_token_norms(norms, layout),
     }
     buf = io.BytesIO()
     np.savez(
         buf,
-        prefix_tokens=np.array(prefix, dtype=str),
+        prefix_tokens=np.array(layout.prefix, dtype=str),
         **{k: v.detach().cpu().numpy() for k, v in arrays.items()},
     )
     with staged_directory(out, owned=REPORT_FILES, replace=overwrite) as staging:

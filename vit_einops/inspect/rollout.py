@@ -1,18 +1,17 @@
 """Attention rollout (Abnar and Zuidema 2020) and class-token attention, mapped back onto the patch grid.
 
-Axes: l layers, b images, h heads, i queries, j keys, gh gw the patch grid. Tokens are the prefix tokens
-(``prefix_tokens``, see :mod:`vit_einops.inspect.tokens`), then the patches in row-major order.
+Axes: l layers, b images, h heads, i queries, j keys, gh gw the patch grid. Tokens are in the order of the input's
+``layout`` (:class:`~vit_einops.patch_embed.TokenLayout`): the prefix tokens, then the patches in row-major order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
-from einops import rearrange, reduce
+from einops import reduce
 
 from .._checks import check_choice, check_dense_tensor, check_real_in_range
-from .tokens import check_grid, class_index, num_patch_tokens
+from ..patch_embed import TokenLayout
+from .tokens import CLASS_TOKEN, check_layout
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -69,43 +68,27 @@ def attention_rollout(maps: torch.Tensor, residual: float = 0.5, head_fusion: st
     return rollout
 
 
-def class_attention_grid(
-    attention: torch.Tensor, grid_size: tuple[int, int], prefix_tokens: Sequence[str] = ("cls",)
-) -> torch.Tensor:
-    """The class token's row over the patch keys, laid out on the patch grid.
+def class_attention_grid(attention: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """The class token's row over the patch keys, laid out on the patch grid of ``layout`` (the recorded input's):
+    every prefix token's column is skipped, so the map covers the patches alone. A model without a class token is
+    refused with what to read instead (:func:`patch_attention_grid`).
 
-    ``prefix_tokens`` names the tokens before the patches (the model's ``config.prefix_tokens``; the default is
-    the paper's single class token): the row is the "cls" query's, and every prefix token's column is skipped, so
-    the map covers the patches alone. A model without a class token is refused with what to read instead
-    (:func:`patch_attention_grid`).
-
-    Shapes: (..., n, n) with n = len(prefix_tokens) + gh * gw -> (..., gh, gw).
+    Shapes: (..., n, n) with n = layout.num_tokens -> (..., gh, gw).
     """
-    gh, gw = check_grid("grid_size", grid_size)
-    prefix = num_patch_tokens(attention.shape[-1], grid_size, prefix_tokens)
-    row = class_index(prefix_tokens, "class_attention_grid")
-    return rearrange(attention[..., row, prefix:], "... (gh gw) -> ... gh gw", gh=gh, gw=gw)
+    if CLASS_TOKEN not in check_layout(layout, attention.shape[-1]).prefix:  # SigLIP: read the patches' own
+        raise ValueError(
+            "class_attention_grid reads the class token's row, but this model has none (prefix tokens "
+            f"{layout.shown()}); use the mean over patch queries (patch_attention_grid) instead"
+        )
+    return layout.split(attention[..., layout.index(CLASS_TOKEN), :])[1]
 
 
-def patch_attention_grid(
-    attention: torch.Tensor, grid_size: tuple[int, int], prefix_tokens: Sequence[str] = ("cls",)
-) -> torch.Tensor:
+def patch_attention_grid(attention: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
     """The attention each patch receives from the patches, laid out on the grid: the mean over patch queries of
     their rows over the patch keys (prefix tokens' rows and columns skipped). The map to read where a model has
     no class token (SigLIP), or pools the mean of its patches.
 
-    Shapes: (..., n, n) with n = len(prefix_tokens) + gh * gw -> (..., gh, gw).
+    Shapes: (..., n, n) with n = layout.num_tokens -> (..., gh, gw).
     """
-    gh, gw = check_grid("grid_size", grid_size)
-    prefix = num_patch_tokens(attention.shape[-1], grid_size, prefix_tokens)
-    received = reduce(attention[..., prefix:, prefix:], "... i j -> ... j", "mean")
-    return rearrange(received, "... (gh gw) -> ... gh gw", gh=gh, gw=gw)
-
-
-def last_layer_class_attention(
-    maps: torch.Tensor, grid_size: tuple[int, int], prefix_tokens: Sequence[str] = ("cls",)
-) -> torch.Tensor:
-    """Each head's class-token attention over the patches in the last recorded layer (see
-    :func:`class_attention_grid`): maps (l, b, h, n, n) -> (b, h, gh, gw)."""
-    check_maps(maps)
-    return class_attention_grid(maps[-1], grid_size, prefix_tokens)
+    queries = check_layout(layout, attention.shape[-1]).split(attention, dim=-2)[1]  # (..., gh, gw, n)
+    return layout.split(reduce(queries, "... gh gw j -> ... j", "mean"))[1]

@@ -1,12 +1,12 @@
 """Per-head statistics of recorded attention, and the token norms of the residual stream, layer by layer.
 
 Axes: l layers, b images, h heads, i queries, j keys, n tokens, p prefix tokens (the tokens before the patches,
-named by ``prefix_tokens``: see :mod:`vit_einops.inspect.tokens`).
+named by the input's ``layout.prefix``: see :class:`~vit_einops.patch_embed.TokenLayout`).
 
 - :func:`attention_entropy`: how spread out each query's row of A is, in nats: ``H_i = -sum_j A_ij log A_ij``.
   log n for a uniform row, 0 for a row that puts all its weight on one key.
 - :func:`prefix_token_share`: how much of the patches' attention lands on each prefix token (class,
-  distillation, register); :func:`class_token_share` is the class token's.
+  distillation, register); the class token's is its column ``layout.index("cls")``.
 - :func:`token_norms`: ``||z_l^i||``, the length of every token after every block; a few patch tokens with norms
   far above the rest are the "high-norm outlier tokens" that large ViTs grow, and that register tokens take over
   (Darcet et al. 2024, "Vision Transformers Need Registers").
@@ -16,15 +16,16 @@ named by ``prefix_tokens``: see :mod:`vit_einops.inspect.tokens`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from ..patch_embed import TokenLayout
 from .distance import distance_sums, ratio_or_nan
-from .tokens import CLASS_TOKEN, check_prefix_tokens, class_index, model_grid, model_prefix_tokens, num_patch_tokens
+from .tokens import check_layout
 
 
 def _check_rows(maps: torch.Tensor) -> None:
@@ -57,40 +58,24 @@ def attention_entropy(maps: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(maps, maps).sum(dim=-1)
 
 
-def prefix_token_share(
-    maps: torch.Tensor, grid_size: tuple[int, int], prefix_tokens: Sequence[str] = ("cls",)
-) -> torch.Tensor:
+def prefix_token_share(maps: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
     """The share of the patches' attention that goes to each prefix token: for prefix token p, the mean over patch
     queries i of ``A[i, p]``.
 
     1/n where attention is uniform; near 1 for a token the patches mostly read (a "sink": the class token in many
     trained ViTs, the registers in DINOv2 with registers). The prefix tokens' own queries are left out: the class
     token's row is what the classifier reads, drawn as the class attention. ``1 - share.sum(-1)`` is what the
-    patches put on patches. ``grid_size`` (the patch grid of the run) is required so that maps of another layout
-    (registers read as patches) are refused, not misread.
+    patches put on patches. ``layout`` is the recorded input's, so that maps of another layout (registers read as
+    patches) are refused, not misread.
 
-    Shapes: maps (l, b, h, n, n) with n = len(prefix_tokens) + gh * gw -> (l, b, h, p), the last axis in
-    ``prefix_tokens`` order (the model's ``config.prefix_tokens``; by default the paper's single class token).
+    Shapes: maps (l, b, h, n, n) with n = layout.num_tokens -> (l, b, h, p), the last axis in ``layout.prefix``
+    order.
     """
     _check_rows(maps)
     if maps.ndim != 5 or maps.shape[-1] != maps.shape[-2]:
         raise ValueError(f"expected attention maps (layers, b, h, n, n), got {tuple(maps.shape)}")
-    p = num_patch_tokens(maps.shape[-1], grid_size, prefix_tokens)
-    if maps.shape[-1] == p:
-        raise ValueError(f"expected attention maps with at least one patch after the {p} prefix tokens")
-    return maps[..., p:, :p].mean(dim=-2)
-
-
-def class_token_share(
-    maps: torch.Tensor, grid_size: tuple[int, int], prefix_tokens: Sequence[str] = ("cls",)
-) -> torch.Tensor:
-    """The share of the patches' attention that goes to the class token: :func:`prefix_token_share`'s "cls"
-    column; a model without a class token is refused.
-
-    Shapes: maps (l, b, h, n, n) -> (l, b, h).
-    """
-    row = class_index(prefix_tokens, "class_token_share")
-    return prefix_token_share(maps, grid_size, prefix_tokens)[..., row]
+    p = check_layout(layout, maps.shape[-1]).num_prefix
+    return maps[..., layout.patches, :p].mean(dim=-2)
 
 
 def _encoder_blocks(model: nn.Module) -> list[nn.Module]:
@@ -100,23 +85,18 @@ def _encoder_blocks(model: nn.Module) -> list[nn.Module]:
     return list(blocks.children())
 
 
-class _OutputAndNorms(NamedTuple):
+class TokenNorms(NamedTuple):
+    """What :func:`token_norms` returns: the model's ``output``, the ``norms`` (l, b, n) and the ``layout`` of the
+    input, whose tokens the norms follow."""
+
     output: torch.Tensor
     norms: torch.Tensor
-
-
-class TokenNorms(_OutputAndNorms):
-    """What :func:`token_norms` returns: the pair (output, norms), which unpacks as two values, and the token
-    layout of the run: ``prefix_tokens`` (the names of the first ``len(prefix_tokens)`` tokens, the model's
-    ``config.prefix_tokens``) and ``grid`` (the patch grid of the input: the other tokens, row-major)."""
-
-    prefix_tokens: tuple[str, ...]
-    grid: tuple[int, int]
+    layout: TokenLayout
 
     @property
     def patch_norms(self) -> torch.Tensor:
         """The patch tokens' norms on the grid: (l, b, gh, gw)."""
-        return self.norms[..., len(self.prefix_tokens) :].unflatten(-1, self.grid)
+        return self.layout.split(self.norms)[1]
 
 
 @contextmanager
@@ -141,27 +121,20 @@ def token_norms(model: nn.Module, images: torch.Tensor) -> TokenNorms:
     token i of image b after encoder block l (0-based, so ``norms[0]`` is after the first block), before the
     final LayerNorm. No hook remains afterwards.
 
-    The result also names its rows (:class:`TokenNorms`): ``.prefix_tokens`` are the first tokens (class,
-    distillation, registers), ``.grid`` the patch grid of ``images``, ``.patch_norms`` the patches' norms on it.
+    The result (:class:`TokenNorms`) carries the ``layout`` of ``images``, which names the rows: the prefix tokens
+    (class, distillation, registers), then the patches (``.patch_norms`` lays them on the grid).
 
     Shapes: images (b, C, H, W) -> output as the model's, norms (l, b, n).
     """
     with recording_token_norms(model) as records:
         output = model(images)
-    result = TokenNorms(output, torch.stack(records))
-    result.prefix_tokens = model_prefix_tokens(model) or ()
-    result.grid = model_grid(model, images)
-    return result
+    return TokenNorms(output, torch.stack(records), model.patch_embed.layout(images.shape[-2:]))
 
 
 def head_statistics(
-    maps: torch.Tensor,
-    grid_size: tuple[int, int],
-    patch_size: int | tuple[int, int],
-    prefix_tokens: Sequence[str] = ("cls",),
+    maps: torch.Tensor, layout: TokenLayout, patch_size: int | tuple[int, int]
 ) -> dict[str, torch.Tensor]:
-    """Per image, layer and head, for maps whose first tokens are ``prefix_tokens`` (the model's
-    ``config.prefix_tokens``) and the rest a ``grid_size`` grid of patches:
+    """Per image, layer and head, for maps over the tokens of ``layout`` (the recorded input's):
 
     - ``distance``: the mean attention distance in pixels of that image alone (the definition of
       :func:`~vit_einops.inspect.distance.mean_attention_distance`, over one image); nan where it is undefined,
@@ -170,20 +143,14 @@ def head_statistics(
       only to prefix tokens, 1 for one that ignores them (``1 - prefix_share.sum(-1)`` up to rounding, but
       computed from the same sums as ``distance``, so the two agree on which heads are undefined);
     - ``entropy``: the mean over queries of :func:`attention_entropy`, nats;
-    - ``prefix_share``: :func:`prefix_token_share`, (l, b, h, p);
-    - ``class_share``: :func:`class_token_share`, where the model has a class token.
+    - ``prefix_share``: :func:`prefix_token_share`, (l, b, h, p).
 
     Shapes: maps (l, b, h, n, n) -> each (l, b, h), ``prefix_share`` (l, b, h, p).
     """
-    names = check_prefix_tokens(prefix_tokens)
-    weighted, mass = distance_sums(maps, grid_size, patch_size, names)
-    share = prefix_token_share(maps, grid_size, names)
-    stats = {
+    weighted, mass = distance_sums(maps, layout, patch_size)
+    return {
         "distance": ratio_or_nan(weighted, mass).to(maps.dtype),
-        "patch_mass": (mass / (maps.shape[-2] - len(names))).to(maps.dtype),
+        "patch_mass": (mass / layout.num_patches).to(maps.dtype),
         "entropy": attention_entropy(maps).mean(dim=-1),
-        "prefix_share": share,
+        "prefix_share": prefix_token_share(maps, layout),
     }
-    if CLASS_TOKEN in names:
-        stats["class_share"] = share[..., names.index(CLASS_TOKEN)]
-    return stats
