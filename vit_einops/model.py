@@ -75,14 +75,15 @@ class ViT(Sequential):
         check_model_memory(config, 0 if on_meta else torch.get_default_dtype().itemsize)
         check_build_time(config)
         impls = per_layer_impls(attn_impl, config.depth)
-        stages = OrderedDict(
-            patch_embed=PatchEmbedding.from_config(config),
-            blocks=TransformerEncoder(config),
-            head=ClassificationHead(config),
+        super().__init__(
+            OrderedDict(
+                patch_embed=PatchEmbedding.from_config(config),
+                blocks=TransformerEncoder(config),
+                head=ClassificationHead(config),
+            )
         )
-        if config.rope_grid is not None:  # EVA-02: the RoPE table of each input's grid, for every block (timm's rope)
-            stages["rope"] = RotaryEmbedding(config.head_dim, config.rope_grid)
-        super().__init__(stages)
+        # EVA-02: the RoPE table of each input's grid, for every block (timm's model.rope); no state, so no module
+        self.rope = RotaryEmbedding(config.head_dim, config.rope_grid) if config.rope_grid is not None else None
         self._built_config = config  # model.config starts here (see read_config)
         self.num_prefix_tokens = config.num_prefix_tokens  # timm's name: the class, distillation and register tokens
         # What a model file carries beside the weights (vit_einops.modelfile): plain attributes, set by the loaders
@@ -129,7 +130,7 @@ class ViT(Sequential):
 
     def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, RopeTable | None]:
         """Eq. 1's tokens of an admitted batch, and the RoPE table of its patch grid where the model has RoPE."""
-        if not self._has_rope:
+        if self.rope is None:
             return self.patch_embed(x), None
         layout = self.patch_embed.layout(x.shape[-2:])
         return self.patch_embed(x), self.rope(layout.grid, layout.num_prefix, device=x.device)
@@ -138,10 +139,6 @@ class ViT(Sequential):
         """z_L: the encoder's tokens of an admitted batch."""
         tokens, rope = self._embed(x)
         return self.blocks(tokens, rope=rope)
-
-    @property
-    def _has_rope(self) -> bool:
-        return "rope" in self._modules
 
     def check_input(self, x: Any) -> torch.Tensor:
         """``x`` as this model runs it, or a TypeError/ValueError saying what was expected.
@@ -517,11 +514,8 @@ def read_config(model: ViT) -> ViTConfig:
     what differs.
     """
     stages = list(model._modules)
-    if stages != ["patch_embed", "blocks", "head", *(["rope"] * (model._built_config.rope_grid is not None))]:
-        raise ValueError(
-            f"the ViT's stages are {stages}; a ViTConfig describes exactly patch_embed, blocks, head (and rope with "
-            f"rope_grid)"
-        )
+    if stages != ["patch_embed", "blocks", "head"]:
+        raise ValueError(f"the ViT's stages are {stages}; a ViTConfig describes exactly patch_embed, blocks, head")
     pe, head = model.patch_embed, model.head
     if not isinstance(pe, PatchEmbedding) or not isinstance(head, ClassificationHead):
         raise TypeError(

@@ -31,7 +31,6 @@ from typing import NamedTuple
 
 import torch
 from einops import rearrange, repeat
-from torch import nn
 
 from ._checks import check_nonnegative_int, check_positive_float, check_positive_int, to_pair
 
@@ -45,7 +44,7 @@ class RopeTable(NamedTuple):
     prefix_tokens: int
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding:
     """The RoPE table of a patch grid (timm's ``RotaryEmbeddingCat(head_dim, in_pixels=False, ref_feat_shape=...)``).
 
     Args:
@@ -55,18 +54,18 @@ class RotaryEmbedding(nn.Module):
 
     ``rope(grid, prefix_tokens)`` gives the :class:`RopeTable` of an input whose patch grid is ``grid`` (gh, gw),
     its patch tokens following ``prefix_tokens`` others, computed on ``device`` in ``dtype`` (float32, as timm):
-    nothing is stored, so the state dict is empty and a model built on the meta device needs nothing filled in.
+    nothing is stored (it is no nn.Module: no parameter, no buffer), so the state dict is empty and a model built on
+    the meta device needs nothing filled in.
     """
 
     def __init__(self, head_dim: int, ref_grid: int | tuple[int, int], temperature: float = 10000.0) -> None:
-        super().__init__()
         self.head_dim = check_positive_int("head_dim", head_dim)
         if head_dim % 4:
             raise ValueError(f"head_dim {head_dim} is not a multiple of 4: 2-D RoPE rotates d/4 channel pairs per axis")
         self.ref_grid = to_pair("ref_grid", ref_grid)
         self.temperature = check_positive_float("temperature", temperature)
 
-    def forward(
+    def __call__(
         self,
         grid: int | tuple[int, int],
         prefix_tokens: int,
@@ -86,8 +85,8 @@ class RotaryEmbedding(nn.Module):
         angles = repeat(angles, "i j m -> (i j) (m pair)", pair=2)
         return RopeTable(angles.cos(), angles.sin(), check_nonnegative_int("prefix_tokens", prefix_tokens))
 
-    def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, ref_grid={self.ref_grid}, temperature={self.temperature:g}"
+    def __repr__(self) -> str:
+        return f"RotaryEmbedding(head_dim={self.head_dim}, ref_grid={self.ref_grid}, temperature={self.temperature:g})"
 
 
 def rotate_pairs(x: torch.Tensor) -> torch.Tensor:

@@ -79,8 +79,7 @@ def module_count(config: ViTConfig) -> int:
     embed = 5 + config.class_token + config.distill_token + (config.register_tokens > 0) + config.pre_norm
     # head with norm, pool (attention pooling: 16 more), fc, DeiT's fc_dist, pre_logits (Sequential, Linear, Tanh)
     head = 4 + config.distill_token + 16 * (config.pool == "map") + 3 * (config.representation_size is not None)
-    rope = config.rope_grid is not None  # the RotaryEmbedding
-    return 1 + embed + 1 + config.depth * block + head + rope  # the ViT and its blocks container count one each
+    return 1 + embed + 1 + config.depth * block + head  # the ViT and its blocks container count one each
 
 
 def size_fields(config: ViTConfig) -> str:
