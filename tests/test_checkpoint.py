@@ -89,18 +89,6 @@ def test_load_model_of_a_checkpoint_takes_the_free_fields_and_the_impl(saved):
         load_model(meta.parent, dim=8)
 
 
-def test_train_load_model_is_a_deprecated_alias(saved):
-    """The README of 0.1.0 showed ``from vit_einops.train import load_model``: it keeps working for one release."""
-    import vit_einops.train
-
-    with pytest.warns(DeprecationWarning, match=r"vit_einops\.train\.load_model .*vit_einops\.load_model") as warned:
-        old = vit_einops.train.load_model
-    assert old is load_checkpoint_model
-    assert warned[0].filename == __file__  # the warning points at the line that used the old name
-    with pytest.warns(DeprecationWarning):
-        from vit_einops.train import load_model  # noqa: F401  the README's old import line warns too
-
-
 tensors_or_scalars = st.recursive(
     st.none()
     | st.booleans()
