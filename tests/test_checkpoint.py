@@ -198,11 +198,12 @@ def test_truncated_weights_are_named(saved):
 def test_a_file_with_a_matching_hash_but_invalid_content_is_reported(saved):
     meta = saved[0]
     path = model_file(meta)
-    path.write_bytes(b"not safetensors")
+    junk = b"not safetensors" * 1000  # larger than the weights the config describes
+    path.write_bytes(junk)
     record = json.loads(meta.read_text())
-    record["files"]["model"]["sha256"] = hashlib.sha256(b"not safetensors").hexdigest()
+    record["files"]["model"]["sha256"] = hashlib.sha256(junk).hexdigest()
     meta.write_text(json.dumps(record))
-    with pytest.raises(CheckpointError, match="not a valid safetensors file"):
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
         load_checkpoint(meta)
 
 
@@ -219,7 +220,8 @@ def test_config_that_does_not_match_the_weights_is_reported(saved):
     record["config"]["dim"] = 32
     record["config"]["depth"] = 3
     meta.write_text(json.dumps(record))
-    with pytest.raises(CheckpointError, match=r"do not match the config.*missing blocks\.2\..*shape mismatches"):
+    layout = r"(?s)does not match the expected layout:\n  missing keys.*blocks\.2\..*mis-shaped"
+    with pytest.raises(CheckpointError, match=layout):
         load_checkpoint(meta)
 
 
