@@ -1,5 +1,6 @@
-"""Our state-dict layout and the checks every reader of weights shares: keys and shapes against a config, tensor
-types and finiteness, casts, the patch projection's two forms, and the bytes of a safetensors file.
+"""Our state-dict layout and the checks every reader of weights shares: :func:`load_weights`, the one ending of
+every loader (the file's size and the memory budget before reading, tensor types, the cast, finiteness), keys and
+shapes against a config, the patch projection's two forms, and safetensors files read and written.
 
 Model files (:mod:`vit_einops.modelfile`), the converters (:mod:`vit_einops.interop`) and training checkpoints
 (:mod:`vit_einops.train.checkpoint`) all read weights through here, so a bad state dict gets the same error from each.
