@@ -54,7 +54,7 @@ from ..inspect import (
     record_attention,
     token_norms,
 )
-from ..prediction import class_name
+from ..prediction import check_finite_outputs, class_name
 
 DEFAULT_BITS = 8
 HALF_RELATIVE = 2.0**-11  # float16: 10 stored mantissa bits, rounding to nearest
@@ -107,17 +107,6 @@ def _as_list(t: torch.Tensor, digits: int = 6) -> Any:
     return np.where(np.isnan(values), None, values).tolist()
 
 
-def check_finite(name: str, values: torch.Tensor, cause: str) -> None:
-    """A ValueError naming ``name`` and the likely cause when ``values`` hold nan or inf: the page shows numbers,
-    never a non-finite one in their place."""
-    bad = ~torch.isfinite(values.detach())
-    if bad.any():
-        raise ValueError(
-            f"the {name} hold {int(bad.sum())} non-finite values (nan or inf) of {values.numel()}: {cause}; "
-            "the explorer shows recorded numbers only"
-        )
-
-
 def relevance_is_identity(relevance: torch.Tensor) -> bool:
     """True when R = I exactly: no head's (dy/dA * A)+ is non-zero, so every row is its own token alone (the
     class's logit does not depend on attention, e.g. a zero-initialised classification head gives dy/dA = 0)."""
@@ -161,11 +150,11 @@ def build_payload(
     prefix_tokens = list(cfg.prefix_tokens)
     prefix = len(prefix_tokens)
     grid = tuple(model.patch_embed.grid_for(tuple(images.shape[-2:])))
-    weights = "check the model's weights (non-finite or huge values)"
+    weights = "check the model's weights (non-finite or huge values); the explorer shows recorded numbers only"
     # The encoder's layers only (the first len(blocks) Attend modules): an attention-pooling head has one too.
     logits, maps = record_attention(model, images, range(len(model.blocks)), preprocessed=True)  # (l, b, h, n, n)
-    check_finite("model's logits", logits, weights)
-    check_finite("attention maps", maps, weights)
+    check_finite_outputs("model's logits", logits, weights)
+    check_finite_outputs("attention maps", maps, weights)
     depth, b, heads, n, _ = maps.shape
     if n != prefix + grid[0] * grid[1]:
         raise ValueError(
@@ -173,12 +162,12 @@ def build_payload(
             f"{grid[0]}x{grid[1]} patches of a {images.shape[-2]}x{images.shape[-1]} input"
         )
     _, norms = token_norms(model, images)  # (l, b, n)
-    check_finite("token norms", norms, weights)
+    check_finite_outputs("token norms", norms, weights)
     probs = logits.double().softmax(dim=-1)
     k = min(top_k, logits.shape[-1])
     top = probs.topk(k, dim=-1)
     relevance = attention_relevance(model, images, top.indices, preprocessed=True)  # (b, k, n, n)
-    check_finite("relevance maps", relevance, f"the gradients overflowed; {weights}")
+    check_finite_outputs("relevance maps", relevance, f"the gradients overflowed; {weights}")
     rollout = attention_rollout(maps.double())  # (b, n, n)
     patch_size = tuple(cfg.patch_size)
     stats = head_statistics(maps.double(), grid, patch_size, prefix_tokens)  # each (l, b, h), prefix_share (.., p)
