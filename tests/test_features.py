@@ -1,5 +1,5 @@
 """Feature extraction as the ViT course does it, with the model's own methods: pre-head representation,
-intermediate tokens, frozen backbone under a new head; and the deprecated functional names that still give them."""
+intermediate tokens, frozen backbone under a new head."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from _hooks import block_outputs, classifier_input
 from _tiny import TINY_RGB, tiny_vit
 
-import vit_einops.interop
 from vit_einops import ViT, load_vit, save_vit
 
 # Three blocks: one between the first and the last for an index from the end to reach (-2 is block 1), and one
@@ -114,25 +113,3 @@ def test_frozen_backbone_trains_only_the_new_head():
     changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
     assert changed == ["head.fc.bias", "head.fc.weight"]
     assert all(p.grad is None for n, p in model.named_parameters() if not n.startswith("head.fc."))
-
-
-def test_the_deprecated_functional_names_warn_and_give_the_methods_values():
-    """pre_logits(model, x), intermediate_layers(model, x, [3, -1]), replace_head(model, 10) and
-    freeze_backbone(model), which the README showed, work for one release; each warns, naming the method to use."""
-    x = torch.randn(2, 3, 32, 32)
-    model = tiny_vit(THREE_BLOCKS, representation_size=7)
-    hooked = block_outputs(model, x)
-
-    def deprecated(name):
-        with pytest.warns(DeprecationWarning, match=rf"vit_einops\.interop\.{name} is deprecated.*use model\.") as w:
-            function = getattr(vit_einops.interop, name)
-        assert w[0].filename == __file__  # the warning points at the line that used the old name
-        return function
-
-    with torch.no_grad():
-        assert torch.equal(deprecated("pre_logits")(model, x), pre_logits(model, x))
-        tokens = deprecated("intermediate_layers")(model, x, [2, 0, -1])
-    assert [torch.equal(t, hooked[i]) for t, i in zip(tokens, [2, 0, 2], strict=True)] == [True] * 3
-    assert deprecated("replace_head")(model, 3) is model
-    assert not hasattr(model.head, "pre_logits") and torch.equal(model(x), torch.zeros(2, 3))
-    assert deprecated("freeze_backbone")(model) == ["head.fc.weight", "head.fc.bias"]

@@ -13,10 +13,11 @@ from vit_einops.inspect import write_report
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing
 
-WEIGHTS = r"the model's outputs for image 0 are not finite \(nan or inf\); its preprocessed pixels are finite, so the "
-WEIGHTS += r"model's weights are the likely cause: huge values that overflow \(float32 ends near 3.4e38\)"
-PIXELS = r"the model's outputs for image 0 are not finite \(nan or inf\); its preprocessed pixels are already nan or "
-PIXELS += r"inf: the preprocessing's mean or std scales them out of range"
+OUTPUTS = r"the model's outputs hold \d+ non-finite values \(nan or inf\) of \d+: in image 0, whose preprocessed "
+OUTPUTS += r"pixels are "
+WEIGHTS = OUTPUTS + r"finite, so the model's weights are the likely cause: huge values that overflow \(float32 ends "
+WEIGHTS += r"near 3.4e38\)"
+PIXELS = OUTPUTS + r"already nan or inf: the preprocessing's mean or std scales them out of range"
 
 
 def huge(parameter: str, scale: float):
@@ -94,6 +95,6 @@ def test_inspect_writes_nothing_when_any_array_is_not_finite(tmp_path, monkeypat
         return torch.full_like(out, bad)
 
     monkeypatch.setattr(report, name, with_nan)
-    with pytest.raises(ValueError, match=rf"inspect computed non-finite values \(nan or inf\) in {array}; nothing was"):
+    with pytest.raises(ValueError, match=rf"the {array} hold \d+ non-finite values \(nan or inf\) of \d+: nothing was"):
         write_report(tiny_model(), torch.rand(2, 1, 8, 8), tmp_path / "out")
     assert not (tmp_path / "out").exists()

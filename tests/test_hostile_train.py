@@ -650,9 +650,9 @@ TENSOR_EDITS = [
     (
         "model",
         lambda t: {**t, first_key(t): t[first_key(t)].to(torch.int64)},
-        r"floating point.*torch\.int64",
+        r"torch\.int64.*torch\.float32 only",
     ),
-    ("model", lambda t: {**t, first_key(t): t[first_key(t)] > 0}, r"floating point.*torch\.bool"),
+    ("model", lambda t: {**t, first_key(t): t[first_key(t)] > 0}, r"torch\.bool.*torch\.float32 only"),
     (
         "model",
         lambda t: {k: v.half() for k, v in t.items()},
@@ -662,7 +662,7 @@ TENSOR_EDITS = [
     (
         "model",
         lambda t: {**t, first_key(t): torch.full_like(t[first_key(t)], float("nan"))},
-        r"non-finite.*\b1 tensors",
+        r"non-finite.*\b1 tensor\b",
     ),
     ("optimizer", lambda t: {k: v.double() for k, v in t.items()}, r"torch\.float64"),
 ]

@@ -19,6 +19,7 @@ tensor's dtype and values. Models in other forms (training runs, torchvision, ti
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -33,9 +34,16 @@ from .attention import stored_attn_impl
 from .config import ViTConfig
 from .model import ViT, check_class_names
 from .preprocess import Preprocessing
-from .statedict import build_vit, cast_weights, check_free_fields, check_keys, convert_patchify, expected_shapes
-from .sizes import check_file_holds, check_model_memory
-from .statedict import safetensors_bytes
+from .statedict import (
+    build_vit,
+    check_free_fields,
+    check_keys,
+    convert_patchify,
+    expected_shapes,
+    load_weights,
+    read_safetensors,
+    safetensors_bytes,
+)
 
 FORMAT_KEY, FORMAT_NAME, VERSION_KEY, FORMAT_VERSION = "format", "vit-einops", "format_version", 2
 CONFIG_KEY, PREPROCESSING_KEY, CLASSES_KEY, SOURCE_KEY = "vit_einops_config", "preprocessing", "class_names", "source"
@@ -125,7 +133,6 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         impl = stored_attn_impl(raw_config, config.depth)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{path}: the stored vit-einops config is invalid: {err}") from err
-    check_file_holds(config, path.stat().st_size, str(path))
     info: dict[str, Any] = {
         "config": config,
         "attn_impl": impl,
@@ -174,26 +181,13 @@ def load_vit(
     ``dtype`` casts the weights (default float32, the dtype images arrive in; None keeps the file's, which must then
     be one dtype). Keys and shapes are checked against the stored config; non-float or non-finite weights are refused.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     check_free_fields(overrides)
     info = read_metadata(path)
-    path = Path(path)
-    # Loading holds the file's tensors and the model's copies at once.
-    itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
-    check_model_memory(info["config"], itemsize, copies=2, action="loading")
-    try:
-        state_dict = load_file(path, device="cpu")
-    except (SafetensorError, ValueError, OSError) as err:
-        raise ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {err}") from err
-    stored = info["config"]
-    try:
-        expected = expected_shapes(stored)
-    except ValueError as err:  # a config too large for any tensor
-        raise ValueError(f"{path}: {err}") from err
-    check_keys(state_dict, expected, str(path))
-    state_dict = cast_weights(state_dict, str(path), dtype, stored)
+    path, stored = Path(path), info["config"]
+    shapes = read_safetensors(path, values=False)
+    read = functools.partial(read_safetensors, path)
+    state_dict = load_weights(stored, read, str(path), dtype, shapes=shapes, file_bytes=path.stat().st_size)
+    check_keys(state_dict, expected_shapes(stored), str(path))
     config = ViTConfig.from_dict({**stored.to_dict(), **overrides})
     impl = info["attn_impl"] if attn_impl is None else attn_impl
     model = build_vit(config, convert_patchify(state_dict, config, stored.patchify, config.patchify), impl)

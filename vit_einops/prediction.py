@@ -34,24 +34,29 @@ def class_name(index: int, class_names: Sequence[str] | None) -> str:
     return f"class {index}"
 
 
-def check_finite_outputs(inputs: torch.Tensor, logits: torch.Tensor) -> None:
-    """Refuse non-finite logits (nan or inf: a ranking of them means nothing), naming the likely cause: the inputs
-    when they are already non-finite (the preprocessing's mean and std), else the model's weights."""
+def check_finite_outputs(name: str, values: torch.Tensor, cause: str) -> None:
+    """The one refusal of a model's outputs that are not finite (nan or inf: a ranking, a figure or a page of them
+    means nothing), naming what holds them (``name``) and the likely ``cause``."""
+    bad = ~torch.isfinite(values.detach())
+    if bad.any():
+        count = f"{int(bad.sum())} non-finite values (nan or inf) of {values.numel()}"
+        raise ValueError(f"the {name} hold {count}: {cause}")
+
+
+def check_finite_logits(inputs: torch.Tensor, logits: torch.Tensor) -> None:
+    """:func:`check_finite_outputs` of a batch's logits, naming the first image whose logits are not finite and the
+    likely cause: its inputs when they are already non-finite (the preprocessing's mean and std), else the weights."""
     bad = (~torch.isfinite(logits.reshape(len(logits), -1))).any(-1).nonzero().flatten().tolist()
     if not bad:
         return
     which = f"image {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
-    if not torch.isfinite(inputs[bad[0]]).all():
-        cause = (
-            "its preprocessed pixels are already nan or inf: the preprocessing's mean or std scales them out of "
-            "range (a std near 0, a huge mean)"
-        )
-    else:
-        cause = (
-            "its preprocessed pixels are finite, so the model's weights are the likely cause: huge values that "
-            "overflow (float32 ends near 3.4e38), or a model that is not a trained ViT"
-        )
-    raise ValueError(f"the model's outputs for {which} are not finite (nan or inf); {cause}")
+    pixels = (
+        "already nan or inf: the preprocessing's mean or std scales them out of range (a std near 0, a huge mean)"
+        if not torch.isfinite(inputs[bad[0]]).all()
+        else "finite, so the model's weights are the likely cause: huge values that overflow (float32 ends near "
+        "3.4e38), or a model that is not a trained ViT"
+    )
+    check_finite_outputs("model's outputs", logits, f"in {which}, whose preprocessed pixels are {pixels}")
 
 
 @torch.no_grad()
@@ -86,7 +91,7 @@ def predict(
         logits = torch.cat([model(chunk.to(device, dtype)).float().cpu() for chunk in batch.split(batch_size)])
     finally:
         model.train(was_training)
-    check_finite_outputs(batch, logits)
+    check_finite_logits(batch, logits)
     probs = logits.softmax(-1)
     values, indices = probs.topk(top_k, dim=-1)
     return [

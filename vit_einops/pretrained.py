@@ -247,7 +247,7 @@ def _hub_cache() -> Path:
     """The Hugging Face hub's cache folder, as huggingface_hub finds it: ``$HF_HUB_CACHE``, else
     ``$HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``. Read at each call,
     so a variable set after import counts."""
-    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")  # the second: its old name
+    cache = os.environ.get("HF_HUB_CACHE")
     if not cache:
         home = os.environ.get("HF_HOME") or os.path.join(
             os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface"

@@ -131,9 +131,9 @@ def detect_source(path: str | os.PathLike) -> str:
     if path.suffix.lower() == ".safetensors" and _is_vit_einops_file(path):
         return "vit-einops"
     from .interop.hf_families import PREFIXES
-    from .interop.io import state_dict_keys
+    from .interop.io import state_dict_shapes
 
-    keys = state_dict_keys(path)
+    keys = list(state_dict_shapes(path))
     held = set(keys) | {k.removeprefix(prefix) for k in keys for prefix in PREFIXES}
     fits = [name for name, signatures in KEY_SIGNATURES.items() if any(map(held.issuperset, signatures))]
     if len(fits) > 1:
@@ -173,6 +173,8 @@ def _is_vit_einops_file(path: Path) -> bool:
 
 def _load_from_run(path: Path, *, attn_impl: str | Sequence[str] | None = None, **overrides: Any) -> ViT:
     """A training run directory (its model.safetensors, else its checkpoint) or a checkpoint directory."""
+    import torch
+
     from .config import ViTConfig
     from .modelfile import checked_class_names, load_vit
     from .preprocess import Preprocessing
@@ -191,8 +193,9 @@ def _load_from_run(path: Path, *, attn_impl: str | Sequence[str] | None = None, 
         )
     from .train.checkpoint import load_checkpoint  # the tools' layer: imported only for a run
 
-    checkpoint = load_checkpoint(found)
+    dtype = overrides.pop("dtype", torch.float32)  # as load_vit's
     check_free_fields(overrides)
+    checkpoint = load_checkpoint(found, dtype=dtype)
     config = ViTConfig.from_dict({**checkpoint.config.to_dict(), **overrides})
     state_dict = convert_patchify(dict(checkpoint.state_dict), config, checkpoint.config.patchify, config.patchify)
     model = build_vit(config, state_dict, checkpoint.attn_impl if attn_impl is None else attn_impl).eval()

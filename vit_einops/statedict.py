@@ -1,5 +1,6 @@
-"""Our state-dict layout and the checks every reader of weights shares: keys and shapes against a config, tensor
-types and finiteness, casts, the patch projection's two forms, and the bytes of a safetensors file.
+"""Our state-dict layout and the checks every reader of weights shares: :func:`load_weights`, the one ending of
+every loader (the file's size and the memory budget before reading, tensor types, the cast, finiteness), keys and
+shapes against a config, the patch projection's two forms, and safetensors files read and written.
 
 Model files (:mod:`vit_einops.modelfile`), the converters (:mod:`vit_einops.interop`) and training checkpoints
 (:mod:`vit_einops.train.checkpoint`) all read weights through here, so a bad state dict gets the same error from each.
@@ -7,7 +8,8 @@ Model files (:mod:`vit_einops.modelfile`), the converters (:mod:`vit_einops.inte
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,7 +19,7 @@ from ._text import printable
 from .config import FREE_FIELDS, ViTConfig
 from .model import ViT
 from .patch_embed import conv_to_linear_weight, linear_to_conv_weight
-from .sizes import check_model_memory
+from .sizes import check_file_holds, check_model_memory
 
 PATCH_WEIGHT = "patch_embed.proj.weight"
 
@@ -90,8 +92,8 @@ MODEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def check_weights(state_dict: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype | None) -> None:
-    """Every tensor floating point and finite; with ``dtype`` None, all of one dtype (a model runs in one), and that
-    one of :data:`MODEL_DTYPES`."""
+    """Every tensor floating point; with ``dtype`` None, all of one dtype (a model runs in one), and that one of
+    :data:`MODEL_DTYPES`."""
     not_float = sorted(k for k, v in state_dict.items() if not v.is_floating_point())
     if not_float:
         k = not_float[0]
@@ -109,9 +111,15 @@ def check_weights(state_dict: Mapping[str, torch.Tensor], source: str, dtype: to
     dtypes = sorted({str(v.dtype) for v in state_dict.values()})
     if dtype is None and len(dtypes) > 1:
         raise ValueError(f"{source}: tensors of several dtypes {dtypes}; pass dtype=torch.float32 to cast them")
-    bad = [k for k, v in state_dict.items() if not torch.isfinite(v if v.dtype in MODEL_DTYPES else v.float()).all()]
+
+
+def check_finite(state_dict: Mapping[str, torch.Tensor], source: str) -> None:
+    """The one check that weights are finite, on the values a model will hold: after any cast (float64's 1e300 is
+    inf in float32), so of :data:`MODEL_DTYPES` only."""
+    bad = [k for k, v in state_dict.items() if not torch.isfinite(v).all()]
     if bad:
-        raise ValueError(f"{source}: non-finite values (nan or inf) in {len(bad)} tensors, e.g. {bad[0]!r}")
+        tensors = f"{len(bad)} tensor{'s' * (len(bad) != 1)}"
+        raise ValueError(f"{source}: non-finite values (nan or inf) in {tensors}, e.g. {bad[0]!r}")
 
 
 def declared_bytes(state_dict: Mapping[str, torch.Tensor], itemsize: int = 0) -> int:
@@ -121,33 +129,44 @@ def declared_bytes(state_dict: Mapping[str, torch.Tensor], itemsize: int = 0) ->
     return sum(v.numel() * max(v.element_size(), itemsize) for v in state_dict.values())
 
 
-def check_loading_memory(
-    config: ViTConfig, state_dict: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype | None
-) -> None:
-    """Refuse loading ``state_dict`` into a ViT of ``config`` (the one its shapes gave) when it would not fit the
-    memory budget: the model's weights twice (the file's tensors and the model's copies, at ``dtype``'s size, else
-    the largest of theirs), and every tensor at its declared size. Arithmetic on the shapes only: no tensor is read."""
-    itemsize = dtype.itemsize if dtype is not None else max((v.element_size() for v in state_dict.values()), default=4)
-    check_model_memory(config, itemsize, copies=2, action="loading")
-    check_memory(
-        declared_bytes(state_dict, itemsize),
-        f"holding the {len(state_dict)} tensor{'s' * (len(state_dict) != 1)} from {printable(source)} at their "
-        "declared sizes (numel x element size)",
-    )
-
-
-def cast_weights(
-    state_dict: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype | None, config: ViTConfig
+def load_weights(
+    config: ViTConfig,
+    read: Callable[[], Mapping[str, torch.Tensor]],
+    source: str,
+    dtype: torch.dtype | None,
+    *,
+    shapes: Mapping[str, torch.Tensor] | None = None,
+    file_bytes: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """:func:`check_loading_memory` against ``config``, :func:`check_weights`, then every tensor cast to ``dtype``
-    (None keeps them as they are). Every loader of weights comes through here between reading a file's shapes and
-    touching its values, so the memory a file's shapes declare is judged before any of it is made."""
+    """The one ending of every loader (model files, training checkpoints, torchvision, timm, Hugging Face): the
+    weights ``read()`` returns for a ViT of ``config``, checked alike whatever their form. ``source`` (the file, or
+    the library of a state dict in memory) starts every message.
+
+    Before anything is read: a file of ``file_bytes`` must hold the parameters ``config`` describes
+    (:func:`~vit_einops.sizes.check_file_holds`), and loading must fit the memory budget: the model's weights twice
+    (the file's tensors and the model's copies) at ``dtype``'s size, else the largest of ``shapes``, and each tensor
+    ``shapes`` declares (the file's, on the meta device) at its declared size. Then the tensors: floating point (of
+    one dtype a model runs in, unless ``dtype`` casts them), cast to ``dtype`` (None keeps theirs), and finite as
+    the model will hold them (:func:`check_finite`).
+    """
     if dtype is not None and (not isinstance(dtype, torch.dtype) or dtype not in MODEL_DTYPES):
         raise TypeError(f"dtype must be torch.float16, bfloat16, float32, float64 or None, got {dtype!r}")
-    state_dict = check_state_dict(state_dict, source)
-    check_loading_memory(config, state_dict, source, dtype)
+    if file_bytes is not None:
+        check_file_holds(config, file_bytes, source)
+    shapes = check_state_dict(shapes or {}, source)
+    itemsize = dtype.itemsize if dtype is not None else max((v.element_size() for v in shapes.values()), default=4)
+    check_model_memory(config, itemsize, copies=2, action="loading")
+    check_memory(
+        declared_bytes(shapes, itemsize),
+        f"holding the {len(shapes)} tensor{'s' * (len(shapes) != 1)} from {printable(source)} at their declared "
+        "sizes (numel x element size)",
+    )
+    state_dict = check_state_dict(read(), source)
     check_weights(state_dict, source, dtype)
-    return state_dict if dtype is None else {k: v.to(dtype) for k, v in state_dict.items()}
+    if dtype is not None:
+        state_dict = {k: v.to(dtype) for k, v in state_dict.items()}
+    check_finite(state_dict, source)
+    return state_dict
 
 
 def _meta_vit(config: ViTConfig, attn_impl: str | Sequence[str] = "einsum") -> ViT:
@@ -208,6 +227,26 @@ def convert_patchify(
             else linear_to_conv_weight(w, config.in_channels, config.patch_size)
         )
     return state_dict
+
+
+def read_safetensors(path: Path, *, values: bool = True) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file on the CPU; without ``values``, on the meta device (keys, shapes and dtypes
+    from its header: no value is read). A file safetensors cannot read is a ValueError naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="pt") as f:
+            return {key: f.get_tensor(key) if values else _declared(f, key) for key in f.keys()}
+    except (SafetensorError, ValueError, OSError) as err:
+        raise ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {err}") from err
+
+
+def _declared(f: Any, key: str) -> torch.Tensor:
+    """The tensor ``key`` of the open safetensors file ``f`` as its header declares it, on the meta device."""
+    piece = f.get_slice(key)
+    shape = piece.get_shape()
+    dtype = (piece[:0] if shape else f.get_tensor(key)).dtype  # an empty slice has the dtype and no values
+    return torch.empty(shape, dtype=dtype, device="meta")
 
 
 def safetensors_bytes(state_dict: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:

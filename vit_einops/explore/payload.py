@@ -56,7 +56,7 @@ from ..inspect import (
     token_norms,
 )
 from ..patch_embed import ClassToken, TokenLayout
-from ..prediction import class_name
+from ..prediction import check_finite_outputs, class_name
 
 DEFAULT_BITS = 8
 HALF_RELATIVE = 2.0**-11  # float16: 10 stored mantissa bits, rounding to nearest
@@ -109,17 +109,6 @@ def _as_list(t: torch.Tensor, digits: int = 6) -> Any:
     return np.where(np.isnan(values), None, values).tolist()
 
 
-def check_finite(name: str, values: torch.Tensor, cause: str) -> None:
-    """A ValueError naming ``name`` and the likely cause when ``values`` hold nan or inf: the page shows numbers,
-    never a non-finite one in their place."""
-    bad = ~torch.isfinite(values.detach())
-    if bad.any():
-        raise ValueError(
-            f"the {name} hold {int(bad.sum())} non-finite values (nan or inf) of {values.numel()}: {cause}; "
-            "the explorer shows recorded numbers only"
-        )
-
-
 def relevance_is_identity(relevance: torch.Tensor) -> bool:
     """True when R = I exactly: no head's (dy/dA * A)+ is non-zero, so every row is its own token alone (the
     class's logit does not depend on attention, e.g. a zero-initialised classification head gives dy/dA = 0)."""
@@ -159,19 +148,19 @@ def build_payload(
     Layers, heads, tokens and classes are numbered from 0. The tokens are those of the input's ``layout``: the
     prefix tokens in token order, then the patches of the input's grid in row-major order.
     """
-    weights = "check the model's weights (non-finite or huge values)"
+    weights = "check the model's weights (non-finite or huge values); the explorer shows recorded numbers only"
     # The encoder's layers only (the first len(blocks) Attend modules): an attention-pooling head has one too.
     logits, maps, layout = record_attention(model, images, range(len(model.blocks)), preprocessed=True)
-    check_finite("model's logits", logits, weights)
-    check_finite("attention maps", maps, weights)  # (l, b, h, n, n)
+    check_finite_outputs("model's logits", logits, weights)
+    check_finite_outputs("attention maps", maps, weights)  # (l, b, h, n, n)
     depth, b, heads, n, _ = maps.shape
     norms = token_norms(model, images).norms  # (l, b, n)
-    check_finite("token norms", norms, weights)
+    check_finite_outputs("token norms", norms, weights)
     probs = logits.double().softmax(dim=-1)
     k = min(top_k, logits.shape[-1])
     top = probs.topk(k, dim=-1)
     relevance = attention_relevance(model, images, top.indices, preprocessed=True)  # (b, k, n, n)
-    check_finite("relevance maps", relevance, f"the gradients overflowed; {weights}")
+    check_finite_outputs("relevance maps", relevance, f"the gradients overflowed; {weights}")
     rollout = attention_rollout(maps.double())  # (b, n, n)
     patch_size = tuple(model.config.patch_size)
     stats = head_statistics(maps.double(), layout, patch_size)  # each (l, b, h), prefix_share (.., p)

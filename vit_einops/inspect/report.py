@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from .._checks import check_index
 from .._io import atomic_write_bytes, staged_directory
 from .._plot import save_figure
 from ..model import ViT
-from ..prediction import check_finite_outputs, class_name
+from ..prediction import check_finite_logits, check_finite_outputs, class_name
 from .dino import DINO_KEEP, dino_view
 from .distance import distance_sums, mean_attention_distance, patch_distances, ratio_or_nan
 from .embeddings import embedding_filter_components, model_position_similarity
@@ -49,20 +50,6 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 # nan here means "undefined", not overflow: a head whose patches attend only to the class token sends no attention
 # between patches, so it has no mean attention distance (see distance_sums). Such heads are common in trained ViTs.
 UNDEFINED_WHERE_NAN = ("mean_attention_distance",)
-
-
-def _check_finite(arrays: dict[str, torch.Tensor]) -> None:
-    def finite(name: str, value: torch.Tensor) -> bool:
-        if name in UNDEFINED_WHERE_NAN:
-            return not torch.isinf(value).any()
-        return bool(torch.isfinite(value).all())
-
-    bad = [name for name, value in arrays.items() if value.is_floating_point() and not finite(name, value)]
-    if bad:
-        raise ValueError(
-            f"inspect computed non-finite values (nan or inf) in {', '.join(bad)}; nothing was written "
-            "(the model's weights or the preprocessing overflow float32)"
-        )
 
 
 @torch.no_grad()
@@ -118,7 +105,7 @@ def write_report(
     out = Path(out_dir)
     with AttentionRecorder(model) as recorder, recording_token_norms(model) as norm_records:
         logits = model(images)
-    check_finite_outputs(images, logits)
+    check_finite_logits(images, logits)
     maps, layout = recorder.maps, recorder.layout  # maps (l, b, h, n, n)
     has_class = CLASS_TOKEN in layout.prefix
     # Without a class token, the attention each patch receives from the patches is the map there is to draw.
@@ -175,7 +162,11 @@ def write_report(
         titles = [f"{title}\noutlined: {100 * DINO_KEEP:.0f}% of the class token's attention" for title in titles]
     # Nothing is written when any array is nan or inf: figures of them would draw nothing, and arrays.npz would
     # hand the NaN on to whoever reads it.
-    _check_finite(arrays)
+    overflow = "nothing was written (the weights or the preprocessing overflow float32)"
+    for name, value in arrays.items():
+        if value.is_floating_point():
+            defined = value.nan_to_num(0.0, math.inf, -math.inf) if name in UNDEFINED_WHERE_NAN else value
+            check_finite_outputs(name, defined, overflow)
     shown = images if display_images is None else display_images
     figures = {
         "attention": plot_attention_overlays(shown, heads, rollout_grid, titles, layer=layer, masks=masks),

@@ -31,9 +31,8 @@ from .._io import atomic_write_bytes, staged_directory
 from .._json import read_json
 from ..config import ViTConfig
 from ..model import ViT
-from ..statedict import build_vit, cast_weights, check_free_fields, safetensors_bytes
+from ..statedict import build_vit, check_free_fields, safetensors_bytes
 from ..preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocessing
-from ..sizes import check_file_holds, check_model_memory
 from .hf_families import (
     FAMILIES,
     PROCESSORS,
@@ -45,7 +44,7 @@ from .hf_families import (
     target_family,
     to_family,
 )
-from .io import load_state_dict_file
+from .io import weights_reader
 
 SOURCE = "hf"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -286,13 +285,11 @@ def load_hf(
             raise
         # hf_config reads a dict and says "config.json ..."; here the file is known: name it in full
         raise type(err)(f"{directory / CONFIG_NAME}{message.removeprefix(CONFIG_NAME)}") from err
+    _, read = weights_reader(weights, SOURCE)
     try:
-        check_file_holds(config, weights.stat().st_size, str(weights))  # a tiny file claiming a huge depth, at once
-    except ValueError as err:
+        state_dict = read(config, dtype)
+    except ValueError as err:  # a refusal naming our fields names config.json's too
         raise ValueError(f"{err}{hf_names(str(err))}") from err
-    itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
-    check_model_memory(config, itemsize, copies=2, action="loading")
-    state_dict = cast_weights(load_state_dict_file(weights), str(weights), dtype, config)
     model = build_vit(config, from_family(state_dict, config, family), attn_impl)
     names = id2label(hf)
     classifier = family.architecture in CLASSIFIERS

@@ -11,16 +11,15 @@ from __future__ import annotations
 import io
 import os
 import pickle
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
 
 from .._io import check_file_output, check_regular_file, write_file
-from ..statedict import check_state_dict, safetensors_bytes
+from ..config import ViTConfig
+from ..statedict import check_state_dict, load_weights, read_safetensors, safetensors_bytes
 
 SAFETENSORS_SUFFIXES = (".safetensors",)
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
@@ -49,10 +48,7 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     suffix = _suffix(path)
     check_regular_file(path, "weights file")
     if suffix in SAFETENSORS_SUFFIXES:
-        try:
-            return load_file(path, device="cpu")
-        except (SafetensorError, ValueError, OSError) as e:
-            raise _unreadable_safetensors(path, e) from e
+        return read_safetensors(path)
     head = _head(path)
     if not head.startswith(TORCH_FILE_STARTS):
         # Not a zip or a pickle: an HTML error page saved under the weights' name, a text file... torch.load would
@@ -83,27 +79,41 @@ def _head(path: Path) -> bytes:
         return f.read(16)
 
 
-def state_dict_keys(path: str | os.PathLike) -> list[str]:
-    """The keys of the state dict in a weights file (unwrapped as :func:`load_state_dict_file` does), reading no
-    tensor where the format allows: a safetensors header, or a zip-format torch file memory-mapped."""
+def state_dict_shapes(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The state dict in a weights file (unwrapped as :func:`load_state_dict_file` does) on the meta device: its keys,
+    shapes and dtypes, reading no value where the format allows (a safetensors header, or a zip-format torch file
+    memory-mapped)."""
     path = Path(path)
     suffix = _suffix(path)
     check_regular_file(path, "weights file")
     if suffix in SAFETENSORS_SUFFIXES:
-        try:
-            with safe_open(path, framework="pt") as f:
-                return list(f.keys())
-        except (SafetensorError, ValueError, OSError) as e:
-            raise _unreadable_safetensors(path, e) from e
+        return read_safetensors(path, values=False)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError):
-        return list(load_state_dict_file(path))  # not mappable (torch's legacy format), or unreadable: its own error
-    return list(_unwrap(obj, path))
+        obj = load_state_dict_file(path)  # not mappable (torch's legacy format), or unreadable: its own error
+    return {k: v.to("meta") for k, v in _unwrap(obj, path).items()}
 
 
-def _unreadable_safetensors(path: Path, error: Exception) -> ValueError:
-    return ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {error}")
+def weights_reader(
+    source: str | os.PathLike | Mapping[str, torch.Tensor], library: str
+) -> tuple[dict[str, torch.Tensor], Callable[[ViTConfig, torch.dtype | None], dict[str, torch.Tensor]]]:
+    """(shapes, read) of weights to load, a file or a state dict in memory: their tensors' shapes at once (on the meta
+    device for a file: no value read), for the loader to read its config off; and ``read(config, dtype)``, the
+    values through the ending every loader shares (:func:`vit_einops.statedict.load_weights`). A file's messages
+    name it, a state dict's its ``library``."""
+    if isinstance(source, Mapping):
+        shapes = check_state_dict(source, library)
+        name, values, file_bytes = library, lambda: shapes, None
+    else:
+        path = Path(source)
+        shapes = state_dict_shapes(path)
+        name, values, file_bytes = str(path), lambda: load_state_dict_file(path), path.stat().st_size
+
+    def read(config: ViTConfig, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+        return load_weights(config, values, name, dtype, shapes=shapes, file_bytes=file_bytes)
+
+    return shapes, read
 
 
 def _unwrap(obj: Any, path: Path) -> dict[str, torch.Tensor]:

@@ -39,9 +39,9 @@ from ..config import DEFAULTS, FIELDS, ViTConfig, differences
 from ..imagenet import assume_imagenet_names
 from ..model import ViT
 from ..presets import TIMM_ARCHS, tags_of, timm_arch, timm_preprocessing
-from ..statedict import build_vit, cast_weights, check_free_fields, check_state_dict
+from ..statedict import build_vit, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
-from .io import load_state_dict_file
+from .io import weights_reader
 from .keys import (
     KeyLayout,
     check_pos_rows,
@@ -565,7 +565,7 @@ def load_timm(
     ``model.preprocessing`` for checkpoints trained otherwise. Resample to another resolution afterwards with
     :func:`vit_einops.interop.resample_vit` (``mode="timm"`` matches timm's own).
     """
-    state_dict = source if isinstance(source, Mapping) else load_state_dict_file(source)
+    shapes, read = weights_reader(source, SOURCE)
     told = dict(
         heads=heads,
         image_size=image_size,
@@ -576,13 +576,13 @@ def load_timm(
         **overrides,
     )
     try:
-        arch, config = _read_config(state_dict, arch, told)
+        arch, config = _read_config(shapes, arch, told)
     except _NoArchFits as refusal:
         # A file that is also broken (a key missing, a value not finite) says that first: it is the closer reason.
-        plain = _config_of_arch(state_dict, None, **told)
-        from_timm(cast_weights(state_dict, SOURCE, dtype, plain), plain)
+        plain = _config_of_arch(shapes, None, **told)
+        from_timm(read(plain, dtype), plain)
         raise refusal from None
-    model = build_vit(config, from_timm(cast_weights(state_dict, SOURCE, dtype, config), config), attn_impl)
+    model = build_vit(config, from_timm(read(config, dtype), config), attn_impl)
     # The family's own (DINOv2's ImageNet mean/std, CLIP's, SigLIP's), else the augreg ViTs' crop_pct 0.9, bicubic, 0.5
     if arch is not None:
         model.preprocessing = timm_preprocessing(arch, config.image_size)

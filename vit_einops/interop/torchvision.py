@@ -22,9 +22,9 @@ import torch
 from ..config import ViTConfig
 from ..imagenet import assume_imagenet_names
 from ..model import ViT
-from ..statedict import build_vit, cast_weights, check_free_fields, check_state_dict
+from ..statedict import build_vit, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
-from .io import load_state_dict_file
+from .io import weights_reader
 from .keys import (
     KeyLayout,
     check_pos_rows,
@@ -177,9 +177,9 @@ def load_torchvision(
     mean and std). Resample to another resolution afterwards with
     :func:`vit_einops.interop.resample_vit` (``mode="torchvision"`` matches torchvision's own).
     """
-    state_dict = source if isinstance(source, Mapping) else load_state_dict_file(source)
-    config = torchvision_config(state_dict, heads=heads, image_size=image_size, **overrides)
-    model = build_vit(config, from_torchvision(cast_weights(state_dict, SOURCE, dtype, config), config), attn_impl)
+    shapes, read = weights_reader(source, SOURCE)
+    config = torchvision_config(shapes, heads=heads, image_size=image_size, **overrides)
+    model = build_vit(config, from_torchvision(read(config, dtype), config), attn_impl)
     model.preprocessing = Preprocessing.torchvision(crop=config.image_size)
     model.source = {"library": SOURCE, "file": None if isinstance(source, Mapping) else str(source)}
     assume_imagenet_names(model)  # the file holds no names; 1000 logits are ImageNet-1k's

@@ -36,8 +36,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-_DEPRECATED = {
-    "load_model": ("checkpoint", "load_checkpoint_model", "vit_einops.load_model(path), which also restores the run's class names"),
-}
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), _DEPRECATED)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -16,32 +16,30 @@ being loaded.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as safetensors_load
 from torch import nn
 
-from .._io import atomic_write_bytes, read_regular_file
+from .._io import atomic_write_bytes, check_regular_file, read_regular_file, sha256_of
 from .._json import loads
 from ..attention import stored_attn_impl
 from ..config import ViTConfig
 from ..model import ViT
-from ..sizes import check_file_holds
 from ..statedict import (
-    NAMED_KEYS,
-    StateDictMismatchError,
+    check_finite,
     check_keys,
-    check_weights,
     expected_shapes,
+    load_weights,
+    read_safetensors,
     safetensors_bytes,
-    some_keys,
 )
 from .rundir import CHECKPOINT_FILES, CheckpointError
 from .rundir import CHECKPOINT_FORMAT as FORMAT
@@ -239,7 +237,9 @@ def _meta_path(path: str | Path) -> Path:
     return path / META_NAME if path.is_dir() else path
 
 
-def _read_tensor_file(directory: Path, entry: Any, meta_path: Path, field: str) -> dict[str, torch.Tensor]:
+def _named_file(directory: Path, entry: Any, meta_path: Path, field: str) -> tuple[Path, int]:
+    """The tensor file a checkpoint.json entry names, and its size, after checking that its SHA-256 is the one
+    recorded (read in chunks: nothing of it is held)."""
     if (
         not isinstance(entry, dict)
         or not isinstance(entry.get("name"), str)
@@ -252,27 +252,26 @@ def _read_tensor_file(directory: Path, entry: Any, meta_path: Path, field: str) 
     if Path(entry["name"]).name != entry["name"]:
         raise CheckpointError(f"{meta_path}: file name {entry['name']!r} must not contain a directory")
     try:
-        data = read_regular_file(file)
+        with open(check_regular_file(file, "tensor file"), "rb") as f:
+            size, digest = os.fstat(f.fileno()).st_size, sha256_of(f)
     except (OSError, ValueError) as err:
         raise CheckpointError(f"cannot read {file} named by {meta_path}: {err}") from err
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+    if digest != entry["sha256"]:
         raise CheckpointError(
             f"{file} is corrupt or truncated: its SHA-256 differs from the one recorded in {meta_path}"
         )
-    try:
-        tensors = safetensors_load(data)
-    except (SafetensorError, ValueError) as err:
-        raise CheckpointError(f"{file} is not a valid safetensors file: {err}") from err
-    other_floats = sorted(k for k, v in tensors.items() if v.is_floating_point() and v.dtype != DTYPE)
-    if other_floats:
+    return file, size
+
+
+def _read_tensor_file(file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint's file, each float32."""
+    tensors = read_safetensors(file)
+    others = sorted(k for k, v in tensors.items() if v.dtype != DTYPE)
+    if others:
         raise CheckpointError(
-            f"{file} holds {tensors[other_floats[0]].dtype} tensors (e.g. {other_floats[0]!r}); a training "
-            f"checkpoint holds {DTYPE} only, what the training loop keeps its weights and optimizer moments in"
+            f"{file} holds {tensors[others[0]].dtype} tensors (e.g. {others[0]!r}); a training checkpoint holds "
+            f"{DTYPE} only, what the training loop keeps its weights and optimizer moments in"
         )
-    try:
-        check_weights(tensors, str(file), dtype=None)  # no integer or bool tensors, nothing non-finite
-    except ValueError as err:
-        raise CheckpointError(str(err)) from err
     return tensors
 
 
@@ -290,9 +289,9 @@ def _field(meta: dict[str, Any], name: str, kind: type, meta_path: Path, *, requ
     return value
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
+def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None) -> Checkpoint:
     """Read a checkpoint directory (or its checkpoint.json) and verify it: hashes, config, weight names and shapes,
-    field types and tensor dtypes.
+    field types and tensor dtypes. ``dtype`` casts the model's weights (None keeps the checkpoint's float32).
 
     Raises :class:`CheckpointError` naming the offending file (and field) when anything is missing, corrupt,
     truncated or inconsistent. Only JSON and safetensors are parsed; nothing is unpickled, and only regular files
@@ -331,12 +330,21 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise CheckpointError(f"{meta_path} has no field 'files.model' (the weights file)")
     train_state = _field(meta, "train_state", dict, meta_path, required=False) or {}
     directory = meta_path.parent
-    state_dict = _read_tensor_file(directory, files["model"], meta_path, "files.model")
-    _check_weights_match_config(state_dict, config, directory / files["model"]["name"], meta_path)
-    optimizer_state = None
-    if "optimizer" in files:
-        tensors = _read_tensor_file(directory, files["optimizer"], meta_path, "files.optimizer")
-        optimizer_state = _decode(_field(meta, "optimizer", dict, meta_path), tensors, meta_path, "optimizer")
+    try:  # the one ending of every loader, then the keys; a refusal names the file, as a CheckpointError
+        model_file, size = _named_file(directory, files["model"], meta_path, "files.model")
+        read = functools.partial(_read_tensor_file, model_file)
+        state_dict = load_weights(config, read, str(model_file), dtype, file_bytes=size)
+        check_keys(state_dict, expected_shapes(config), str(model_file))
+        optimizer_state = None
+        if "optimizer" in files:
+            file, _ = _named_file(directory, files["optimizer"], meta_path, "files.optimizer")
+            tensors = _read_tensor_file(file)
+            check_finite(tensors, str(file))
+            optimizer_state = _decode(_field(meta, "optimizer", dict, meta_path), tensors, meta_path, "optimizer")
+    except ValueError as err:
+        if isinstance(err, CheckpointError):
+            raise
+        raise CheckpointError(str(err)) from err
     scheduler_state = None
     if "scheduler" in meta:
         scheduler_state = _decode(_field(meta, "scheduler", dict, meta_path), {}, meta_path, "scheduler")
@@ -348,30 +356,6 @@ def _decode(tree: dict[str, Any], tensors: dict[str, torch.Tensor], meta_path: P
         return decode_tree(tree, tensors)
     except (KeyError, ValueError, TypeError, AttributeError, RecursionError) as err:
         raise CheckpointError(f"{meta_path}: field {field!r} is malformed: {type(err).__name__}: {err}") from err
-
-
-def _check_weights_match_config(
-    state_dict: dict[str, torch.Tensor], config: ViTConfig, weights_path: Path, meta_path: Path
-) -> None:
-    try:  # at once, before the config's model is laid out: a config claiming a huge depth would take minutes
-        check_file_holds(config, weights_path.stat().st_size, str(weights_path))
-    except ValueError as err:
-        raise CheckpointError(f"{err} (the config in {meta_path})") from err
-    try:
-        check_keys(state_dict, expected_shapes(config), "checkpoint")
-    except StateDictMismatchError as err:
-        problems = []
-        if err.missing:
-            problems.append(f"missing {some_keys(sorted(err.missing))}")
-        if err.unexpected:
-            problems.append(f"unexpected {some_keys(sorted(err.unexpected))}")
-        if err.mis_shaped:
-            shapes = [f"{k}: {got} vs config {want}" for k, (got, want) in sorted(err.mis_shaped.items())]
-            more = f"; and {len(shapes) - NAMED_KEYS} more" if len(shapes) > NAMED_KEYS else ""
-            problems.append("shape mismatches " + "; ".join(shapes[:NAMED_KEYS]) + more)
-        raise CheckpointError(
-            f"weights in {weights_path} do not match the config in {meta_path}: " + ", ".join(problems)
-        ) from err
 
 
 def load_checkpoint_model(path: str | Path) -> ViT:
