@@ -37,7 +37,9 @@ def test_shipped_names_are_torchvisions_and_every_name_with_weights_is_a_preset(
     assert imagenet1k_classes() == list(_IMAGENET_CATEGORIES)
     assert TORCHVISION_NAMES == ["vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14"]
     # every timm name of the registry, and the tags of the families that are another's tags (DINO, MAE)
-    tagged = {f"{name}.{tag}" for f in FAMILIES.values() if not f.members for name, tags in f.tags.items() for tag in tags}
+    tagged = {
+        f"{name}.{tag}" for f in FAMILIES.values() if not f.members for name, tags in f.tags.items() for tag in tags
+    }
     assert set(TIMM_NAMES) == set(TIMM_ARCHS) | tagged >= {"vit_small_patch16_224.dino", "vit_base_patch16_224.mae"}
 
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from vit_einops import ViT
 from vit_einops.interop import save_state_dict_file, to_timm, to_torchvision
 from vit_einops import load_model
-from vit_einops.modelfile import load_vit, read_metadata, save_vit
+from vit_einops.modelfile import load_vit, save_vit
 from vit_einops.preprocess import Preprocessing
 
 

@@ -23,7 +23,7 @@ from vit_einops import ATTN_IMPLS, MultiHeadAttention, ViTConfig
 from vit_einops.blocks import SwiGLU, TransformerEncoder
 from vit_einops.inspect import AttentionRecorder
 from vit_einops.reference import torch_mha_from
-from vit_einops.rope import RopeTable, RotaryEmbedding, apply_rope
+from vit_einops.rope import RotaryEmbedding, apply_rope
 
 ROPE_TOL = dict(rtol=0, atol=1e-6)
 IMPL_TOL = dict(rtol=1e-5, atol=1e-5)

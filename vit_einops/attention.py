@@ -15,7 +15,7 @@ Three implementations of the same Eq. 6-7 (``Attend.impl``), chosen at run time 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -49,16 +49,6 @@ def per_layer_impls(value: Any, depth: int) -> tuple[str, ...]:
     if len(impls) != depth:
         raise ValueError(f"attn_impl lists {len(impls)} impls for a model of depth {depth}; expected one per layer")
     return impls
-
-
-def stored_attn_impl(stored_config: Mapping[str, Any], depth: int) -> str | tuple[str, ...]:
-    """The impl a stored config dict (a model file's, a checkpoint's) starts its model on: the one recorded by files
-    written while ``attn_impl`` was a config field, else "einsum". One impl stays one str: ``depth`` comes from the
-    file, and is checked against the budgets only when the model is built."""
-    impl = stored_config.get("attn_impl")
-    if impl is None or isinstance(impl, str):
-        return "einsum" if impl is None else check_attn_impl(impl)
-    return per_layer_impls(impl, depth)
 
 
 def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -216,8 +206,8 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     def from_config(cls, config: ViTConfig) -> MultiHeadAttention:
-        """The attention of an encoder block of ``config``: its ``dim``, ``heads``, ``qkv_bias``, ``qk_norm``, ``layer_norm_eps``,
-        ``attn_dropout`` and ``dropout`` (after ``proj``)."""
+        """The attention of an encoder block of ``config``: its ``dim``, ``heads``, ``qkv_bias``, ``qk_norm``,
+        ``layer_norm_eps``, ``attn_dropout`` and ``dropout`` (after ``proj``)."""
         check_config(config, "MultiHeadAttention.from_config")
         return cls(
             config.dim,

@@ -5,8 +5,7 @@ string metadata holds, as JSON:
 
     format            "vit-einops"
     format_version    "2" (version 1 files, config only, still load)
-    vit_einops_config the ViTConfig, which rebuilds the architecture (files written while the attention path was a
-                      config field also name their attn_impl there: the loaded model starts on it)
+    vit_einops_config the ViTConfig, which rebuilds the architecture
     preprocessing     the Preprocessing record (resize, crop, interpolation, mean, std), if known
     class_names       one name per logit, if known
     source            where the weights came from, e.g. {"library": "torchvision", "file": "vit_b_16.pth"}
@@ -30,7 +29,6 @@ import torch
 
 from ._io import check_file_output, check_regular_file, write_file
 from ._json import loads
-from .attention import stored_attn_impl
 from .config import ViTConfig
 from .model import ViT, check_class_names
 from .preprocess import Preprocessing
@@ -107,8 +105,7 @@ def _json_field(metadata: Mapping[str, str], key: str, path: Path) -> Any:
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """The decoded metadata of a model file: config (ViTConfig), attn_impl (the one a file written while it was a
-    config field records, else "einsum"), preprocessing, class_names, source."""
+    """The decoded metadata of a model file: config (ViTConfig), preprocessing, class_names, source."""
     from safetensors import SafetensorError, safe_open
 
     path = check_regular_file(path, "model file")
@@ -130,12 +127,10 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"{path}: the stored config is not a JSON object: {raw_config!r:.200}")
     try:
         config = ViTConfig.from_dict(raw_config)
-        impl = stored_attn_impl(raw_config, config.depth)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{path}: the stored vit-einops config is invalid: {err}") from err
     info: dict[str, Any] = {
         "config": config,
-        "attn_impl": impl,
         "preprocessing": None,
         "class_names": None,
         "source": None,
@@ -176,10 +171,9 @@ def load_vit(
 ) -> ViT:
     """Rebuild the ViT stored by :func:`save_vit`, with its preprocessing, class names and source.
 
-    ``attn_impl`` is the attention path to run, as in :class:`ViT` (None: "einsum", or the impl a file written while
-    it was a config field records). ``overrides`` change config fields that hold no tensor (e.g. ``dropout=0.1``).
-    ``dtype`` casts the weights (default float32, the dtype images arrive in; None keeps the file's, which must then
-    be one dtype). Keys and shapes are checked against the stored config; non-float or non-finite weights are refused.
+    ``attn_impl`` is the attention path to run, as in :class:`ViT` (None: "einsum"). ``overrides`` change config
+    fields that hold no tensor (e.g. ``dropout=0.1``). ``dtype`` casts the weights (default float32, the dtype images
+    arrive in; None keeps the file's, which must then be one dtype). Keys and shapes are checked against the stored config; non-float or non-finite weights are refused.
     """
     check_free_fields(overrides)
     info = read_metadata(path)
@@ -189,7 +183,7 @@ def load_vit(
     state_dict = load_weights(stored, read, str(path), dtype, shapes=shapes, file_bytes=path.stat().st_size)
     check_keys(state_dict, expected_shapes(stored), str(path))
     config = ViTConfig.from_dict({**stored.to_dict(), **overrides})
-    impl = info["attn_impl"] if attn_impl is None else attn_impl
+    impl = "einsum" if attn_impl is None else attn_impl
     model = build_vit(config, convert_patchify(state_dict, config, stored.patchify, config.patchify), impl)
     model.preprocessing, model.class_names, model.source = info["preprocessing"], info["class_names"], info["source"]
     return model

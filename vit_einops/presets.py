@@ -49,8 +49,8 @@ class Family:
         name: our name for it ("dinov2").
         cite: the paper, for the docs' tables.
         members: timm's model names -> their ViTConfig fields at the default tag's size (timm 1.0's pretrained_cfg;
-            the classes are the default tag's). The fields no tensor holds (heads, act, layer_norm_eps, image size, pooling,
-            LayerScale's init) come from here when a timm file of that name is read.
+            the classes are the default tag's). The fields no tensor holds (heads, act, layer_norm_eps, image size,
+            pooling, LayerScale's init, RoPE) come from here when a timm file of that name is read.
         tags: each member's pretrained tags -> the classes of their head (0: none), timm's default tag first. A tag
             of another family's member makes that name.tag this family's (DINO and MAE are tags of timm's plain
             ViTs).

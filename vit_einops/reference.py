@@ -22,7 +22,7 @@ from torch import nn
 
 from .attention import MultiHeadAttention
 from .blocks import TransformerEncoderBlock, activation
-from .config import ACTIVATIONS, DEFAULTS, ViTConfig
+from .config import ACTIVATIONS, DEFAULTS
 from .model import ViT
 
 

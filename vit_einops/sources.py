@@ -198,7 +198,7 @@ def _load_from_run(path: Path, *, attn_impl: str | Sequence[str] | None = None, 
     checkpoint = load_checkpoint(found, dtype=dtype)
     config = ViTConfig.from_dict({**checkpoint.config.to_dict(), **overrides})
     state_dict = convert_patchify(dict(checkpoint.state_dict), config, checkpoint.config.patchify, config.patchify)
-    model = build_vit(config, state_dict, checkpoint.attn_impl if attn_impl is None else attn_impl).eval()
+    model = build_vit(config, state_dict, "einsum" if attn_impl is None else attn_impl).eval()
     data = checkpoint.train_state.get("data") or {}
     classes = data.get("classes") if isinstance(data, dict) else None
     model.class_names = checked_class_names(classes, model.config.num_classes, f"{checkpoint.path} classes")

@@ -105,7 +105,8 @@ CLIP_LAYOUT: tuple[Rule, ...] = (
 # The ViTConfig fields every family's config.json writes (hidden_size, hidden_act, ...). What a family holds besides
 # these is its ``options``; any other field must be at its default, or the model is refused (never exported plain).
 EXPRESSED = (
-    "image_size", "patch_size", "in_channels", "num_classes", "dim", "depth", "heads", "mlp_dim", "layer_norm_eps", "act"
+    "image_size", "patch_size", "in_channels", "num_classes", "dim", "depth", "heads", "mlp_dim", "layer_norm_eps",
+    "act",
 )  # fmt: skip
 
 

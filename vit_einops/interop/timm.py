@@ -412,7 +412,9 @@ def _check_arch(config: ViTConfig, arch: str, fields: dict[str, Any], *, image_s
     want = ViTConfig(**fields)
     base, tagged, _ = arch.partition(".")
     checked = [*_ARCH_CHECKED, *(("image_size",) * (not image_size_given)), *(("num_classes",) * bool(tagged))]
-    differ = [f"{name} {got!r} (timm's {arch} has {wanted!r})" for name, got, wanted in differences(config, want, checked)]
+    differ = [
+        f"{name} {got!r} (timm's {arch} has {wanted!r})" for name, got, wanted in differences(config, want, checked)
+    ]
     if differ:
         tags = [f"{base}.{t}" for t, n in tags_of(base).items() if n == config.num_classes]
         hint = f"; the tags with {config.num_classes} classes: {', '.join(tags)}" if tagged and tags else ""
@@ -519,8 +521,11 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
 
 def _eva_kwargs(config: ViTConfig, kwargs: dict[str, Any]) -> dict[str, Any]:
     """timm's Eva arguments for ``config`` (EVA-02's q and v biases, SwiGLU, RoPE), from VisionTransformer's."""
-    others = [f"{name} {getattr(config, name)!r}" for name in ("distill_token", "qk_norm", "pre_norm", "register_tokens")
-              if getattr(config, name) != DEFAULTS[name]]  # fmt: skip
+    others = [
+        f"{name} {getattr(config, name)!r}"
+        for name in ("distill_token", "qk_norm", "pre_norm", "register_tokens")
+        if getattr(config, name) != DEFAULTS[name]
+    ]
     if config.qkv_bias is True:
         others.append("qkv_bias True (Eva's qkv_bias is q and v biases, none on k: 'qv')")
     if config.pool == "map" or config.act != "gelu":

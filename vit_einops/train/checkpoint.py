@@ -30,7 +30,6 @@ from torch import nn
 
 from .._io import atomic_write_bytes, check_regular_file, read_regular_file, sha256_of
 from .._json import loads
-from ..attention import stored_attn_impl
 from ..config import ViTConfig
 from ..model import ViT
 from ..statedict import (
@@ -210,11 +209,7 @@ def _is_our_tensor_file(path: Path, previous: set[str]) -> bool:
 
 @dataclass
 class Checkpoint:
-    """What :func:`load_checkpoint` read: the config, the model's state dict, and the training state.
-
-    ``attn_impl`` is the impl the model starts on: the one a checkpoint written while it was a config field
-    records, else "einsum".
-    """
+    """What :func:`load_checkpoint` read: the config, the model's state dict, and the training state."""
 
     path: Path
     config: ViTConfig
@@ -222,12 +217,10 @@ class Checkpoint:
     train_state: dict[str, Any] = field(default_factory=dict)
     optimizer_state: dict[str, Any] | None = None
     scheduler_state: dict[str, Any] | None = None
-    attn_impl: str | tuple[str, ...] = "einsum"
 
-    def build_model(self, attn_impl: str | Sequence[str] | None = None) -> ViT:
-        """A ViT of the saved config with the saved weights, in eval mode, running ``attn_impl`` (None: the
-        checkpoint's ``attn_impl``)."""
-        model = ViT.from_config(self.config, attn_impl=self.attn_impl if attn_impl is None else attn_impl)
+    def build_model(self, attn_impl: str | Sequence[str] = "einsum") -> ViT:
+        """A ViT of the saved config with the saved weights, in eval mode, running ``attn_impl``."""
+        model = ViT.from_config(self.config, attn_impl=attn_impl)
         model.load_state_dict(self.state_dict)
         return model.eval()
 
@@ -320,7 +313,6 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None) -> Ch
     try:
         stored = _field(meta, "config", dict, meta_path)
         config = ViTConfig.from_dict(stored)
-        attn_impl = stored_attn_impl(stored, config.depth)
     except (KeyError, TypeError, ValueError) as err:
         if isinstance(err, CheckpointError):
             raise
@@ -348,7 +340,7 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None) -> Ch
     scheduler_state = None
     if "scheduler" in meta:
         scheduler_state = _decode(_field(meta, "scheduler", dict, meta_path), {}, meta_path, "scheduler")
-    return Checkpoint(meta_path, config, state_dict, train_state, optimizer_state, scheduler_state, attn_impl)
+    return Checkpoint(meta_path, config, state_dict, train_state, optimizer_state, scheduler_state)
 
 
 def _decode(tree: dict[str, Any], tensors: dict[str, torch.Tensor], meta_path: Path, field: str) -> Any:
