@@ -77,8 +77,8 @@ def block_rows(dtype: torch.dtype, b: int, n: int, dim: int, heads: int):
     ref = torch_encoder_layer_from(block)
     r_out, r_grads = forward_backward(ref, x, [ref.linear1.weight], up)
     for impl in ATTN_IMPLS:
-        block.attn.fn.mha.impl = impl
-        out, grads = forward_backward(block, x, [block.mlp.fn.ff.fc1.weight], up)
+        block.attn.mha.impl = impl
+        out, grads = forward_backward(block, x, [block.mlp.ff.fc1.weight], up)
         yield (
             f"TransformerEncoderBlock[{impl}] vs nn.TransformerEncoderLayer",
             dtype,

@@ -186,7 +186,7 @@ def test_qk_norm_layer_built_alone_matches_the_one_in_a_model(impl):
     torch (F64_TOL). The eps is 1e-1, not the default, so a layer that dropped it would differ."""
     torch.manual_seed(0)
     model = ViT(image_size=8, patch_size=4, dim=24, depth=1, heads=3, mlp_dim=48, qk_norm=True, layer_norm_eps=0.1)
-    inside = model.double().blocks[0].attn.fn.mha
+    inside = model.double().blocks[0].attn.mha
     with torch.no_grad():
         for p in inside.parameters():
             p.copy_(torch.randn_like(p))  # LayerNorms away from (1, 0), non-zero biases
@@ -211,7 +211,7 @@ def test_from_config_passes_each_field_to_its_argument():
     built = MultiHeadAttention.from_config(config)
     assert repr(built) == repr(alone)
     assert (built.attend.dropout.p, built.dropout.p, built.q_norm.eps, built.k_norm.eps) == (0.125, 0.375, 0.25, 0.25)
-    assert repr(ViT.from_config(replace(config, image_size=8, patch_size=4)).blocks[0].attn.fn.mha) == repr(alone)
+    assert repr(ViT.from_config(replace(config, image_size=8, patch_size=4)).blocks[0].attn.mha) == repr(alone)
 
 
 def test_qkv_bias_false_leaves_the_fused_projection_without_bias():
@@ -317,7 +317,7 @@ def hooked_model(impl: str):
     model = ViT(image_size=8, patch_size=4, dim=16, depth=2, heads=2, mlp_dim=32, num_classes=3, attn_impl=impl)
     seen = []
     for block in model.blocks:
-        block.attn.fn.mha.attend.softmax.register_forward_hook(lambda m, args, out: seen.append(out))
+        block.attn.mha.attend.softmax.register_forward_hook(lambda m, args, out: seen.append(out))
     return model, seen
 
 
@@ -351,7 +351,7 @@ def test_softmax_hook_on_a_path_that_skips_it_warns_once_per_layer(impl):
 @pytest.mark.parametrize("impl", ["sdpa", "chunked"])
 def test_no_warning_without_a_softmax_hook(impl):
     model = ViT(image_size=8, patch_size=4, dim=16, depth=2, heads=2, mlp_dim=32, num_classes=3, attn_impl=impl)
-    model.blocks[0].attn.fn.mha.attend.register_forward_hook(lambda *a: None)  # AttentionRecorder's kind of hook
+    model.blocks[0].attn.mha.attend.register_forward_hook(lambda *a: None)  # AttentionRecorder's kind of hook
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model(torch.randn(1, 3, 8, 8))

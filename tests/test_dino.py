@@ -119,7 +119,7 @@ def test_dino_view_reads_the_class_row_over_the_patches_skipping_the_registers(p
     model = tiny_vit(TINY_RGB16, register_tokens=R, layer_scale=1e-5, pos_embed_prefix=prefix)
     x = torch.rand(2, 3, 16, 16)
     seen = []
-    hook = model.blocks[-1].attn.fn.mha.attend.softmax.register_forward_hook(lambda m, a, out: seen.append(out))
+    hook = model.blocks[-1].attn.mha.attend.softmax.register_forward_hook(lambda m, a, out: seen.append(out))
     try:
         _, maps, layout = record_attention(model, x)
     finally:

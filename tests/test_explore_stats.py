@@ -44,7 +44,7 @@ def class_sink(model, head=0):
         embed.pos_embed.weight[..., 0] = 0
         embed.cls_token.weight.zero_()
         embed.cls_token.weight[..., 0] = 10
-        qkv = model.blocks[0].attn.fn.mha.qkv
+        qkv = model.blocks[0].attn.mha.qkv
         q, k = slice(head * d, (head + 1) * d), slice(dim + head * d, dim + (head + 1) * d)
         qkv.weight[q] = 0
         qkv.bias[q] = 0
@@ -149,9 +149,9 @@ def test_the_page_marks_the_class_sink_heads_distance_as_null_beside_its_patch_m
 @pytest.mark.parametrize(
     "where, value, message",
     [
-        ("blocks.0.attn.fn.mha.qkv.weight", float("nan"), r"the model's logits hold \d+ non-finite values"),
+        ("blocks.0.attn.mha.qkv.weight", float("nan"), r"the model's logits hold \d+ non-finite values"),
         ("head.fc.weight", float("inf"), r"the model's logits hold \d+ non-finite values"),
-        ("blocks.1.mlp.fn.ff.fc2.weight", 1e38, r"non-finite values .*check the model's weights"),
+        ("blocks.1.mlp.ff.fc2.weight", 1e38, r"non-finite values .*check the model's weights"),
     ],
 )
 def test_a_non_finite_model_is_refused_with_the_cause_and_nothing_is_written(tmp_path, where, value, message):

@@ -48,7 +48,7 @@ def image_axes(fig: Figure) -> list:
 def class_attention_by_softmax_hook(model: ViT, x: torch.Tensor, layer: int) -> torch.Tensor:
     """The class token's row of A in block ``layer`` from a hook on the einsum path's softmax: (h, N')."""
     seen = []
-    handle = model.blocks[layer].attn.fn.mha.attend.softmax.register_forward_hook(lambda m, a, out: seen.append(out))
+    handle = model.blocks[layer].attn.mha.attend.softmax.register_forward_hook(lambda m, a, out: seen.append(out))
     try:
         model.set_attn_impl("einsum")(x)
     finally:

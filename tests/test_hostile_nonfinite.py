@@ -28,7 +28,7 @@ def huge(parameter: str, scale: float):
     return model
 
 
-HUGE = [("patch_embed.proj.weight", 1e38), ("patch_embed.proj.weight", 1e20), ("blocks.0.mlp.fn.ff.fc1.weight", 1e30)]
+HUGE = [("patch_embed.proj.weight", 1e38), ("patch_embed.proj.weight", 1e20), ("blocks.0.mlp.ff.fc1.weight", 1e30)]
 
 
 @pytest.mark.parametrize("parameter, scale", HUGE)

@@ -282,7 +282,7 @@ def class_rows_by_softmax_hook(model, x: torch.Tensor) -> list[torch.Tensor]:
     """Each block's class-token row over the patch keys (after the class token and the registers), read off the
     einsum path's softmax: [(b, h, 16)] per layer."""
     seen = []
-    handles = [b.attn.fn.mha.attend.softmax.register_forward_hook(lambda m, a, out: seen.append(out))
+    handles = [b.attn.mha.attend.softmax.register_forward_hook(lambda m, a, out: seen.append(out))
                for b in model.blocks]  # fmt: skip
     try:
         model(x)

@@ -257,8 +257,8 @@ def test_config_cannot_be_assigned_or_edited():
 def test_per_layer_impls_are_read_off_the_model_and_are_no_part_of_its_config(tmp_path):
     model = tiny()
     config = model.config
-    model.blocks[0].attn.fn.mha.impl = "sdpa"
-    model.blocks[2].attn.fn.mha.impl = "chunked"
+    model.blocks[0].attn.mha.impl = "sdpa"
+    model.blocks[2].attn.mha.impl = "chunked"
     assert model.attn_impl == ("sdpa", "einsum", "chunked")
     assert model.config == config and "attn_impl" not in config.to_dict()
     path = save_vit(model, tmp_path / "m.safetensors")
@@ -271,7 +271,7 @@ def test_per_layer_impls_are_read_off_the_model_and_are_no_part_of_its_config(tm
 
 def test_per_layer_impls_as_an_argument():
     model = tiny(attn_impl=["einsum", "sdpa", "sdpa"])
-    assert [b.attn.fn.mha.impl for b in model.blocks] == ["einsum", "sdpa", "sdpa"]
+    assert [b.attn.mha.impl for b in model.blocks] == ["einsum", "sdpa", "sdpa"]
     assert tiny(attn_impl=("sdpa",) * 3).attn_impl == "sdpa"
     rebuilt = ViT.from_config(model.config, attn_impl=["chunked", "sdpa", "einsum"])
     assert rebuilt.attn_impl == ("chunked", "sdpa", "einsum")
@@ -280,10 +280,10 @@ def test_per_layer_impls_as_an_argument():
 
 def test_a_model_no_config_describes_says_what_differs():
     model = tiny()
-    model.blocks[1].mlp.fn.ff.drop1.p = 0.3
+    model.blocks[1].mlp.ff.drop1.p = 0.3
     with pytest.raises(
         ValueError,
-        match=r"dropout differs between its modules \(0.0 at patch_embed.dropout, 0.3 at blocks.1.mlp.fn.ff.drop1\)",
+        match=r"dropout differs between its modules \(0.0 at patch_embed.dropout, 0.3 at blocks.1.mlp.ff.drop1\)",
     ):
         _ = model.config
     model = tiny()

@@ -59,7 +59,7 @@ def test_block_matches_torch_transformer_encoder_layer(impl, b, n, heads, head_d
     ref = torch_encoder_layer_from(block).train()  # train(): torch's eval fast path is covered by the model test
     x = torch.randn(b, n, dim, dtype=torch.float64)
     up = torch.randn(b, n, dim, dtype=torch.float64)
-    ours = forward_backward(block, x, [block.attn.fn.mha.qkv.weight, block.mlp.fn.ff.fc1.weight], up)
+    ours = forward_backward(block, x, [block.attn.mha.qkv.weight, block.mlp.ff.fc1.weight], up)
     theirs = forward_backward(ref, x, [ref.self_attn.in_proj_weight, ref.linear1.weight], up)
     assert_close(ours[0], theirs[0], F64_TOL, "block output")
     for name, g, rg in zip(["x", "qkv.weight", "fc1.weight"], ours[1], theirs[1]):
@@ -178,7 +178,7 @@ def test_feed_forward_and_patch_embedding_from_config_pass_each_field_to_its_arg
     assert repr(FeedForwardBlock.from_config(config)) == repr(ff)
     assert repr(PatchEmbedding.from_config(config)) == repr(embed)
     model = ViT.from_config(config)
-    assert repr(model.blocks[0].mlp.fn.ff) == repr(ff) and repr(model.patch_embed) == repr(embed)
+    assert repr(model.blocks[0].mlp.ff) == repr(ff) and repr(model.patch_embed) == repr(embed)
     assert (embed.image_size, embed.patch_size, embed.grid_size) == ((8, 12), (2, 4), (4, 3))
     assert embed.pos_embed.weight.shape == (1, 12, 12)  # the patches' rows only (pos_embed_prefix False)
     assert embed(torch.randn(1, 2, 8, 12)).shape == (1, 1 + 1 + 2 + 12, 12)

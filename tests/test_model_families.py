@@ -108,7 +108,7 @@ def test_pre_norm_no_patch_bias_and_bias_free_head_as_written_out():
 def test_each_activation_is_its_formula(act, reference):
     model = tiny_vit(TINY_RGB16, act=act)
     x = torch.linspace(-6, 6, 101, requires_grad=True)
-    ours = model.blocks[0].mlp.fn.ff.act(x)
+    ours = model.blocks[0].mlp.ff.act(x)
     theirs = reference(x)
     torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-6)
     (g_ours,) = torch.autograd.grad(ours.sum(), x)
@@ -118,7 +118,7 @@ def test_each_activation_is_its_formula(act, reference):
 
 def test_qk_norm_attention_equals_layer_norm_then_sdpa():
     model = perturb(tiny_vit(TINY_RGB16, qk_norm=True))
-    mha = model.blocks[0].attn.fn.mha
+    mha = model.blocks[0].attn.mha
     h = TINY_RGB16["heads"]
     x = torch.randn(2, 17, D, requires_grad=True)
 

@@ -162,7 +162,7 @@ def test_initialisation():
     torch.manual_seed(0)
     model = create_vit("vit_ti_16")
     pos, cls = model.patch_embed.pos_embed.weight, model.patch_embed.cls_token.weight
-    qkv = model.blocks[0].attn.fn.mha.qkv
+    qkv = model.blocks[0].attn.mha.qkv
     assert pos.shape == (1, 197, 192) and cls.shape == (1, 1, 192)
     for w in (pos, cls, qkv.weight):
         assert w.abs().max() <= 0.04 + 1e-7
@@ -179,8 +179,8 @@ def test_state_dict_keys_are_readable():
         "patch_embed.pos_embed.weight",
     ]
     for key in [
-        "blocks.1.attn.fn.mha.qkv.weight",
-        "blocks.1.mlp.fn.ff.fc2.bias",
+        "blocks.1.attn.mha.qkv.weight",
+        "blocks.1.mlp.ff.fc2.bias",
         "head.pre_logits.fc.weight",
         "head.fc.weight",
     ]:
@@ -189,7 +189,7 @@ def test_state_dict_keys_are_readable():
 
 def test_state_dict_keys_are_the_layers_own_under_fixed_paths():
     """A ViT's keys are its layers' keys, each layer built alone, under the paths the interop key tables spell
-    (``blocks.{i}.attn.fn.mha.``, ``blocks.{i}.mlp.fn.ff.``...), in order; the layers' own keys are the names
+    (``blocks.{i}.attn.mha.``, ``blocks.{i}.mlp.ff.``...), in order; the layers' own keys are the names
     torchvision, timm and HF map to. Every option that adds a tensor is on."""
     options = dict(qk_norm=True, layer_scale=1e-5, distill_token=True, register_tokens=2, pre_norm=True)
     model = ViT(**TINY_RGB16, **options)
@@ -202,9 +202,9 @@ def test_state_dict_keys_are_the_layers_own_under_fixed_paths():
     expected = under("patch_embed", PatchEmbedding(16, 4, 3, d, distill_token=True, register_tokens=2, pre_norm=True))
     for i in range(c.depth):
         norm = ["norm.weight", "norm.bias"]
-        expected += [f"blocks.{i}.attn.fn.{k}" for k in norm] + under(f"blocks.{i}.attn.fn.mha", mha)
-        expected += [f"blocks.{i}.attn.fn.ls.gamma"] + [f"blocks.{i}.mlp.fn.{k}" for k in norm]
-        expected += under(f"blocks.{i}.mlp.fn.ff", ff) + [f"blocks.{i}.mlp.fn.ls.gamma"]
+        expected += [f"blocks.{i}.attn.{k}" for k in norm] + under(f"blocks.{i}.attn.mha", mha)
+        expected += [f"blocks.{i}.attn.ls.gamma"] + [f"blocks.{i}.mlp.{k}" for k in norm]
+        expected += under(f"blocks.{i}.mlp.ff", ff) + [f"blocks.{i}.mlp.ls.gamma"]
     expected += under("head", ClassificationHead(c))
     assert list(model.state_dict()) == expected
     qkv_proj = ["qkv.weight", "qkv.bias", "q_norm.weight", "q_norm.bias", "k_norm.weight", "k_norm.bias"]

@@ -66,21 +66,21 @@ def test_layer_scale_equals_the_branch_outputs_scaled_by_gamma():
     plain = tiny_vit(TINY_RGB16)
     with torch.no_grad():
         for block in scaled.blocks:
-            for branch in (block.attn.fn.ls, block.mlp.fn.ls):
+            for branch in (block.attn.ls, block.mlp.ls):
                 branch.gamma.copy_(torch.rand(32) * 2 - 1)  # each channel its own scale, some negative
         state = {k: v for k, v in scaled.state_dict().items() if ".ls." not in k}
         for i, block in enumerate(scaled.blocks):
-            for prefix, gamma in ((f"blocks.{i}.attn.fn.mha.proj", block.attn.fn.ls.gamma),
-                                  (f"blocks.{i}.mlp.fn.ff.fc2", block.mlp.fn.ls.gamma)):  # fmt: skip
+            for prefix, gamma in ((f"blocks.{i}.attn.mha.proj", block.attn.ls.gamma),
+                                  (f"blocks.{i}.mlp.ff.fc2", block.mlp.ls.gamma)):  # fmt: skip
                 state[f"{prefix}.weight"] = state[f"{prefix}.weight"] * gamma[:, None]
                 state[f"{prefix}.bias"] = state[f"{prefix}.bias"] * gamma
         plain.load_state_dict(state)
         x = torch.randn(2, 3, 16, 16)
         torch.testing.assert_close(scaled(x), plain(x))
-    assert scaled.blocks[0].attn.fn.ls.gamma.shape == (32,)
+    assert scaled.blocks[0].attn.ls.gamma.shape == (32,)
     assert "LayerScale(dim=32, init=0.5)" in str(scaled)
     fresh = tiny_vit(TINY_RGB16, layer_scale=1e-5)
-    assert torch.equal(fresh.blocks[1].mlp.fn.ls.gamma, torch.full((32,), 1e-5))
+    assert torch.equal(fresh.blocks[1].mlp.ls.gamma, torch.full((32,), 1e-5))
 
 
 @given(

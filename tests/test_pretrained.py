@@ -89,7 +89,7 @@ def test_pretrained_with_num_classes_gets_a_new_head(tiny_model, cache, monkeypa
         _publish(monkeypatch, site, _torchvision_bytes(tiny_model))
         model = create_vit(NAME, pretrained=True, num_classes=3)
     assert model.config.num_classes == 3 and model.class_names is None
-    assert torch.equal(model.blocks[0].attn.fn.mha.qkv.weight, tiny_model.blocks[0].attn.fn.mha.qkv.weight)
+    assert torch.equal(model.blocks[0].attn.mha.qkv.weight, tiny_model.blocks[0].attn.mha.qkv.weight)
 
 
 def test_a_download_whose_hash_differs_is_refused_and_not_cached(tiny_model, cache, monkeypatch):

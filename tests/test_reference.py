@@ -34,7 +34,7 @@ def perturbed_block(seed: int = 0, **options) -> TransformerEncoderBlock:
 def builder_input(builder: str, model: ViT):
     """What ``builder`` takes, from ``model``: its first attention layer, its first block, or itself."""
     return {
-        "torch_mha_from": model.blocks[0].attn.fn.mha,
+        "torch_mha_from": model.blocks[0].attn.mha,
         "torch_encoder_layer_from": model.blocks[0],
         "torch_reference_vit": model,
     }[builder]
@@ -90,9 +90,9 @@ def test_an_option_no_reference_decided_for_is_refused_by_name(monkeypatch):
 def test_a_submodule_the_reference_does_not_know_is_refused_by_its_path():
     """A new option that adds a module (RoPE, say) to a layer is refused by the layer builders until modelled."""
     block = TransformerEncoderBlock(ViTConfig(**BLOCK))
-    block.attn.fn.mha.add_module("rope", torch.nn.Identity())
+    block.attn.mha.add_module("rope", torch.nn.Identity())
     with pytest.raises(ValueError) as err:
-        torch_mha_from(block.attn.fn.mha)
+        torch_mha_from(block.attn.mha)
     assert str(err.value) == (
         "torch_mha_from cannot model MultiHeadAttention's rope (Identity): it is no option the reference knows "
         "(vit_einops.reference.MODELS)"
@@ -100,13 +100,13 @@ def test_a_submodule_the_reference_does_not_know_is_refused_by_its_path():
     with pytest.raises(ValueError) as err:
         torch_encoder_layer_from(block)
     assert str(err.value).startswith(
-        "torch_encoder_layer_from cannot model TransformerEncoderBlock's attn.fn.mha.rope (Identity): "
+        "torch_encoder_layer_from cannot model TransformerEncoderBlock's attn.mha.rope (Identity): "
     )
 
 
 def test_an_activation_torch_has_not_is_refused():
     block = TransformerEncoderBlock(ViTConfig(**BLOCK))
-    block.mlp.fn.ff.act = torch.nn.ReLU()
+    block.mlp.ff.act = torch.nn.ReLU()
     with pytest.raises(ValueError) as err:
         torch_encoder_layer_from(block)
     assert str(err.value) == (
@@ -124,7 +124,7 @@ def block_and_reference(block, ref, x, up):
     """Output and gradients (in GRAD_NAMES order) of ``block`` and of its reference ``ref``, the reference's mapped
     to ours: a LayerScale gamma folded into W' = gamma W, b' = gamma b has dL/dW = gamma dL/dW' (row by row) and
     dL/dgamma_i = sum_j dL/dW'_ij W_ij + dL/db'_i b_i."""
-    attn, mlp = block.attn.fn, block.mlp.fn
+    attn, mlp = block.attn, block.mlp
     mha, ff = attn.mha, mlp.ff
     scaled = hasattr(attn, "ls")
     ours = [mha.qkv.weight, mha.qkv.bias, ff.fc1.weight, attn.norm.weight, mha.proj.weight, ff.fc2.weight]
@@ -173,7 +173,7 @@ def test_attention_dropout_draws_the_same_masks_as_torch():
     is the einsum path's, so values and gradients agree in training mode, for the attention layer and the block.
     (The chunked path draws its mask a block of queries at a time, SDPA in its own kernel: other masks.)"""
     block = perturbed_block(attn_dropout=0.4).train()
-    mha = block.attn.fn.mha
+    mha = block.attn.mha
     g = torch.Generator().manual_seed(2)
     x, up = (torch.randn(2, 7, BLOCK["dim"], generator=g, dtype=torch.float64) for _ in range(2))
     ref_mha, ref_block = torch_mha_from(mha), torch_encoder_layer_from(block).train()

@@ -155,7 +155,7 @@ def chefer_reference(model: ViT, x: torch.Tensor, target: torch.Tensor) -> torch
         maps.append(attn)
         attn.register_hook(grads.append)
 
-    handles = [block.attn.fn.mha.attend.softmax.register_forward_hook(keep) for block in model.blocks]
+    handles = [block.attn.mha.attend.softmax.register_forward_hook(keep) for block in model.blocks]
     try:
         logits = model(x)
         logits[torch.arange(len(x)), target].sum().backward()
@@ -203,7 +203,7 @@ def test_attention_gradients_match_central_finite_differences():
                 attn[0, head, i, j] += delta
                 return attn
 
-            h = model.blocks[layer].attn.fn.mha.attend.softmax.register_forward_hook(nudge)
+            h = model.blocks[layer].attn.mha.attend.softmax.register_forward_hook(nudge)
             try:
                 with torch.no_grad():
                     return model(x)[0, 3].item()
@@ -242,7 +242,7 @@ def test_uniform_attention_over_identical_patches_gives_uniform_relevance():
     model = tiny_vit(TINY).double()
     with torch.no_grad():
         for block in model.blocks:
-            qkv = block.attn.fn.mha.qkv
+            qkv = block.attn.mha.qkv
             qkv.weight[: 2 * 16].zero_()
             qkv.bias[: 2 * 16].zero_()
         model.patch_embed.pos_embed.weight.zero_()

@@ -105,7 +105,7 @@ def test_resample_vit(mode):
     assert bigger.config.image_size == (48, 64) and model.config.image_size == (32, 32)
     expected = resample_pos_embed(model.patch_embed.pos_embed.weight, (6, 8), (4, 4), mode=mode)
     assert torch.equal(bigger.patch_embed.pos_embed.weight, expected)
-    assert torch.equal(bigger.blocks[0].attn.fn.mha.qkv.weight, model.blocks[0].attn.fn.mha.qkv.weight)
+    assert torch.equal(bigger.blocks[0].attn.mha.qkv.weight, model.blocks[0].attn.mha.qkv.weight)
     assert bigger(torch.randn(1, 3, 48, 64)).shape == (1, 5)
     with pytest.raises(ValueError, match="not divisible by patch"):
         resample_vit(model, 36, mode=mode)

@@ -238,7 +238,7 @@ def test_encoder_passes_rope_to_every_block_and_recorders_see_rotated_q_k():
     x = torch.randn(2, 9, 32, dtype=torch.float64)
     expected, maps = x, []
     for block in encoder:
-        attn, mlp = block.attn.fn, block.mlp.fn
+        attn, mlp = block.attn, block.mlp
         h = F.layer_norm(expected, (32,), attn.norm.weight, attn.norm.bias, attn.norm.eps)
         mha = attn.mha
         q, k = F.linear(h, mha.qkv.weight, mha.qkv.bias).reshape(2, 9, 3, 2, 16).permute(2, 0, 3, 1, 4)[:2]
@@ -248,7 +248,7 @@ def test_encoder_passes_rope_to_every_block_and_recorders_see_rotated_q_k():
         expected = expected + mlp.ls(mlp.ff(mlp.norm(expected)))
     table = rope(grid, 1)
     for impl in ATTN_IMPLS:
-        encoder[0].attn.fn.mha.impl = encoder[1].attn.fn.mha.impl = impl
+        encoder[0].attn.mha.impl = encoder[1].attn.mha.impl = impl
         with AttentionRecorder(encoder) as recorder:
             out = encoder(x, rope=table)
         assert_close(out, expected, ROPE_TOL, f"{impl} encoder output")

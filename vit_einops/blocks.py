@@ -15,15 +15,17 @@ from .config import ACTIVATIONS, ViTConfig, check_config
 from .rope import RopeTable
 
 
-class ResidualAdd(nn.Module):
-    """fn(x) + x, out of place (the input tensor is never modified)."""
-
-    def __init__(self, fn: nn.Module) -> None:
-        super().__init__()
-        self.fn = fn
+class ResidualAdd(nn.Sequential):
+    """x + branch(x), out of place (the input tensor is never modified), the branch being its modules in order:
+    ``ResidualAdd(norm, layer[, ls])`` is a pre-norm residual branch, its children named as its keys read
+    (``blocks.0.attn.norm``, ``blocks.0.attn.mha.qkv``). Keyword arguments of ``forward`` (the attention's ``rope``)
+    go to the branch's layer: its second module, after the pre-norm (or its only one)."""
 
     def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
-        return self.fn(x, **kwargs) + x
+        y, layer = x, min(1, len(self) - 1)
+        for i, module in enumerate(self):
+            y = module(y, **kwargs) if i == layer else module(y)
+        return y + x
 
 
 class LayerScale(nn.Module):
@@ -42,24 +44,12 @@ class LayerScale(nn.Module):
         return f"dim={self.gamma.shape[0]}, init={self.init:g}"
 
 
-class PreNorm(nn.Sequential):
-    """LayerNorm, a layer, then LayerScale when there is one: the inside of a pre-norm residual branch. Keyword
-    arguments of ``forward`` go to the layer (the attention's ``rope``)."""
-
-    def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
-        norm, layer, *rest = self
-        x = layer(norm(x), **kwargs)
-        for module in rest:
-            x = module(x)
-        return x
-
-
 def _branch(config: ViTConfig, name: str, fn: nn.Module) -> ResidualAdd:
-    """ResidualAdd(LayerNorm, fn[, LayerScale]): one pre-norm residual branch; ``ls`` when config.layer_scale."""
+    """ResidualAdd(norm, fn[, ls]): one pre-norm residual branch, ``ls`` (LayerScale) when config.layer_scale."""
     stages = [("norm", nn.LayerNorm(config.dim, eps=config.layer_norm_eps)), (name, fn)]
     if config.layer_scale is not None:
         stages.append(("ls", LayerScale(config.dim, config.layer_scale)))
-    return ResidualAdd(PreNorm(OrderedDict(stages)))
+    return ResidualAdd(OrderedDict(stages))
 
 
 class QuickGELU(nn.Module):

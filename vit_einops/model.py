@@ -38,7 +38,7 @@ class ViT(Sequential):
     Every argument is keyword-only and is a field of :class:`ViTConfig` (see there for the defaults' sources),
     but ``attn_impl``: the attention path each layer runs ("einsum", "chunked", "sdpa"; one for all, or one per
     layer), which is runtime state, not architecture. Switch it with :meth:`set_attn_impl` or one layer's
-    ``blocks[i].attn.fn.mha.impl``; ``model.attn_impl`` reads it.
+    ``blocks[i].attn.mha.impl``; ``model.attn_impl`` reads it.
 
     ``model.config`` describes the model as it is after the changes a built model takes (``reset_classifier``,
     ``model.head.fc = nn.Linear(...)``, blocks cut off) and always rebuilds it: ``ViT.from_config(model.config)``

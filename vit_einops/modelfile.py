@@ -1,6 +1,6 @@
 """Model files: one safetensors file that carries everything needed to use a ViT.
 
-The tensors are the model's state dict under its own keys (``blocks.0.attn.fn.mha.qkv.weight``...). The file's
+The tensors are the model's state dict under its own keys (``blocks.0.attn.mha.qkv.weight``...). The file's
 string metadata holds, as JSON:
 
     format            "vit-einops"

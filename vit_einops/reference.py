@@ -114,10 +114,10 @@ _MHA_MODULES = (
     "dropout",
 )
 _BLOCK_MODULES = (
-    *(f"attn{path}" for path in ("", ".fn", ".fn.norm", ".fn.mha", ".fn.ls")),
-    *(f"attn.fn.mha.{path}" for path in _MHA_MODULES),
-    *(f"mlp{path}" for path in ("", ".fn", ".fn.norm", ".fn.ff", ".fn.ls")),
-    *(f"mlp.fn.ff.{path}" for path in ("fc1", "act", "drop1", "fc2", "drop2")),
+    *(f"attn{path}" for path in ("", ".norm", ".mha", ".ls")),
+    *(f"attn.mha.{path}" for path in _MHA_MODULES),
+    *(f"mlp{path}" for path in ("", ".norm", ".ff", ".ls")),
+    *(f"mlp.ff.{path}" for path in ("fc1", "act", "drop1", "fc2", "drop2")),
 )
 
 
@@ -194,7 +194,7 @@ def torch_encoder_layer_from(block: TransformerEncoderBlock) -> nn.TransformerEn
     then ours divided by gamma, row by row. Refuses with a ValueError what it cannot model (:data:`REFUSES`): q and
     k norms, an activation torch has not, a submodule it does not know."""
     _refuse_unknown_modules("torch_encoder_layer_from", block, _BLOCK_MODULES)
-    attn, mlp = block.attn.fn, block.mlp.fn
+    attn, mlp = block.attn, block.mlp
     mha, ff = attn.mha, mlp.ff
     options = {
         **_attention_options(mha),

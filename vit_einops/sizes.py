@@ -27,12 +27,12 @@ BLOCK_OVERHEAD_BYTES = 64 * 1024
 # Seconds to construct one module of a ViT, whatever its width (torch's nn.Module set-up, a Linear's or LayerNorm's
 # parameters made and reset, our own __init__s): the least of the medians measured by the command in
 # docs/reliability.md (builds of 44,012 modules) on a shared 2-core AMD EPYC, 60 to 77 us, with torch 2.13. Real
-# ViTs have a few hundred modules (ViT-H/14: 716), so their estimate is a few hundredths of a second.
+# ViTs have a few hundred modules (ViT-H/14: 652), so their estimate is a few hundredths of a second.
 MODULE_SECONDS = 60e-6
-# The modules of one encoder block: the block; the attention branch ResidualAdd(Sequential(LayerNorm,
-# MultiHeadAttention(qkv, split_heads, Attend(softmax, dropout), merge_heads, proj, dropout))); the MLP branch
-# ResidualAdd(Sequential(LayerNorm, FeedForwardBlock(fc1, act, drop1, fc2, drop2))).
-BLOCK_MODULES = 1 + 12 + 9
+# The modules of one encoder block: the block; the attention branch ResidualAdd(LayerNorm, MultiHeadAttention(qkv,
+# split_heads, Attend(softmax, dropout), merge_heads, proj, dropout)); the MLP branch ResidualAdd(LayerNorm,
+# FeedForwardBlock(fc1, act, drop1, fc2, drop2)).
+BLOCK_MODULES = 1 + 11 + 8
 _KEPT: ContextVar[int] = ContextVar("vit_einops_kept_attention", default=0)
 
 

@@ -36,14 +36,14 @@ def _share_weights(reference: nn.Module, model: nn.Module) -> None:
     two.
     """
     for ours, theirs in zip(model.blocks, reference.blocks, strict=True):
-        mha, ff = ours.attn.fn.mha, ours.mlp.fn.ff
+        mha, ff = ours.attn.mha, ours.mlp.ff
         pairs = [
             (theirs.self_attn, "in_proj_weight", mha.qkv.weight),
             (theirs.self_attn, "in_proj_bias", mha.qkv.bias),
             (theirs.self_attn.out_proj, "weight", mha.proj.weight),
             (theirs.self_attn.out_proj, "bias", mha.proj.bias),
         ]
-        for norm, their_norm in ((ours.attn.fn.norm, theirs.norm1), (ours.mlp.fn.norm, theirs.norm2)):
+        for norm, their_norm in ((ours.attn.norm, theirs.norm1), (ours.mlp.norm, theirs.norm2)):
             pairs += [(their_norm, "weight", norm.weight), (their_norm, "bias", norm.bias)]
         for linear, their_linear in ((ff.fc1, theirs.linear1), (ff.fc2, theirs.linear2)):
             pairs += [(their_linear, "weight", linear.weight), (their_linear, "bias", linear.bias)]

@@ -69,13 +69,13 @@ _RULES = (
     (r"patch_embed\.(cls|dist|reg)_token\.weight", r"\1_token"),
     (r"patch_embed\.pos_embed\.weight", "pos_embed"),
     (r"patch_embed\.norm_pre\.(weight|bias)", r"norm_pre.\1"),
-    (r"blocks\.(\d+)\.attn\.fn\.ls\.gamma", r"blocks.\1.ls1.gamma"),
-    (r"blocks\.(\d+)\.mlp\.fn\.ls\.gamma", r"blocks.\1.ls2.gamma"),
-    (r"blocks\.(\d+)\.attn\.fn\.norm\.(weight|bias)", r"blocks.\1.norm1.\2"),
-    (r"blocks\.(\d+)\.attn\.fn\.mha\.(qkv|proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
-    (r"blocks\.(\d+)\.attn\.fn\.mha\.(q_bias|v_bias)", r"blocks.\1.attn.\2"),  # EVA's q and v biases
-    (r"blocks\.(\d+)\.mlp\.fn\.norm\.(weight|bias)", r"blocks.\1.norm2.\2"),
-    (r"blocks\.(\d+)\.mlp\.fn\.ff\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+    (r"blocks\.(\d+)\.attn\.ls\.gamma", r"blocks.\1.ls1.gamma"),
+    (r"blocks\.(\d+)\.mlp\.ls\.gamma", r"blocks.\1.ls2.gamma"),
+    (r"blocks\.(\d+)\.attn\.norm\.(weight|bias)", r"blocks.\1.norm1.\2"),
+    (r"blocks\.(\d+)\.attn\.mha\.(qkv|proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (r"blocks\.(\d+)\.attn\.mha\.(q_bias|v_bias)", r"blocks.\1.attn.\2"),  # EVA's q and v biases
+    (r"blocks\.(\d+)\.mlp\.norm\.(weight|bias)", r"blocks.\1.norm2.\2"),
+    (r"blocks\.(\d+)\.mlp\.ff\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
     (r"head\.pool\.(.+)", r"attn_pool.\1"),  # SigLIP's attention pooling: latent, q, kv, proj, norm, mlp
     (r"head\.fc\.(weight|bias)", r"head.\1"),
     (r"head\.fc_dist\.(weight|bias)", r"head_dist.\1"),
