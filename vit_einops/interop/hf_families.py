@@ -41,6 +41,7 @@ import torch
 from .._checks import MAX_SIZE, show_int
 from ..config import DEFAULTS, FIELDS, ViTConfig
 from ..statedict import check_keys, check_state_dict, convert_patchify, expected_shapes
+from .keys import ATTN_LS, ATTN_NORM, FF, MHA, MLP_LS, MLP_NORM, KeyLayout, Rule, conv_form
 
 SOURCE = "hf"
 
@@ -48,8 +49,6 @@ SOURCE = "hf"
 HF_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
 ACT_NAMES = {ours: theirs for theirs, ours in HF_ACTS.items()}
 
-# (our key regex, their key template(s), the rank of their tensor when it is stored in another shape).
-Rule = tuple[str, "str | tuple[str, ...]", "int | None"]
 
 
 def _qkv(template: str, names: tuple[str, str, str]) -> tuple[str, ...]:
@@ -62,35 +61,35 @@ VIT_LAYOUT: tuple[Rule, ...] = (
     (r"patch_embed\.dist_token\.weight", "embeddings.distillation_token", None),
     (r"patch_embed\.reg_token\.weight", "embeddings.register_tokens", None),
     (r"patch_embed\.pos_embed\.weight", "embeddings.position_embeddings", None),
-    (r"blocks\.(\d+)\.attn\.mha\.qkv\.(weight|bias)",
+    (MHA + r"qkv\.(weight|bias)",
      _qkv(r"encoder.layer.\1.attention.attention.{}.\2", ("query", "key", "value")), None),
-    (r"blocks\.(\d+)\.attn\.mha\.proj\.(weight|bias)", r"encoder.layer.\1.attention.output.dense.\2", None),
+    (MHA + r"proj\.(weight|bias)", r"encoder.layer.\1.attention.output.dense.\2", None),
     (r"head\.norm\.(weight|bias)", r"layernorm.\1", None),
 )  # fmt: skip
 VIT_BLOCKS: tuple[Rule, ...] = (
-    (r"blocks\.(\d+)\.attn\.norm\.(weight|bias)", r"encoder.layer.\1.layernorm_before.\2", None),
-    (r"blocks\.(\d+)\.mlp\.norm\.(weight|bias)", r"encoder.layer.\1.layernorm_after.\2", None),
-    (r"blocks\.(\d+)\.mlp\.ff\.fc1\.(weight|bias)", r"encoder.layer.\1.intermediate.dense.\2", None),
-    (r"blocks\.(\d+)\.mlp\.ff\.fc2\.(weight|bias)", r"encoder.layer.\1.output.dense.\2", None),
+    (ATTN_NORM + r"(weight|bias)", r"encoder.layer.\1.layernorm_before.\2", None),
+    (MLP_NORM + r"(weight|bias)", r"encoder.layer.\1.layernorm_after.\2", None),
+    (FF + r"fc1\.(weight|bias)", r"encoder.layer.\1.intermediate.dense.\2", None),
+    (FF + r"fc2\.(weight|bias)", r"encoder.layer.\1.output.dense.\2", None),
 )
 DINOV2_BLOCKS: tuple[Rule, ...] = (
-    (r"blocks\.(\d+)\.attn\.norm\.(weight|bias)", r"encoder.layer.\1.norm1.\2", None),
-    (r"blocks\.(\d+)\.attn\.ls\.gamma", r"encoder.layer.\1.layer_scale1.lambda1", None),
-    (r"blocks\.(\d+)\.mlp\.norm\.(weight|bias)", r"encoder.layer.\1.norm2.\2", None),
-    (r"blocks\.(\d+)\.mlp\.ff\.(fc1|fc2)\.(weight|bias)", r"encoder.layer.\1.mlp.\2.\3", None),
-    (r"blocks\.(\d+)\.mlp\.ls\.gamma", r"encoder.layer.\1.layer_scale2.lambda1", None),
+    (ATTN_NORM + r"(weight|bias)", r"encoder.layer.\1.norm1.\2", None),
+    (ATTN_LS + r"gamma", r"encoder.layer.\1.layer_scale1.lambda1", None),
+    (MLP_NORM + r"(weight|bias)", r"encoder.layer.\1.norm2.\2", None),
+    (FF + r"(fc1|fc2)\.(weight|bias)", r"encoder.layer.\1.mlp.\2.\3", None),
+    (MLP_LS + r"gamma", r"encoder.layer.\1.layer_scale2.lambda1", None),
 )
 CLIP_LAYOUT: tuple[Rule, ...] = (
     (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1", None),
     (r"patch_embed\.cls_token\.weight", "embeddings.class_embedding", 1),
     (r"patch_embed\.pos_embed\.weight", "embeddings.position_embedding.weight", 2),
     (r"patch_embed\.norm_pre\.(weight|bias)", r"pre_layrnorm.\1", None),
-    (r"blocks\.(\d+)\.attn\.norm\.(weight|bias)", r"encoder.layers.\1.layer_norm1.\2", None),
-    (r"blocks\.(\d+)\.attn\.mha\.qkv\.(weight|bias)",
+    (ATTN_NORM + r"(weight|bias)", r"encoder.layers.\1.layer_norm1.\2", None),
+    (MHA + r"qkv\.(weight|bias)",
      _qkv(r"encoder.layers.\1.self_attn.{}_proj.\2", ("q", "k", "v")), None),
-    (r"blocks\.(\d+)\.attn\.mha\.proj\.(weight|bias)", r"encoder.layers.\1.self_attn.out_proj.\2", None),
-    (r"blocks\.(\d+)\.mlp\.norm\.(weight|bias)", r"encoder.layers.\1.layer_norm2.\2", None),
-    (r"blocks\.(\d+)\.mlp\.ff\.(fc1|fc2)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3", None),
+    (MHA + r"proj\.(weight|bias)", r"encoder.layers.\1.self_attn.out_proj.\2", None),
+    (MLP_NORM + r"(weight|bias)", r"encoder.layers.\1.layer_norm2.\2", None),
+    (FF + r"(fc1|fc2)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3", None),
     (r"head\.norm\.(weight|bias)", r"post_layernorm.\1", None),
     # SigLIP's pooling head: nn.MultiheadAttention stores q, k, v as one in_proj (q rows first, then k, then v).
     (r"head\.pool\.latent", "head.probe", None),
@@ -137,6 +136,10 @@ class Family:
     unused: tuple[str, ...]
     options: Mapping[str, Any]
     read: Callable[[Mapping[str, Any], str], dict[str, Any]]
+
+    @property
+    def layout(self) -> KeyLayout:
+        return KeyLayout(f"Hugging Face's {self.architecture}", self.rules)
 
     @property
     def label(self) -> str:
@@ -423,56 +426,6 @@ def hf_names(message: str) -> str:
 # --- weights ------------------------------------------------------------------------------------------------------
 
 
-def _groups(family: Family, shapes: Mapping[str, torch.Size]) -> list[tuple[list[str], list[str]]]:
-    """(our keys, their keys) pairs: one of the two sides has one key, the other the pieces it is cut into along
-    the first axis (q, k, v; or SigLIP's in_proj into q and kv)."""
-    mine: dict[str, tuple[str, ...]] = {}
-    for ours in shapes:
-        for pattern, template, _ in family.rules:
-            if m := re.fullmatch(pattern, ours):
-                mine[ours] = tuple(m.expand(t) for t in ((template,) if isinstance(template, str) else template))
-                break
-        else:
-            raise ValueError(f"Hugging Face's {family.architecture} has no counterpart of our {ours!r}")
-    groups: dict[tuple[str, ...], list[str]] = {}
-    for ours, theirs in mine.items():
-        groups.setdefault(theirs, []).append(ours)
-    return [(ours, list(theirs)) for theirs, ours in groups.items()]
-
-
-def _their_shape(family: Family, ours: str, shape: torch.Size) -> torch.Size:
-    for pattern, _, rank in family.rules:
-        if re.fullmatch(pattern, ours):
-            return shape[len(shape) - rank :] if rank else shape
-    raise AssertionError(ours)  # _groups found a rule for every key
-
-
-def _expected(family: Family, shapes: Mapping[str, torch.Size]) -> dict[str, torch.Size]:
-    """Their key -> shape for our ``shapes``."""
-    expected = {}
-    for ours, theirs in _groups(family, shapes):
-        if len(ours) > 1:  # many of ours stacked in one of theirs
-            first = [shapes[k][0] for k in ours]
-            expected[theirs[0]] = torch.Size([sum(first), *shapes[ours[0]][1:]])
-        else:
-            whole = _their_shape(family, ours[0], shapes[ours[0]])
-            for key in theirs:
-                expected[key] = torch.Size([whole[0] // len(theirs), *whole[1:]])
-    return expected
-
-
-def _move(pieces: list[torch.Tensor], shapes: list[torch.Size]) -> list[torch.Tensor]:
-    """``pieces`` stacked along the first axis, cut into tensors of ``shapes`` (each reshaped to its own)."""
-    whole = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-    if len(shapes) == 1:
-        return [whole.reshape(shapes[0])]
-    return [t.reshape(s) for t, s in zip(whole.split([s[0] for s in shapes]), shapes, strict=True)]
-
-
-def _conv_form(config: ViTConfig) -> ViTConfig:
-    return ViTConfig.from_dict({**config.to_dict(), "patchify": "conv"})
-
-
 def _strip(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Keys without their backbone prefix (:data:`PREFIXES`); two keys that become one are an error."""
     out: dict[str, torch.Tensor] = {}
@@ -488,9 +441,8 @@ def from_family(state_dict: Mapping[str, torch.Tensor], config: ViTConfig, famil
     """An HF state dict of ``family`` as ours for ``config``; every key and shape is checked first."""
     state_dict = _strip(check_state_dict(state_dict, SOURCE))
     state_dict = {k: v for k, v in state_dict.items() if not k.startswith(family.unused)}
-    conv = _conv_form(config)
-    shapes = expected_shapes(conv)
-    expected = _expected(family, shapes)
+    shapes = expected_shapes(conv_form(config))
+    expected = family.layout.expected(shapes)
     fold = config.register_tokens and not config.pos_embed_prefix
     position = "embeddings.position_embeddings"
     if fold:  # HF's E_pos has the class token's row too
@@ -500,23 +452,12 @@ def from_family(state_dict: Mapping[str, torch.Tensor], config: ViTConfig, famil
         pos = state_dict[position]
         state_dict["embeddings.cls_token"] = state_dict["embeddings.cls_token"] + pos[:, :1]
         state_dict[position] = pos[:, 1:]
-    ours: dict[str, torch.Tensor] = {}
-    for our_keys, their_keys in _groups(family, shapes):
-        moved = _move([state_dict[k] for k in their_keys], [shapes[k] for k in our_keys])
-        ours.update(zip(our_keys, moved, strict=True))
-    return convert_patchify(ours, config, "conv", config.patchify)
+    return convert_patchify(family.layout.move(state_dict, shapes, to_ours=True), config, "conv", config.patchify)
 
 
 def to_family(state: Mapping[str, torch.Tensor], config: ViTConfig, family: Family) -> dict[str, torch.Tensor]:
     """Our state dict for ``config`` as ``family``'s keys (prefixed as transformers writes them)."""
-    conv = _conv_form(config)
-    shapes = expected_shapes(conv)
-    state = convert_patchify({k: v.detach() for k, v in state.items()}, config, config.patchify, "conv")
-    theirs_shapes = _expected(family, shapes)
-    out: dict[str, torch.Tensor] = {}
-    for our_keys, their_keys in _groups(family, shapes):
-        moved = _move([state[k] for k in our_keys], [theirs_shapes[k] for k in their_keys])
-        out.update(zip(their_keys, moved, strict=True))
+    out = family.layout.from_ours(state, config)
     if config.register_tokens and not config.pos_embed_prefix:
         # our class token holds its position row already: HF adds a zero row to it, which changes no bit
         pos = out["embeddings.position_embeddings"]

@@ -1,4 +1,4 @@
-"""The machinery both converters share: a key layout as a table of renames, config inference, and key checks.
+"""The machinery the converters share: the one key-rename engine, config inference, and key checks.
 
 A foreign ViT (torchvision's, timm's) holds the same tensors as ours under other names, with the same shapes:
 conversion is a rename, checked key by key and shape by shape. What a state dict cannot tell (the number of heads,
@@ -8,7 +8,7 @@ a non-square image, the pooling), the caller passes in; everything else is read 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,49 +123,92 @@ def infer_image_size(
     return (side * patch_size[0], side * patch_size[1])
 
 
+# Our state-dict keys, each spelled once: every library's rule table names them through these patterns (the module
+# tree of vit_einops.blocks: ``blocks.{i}.attn`` is ResidualAdd(norm, mha[, ls]), ``blocks.{i}.mlp`` is
+# ResidualAdd(norm, ff[, ls])). Group 1 of a block pattern is the block index.
+BLOCK = r"blocks\.(\d+)\."
+ATTN_NORM, MHA, ATTN_LS = BLOCK + r"attn\.norm\.", BLOCK + r"attn\.mha\.", BLOCK + r"attn\.ls\."
+MLP_NORM, FF, MLP_LS = BLOCK + r"mlp\.norm\.", BLOCK + r"mlp\.ff\.", BLOCK + r"mlp\.ls\."
+
+# (our key regex, their key template or the templates of the pieces it is cut into along its first axis, the rank
+# of their tensor where it is stored in another shape, else None).
+Rule = tuple[str, "str | tuple[str, ...]", "int | None"]
+
+
 @dataclass(frozen=True)
 class KeyLayout:
-    """A foreign key layout: ``rules`` are (our key regex, their key template) pairs, applied with re.fullmatch.
-
-    Every one of our keys matches exactly one rule; the tensors keep their shapes (our patch projection is
-    compared in its Conv2d form, whatever ``patchify`` the model uses).
+    """The one rename engine: another library's key layout as ``rules`` (see :data:`Rule`), applied with
+    re.fullmatch, first match wins. Every one of our keys matches one rule. A tensor moves by renaming, by being cut
+    into pieces along its first axis (our fused qkv into HF's query, key and value) or stacked from them, and by a
+    reshape (CLIP's (D,) class token); our patch projection is compared in its Conv2d form, whatever ``patchify``
+    the model uses. Rules may be pairs (our regex, their template) where the tensor only moves.
     """
 
     name: str
-    rules: tuple[tuple[str, str], ...]
+    rules: tuple[tuple, ...]
 
-    def key_map(self, our_keys: Iterable[str]) -> dict[str, str]:
-        """Our key -> their key, for each of ``our_keys``."""
-        mapping = {}
-        for ours in our_keys:
-            for pattern, template in self.rules:
-                if m := re.fullmatch(pattern, ours):
-                    mapping[ours] = m.expand(template)
-                    break
+    def _rule(self, ours: str) -> tuple[re.Match, tuple[str, ...], int | None]:
+        for pattern, template, *rank in self.rules:
+            if m := re.fullmatch(pattern, ours):
+                return m, (template,) if isinstance(template, str) else template, (rank or [None])[0]
+        raise ValueError(f"the {self.name} layout has no counterpart of our {ours!r}")
+
+    def groups(self, shapes: Mapping[str, torch.Size]) -> list[tuple[list[str], list[str]]]:
+        """(our keys, their keys) pairs: one side has one key, the other the pieces it is cut into along the first
+        axis (q, k, v; or SigLIP's in_proj into q and kv)."""
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for ours in shapes:
+            m, templates, _ = self._rule(ours)
+            groups.setdefault(tuple(m.expand(t) for t in templates), []).append(ours)
+        return [(ours, list(theirs)) for theirs, ours in groups.items()]
+
+    def expected(self, shapes: Mapping[str, torch.Size]) -> dict[str, torch.Size]:
+        """Their key -> shape, for our keys and ``shapes``."""
+        expected = {}
+        for ours, theirs in self.groups(shapes):
+            if len(ours) > 1:  # many of ours stacked in one of theirs
+                expected[theirs[0]] = torch.Size([sum(shapes[k][0] for k in ours), *shapes[ours[0]][1:]])
+                continue
+            shape, rank = shapes[ours[0]], self._rule(ours[0])[2]
+            whole = shape[len(shape) - rank :] if rank else shape
+            for key in theirs:
+                expected[key] = torch.Size([whole[0] // len(theirs), *whole[1:]])
+        return expected
+
+    def move(self, state_dict: Mapping[str, torch.Tensor], shapes: Mapping[str, torch.Size], *, to_ours: bool) -> dict:
+        """``state_dict`` (theirs, or ours) moved to the other side, every tensor cut, stacked and reshaped to its
+        shape there; keys and shapes must have been checked."""
+        theirs = self.expected(shapes)
+        moved: dict[str, torch.Tensor] = {}
+        for our_keys, their_keys in self.groups(shapes):
+            source, target = (their_keys, our_keys) if to_ours else (our_keys, their_keys)
+            target_shapes = [shapes[k] if to_ours else theirs[k] for k in target]
+            pieces = [state_dict[k] for k in source]
+            whole = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+            if len(target) == 1:
+                moved[target[0]] = whole.reshape(target_shapes[0])
             else:
-                raise ValueError(f"the {self.name} layout has no counterpart of {ours!r}")
-        return mapping
+                cut = whole.split([s[0] for s in target_shapes])
+                moved.update((k, t.reshape(s)) for k, t, s in zip(target, cut, target_shapes, strict=True))
+        return moved
 
     def to_ours(self, state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
         """Their state dict -> ours for ``config``, after checking every key and shape."""
         state_dict = check_state_dict(state_dict, self.name)
-        shapes = expected_shapes(_conv_form(config))
-        mapping = self.key_map(shapes)
-        check_keys(state_dict, {theirs: shapes[ours] for ours, theirs in mapping.items()}, self.name)
-        return convert_patchify(
-            {k: state_dict[theirs] for k, theirs in mapping.items()}, config, "conv", config.patchify
-        )
+        shapes = expected_shapes(conv_form(config))
+        check_keys(state_dict, self.expected(shapes), self.name)
+        return convert_patchify(self.move(state_dict, shapes, to_ours=True), config, "conv", config.patchify)
 
     def from_ours(self, state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
         """Our state dict for ``config`` -> theirs, after checking every key and shape."""
         state_dict = check_state_dict(state_dict, "vit-einops")
         check_keys(state_dict, expected_shapes(config), "vit-einops")
         state_dict = convert_patchify({k: v.detach() for k, v in state_dict.items()}, config, config.patchify, "conv")
-        return {theirs: state_dict[ours] for ours, theirs in self.key_map(state_dict).items()}
+        return self.move(state_dict, expected_shapes(conv_form(config)), to_ours=False)
 
 
-def _conv_form(config: ViTConfig) -> ViTConfig:
-    """The same config with a Conv2d patch projection, the form both libraries store."""
+def conv_form(config: ViTConfig) -> ViTConfig:
+    """The same config with a Conv2d patch projection, the form every library stores."""
     return ViTConfig.from_dict({**config.to_dict(), "patchify": "conv"})
 
 

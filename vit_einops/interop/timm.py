@@ -43,6 +43,12 @@ from ..statedict import build_vit, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
 from .io import weights_reader
 from .keys import (
+    ATTN_LS,
+    ATTN_NORM,
+    FF,
+    MHA,
+    MLP_LS,
+    MLP_NORM,
     KeyLayout,
     check_pos_rows,
     count_blocks,
@@ -69,13 +75,13 @@ _RULES = (
     (r"patch_embed\.(cls|dist|reg)_token\.weight", r"\1_token"),
     (r"patch_embed\.pos_embed\.weight", "pos_embed"),
     (r"patch_embed\.norm_pre\.(weight|bias)", r"norm_pre.\1"),
-    (r"blocks\.(\d+)\.attn\.ls\.gamma", r"blocks.\1.ls1.gamma"),
-    (r"blocks\.(\d+)\.mlp\.ls\.gamma", r"blocks.\1.ls2.gamma"),
-    (r"blocks\.(\d+)\.attn\.norm\.(weight|bias)", r"blocks.\1.norm1.\2"),
-    (r"blocks\.(\d+)\.attn\.mha\.(qkv|proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
-    (r"blocks\.(\d+)\.attn\.mha\.(q_bias|v_bias)", r"blocks.\1.attn.\2"),  # EVA's q and v biases
-    (r"blocks\.(\d+)\.mlp\.norm\.(weight|bias)", r"blocks.\1.norm2.\2"),
-    (r"blocks\.(\d+)\.mlp\.ff\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+    (ATTN_LS + r"gamma", r"blocks.\1.ls1.gamma"),
+    (MLP_LS + r"gamma", r"blocks.\1.ls2.gamma"),
+    (ATTN_NORM + r"(weight|bias)", r"blocks.\1.norm1.\2"),
+    (MHA + r"(qkv|proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (MHA + r"(q_bias|v_bias)", r"blocks.\1.attn.\2"),  # EVA's q and v biases
+    (MLP_NORM + r"(weight|bias)", r"blocks.\1.norm2.\2"),
+    (FF + r"(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
     (r"head\.pool\.(.+)", r"attn_pool.\1"),  # SigLIP's attention pooling: latent, q, kv, proj, norm, mlp
     (r"head\.fc\.(weight|bias)", r"head.\1"),
     (r"head\.fc_dist\.(weight|bias)", r"head_dist.\1"),
