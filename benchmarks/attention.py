@@ -9,7 +9,7 @@ Every option of `vit-einops bench` applies; see benchmarks/README.md for what is
 
 import sys
 
-from vit_einops.cli import main
+from vit_einops.commands.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "--skip-model", *sys.argv[1:]]))

@@ -36,12 +36,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vit_einops._io import atomic_write_bytes
+from vit_einops.base.io import atomic_write_bytes
 from vit_einops.bench.env import machine_info
 from vit_einops.bench.measure import time_interleaved
 from vit_einops.bench.noise import LoadProbe, NoiseVerdict, judge
-from vit_einops.chunk_plan import default_chunk_elements, plan_for
-from vit_einops.chunked import chunked_attention
+from vit_einops.network.chunk_plan import default_chunk_elements, plan_for
+from vit_einops.network.chunked import chunked_attention
 
 
 def ints(text: str) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ from vit_einops import (
     ViTConfig,
     conv_to_linear_weight,
 )
-from vit_einops._io import atomic_write_bytes
+from vit_einops.base.io import atomic_write_bytes
 from vit_einops.reference import forward_backward, torch_encoder_layer_from, torch_mha_from, torch_reference_vit
 
 

@@ -8,7 +8,7 @@ Every option of `vit-einops bench` applies; see benchmarks/README.md for what is
 
 import sys
 
-from vit_einops.cli import main
+from vit_einops.commands.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "--skip-attention", *sys.argv[1:]]))

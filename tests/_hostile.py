@@ -16,7 +16,7 @@ from unittest import mock
 from _tiny import TINY_DIGITS
 
 from vit_einops import ViT
-from vit_einops.cli import main
+from vit_einops.commands.cli import main
 from vit_einops.modelfile import model_metadata
 from vit_einops.preprocess import Preprocessing
 from vit_einops.statedict import safetensors_bytes

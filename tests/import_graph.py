@@ -28,17 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # Each unit (a module, or a subpackage with everything under it) and its layer. A new module must be placed here.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "base": ("", "_checks", "_io", "_download", "_json", "_budget", "_lazy", "_init", "_sequential", "_plot", "_text"),
+    "base": ("", "base"),
     "core": (
-        "config",
-        "patch_embed",
-        "rope",
-        "attention",
-        "chunk_plan",
-        "chunked",
-        "blocks",
-        "head",
-        "model",
+        "network",
         "presets",
         "reference",
         "summary",
@@ -54,7 +46,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "tools": ("interop", "train", "inspect", "bench"),
     "views": ("explore",),
     "door": ("sources", "pretrained"),
-    "commands": ("commands", "cli", "__main__"),
+    "commands": ("commands", "__main__"),
 }
 RANK = {layer: i for i, layer in enumerate(LAYERS)}
 # Layers whose units may import each other (the core is one body of code, as is the command line, and pretrained

@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from vit_einops import cli
+from vit_einops.commands import cli
 from vit_einops.bench import plots, report
 from vit_einops.bench.attention import Point, add_ratios
 from vit_einops.bench.measure import peak_memory_bytes, time_interleaved

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from vit_einops import cli
+from vit_einops.commands import cli
 from vit_einops.bench.runner import BenchOptions, check_out, result_files, with_overrides
 
 TIMEOUT_S = 120  # startup (importing torch) takes seconds on a loaded 2-core machine; a hang takes forever

@@ -21,8 +21,8 @@ from _equiv import F32_TOL, F64_TOL, assert_close
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vit_einops.attention import Attend
-from vit_einops.chunk_plan import (
+from vit_einops.network.attention import Attend
+from vit_einops.network.chunk_plan import (
     CHUNK_ELEMENTS,
     FALLBACK_L2_BYTES,
     attention_blocks,
@@ -31,7 +31,7 @@ from vit_einops.chunk_plan import (
     l2_cache_bytes,
     plan_for,
 )
-from vit_einops.chunked import chunked_attention
+from vit_einops.network.chunked import chunked_attention
 
 
 def qkv(b, h, n, d, dtype=torch.float64, m=None, seed=0):

@@ -1,4 +1,4 @@
-"""The field registry (vit_einops.config.FIELDS): every view of the config's fields is derived from it, and the
+"""The field registry (vit_einops.network.config.FIELDS): every view of the config's fields is derived from it, and the
 exporters allow-list it, so a field added to ViTConfig is either expressed by a format or refused by it, by name."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import inspect
 import pytest
 
 from vit_einops import ViT, ViTConfig
-from vit_einops.config import DEFAULTS, FIELDS, FREE_FIELDS
+from vit_einops.network.config import DEFAULTS, FIELDS, FREE_FIELDS
 from vit_einops.interop.hf_families import EXPRESSED, FAMILIES, hf_names
 from vit_einops.interop.timm import timm_kwargs
 

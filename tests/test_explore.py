@@ -15,7 +15,7 @@ import torch
 from _tiny import TINY_DIGITS, TINY_RGB, tiny_vit
 from PIL import Image
 
-from vit_einops.cli import main
+from vit_einops.commands.cli import main
 from vit_einops.explore import write_explorer
 from vit_einops.images import to_uint8
 from vit_einops.inspect import (

@@ -332,7 +332,7 @@ def test_strings_from_files_show_literally_and_run_nothing_and_identity_relevanc
 def test_two_models_side_by_side_with_register_tokens_and_dino_masks(browser, tmp_path):
     from test_explore_models import PREFIX, loop_mask, model_files
 
-    from vit_einops.cli import main
+    from vit_einops.commands.cli import main
     from vit_einops.modelfile import load_vit
 
     files, photo = model_files(tmp_path, "photo.jpg")

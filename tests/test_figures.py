@@ -80,7 +80,7 @@ def test_importing_and_plotting_leave_the_backend_alone():
     code = (
         "import matplotlib, sys, torch\n"
         "matplotlib.use('svg')\n"
-        "import vit_einops, vit_einops.inspect, vit_einops.train.plots, vit_einops._plot\n"
+        "import vit_einops, vit_einops.inspect, vit_einops.train.plots, vit_einops.base.plot\n"
         "from vit_einops import ViT\n"
         "m = ViT(image_size=8, patch_size=4, dim=8, depth=1, heads=2, mlp_dim=16, num_classes=2)\n"
         "vit_einops.inspect.show_attention(m, torch.rand(3, 8, 8))\n"

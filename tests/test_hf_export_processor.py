@@ -13,7 +13,7 @@ import torch
 from _tiny import TINY_RGB16, tiny_vit
 from PIL import Image
 
-from vit_einops.cli import main
+from vit_einops.commands.cli import main
 from vit_einops.interop import load_hf, preprocessing_from_hf, preprocessing_to_hf, save_hf
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD, Preprocessing

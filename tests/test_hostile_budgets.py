@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from vit_einops import ViT, ViTConfig, max_build_time, max_memory, predict, save_vit
-from vit_einops._budget import ENV_VAR, TIME_ENV_VAR, parse_bytes, parse_seconds
+from vit_einops.base.budget import ENV_VAR, TIME_ENV_VAR, parse_bytes, parse_seconds
 from vit_einops.inspect import attention_relevance, record_attention, show_attention
 from vit_einops.interop import load_hf, save_hf
 from vit_einops.sizes import check_build_time, module_count

@@ -12,7 +12,7 @@ import pytest
 import torch
 from _hostile import assert_user_error, grey_png, raw_model_file, run_cli, tiny_model
 
-from vit_einops import cli
+from vit_einops.commands import cli
 from vit_einops.interop import save_hf
 from vit_einops.modelfile import save_vit
 

@@ -27,9 +27,9 @@ from _loopback import Site, closed_port_url, serve
 from safetensors.torch import save as safetensors_save
 
 from vit_einops import ViT, create_vit
-from vit_einops import _download
+from vit_einops.base import download as _download
 from vit_einops import pretrained as pretrained_module
-from vit_einops._download import DownloadError
+from vit_einops.base.download import DownloadError
 from vit_einops.interop import to_timm, to_torchvision
 from vit_einops.pretrained import PRETRAINED, PublishedWeights, download_limit
 from vit_einops.preprocess import Preprocessing
@@ -457,9 +457,9 @@ def test_a_damaged_hub_blob_says_to_delete_it(site, monkeypatch, tmp_path, bodie
 # --- a download killed midway ---
 
 _KILLED = {
-    "torchvision": "from vit_einops._download import download; download({url!r}, {target!r}, "
+    "torchvision": "from vit_einops.base.download import download; download({url!r}, {target!r}, "
                    "sha256_prefix={sha256!r}, max_bytes={cap})",
-    "hub": "from vit_einops._download import download_hub_file; download_hub_file({url!r}, {target!r}, "
+    "hub": "from vit_einops.base.download import download_hub_file; download_hub_file({url!r}, {target!r}, "
            "'model.safetensors', max_bytes={cap})",
 }
 

@@ -16,7 +16,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from vit_einops import Preprocessing, predict
-from vit_einops.cli import COMMANDS, main
+from vit_einops.commands.cli import COMMANDS, main
 from vit_einops.inspect import attention_relevance, attention_rollout, record_attention
 from vit_einops.interop import load_hf, save_hf
 from vit_einops.interop.hf import preprocessing_from_hf

@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from vit_einops import ViT, max_memory, save_vit
-from vit_einops._budget import ENV_VAR
+from vit_einops.base.budget import ENV_VAR
 from vit_einops.interop import load_hf, save_hf
 from vit_einops.modelfile import load_vit
 from vit_einops.sources import load_model

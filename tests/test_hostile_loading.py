@@ -18,7 +18,7 @@ from _hostile import assert_user_error, bounded, run_cli
 from _tiny import TINY_RGB16, tiny_vit
 
 from vit_einops import create_vit
-from vit_einops._budget import ENV_VAR
+from vit_einops.base.budget import ENV_VAR
 from vit_einops.interop import load_timm, load_torchvision, to_timm, to_torchvision
 from vit_einops.sources import load_model
 from vit_einops.statedict import StateDictMismatchError, check_keys

@@ -19,8 +19,8 @@ from _fork import exit_code, fork
 from _hostile import assert_user_error, bounded, run_cli
 from test_hostile_writes import digits_model, tree
 
-from vit_einops import _io
-from vit_einops._io import LOCK_HEADER, atomic_write_bytes, atomic_write_chunks, output_lock, staged_directory
+from vit_einops.base import io as _io
+from vit_einops.base.io import LOCK_HEADER, atomic_write_bytes, atomic_write_chunks, output_lock, staged_directory
 from vit_einops.modelfile import save_vit
 from vit_einops.train.rundir import LOCK_NAME, RunDir
 

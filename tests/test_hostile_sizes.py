@@ -21,9 +21,10 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from vit_einops import Preprocessing, ViT, ViTConfig, cli, max_memory, parameter_count, save_vit
-from vit_einops._budget import ENV_VAR, available_memory, check_threads, memory_limit, parse_bytes
-from vit_einops._json import MAX_DEPTH, loads, read_json
+from vit_einops import Preprocessing, ViT, ViTConfig, max_memory, parameter_count, save_vit
+from vit_einops.commands import cli
+from vit_einops.base.budget import ENV_VAR, available_memory, check_threads, memory_limit, parse_bytes
+from vit_einops.base.json import MAX_DEPTH, loads, read_json
 from vit_einops.bench.budget import check_grid
 from vit_einops.bench.runner import with_overrides
 from vit_einops.interop import load_hf, resample_pos_embed, resample_vit, save_hf
@@ -441,7 +442,7 @@ def test_brackets_inside_strings_are_not_nesting():
 
 def test_our_own_files_nest_well_inside_the_cap(tmp_path):
     """A real checkpoint (optimizer state included) is the deepest JSON the package writes."""
-    from vit_einops._json import nesting_depth
+    from vit_einops.base.json import nesting_depth
     from vit_einops.train.checkpoint import save_checkpoint
 
     model = tiny_vit()

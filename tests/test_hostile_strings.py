@@ -13,7 +13,7 @@ from _hostile import assert_user_error, grey_png, run_cli, tiny_model
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vit_einops._text import printable
+from vit_einops.base.text import printable
 from vit_einops.inspect import plot_attention_overlays, show_attention
 from vit_einops.interop import load_hf, save_hf
 from vit_einops.interop.hf import hf_config

@@ -30,7 +30,7 @@ from _tiny import TINY_DIGITS, model_flags
 from PIL import Image
 
 from vit_einops import ViT
-from vit_einops.cli import main
+from vit_einops.commands.cli import main
 from vit_einops.modelfile import load_vit
 from vit_einops.train.checkpoint import CheckpointError, load_checkpoint
 from vit_einops.train.config import TrainConfig

@@ -21,9 +21,9 @@ import torch
 from _fork import exit_code, fork
 from _tiny import TINY_DIGITS, tiny_vit
 
-from vit_einops import _io
-from vit_einops._io import atomic_write_bytes, output_lock
-from vit_einops.cli import main
+from vit_einops.base import io as _io
+from vit_einops.base.io import atomic_write_bytes, output_lock
+from vit_einops.commands.cli import main
 from vit_einops.interop import save_state_dict_file
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing

@@ -17,16 +17,18 @@ def test_function_level_and_lazy_imports_count(tmp_path):
     hide a cycle or an upward import."""
     pkg = tmp_path / "vit_einops"
     (pkg / "train").mkdir(parents=True)
-    (pkg / "__init__.py").write_text('_EXPORTS = {"ViT": "model"}\n')
-    (pkg / "model.py").write_text("def f():\n    from .train import loop\n")
+    (pkg / "network").mkdir()
+    (pkg / "__init__.py").write_text('_EXPORTS = {"ViT": "network.model"}\n')
+    (pkg / "network" / "__init__.py").write_text("")
+    (pkg / "network" / "model.py").write_text("def f():\n    from ..train import loop\n")
     (pkg / "train" / "__init__.py").write_text("")
     (pkg / "train" / "loop.py").write_text("from .. import ViT\n")
     edges = import_graph.graph(pkg)
-    assert edges["vit_einops.model"] == {"vit_einops.train.loop"}
-    assert edges["vit_einops.train.loop"] == {"vit_einops.model"}
-    assert import_graph.cycles(edges) == [["vit_einops.model", "vit_einops.train.loop"]]
+    assert edges["vit_einops.network.model"] == {"vit_einops.train.loop"}
+    assert edges["vit_einops.train.loop"] == {"vit_einops.network.model"}
+    assert import_graph.cycles(edges) == [["vit_einops.network.model", "vit_einops.train.loop"]]
     assert import_graph.violations(edges) == [
-        "vit_einops.model (core) imports vit_einops.train.loop (tools): up a layer"
+        "vit_einops.network.model (core) imports vit_einops.train.loop (tools): up a layer"
     ]
 
 

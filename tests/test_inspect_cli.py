@@ -13,7 +13,7 @@ from _tiny import TINY_RGB, tiny_vit
 from PIL import Image
 
 from vit_einops import Preprocessing
-from vit_einops.cli import main
+from vit_einops.commands.cli import main
 from vit_einops.interop import save_state_dict_file, to_timm, to_torchvision
 from vit_einops.modelfile import load_vit, save_vit
 

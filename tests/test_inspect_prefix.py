@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vit_einops import TokenLayout
-from vit_einops.attention import MultiHeadAttention
+from vit_einops.network.attention import MultiHeadAttention
 from vit_einops.inspect import (
     AttentionRecorder,
     class_attention_grid,
@@ -140,7 +140,7 @@ def test_a_billion_registers_are_named_only_within_the_memory_budget():
     from test_hostile_budgets import refused_at_once
 
     from vit_einops import max_memory
-    from vit_einops.patch_embed import PatchEmbedding
+    from vit_einops.network.patch_embed import PatchEmbedding
 
     with torch.device("meta"):  # the sizes without the weights: only the names could be made
         embedding = PatchEmbedding(16, 4, 3, 8, register_tokens=10**9)

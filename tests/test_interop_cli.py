@@ -7,7 +7,7 @@ import torch
 from _interop import TINY, assert_same_state
 
 from vit_einops import ViT
-from vit_einops.cli import main
+from vit_einops.commands.cli import main
 from vit_einops import load_vit, save_vit
 from vit_einops.interop import (
     load_state_dict_file,

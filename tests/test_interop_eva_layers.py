@@ -17,8 +17,8 @@ import torch
 from _interop import interop_library, perturbed, report_diffs
 
 from vit_einops import ATTN_IMPLS, MultiHeadAttention
-from vit_einops.blocks import SwiGLU
-from vit_einops.rope import RotaryEmbedding
+from vit_einops.network.blocks import SwiGLU
+from vit_einops.network.rope import RotaryEmbedding
 
 timm = interop_library("timm")
 

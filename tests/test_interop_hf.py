@@ -235,7 +235,7 @@ def test_vit_b16_from_a_save_pretrained_directory(tmp_path):
 
 
 def test_cli_convert_predict_inspect_from_a_save_pretrained_directory(tmp_path, capsys):
-    from vit_einops.cli import main
+    from vit_einops.commands.cli import main
 
     hf = _hf_model("ViTForImageClassification", num_labels=3, id2label={0: "a", 1: "b", 2: "c"})
     _save(hf, tmp_path / "hf")

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from vit_einops import cli
-from vit_einops.cli import main
+from vit_einops.commands import cli
+from vit_einops.commands.cli import main
 
 
 def test_summary_prints_torchsummary_table_and_true_total(capsys):
@@ -50,7 +50,7 @@ def test_summary_vit_h_14_counts_without_allocating_the_weights():
     high-water mark of the memory the process ran in before into ru_maxrss, and subprocess's vfork child ran in
     the parent's, so ru_maxrss reports the pytest worker's peak (1.19 GB after an earlier test in a full run)."""
     code = (
-        "import sys; from vit_einops.cli import main; rc = main(['summary', 'vit_h_14']); "
+        "import sys; from vit_einops.commands.cli import main; rc = main(['summary', 'vit_h_14']); "
         "print(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:'))); "
         "sys.exit(rc)"
     )
@@ -81,7 +81,7 @@ def test_python_dash_m_entry_point():
     assert "summary" in result.stdout and "usage: vit-einops" in result.stdout
 
 
-@pytest.mark.parametrize("argv", [[sys.executable, "-m", "vit_einops"], [sys.executable, "-m", "vit_einops.cli"]])
+@pytest.mark.parametrize("argv", [[sys.executable, "-m", "vit_einops"], [sys.executable, "-m", "vit_einops.commands.cli"]])
 def test_no_command_prints_the_help_and_exits_0(argv):
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
@@ -118,7 +118,7 @@ def test_help_and_version_do_not_import_torch(argv):
     """--help must not wait for torch: no command module but the one asked for is imported, and those import
     torch only when they run."""
     code = (
-        f"import sys\nfrom vit_einops.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        f"import sys\nfrom vit_einops.commands.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
         "print('torch' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -26,7 +26,7 @@ from vit_einops import (
     linear_to_conv_weight,
     set_attn_impl,
 )
-from vit_einops.head import TokenPool
+from vit_einops.network.head import TokenPool
 from vit_einops.reference import torch_encoder_layer_from, torch_reference_vit
 
 

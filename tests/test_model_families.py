@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from vit_einops import ViT, ViTConfig, load_vit, parameter_count, save_vit
 from vit_einops.interop.resample import resample_vit
-from vit_einops.patch_embed import resample_pos_embed
+from vit_einops.network.patch_embed import resample_pos_embed
 
 D = TINY_RGB16["dim"]
 

@@ -224,7 +224,7 @@ def test_load_model_front_door(tmp_path):
 
 
 def test_summary_of_a_model_file_shows_what_it_records(tmp_path, capsys):
-    from vit_einops.cli import main
+    from vit_einops.commands.cli import main
 
     save_vit(_model(), tmp_path / "m.safetensors")
     assert main(["summary", "--model", str(tmp_path / "m.safetensors")]) == 0

@@ -14,7 +14,7 @@ from _tiny import TINY_RGB, tiny_vit
 from PIL import Image
 
 from vit_einops import load_model
-from vit_einops.cli import main
+from vit_einops.commands.cli import main
 from vit_einops.images import open_image
 from vit_einops.interop import save_state_dict_file, to_torchvision
 from vit_einops.modelfile import save_vit

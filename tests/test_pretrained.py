@@ -22,8 +22,8 @@ from PIL import Image
 from safetensors.torch import save as safetensors_save
 
 from vit_einops import ViT, create_vit, load_model, save_vit
-from vit_einops._download import DownloadError, download
-from vit_einops.cli import main
+from vit_einops.base.download import DownloadError, download
+from vit_einops.commands.cli import main
 from vit_einops.imagenet import ASSUMED, imagenet1k_classes
 from vit_einops.interop import save_state_dict_file, to_timm, to_torchvision
 from vit_einops.pretrained import PRETRAINED, PublishedWeights, download_limit
@@ -133,7 +133,7 @@ def test_offline_command_line_ends_with_the_one_line(tmp_path, monkeypatch):
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"vit_einops._download.DownloadError: create_vit('vit_b_16', pretrained=True) could not "
+    assert last.startswith(f"vit_einops.base.download.DownloadError: create_vit('vit_b_16', pretrained=True) could not "
                            f"fetch {url}/vit_b_16-c867db91.pth")
     assert "During handling" not in done.stderr and "urllib" not in done.stderr  # no chain of library tracebacks
 

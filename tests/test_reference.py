@@ -12,7 +12,7 @@ from _equiv import F64_TOL, assert_close, forward_backward
 from _tiny import TINY_RGB16
 
 from vit_einops import TransformerEncoderBlock, ViT, ViTConfig, create_vit
-from vit_einops.config import DEFAULTS
+from vit_einops.network.config import DEFAULTS
 from vit_einops.presets import TIMM_ARCHS
 from vit_einops.reference import MODELS, REFUSES, torch_encoder_layer_from, torch_mha_from, torch_reference_vit
 

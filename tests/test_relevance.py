@@ -9,7 +9,7 @@ import torch
 from _tiny import TINY_DIGITS, tiny_vit
 
 from vit_einops import TokenLayout, ViT
-from vit_einops.config import ATTN_IMPLS
+from vit_einops.network.config import ATTN_IMPLS
 from vit_einops.inspect import (
     attention_entropy,
     attention_gradients,

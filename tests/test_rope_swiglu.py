@@ -1,4 +1,4 @@
-"""EVA-02's layers against independent implementations: 2-D RoPE (vit_einops.rope) and its use in
+"""EVA-02's layers against independent implementations: 2-D RoPE (vit_einops.network.rope) and its use in
 MultiHeadAttention on every impl, the q and v biases with k's fixed at zero, and the SwiGLU MLP.
 
 Tolerances: float64 comparisons are F64_TOL except RoPE's, 1e-6: the frequencies are a float32 buffer (as timm's), so
@@ -20,10 +20,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vit_einops import ATTN_IMPLS, MultiHeadAttention, ViTConfig
-from vit_einops.blocks import SwiGLU, TransformerEncoder
+from vit_einops.network.blocks import SwiGLU, TransformerEncoder
 from vit_einops.inspect import AttentionRecorder
 from vit_einops.reference import torch_mha_from
-from vit_einops.rope import RotaryEmbedding, apply_rope
+from vit_einops.network.rope import RotaryEmbedding, apply_rope
 
 ROPE_TOL = dict(rtol=0, atol=1e-6)
 IMPL_TOL = dict(rtol=1e-5, atol=1e-5)

@@ -10,8 +10,8 @@ from _interop import TINY, assert_same_state, perturbed
 
 from vit_einops import ViT, ViTConfig, create_vit, load_model, load_vit
 from vit_einops import presets
-from vit_einops._download import DownloadError
-from vit_einops.cli import main
+from vit_einops.base.download import DownloadError
+from vit_einops.commands.cli import main
 from vit_einops.interop import load_timm, save_state_dict_file, timm_config, to_timm
 from vit_einops.preprocess import CLIP_MEAN, IMAGENET_MEAN, Preprocessing
 

@@ -10,7 +10,7 @@ from _interop import TINY, assert_same_state, perturbed
 
 from vit_einops import ViT, ViTConfig, create_vit, load_vit, parameter_count, save_vit
 from vit_einops import presets
-from vit_einops.cli import main
+from vit_einops.commands.cli import main
 from vit_einops.interop import (
     from_timm,
     load_state_dict_file,

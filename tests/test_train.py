@@ -14,7 +14,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from vit_einops import ViT
-from vit_einops.cli import main
+from vit_einops.commands.cli import main
 from vit_einops.train.checkpoint import CheckpointError, load_checkpoint
 from vit_einops.train.config import TrainConfig
 from vit_einops.train.data import (
@@ -524,7 +524,7 @@ def test_summary_gives_per_class_accuracy_and_the_confusion_matrix_of_the_final_
 def test_the_confusion_figure_draws_class_names_as_literal_text():
     """Class names come from folder names: "$x_1$" or an unbalanced "$\\frac{" is text, never mathtext (which would
     raise ParseException on the second, and typeset the first)."""
-    from vit_einops._plot import figure_png
+    from vit_einops.base.plot import figure_png
     from vit_einops.train.plots import plot_confusion
 
     names = ["$x_1$", "$\\frac{", "plain"]

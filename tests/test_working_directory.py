@@ -5,7 +5,7 @@ from pathlib import Path
 
 from _tiny import TINY_DIGITS, model_flags
 
-from vit_einops.cli import main
+from vit_einops.commands.cli import main
 
 pytest_plugins = ["pytester"]
 

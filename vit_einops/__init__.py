@@ -5,32 +5,32 @@ Names load on first use (PEP 562): ``import vit_einops`` and the command line's 
 
 from __future__ import annotations
 
-from ._lazy import lazy_exports
+from .base.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "ATTN_IMPLS": "config",
-    "ViTConfig": "config",
-    "Attend": "attention",
-    "MultiHeadAttention": "attention",
-    "attention_scores": "attention",
-    "set_attn_impl": "attention",
-    "FeedForwardBlock": "blocks",
-    "ResidualAdd": "blocks",
-    "TransformerEncoder": "blocks",
-    "TransformerEncoderBlock": "blocks",
-    "chunked_attention": "chunked",
-    "ClassificationHead": "head",
-    "TokenPool": "head",
-    "ViT": "model",
-    "read_config": "model",
-    "ClassToken": "patch_embed",
-    "PatchEmbedding": "patch_embed",
-    "PositionEmbedding": "patch_embed",
-    "TokenLayout": "patch_embed",
-    "conv_to_linear_weight": "patch_embed",
-    "linear_to_conv_weight": "patch_embed",
+    "ATTN_IMPLS": "network.config",
+    "ViTConfig": "network.config",
+    "Attend": "network.attention",
+    "MultiHeadAttention": "network.attention",
+    "attention_scores": "network.attention",
+    "set_attn_impl": "network.attention",
+    "FeedForwardBlock": "network.blocks",
+    "ResidualAdd": "network.blocks",
+    "TransformerEncoder": "network.blocks",
+    "TransformerEncoderBlock": "network.blocks",
+    "chunked_attention": "network.chunked",
+    "ClassificationHead": "network.head",
+    "TokenPool": "network.head",
+    "ViT": "network.model",
+    "read_config": "network.model",
+    "ClassToken": "network.patch_embed",
+    "PatchEmbedding": "network.patch_embed",
+    "PositionEmbedding": "network.patch_embed",
+    "TokenLayout": "network.patch_embed",
+    "conv_to_linear_weight": "network.patch_embed",
+    "linear_to_conv_weight": "network.patch_embed",
     "Preprocessing": "preprocess",
     "open_image": "images",
     "SOURCES": "sources",
@@ -45,8 +45,8 @@ _EXPORTS = {
     "FAMILIES": "presets",
     "create_vit": "pretrained",
     "list_presets": "presets",
-    "max_build_time": "_budget",
-    "max_memory": "_budget",
+    "max_build_time": "base.budget",
+    "max_memory": "base.budget",
     "parameter_count": "sizes",
 }
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._budget import MAX_PIXELS
+from .base.budget import MAX_PIXELS
 
 # An image larger than MAX_PIXELS is refused before it is decoded (and a resize to more, in preprocess.py). PIL's
 # own guard (MAX_IMAGE_PIXELS, ~89M, an error at twice that) is global state we must not change; ours is a

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._checks import check_dense_tensor
+from .base.checks import check_dense_tensor
 from .images import open_image, to_display, to_uint8
 
 ACCEPTED = "a path, a PIL image, a uint8 or float tensor (C, H, W) or (B, C, H, W), or a non-empty list of them"

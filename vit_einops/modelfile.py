@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from ._io import check_file_output, check_regular_file, write_file
-from ._json import loads
-from .config import ViTConfig
-from .model import ViT, check_class_names
+from .base.io import check_file_output, check_regular_file, write_file
+from .base.json import loads
+from .network.config import ViTConfig
+from .network.model import ViT, check_class_names
 from .preprocess import Preprocessing
 from .statedict import (
     build_vit,

@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._checks import check_positive_int
+from .base.checks import check_positive_int
 from .inputs import model_inputs
-from .model import ViT
+from .network.model import ViT
 
 
 class Prediction(NamedTuple):

@@ -27,8 +27,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._budget import MAX_PIXELS
-from ._checks import check_choice, check_positive_int, to_pair
+from .base.budget import MAX_PIXELS
+from .base.checks import check_choice, check_positive_int, to_pair
 
 if TYPE_CHECKING:
     import torch
@@ -90,7 +90,7 @@ class Preprocessing:
         object.__setattr__(self, "std", std)
 
     def _check_pixels(self) -> None:
-        """A resize or crop that alone has more pixels than :data:`vit_einops._budget.MAX_PIXELS` is refused here,
+        """A resize or crop that alone has more pixels than :data:`vit_einops.base.budget.MAX_PIXELS` is refused here,
         before any image is resized to it (PIL cannot hold a side past a C long; memory gives out long before)."""
         for name, size in (("resize", self.resize), ("crop", self.crop)):
             if size is None:
@@ -238,7 +238,7 @@ class Preprocessing:
 
     def _target_size(self, height: int, width: int) -> tuple[int, int]:
         """(H, W) that an image of ``height`` x ``width`` is resized to; ValueError when that is over
-        :data:`~vit_einops._budget.MAX_PIXELS` (a thin image whose shorter side is scaled up a hundredfold), checked
+        :data:`~vit_einops.base.budget.MAX_PIXELS` (a thin image whose shorter side is scaled up a hundredfold), checked
         before anything is allocated."""
         if isinstance(self.resize, tuple):
             return self.resize

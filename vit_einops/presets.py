@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .preprocess import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, Preprocessing
 
 if TYPE_CHECKING:
-    from .model import ViT
+    from .network.model import ViT
 
 # (patch_size, dim D, depth L, heads h); the MLP size is 4D for all of them (Table 1).
 _SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -271,7 +271,7 @@ def create_vit(name: str, **overrides: Any) -> ViT:
     """Build preset ``name`` (see :func:`list_presets`; timm's names such as "vit_base_patch16_224" work too);
     any ViT keyword overrides it, e.g. num_classes=10. The architecture only: ``vit_einops.create_vit`` adds
     ``pretrained=True`` and ``weights=PATH``."""
-    from .model import ViT
+    from .network.model import ViT
 
     if "pretrained" in overrides or "weights" in overrides:
         raise TypeError(

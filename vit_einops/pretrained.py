@@ -6,12 +6,12 @@ Each name's weights are stated once, in :data:`PRETRAINED`:
   transforms of ``torchvision.models.ViT_*_Weights.DEFAULT``. They are cached where torch.hub caches them
   (``torch.hub.get_dir()/checkpoints``, under ``$TORCH_HOME``), so a file torchvision already downloaded is reused.
   The file name carries the first hex digits of its sha256 (torch.hub's convention); a download whose hash differs,
-  or that is cut short, is refused and nothing is cached (:mod:`vit_einops._download`).
+  or that is cut short, is refused and nothing is cached (:mod:`vit_einops.base.download`).
 - timm's names (vit_base_patch16_224 ...) take timm's default pretrained tag (its ``pretrained_cfg``), the
   ``model.safetensors`` of ``timm/<name>.<tag>`` on the Hugging Face hub, cached in the hub's cache layout
   (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``), so a file timm or huggingface_hub
   downloaded is reused and ours are reused by them. The hub's answer is checked by our rules before anything is
-  written, and a new download's sha256 must equal its ETag (:func:`vit_einops._download.download_hub_file`).
+  written, and a new download's sha256 must equal its ETag (:func:`vit_einops.base.download.download_hub_file`).
   ``$HF_HUB_OFFLINE=1`` reads the cache only.
 
 Every download is capped at the size its architecture implies (:func:`download_limit`) and has a deadline.
@@ -31,16 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._io import sha256_of
-from ._text import printable
-from .config import ViTConfig
+from .base.io import sha256_of
+from .base.text import printable
+from .network.config import ViTConfig
 from .preprocess import Preprocessing
 from .presets import create_vit as create_architecture
 from .presets import FAMILIES, PRESETS, default_tag, family_of, preset_config, timm_arch, timm_preprocessing
 from .sizes import parameter_count
 
 if TYPE_CHECKING:
-    from .model import ViT
+    from .network.model import ViT
 
 TORCHVISION_URL = "https://download.pytorch.org/models"
 WEIGHTS_URL_ENV = "VIT_EINOPS_WEIGHTS_URL"
@@ -214,7 +214,7 @@ def download_limit(name: str) -> int:
 def _fetch_torchvision(name: str, published: PublishedWeights) -> tuple[Path, str]:
     import torch.hub
 
-    from ._download import DownloadError, download
+    from .base.download import DownloadError, download
 
     url = weights_url(name)
     path = Path(torch.hub.get_dir()) / "checkpoints" / published.file
@@ -227,7 +227,7 @@ def _fetch_torchvision(name: str, published: PublishedWeights) -> tuple[Path, st
 
 
 def _fetch_hub(name: str, published: PublishedWeights) -> tuple[Path, str]:
-    from ._download import DownloadError, cached_hub_file, download_hub_file
+    from .base.download import DownloadError, cached_hub_file, download_hub_file
 
     url = weights_url(name)
     repo = _hub_cache() / f"models--{published.file.replace('/', '--')}"  # huggingface_hub's repo_folder_name
@@ -282,7 +282,7 @@ def _sha256(path: Path) -> str:
 
 
 def _check_architecture(model: ViT, name: str, expected: dict[str, Any], weights: Any) -> None:
-    from .config import FIELDS, ViTConfig, differences
+    from .network.config import FIELDS, ViTConfig, differences
 
     # The fields the name promises: all but the free ones and those a checkpoint may change (a fine-tuned file's
     # image size and classes).

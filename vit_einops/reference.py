@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import MultiHeadAttention
-from .blocks import TransformerEncoderBlock, activation
-from .config import ACTIVATIONS, DEFAULTS
-from .model import ViT
+from .network.attention import MultiHeadAttention
+from .network.blocks import TransformerEncoderBlock, activation
+from .network.config import ACTIVATIONS, DEFAULTS
+from .network.model import ViT
 
 
 def _quick_gelu(x: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """What a ViT of a config will need, from the config alone: its parameters and modules, the memory and time to build
 or load it, and the memory of a forward pass. Nothing is allocated or built, and every count is arithmetic on the
 fields (never a list as long as one of them), so a config that asks for terabytes or for 50,000 blocks is refused in
-microseconds (:func:`vit_einops._budget.check_memory`, :func:`vit_einops._budget.check_build_time`) instead of
+microseconds (:func:`vit_einops.base.budget.check_memory`, :func:`vit_einops.base.budget.check_build_time`) instead of
 after minutes of building.
 
 The counts follow the modules one to one (tests hold :func:`parameter_count` equal to a built model's count for
@@ -16,10 +16,10 @@ import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
 
-from . import _budget
-from ._budget import check_memory, format_bytes
-from .chunk_plan import CHUNK_ELEMENTS
-from .config import ViTConfig
+from .base import budget as _budget
+from .base.budget import check_memory, format_bytes
+from .network.chunk_plan import CHUNK_ELEMENTS
+from .network.config import ViTConfig
 
 # Python's own memory per encoder block, beside its tensors: ten modules with their dicts and hooks (tracemalloc
 # measures 52 KB a block with torch 2.13 on the meta device, rounded up).
@@ -123,7 +123,7 @@ def build_seconds(config: ViTConfig) -> float:
 
 def check_build_time(config: ViTConfig, action: str = "building") -> None:
     """Refuse a model whose modules would take longer to construct than the build-time budget allows
-    (:func:`vit_einops._budget.check_build_time`), before any of them is built."""
+    (:func:`vit_einops.base.budget.check_build_time`), before any of them is built."""
     _budget.check_build_time(
         build_seconds(config), f"{action} this ViT ({size_fields(config)}: {module_count(config):,} modules)"
     )

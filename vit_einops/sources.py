@@ -13,11 +13,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._checks import check_choice
-from ._io import check_regular_file
+from .base.checks import check_choice
+from .base.io import check_regular_file
 
 if TYPE_CHECKING:
-    from .model import ViT
+    from .network.model import ViT
 
 
 def _load_vit_einops(path: Path, **kwargs: Any) -> ViT:
@@ -175,7 +175,7 @@ def _load_from_run(path: Path, *, attn_impl: str | Sequence[str] | None = None, 
     """A training run directory (its model.safetensors, else its checkpoint) or a checkpoint directory."""
     import torch
 
-    from .config import ViTConfig
+    from .network.config import ViTConfig
     from .modelfile import checked_class_names, load_vit
     from .preprocess import Preprocessing
     from .statedict import build_vit, check_free_fields, convert_patchify

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from ._budget import check_memory
-from ._text import printable
-from .config import FREE_FIELDS, ViTConfig
-from .model import ViT
-from .patch_embed import conv_to_linear_weight, linear_to_conv_weight
+from .base.budget import check_memory
+from .base.text import printable
+from .network.config import FREE_FIELDS, ViTConfig
+from .network.model import ViT
+from .network.patch_embed import conv_to_linear_weight, linear_to_conv_weight
 from .sizes import check_file_holds, check_model_memory
 
 PATCH_WEIGHT = "patch_embed.proj.weight"
@@ -196,7 +196,7 @@ def build_vit(
     attention ``attn_impl``.
 
     Built on the meta device: the random init that loading would overwrite is never computed (seconds for ViT-H).
-    The copies must fit the memory budget (:mod:`vit_einops._budget`), checked before anything is built.
+    The copies must fit the memory budget (:mod:`vit_einops.base.budget`), checked before anything is built.
     """
     itemsize = max((v.element_size() for v in state_dict.values()), default=4)
     check_model_memory(config, itemsize, action="loading")

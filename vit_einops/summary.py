@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .model import ViT
+from .network.model import ViT
 from .presets import create_vit
 from .sizes import check_forward_memory, check_model_memory
 

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from .._lazy import lazy_exports
+from ..base.lazy import lazy_exports
 
 _EXPORTS = {"GRIDS": "runner", "BenchOptions": "runner", "run": "runner", "with_overrides": "runner"}
 __all__ = sorted(_EXPORTS)

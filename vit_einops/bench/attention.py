@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention import Attend, MultiHeadAttention
-from ..chunk_plan import default_chunk_elements
+from ..network.attention import Attend, MultiHeadAttention
+from ..network.chunk_plan import default_chunk_elements
 from ..reference import torch_mha_from
 from .measure import peak_memory_bytes, time_interleaved
 from .noise import LoadProbe

@@ -7,8 +7,8 @@ at once, naming its largest point, instead of running out of memory in the middl
 
 from __future__ import annotations
 
-from .._budget import check_memory
-from ..config import ViTConfig
+from ..base.budget import check_memory
+from ..network.config import ViTConfig
 from ..presets import preset_config
 from ..sizes import forward_bytes, parameter_count
 
@@ -39,7 +39,7 @@ def model_bytes(config: ViTConfig, batch: int, train: bool, itemsize: int) -> in
 
 def check_grid(options) -> None:
     """Refuse (ValueError, one line naming the point and the limit) a grid whose largest attention point or model
-    would not fit the memory budget (:mod:`vit_einops._budget`)."""
+    would not fit the memory budget (:mod:`vit_einops.base.budget`)."""
     itemsize = 2 if options.dtype == "bfloat16" else 4
     if options.attention:
         layer = bool(options.layer_paths)

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..attention import MultiHeadAttention
-from ..chunk_plan import default_chunk_elements
+from ..network.attention import MultiHeadAttention
+from ..network.chunk_plan import default_chunk_elements
 from ..presets import create_vit
 from ..reference import torch_reference_vit
 from .measure import peak_memory_bytes, time_interleaved

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._checks import check_int_in_range, check_real_in_range
+from ..base.checks import check_int_in_range, check_real_in_range
 
 CORE_PATHS = ("einsum", "chunked", "sdpa", "einsum_compiled")
 LAYER_PATHS = ("mha_sdpa", "mha_chunked", "torch_mha")

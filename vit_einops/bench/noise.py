@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
-from .._checks import check_nonnegative_float, check_positive_float
+from ..base.checks import check_nonnegative_float, check_positive_float
 
 # torch.utils.benchmark's own threshold: Measurement.meets_confidence() and the "may be unreliable" warning of
 # its __repr__ use IQR/median > 0.1 (0.25 for "gross" noise). A 10% spread also decides a 1.3x comparison.

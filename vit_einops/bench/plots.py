@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy
 
-from .._plot import new_figure, save_figure
+from ..base.plot import new_figure, save_figure
 from .attention import REFERENCE
 from .report import MIB
 

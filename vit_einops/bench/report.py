@@ -1,7 +1,7 @@
 """Where results go: a table on stdout, results.json, attention.csv / model.csv (the plots: :mod:`.plots`).
 
 The field lists below are the documented schema (benchmarks/README.md); every file is written atomically
-(vit_einops._io), so a crashed run never leaves half a file.
+(vit_einops.base.io), so a crashed run never leaves half a file.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import io
 import json
 from pathlib import Path
 
-from .._io import atomic_write_bytes
+from ..base.io import atomic_write_bytes
 from .attention import REFERENCE
 
 SCHEMA_VERSION = 3  # 2: the noise columns, results['noisy'] and results['noise']; 3: others_cores, optimizer

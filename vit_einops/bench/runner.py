@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .._text import printable
+from ..base.text import printable
 from . import plots, report
 from .attention import CompiledEinsum, add_ratios, grid, measure_point
 from .budget import check_grid

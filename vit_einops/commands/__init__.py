@@ -1,1 +1,1 @@
-"""Subcommands of the ``vit-einops`` command line (see vit_einops.cli)."""
+"""Subcommands of the ``vit-einops`` command line (see vit_einops.commands.cli)."""

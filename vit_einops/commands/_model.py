@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .._text import printable
-from ..config import ACTIVATIONS
+from ..base.text import printable
+from ..network.config import ACTIVATIONS
 from ..preprocess import CONVENTIONS
 from ..sources import SOURCES
 
@@ -120,7 +120,7 @@ def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> A
 
 def model_inputs(path: str | Path, source: str | None = None) -> list[Path]:
     """The files and directories that loading MODEL ``path`` reads: what no output of the command may be, hold,
-    or lie inside (:func:`vit_einops._io.check_output`).
+    or lie inside (:func:`vit_einops.base.io.check_output`).
 
     A training run directory (:func:`training_run`) gives its model file and checkpoint, not itself, so that the
     run's own folder can take the command's outputs (inspect writes runs/x/inspect); a Hugging Face weights file

@@ -55,7 +55,7 @@ def _number(name: str, kind: type):
 
 def _threads(text: str) -> int:
     """--threads: 1 to the number of CPUs (more threads than CPUs only measures the threads fighting)."""
-    from .._budget import check_threads
+    from ..base.budget import check_threads
 
     try:
         value = int(text)
@@ -147,7 +147,7 @@ def _check_bf16() -> str | None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .._io import output_lock
+    from ..base.io import output_lock
     from ..bench.budget import check_grid
     from ..bench.runner import check_out, with_overrides
     from ..bench.runner import run as run_bench

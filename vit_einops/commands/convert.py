@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .._text import printable
+from ..base.text import printable
 from ..sources import SOURCES
 from ._model import add_model_arguments, load_model_from_args, model_inputs, parse_size
 
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._io import check_output, output_lock
+    from ..base.io import check_output, output_lock
 
     src, dst = Path(args.src), Path(args.dst)
     check_output(dst, model_inputs(src, args.source))
@@ -58,7 +58,7 @@ def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
         to_torchvision,
         torchvision_kwargs,
     )
-    from .._io import check_directory_output, check_file_output
+    from ..base.io import check_directory_output, check_file_output
     from ..interop.hf import HF_FILES, hf_processor
     from ..interop.hf_families import target_family
     from ..modelfile import save_vit

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .._text import printable
+from ..base.text import printable
 from ._model import add_model_arguments, default_images, is_digits_model, load_model_from_args, model_inputs
 
 DIGIT_IMAGES = 4  # test digits 0..3: a small model, a small page
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._io import check_output, output_lock
+    from ..base.io import check_output, output_lock
 
     if len(args.models) > 2:
         raise ValueError(f"explore shows one MODEL or two side by side, got {len(args.models)}")
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _explore(args: argparse.Namespace) -> int:
-    from .._io import check_file_output
+    from ..base.io import check_file_output
     from ..explore.page import explorer_pane, write_panes
     from ..images import to_uint8
     from ..sizes import check_forward_memory

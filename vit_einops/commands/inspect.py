@@ -55,8 +55,8 @@ def default_out(model_path: Path, source: str | None = None) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._checks import check_positive_int
-    from .._io import check_output, output_lock
+    from ..base.checks import check_positive_int
+    from ..base.io import check_output, output_lock
 
     if (args.model is None) == (args.checkpoint is None):
         raise ValueError("give the model once: vit-einops inspect MODEL (or --checkpoint MODEL)")
@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
-    from .._io import check_directory_output
-    from .._text import printable
+    from ..base.io import check_directory_output
+    from ..base.text import printable
     from ..inspect import write_report
     from ..inspect.report import REPORT_FILES
     from ..sizes import check_forward_memory

@@ -17,8 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._checks import check_positive_int
-    from .._text import printable
+    from ..base.checks import check_positive_int
+    from ..base.text import printable
     from ..prediction import predict
 
     check_positive_int("--top-k", args.top_k)

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 def _summarize_model(args: argparse.Namespace) -> int:
     import json
 
-    from .._text import printable
+    from ..base.text import printable
     from ..summary import count_parameters, summarize
     from ._model import load_model_from_args
 

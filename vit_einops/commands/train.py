@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .._text import printable
-from ..config import ATTN_IMPLS
+from ..base.text import printable
+from ..network.config import ATTN_IMPLS
 from ..presets import list_presets, preset_config
 
 DIGITS = "digits"
@@ -155,9 +155,9 @@ def _check_patches_fit(args: argparse.Namespace, size: int, patch: int) -> None:
 
 def _check_run_arguments(args: argparse.Namespace) -> Path:
     """Everything checkable before any work: numbers, data folders, the output directory. Returns the output path."""
-    from .._budget import check_memory, check_threads
-    from .._checks import check_nonnegative_float, check_positive_int
-    from ..config import ViTConfig
+    from ..base.budget import check_memory, check_threads
+    from ..base.checks import check_nonnegative_float, check_positive_int
+    from ..network.config import ViTConfig
     from ..sizes import check_build_time, check_forward_memory
     from ..train.config import TrainConfig
     from ..train.rundir import check_out_dir
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..model import ViT
+    from ..network.model import ViT
     from ..preprocess import Preprocessing
     from ..train.config import TrainConfig
     from ..train.data import describe_data, load_split, stratified_subset

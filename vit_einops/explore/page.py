@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._io import check_file_output, write_file
+from ..base.io import check_file_output, write_file
 from ..images import to_uint8
 from ..inputs import model_inputs, model_inputs_and_pictures
 from .payload import DEFAULT_BITS, build_payload, check_bits, page_payload

@@ -3,7 +3,7 @@
 The page holds one pane per model (:func:`build_payload`; two models are shown side by side on the same images)
 and what the panes share (:func:`page_payload`). A pane carries the token layout of the input it ran on
 (``layout``: its prefix tokens "cls", "dist", "reg1", ... and its patch grid, as
-:class:`~vit_einops.patch_embed.TokenLayout` has them): maps over the image show the patches, the prefix tokens are
+:class:`~vit_einops.network.patch_embed.TokenLayout` has them): maps over the image show the patches, the prefix tokens are
 listed beside them with their share of each row (``head_statistics`` gives the patches' mean share per layer and
 head). DINO's view (:func:`dino_view`) is the last layer's class-token attention over the patches per head, with the
 mask that keeps 60% of its mass (:func:`dino_mask`), computed from the recorded attention before it is quantised.
@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._checks import check_int_in_range
+from ..base.checks import check_int_in_range
 from ..inspect import (
     DINO_KEEP,
     attention_relevance,
@@ -55,7 +55,7 @@ from ..inspect import (
     record_attention,
     token_norms,
 )
-from ..patch_embed import ClassToken, TokenLayout
+from ..network.patch_embed import ClassToken, TokenLayout
 from ..prediction import check_finite_outputs, class_name
 
 DEFAULT_BITS = 8

@@ -6,7 +6,7 @@ each plot function returns a matplotlib Figure, shown inline in a notebook, and 
 it atomically. Every tool reads the tokens by the input's token layout (``recorder.layout``,
 ``model.patch_embed.layout(image_size)``): the prefix tokens by name, then the patch grid."""
 
-from .._plot import save_figure
+from ..base.plot import save_figure
 from .dino import DINO_KEEP, DinoView, dino_mask, dino_view
 from .distance import mean_attention_distance, patch_distances
 from .embeddings import (

@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .._checks import check_index, check_real
-from ..patch_embed import TokenLayout
+from ..base.checks import check_index, check_real
+from ..network.patch_embed import TokenLayout
 from .rollout import check_maps, class_attention_grid
 
 DINO_KEEP = 0.6  # Caron et al.'s threshold: the mask keeps 60% of the attention mass

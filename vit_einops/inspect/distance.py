@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from einops import einsum, rearrange
 
-from .._budget import check_memory
-from .._checks import check_grid, to_pair
-from ..patch_embed import TokenLayout
+from ..base.budget import check_memory
+from ..base.checks import check_grid, to_pair
+from ..network.patch_embed import TokenLayout
 from .tokens import check_layout
 
 

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._budget import check_memory
-from .._checks import check_grid, check_nonnegative_int, check_positive_int
-from ..model import ViT
-from ..patch_embed import conv_to_linear_weight
+from ..base.budget import check_memory
+from ..base.checks import check_grid, check_nonnegative_int, check_positive_int
+from ..network.model import ViT
+from ..network.patch_embed import conv_to_linear_weight
 
 
 def position_similarity(pos_embed: torch.Tensor, grid: tuple[int, int], prefix_rows: int = 1) -> torch.Tensor:

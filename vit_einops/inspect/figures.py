@@ -1,7 +1,7 @@
 """The inspection figures, in the style of the paper's Figures 6, 7 and 11.
 
 Every function returns a ``matplotlib.figure.Figure`` (shown inline when a notebook cell returns it); saving is a
-separate step, ``vit_einops._plot.save_figure(fig, path)`` (atomic). Layers and heads are numbered from 0
+separate step, ``vit_einops.base.plot.save_figure(fig, path)`` (atomic). Layers and heads are numbered from 0
 everywhere, as the code indexes them (``model.blocks[0]``, ``AttentionRecorder(model, layers=[0])``,
 ``arrays.npz``): "layer 11" of a 12-layer model is its last.
 
@@ -16,12 +16,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_dense_tensor, check_index
-from .._plot import new_figure
-from .._text import printable_lines
+from ..base.checks import check_dense_tensor, check_index
+from ..base.plot import new_figure
+from ..base.text import printable_lines
 from ..images import to_display
 from ..inputs import model_inputs_and_pictures
-from ..patch_embed import TokenLayout
+from ..network.patch_embed import TokenLayout
 from ..prediction import class_name
 from .dino import DinoView
 from .record import AttentionRecorder
@@ -262,7 +262,7 @@ def show_attention(
             :mod:`vit_einops.inputs`).
         head: None for every head, or the one head to draw (negative counts from the end).
 
-    Returns a Figure (save it with ``vit_einops._plot.save_figure`` or ``fig.savefig``).
+    Returns a Figure (save it with ``vit_einops.base.plot.save_figure`` or ``fig.savefig``).
     """
     inputs, pictures = model_inputs_and_pictures(model, image, preprocessed=preprocessed, name="image")
     if len(inputs) != 1:

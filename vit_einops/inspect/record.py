@@ -1,13 +1,13 @@
 """Record the attention matrices A (Eq. 6) of a running model, on every attention implementation.
 
-A forward hook on each :class:`~vit_einops.attention.Attend` receives the q and k the layer really used and
+A forward hook on each :class:`~vit_einops.network.attention.Attend` receives the q and k the layer really used and
 recomputes ``A = softmax(q k^T / sqrt(D_h))`` from them, masked as the layer was. The model's own forward is
 untouched, so outputs do not change, and the fused SDPA path (which never forms A) is recorded as faithfully
 as the einsum path. Attention dropout is not applied: A is the distribution the layer attends with in eval.
 
 Of a ViT only the encoder's layers (``model.blocks``) are recorded: an attention-pooling head (pool "map") is an
 Attend too, recorded with ``AttentionRecorder(model.head)``. Rows and columns of A are the tokens of
-``recorder.layout`` (:class:`~vit_einops.patch_embed.TokenLayout`): the prefix tokens, then the patches of the input's
+``recorder.layout`` (:class:`~vit_einops.network.patch_embed.TokenLayout`): the prefix tokens, then the patches of the input's
 grid in row-major order.
 """
 
@@ -20,17 +20,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._checks import check_index
-from ..attention import Attend, attention_scores
+from ..base.checks import check_index
+from ..network.attention import Attend, attention_scores
 from ..inputs import model_inputs
-from ..patch_embed import TokenLayout
+from ..network.patch_embed import TokenLayout
 from ..sizes import keeping_attention
 
 
 def attention_matrix(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Eq. 6 from the layer's q, k: (b, h, n, d) each -> A (b, h, n, n), rows summing to 1.
 
-    The same logits as Attend's einsum path (:func:`~vit_einops.attention.attention_scores`), so that path is
+    The same logits as Attend's einsum path (:func:`~vit_einops.network.attention.attention_scores`), so that path is
     reproduced exactly.
     """
     return attention_scores(q, k, scale, mask).softmax(dim=-1)
@@ -55,7 +55,7 @@ class AttentionRecorder:
 
     Inside ``with AttentionRecorder(model) as rec:`` every forward appends to the record; on exit, also after an
     exception, every hook is removed. ``rec.maps`` is (layers, b, h, n, n), b being all images seen, in order.
-    ``rec.layout`` is the :class:`~vit_einops.patch_embed.TokenLayout` of the recorded inputs, which names the rows
+    ``rec.layout`` is the :class:`~vit_einops.network.patch_embed.TokenLayout` of the recorded inputs, which names the rows
     and columns (None for a module without a patch embedding, such as ``model.blocks``).
     """
 

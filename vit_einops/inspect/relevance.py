@@ -17,7 +17,7 @@ of the patch tokens, not the class token; the mean of R's patch rows, :func:`~vi
 is then the closer reading.) Only the encoder's layers (``model.blocks``) enter R.
 
 Fused implementations (sdpa, chunked) never form A, so it has no gradient there. Here a forward hook on every
-:class:`~vit_einops.attention.Attend` recomputes A from the layer's q and k inside the autograd graph and
+:class:`~vit_einops.network.attention.Attend` recomputes A from the layer's q and k inside the autograd graph and
 replaces the layer's output with A v (Eq. 7), the einsum path's own arithmetic; dy_t/dA is then exact on
 every implementation, and the model's code is untouched.
 
@@ -33,8 +33,8 @@ import torch
 from einops import einsum, reduce
 from torch import nn
 
-from .._checks import check_dense_tensor
-from ..attention import Attend
+from ..base.checks import check_dense_tensor
+from ..network.attention import Attend
 from ..inputs import model_inputs
 from ..sizes import keeping_attention
 from .record import attention_matrix, encoder_attends

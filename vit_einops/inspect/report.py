@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._checks import check_index
-from .._io import atomic_write_bytes, staged_directory
-from .._plot import save_figure
-from ..model import ViT
+from ..base.checks import check_index
+from ..base.io import atomic_write_bytes, staged_directory
+from ..base.plot import save_figure
+from ..network.model import ViT
 from ..prediction import check_finite_logits, check_finite_outputs, class_name
 from .dino import DINO_KEEP, dino_view
 from .distance import distance_sums, mean_attention_distance, patch_distances, ratio_or_nan
@@ -80,7 +80,7 @@ def write_report(
             number layers and heads from 0, as this index does.
         overwrite: replace an earlier report in ``out_dir``; without it, a non-empty ``out_dir`` is refused.
 
-    The folder is written as one unit (:func:`vit_einops._io.staged_directory`): a kill leaves the whole old report
+    The folder is written as one unit (:func:`vit_einops.base.io.staged_directory`): a kill leaves the whole old report
     or the whole new one. A folder holding any file but a report's is never replaced.
 
     The tokens before the patches (the input's ``layout.prefix``: class, distillation, register tokens) are

@@ -1,7 +1,7 @@
 """Attention rollout (Abnar and Zuidema 2020) and class-token attention, mapped back onto the patch grid.
 
 Axes: l layers, b images, h heads, i queries, j keys, gh gw the patch grid. Tokens are in the order of the input's
-``layout`` (:class:`~vit_einops.patch_embed.TokenLayout`): the prefix tokens, then the patches in row-major order.
+``layout`` (:class:`~vit_einops.network.patch_embed.TokenLayout`): the prefix tokens, then the patches in row-major order.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from einops import reduce
 
-from .._checks import check_choice, check_dense_tensor, check_real_in_range
-from ..patch_embed import TokenLayout
+from ..base.checks import check_choice, check_dense_tensor, check_real_in_range
+from ..network.patch_embed import TokenLayout
 from .tokens import CLASS_TOKEN, check_layout
 
 HEAD_FUSIONS = ("mean", "max", "min")

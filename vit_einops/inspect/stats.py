@@ -1,7 +1,7 @@
 """Per-head statistics of recorded attention, and the token norms of the residual stream, layer by layer.
 
 Axes: l layers, b images, h heads, i queries, j keys, n tokens, p prefix tokens (the tokens before the patches,
-named by the input's ``layout.prefix``: see :class:`~vit_einops.patch_embed.TokenLayout`).
+named by the input's ``layout.prefix``: see :class:`~vit_einops.network.patch_embed.TokenLayout`).
 
 - :func:`attention_entropy`: how spread out each query's row of A is, in nats: ``H_i = -sum_j A_ij log A_ij``.
   log n for a uniform row, 0 for a row that puts all its weight on one key.
@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..patch_embed import TokenLayout
+from ..network.patch_embed import TokenLayout
 from .distance import distance_sums, ratio_or_nan
 from .tokens import check_layout
 

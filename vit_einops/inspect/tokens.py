@@ -1,4 +1,4 @@
-"""What the study tools read the tokens by: the :class:`~vit_einops.patch_embed.TokenLayout` of the input (its prefix
+"""What the study tools read the tokens by: the :class:`~vit_einops.network.patch_embed.TokenLayout` of the input (its prefix
 tokens by name, then the patches of its grid), from ``recorder.layout`` or ``model.patch_embed.layout(image_size)``.
 No tool assumes that token 0 is a class token or that the grid is the config's."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..patch_embed import ClassToken, TokenLayout
+from ..network.patch_embed import ClassToken, TokenLayout
 
 CLASS_TOKEN = ClassToken.NAME
 

@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from .._checks import check_choice
-from .._io import atomic_write_bytes, staged_directory
-from .._json import read_json
-from ..config import ViTConfig
-from ..model import ViT
+from ..base.checks import check_choice
+from ..base.io import atomic_write_bytes, staged_directory
+from ..base.json import read_json
+from ..network.config import ViTConfig
+from ..network.model import ViT
 from ..statedict import build_vit, check_free_fields, safetensors_bytes
 from ..preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocessing
 from .hf_families import (
@@ -334,7 +334,7 @@ def save_hf(model: ViT, directory: str | os.PathLike, *, overwrite: bool = False
     preprocessor_config.json of that family's image processor that :func:`hf_processor` makes, unless it says why
     that processor cannot express the preprocessing.
 
-    The directory is written as one unit (:func:`vit_einops._io.staged_directory`): a kill leaves the whole old
+    The directory is written as one unit (:func:`vit_einops.base.io.staged_directory`): a kill leaves the whole old
     directory or the whole new one, and a file of the old one that the new one lacks is gone. An existing non-empty
     directory is refused unless ``overwrite``; one that holds any other file is refused even then."""
     directory = Path(directory)

@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from .._checks import MAX_SIZE, show_int
-from ..config import DEFAULTS, FIELDS, ViTConfig
+from ..base.checks import MAX_SIZE, show_int
+from ..network.config import DEFAULTS, FIELDS, ViTConfig
 from ..statedict import check_keys, check_state_dict, convert_patchify, expected_shapes
 from .keys import ATTN_LS, ATTN_NORM, FF, MHA, MLP_LS, MLP_NORM, KeyLayout, Rule, conv_form
 

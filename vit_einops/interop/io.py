@@ -2,7 +2,7 @@
 
 This module reads and writes *state dict files* (any key layout: torchvision's, timm's, ours). vit-einops model
 files, which carry a config, preprocessing and class names beside the weights, belong to :mod:`vit_einops.modelfile`.
-Every write goes through ``vit_einops._io.write_file``: a temporary file in the target's directory, fsync, then a
+Every write goes through ``vit_einops.base.io.write_file``: a temporary file in the target's directory, fsync, then a
 rename that replaces only when asked; a crash leaves the old file or the new one, never half of one.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from .._io import check_file_output, check_regular_file, write_file
-from ..config import ViTConfig
+from ..base.io import check_file_output, check_regular_file, write_file
+from ..network.config import ViTConfig
 from ..statedict import check_state_dict, load_weights, read_safetensors, safetensors_bytes
 
 SAFETENSORS_SUFFIXES = (".safetensors",)

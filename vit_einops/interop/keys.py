@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from .._checks import check_positive_int, to_pair
-from ..config import ViTConfig
-from ..model import ViT
+from ..base.checks import check_positive_int, to_pair
+from ..network.config import ViTConfig
+from ..network.model import ViT
 from ..statedict import (
     StateDictMismatchError,
     check_keys,
@@ -124,7 +124,7 @@ def infer_image_size(
 
 
 # Our state-dict keys, each spelled once: every library's rule table names them through these patterns (the module
-# tree of vit_einops.blocks: ``blocks.{i}.attn`` is ResidualAdd(norm, mha[, ls]), ``blocks.{i}.mlp`` is
+# tree of vit_einops.network.blocks: ``blocks.{i}.attn`` is ResidualAdd(norm, mha[, ls]), ``blocks.{i}.mlp`` is
 # ResidualAdd(norm, ff[, ls])). Group 1 of a block pattern is the block index.
 BLOCK = r"blocks\.(\d+)\."
 ATTN_NORM, MHA, ATTN_LS = BLOCK + r"attn\.norm\.", BLOCK + r"attn\.mha\.", BLOCK + r"attn\.ls\."

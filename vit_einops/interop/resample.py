@@ -1,13 +1,13 @@
 """A ViT at a new resolution (paper, Section 3.2): the same weights, E_pos's patch rows interpolated to the new
-patch grid (:func:`vit_einops.patch_embed.resample_pos_embed`, in the convention of the library the weights were
+patch grid (:func:`vit_einops.network.patch_embed.resample_pos_embed`, in the convention of the library the weights were
 trained with: "torchvision", "timm" or "hf"), the prefix tokens' rows kept as they are."""
 
 from __future__ import annotations
 
-from .._checks import to_pair
-from ..config import ViTConfig
-from ..model import ViT
-from ..patch_embed import RESAMPLE_MODES, resample_pos_embed
+from ..base.checks import to_pair
+from ..network.config import ViTConfig
+from ..network.model import ViT
+from ..network.patch_embed import RESAMPLE_MODES, resample_pos_embed
 from ..statedict import build_vit
 
 __all__ = ["RESAMPLE_MODES", "resample_pos_embed", "resample_vit"]

@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
-from .._checks import check_choice, to_pair
-from ..config import DEFAULTS, FIELDS, ViTConfig, differences
+from ..base.checks import check_choice, to_pair
+from ..network.config import DEFAULTS, FIELDS, ViTConfig, differences
 from ..imagenet import assume_imagenet_names
-from ..model import ViT
+from ..network.model import ViT
 from ..presets import TIMM_ARCHS, tags_of, timm_arch, timm_preprocessing
 from ..statedict import build_vit, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing

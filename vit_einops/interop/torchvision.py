@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from ..config import ViTConfig
+from ..network.config import ViTConfig
 from ..imagenet import assume_imagenet_names
-from ..model import ViT
+from ..network.model import ViT
 from ..statedict import build_vit, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
 from .io import weights_reader

@@ -6,7 +6,7 @@ does not pull in safetensors, scikit-learn or tqdm, which only the ``train`` ext
 
 from __future__ import annotations
 
-from .._lazy import lazy_exports
+from ..base.lazy import lazy_exports
 
 _EXPORTS = {
     "TrainConfig": "config",

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._io import atomic_write_bytes, check_regular_file, read_regular_file, sha256_of
-from .._json import loads
-from ..config import ViTConfig
-from ..model import ViT
+from ..base.io import atomic_write_bytes, check_regular_file, read_regular_file, sha256_of
+from ..base.json import loads
+from ..network.config import ViTConfig
+from ..network.model import ViT
 from ..statedict import (
     check_finite,
     check_keys,

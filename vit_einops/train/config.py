@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._checks import (
+from ..base.checks import (
     check_nonnegative_float,
     check_nonnegative_int,
     check_positive_float,

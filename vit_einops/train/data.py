@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, Subset
 
-from .._checks import check_positive_int, to_pair
+from ..base.checks import check_positive_int, to_pair
 from .config import DEFAULT_TEST_FRACTION
 
 # The split of the digits into train and test is part of the benchmark: fixed, whatever --seed trains with.

@@ -37,10 +37,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from .._checks import check_nonnegative_float, check_positive_int
-from .._io import atomic_write_bytes
-from .._text import printable
-from ..model import ViT
+from ..base.checks import check_nonnegative_float, check_positive_int
+from ..base.io import atomic_write_bytes
+from ..base.text import printable
+from ..network.model import ViT
 from ..modelfile import model_metadata
 from ..statedict import safetensors_bytes
 from .checkpoint import DTYPE, checkpoint_files, load_checkpoint, restore_training, weights_bytes, write_checkpoint
@@ -442,7 +442,7 @@ def _final_files(
     summary = {**records[-1], "epochs_run": len(records), "world_size": world_size, "weights_sha256": hashes}
     if scores is None:
         return {SUMMARY_NAME: (json.dumps(summary, indent=1) + "\n").encode()}
-    from .._plot import figure_png
+    from ..base.plot import figure_png
     from .plots import plot_confusion, plot_curves
 
     classes = model.class_names or [str(i) for i in range(model.config.num_classes)]

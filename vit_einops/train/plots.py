@@ -1,14 +1,14 @@
 """A run's figures (shown inline in a notebook; ``save_figure`` writes one as a PNG): the training curves and the
 test confusion matrix. Class names come from the data (folder names), so they are drawn as literal text, never as
-mathtext, with control characters escaped (:func:`~vit_einops._text.printable`): a font has no glyph for ESC, and
+mathtext, with control characters escaped (:func:`~vit_einops.base.text.printable`): a font has no glyph for ESC, and
 matplotlib's warning about the missing glyph would print the raw character to the terminal."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .._plot import new_figure
-from .._text import printable
+from ..base.plot import new_figure
+from ..base.text import printable
 
 MAX_LABELLED_CLASSES = 40  # beyond this many classes the axes are numbered, not named: the names would overlap
 MAX_ANNOTATED_CLASSES = 15  # counts are written in the cells up to this many classes

@@ -17,7 +17,7 @@ A run writes these names, and nothing else, in its directory::
   at other names are kept.
 - What a run killed before its first checkpoint left (nothing committed: the lock, temporaries, and files the
   manifest proves ours) is not a run: a plain rerun removes it and starts; ``resume`` starts from epoch 1 too.
-- One run at a time: the first takes the lock file (:class:`vit_einops._io.LockFile`, the lock every output of
+- One run at a time: the first takes the lock file (:class:`vit_einops.base.io.LockFile`, the lock every output of
   vit-einops has) and holds it until it ends. The kernel drops the lock when the process dies, even by SIGKILL, so
   a killed run never blocks the next one, which takes its lock file over. A link, a FIFO or a user's file at the
   lock's name is refused, and left as it is.
@@ -39,8 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._io import LockFile, atomic_write_bytes, kind_of, read_regular_file, recorded_leftovers, sha256_of
-from .._json import loads
+from ..base.io import LockFile, atomic_write_bytes, kind_of, read_regular_file, recorded_leftovers, sha256_of
+from ..base.json import loads
 
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "summary.json"

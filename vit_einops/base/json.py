@@ -17,7 +17,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from ._io import check_regular_file, read_regular_file
+from .io import check_regular_file, read_regular_file
 
 MAX_BYTES = 16 << 20  # 16 MiB: a config.json with the 21k ImageNet labels is ~1 MB, a checkpoint.json kilobytes
 MAX_DEPTH = 32  # objects and arrays inside each other; our own files nest at most 6 deep (an optimizer's state)

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_choice, check_probability, check_size
-from ._sequential import Sequential
+from ..base.checks import check_choice, check_probability, check_size
+from ..base.sequential import Sequential
 from .attention import MultiHeadAttention
 from .config import ACTIVATIONS, ViTConfig, check_config
 from .rope import RopeTable
@@ -153,7 +153,7 @@ class TransformerEncoderBlock(Sequential):
     With ``config.layer_scale`` each branch ends in a :class:`LayerScale` ``ls`` (DINOv2, DeiT III): MSA and MLP
     outputs are scaled per channel before the addition.
 
-    Shapes: (b, n, D) -> (b, n, D); ``rope``, the input's :class:`~vit_einops.rope.RopeTable`, goes to the MSA.
+    Shapes: (b, n, D) -> (b, n, D); ``rope``, the input's :class:`~vit_einops.network.rope.RopeTable`, goes to the MSA.
     """
 
     def __init__(self, config: ViTConfig) -> None:

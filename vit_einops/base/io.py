@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ._text import printable
+from .text import printable
 
 # renameat2 flags (linux/fs.h) and AT_FDCWD (fcntl.h): create without replacing; swap two existing paths.
 _NOREPLACE, _EXCHANGE, _AT_FDCWD = 1, 2, -100

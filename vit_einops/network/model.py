@@ -13,17 +13,17 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from ._checks import check_choice, check_dense_tensor, check_index, check_nonnegative_int, check_positive_int
-from ._init import trunc_normal_
-from ._sequential import Sequential
+from ..base.checks import check_choice, check_dense_tensor, check_index, check_nonnegative_int, check_positive_int
+from ..base.init import trunc_normal_
+from ..base.sequential import Sequential
 from .attention import Attend, attn_impl_of, per_layer_impls, set_attn_impl
 from .blocks import TransformerEncoder, TransformerEncoderBlock
 from .config import FIELDS, ViTConfig
 from .head import ClassificationHead, head_swap_help
 from .patch_embed import PatchEmbedding
-from .preprocess import Preprocessing
+from ..preprocess import Preprocessing
 from .rope import RopeTable, RotaryEmbedding
-from .sizes import check_build_time, check_forward_memory, check_model_memory
+from ..sizes import check_build_time, check_forward_memory, check_model_memory
 
 # timm's default for every Linear in the encoder and head; the embeddings have their own init.
 LINEAR_INIT_STD = 0.02
@@ -55,7 +55,7 @@ class ViT(Sequential):
     Every forward (``model(x)``, ``forward_features``, ``forward_intermediates``) first estimates its activations
     and refuses, with a ValueError naming the estimate and the limit, a batch past the memory budget
     (:func:`vit_einops.sizes.check_forward_memory`); construction refuses a config past the memory or build-time
-    budget (:mod:`vit_einops._budget`).
+    budget (:mod:`vit_einops.base.budget`).
     """
 
 

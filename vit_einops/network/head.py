@@ -9,9 +9,9 @@ import torch
 from einops.layers.torch import Rearrange
 from torch import nn
 
-from ._checks import check_choice
-from ._init import trunc_normal_
-from ._sequential import Sequential
+from ..base.checks import check_choice
+from ..base.init import trunc_normal_
+from ..base.sequential import Sequential
 from .attention import Attend
 from .blocks import FeedForwardBlock
 from .config import ViTConfig, check_config
@@ -61,7 +61,7 @@ class AttentionPool(nn.Module):
     pre-norm MLP is added to the result, as in an encoder block: (b, n, D) -> (b, D).
 
     ``q`` and ``kv`` project the query and the tokens (kv laid out (kv h d), as timm's); ``attend`` is an
-    :class:`~vit_einops.attention.Attend`, so the pooling attention (1 query over the n tokens, per head) is
+    :class:`~vit_einops.network.attention.Attend`, so the pooling attention (1 query over the n tokens, per head) is
     recorded like the encoder's; ``proj`` is the output projection, ``norm`` and ``mlp`` the residual MLP.
     """
 

@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 from einops import rearrange, repeat
 
-from ._checks import check_nonnegative_int, check_positive_float, check_positive_int, to_pair
+from ..base.checks import check_nonnegative_int, check_positive_float, check_positive_int, to_pair
 
 
 class RopeTable(NamedTuple):

@@ -14,9 +14,9 @@ import os
 import sys
 from typing import NoReturn
 
-from . import __version__
-from ._budget import BUILD_SECONDS, ENV_VAR, TIME_ENV_VAR, max_build_time, max_memory, parse_bytes, parse_seconds
-from ._text import printable, printable_lines
+from .. import __version__
+from ..base.budget import BUILD_SECONDS, ENV_VAR, TIME_ENV_VAR, max_build_time, max_memory, parse_bytes, parse_seconds
+from ..base.text import printable, printable_lines
 
 # name -> (module, the pip extra it needs or None, one-line help).
 COMMANDS: dict[str, tuple[str, str | None, str]] = {

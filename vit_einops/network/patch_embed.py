@@ -12,8 +12,8 @@ from einops import rearrange, repeat
 from einops.layers.torch import Rearrange
 from torch import nn
 
-from ._budget import check_memory
-from ._checks import (
+from ..base.budget import check_memory
+from ..base.checks import (
     check_bool,
     check_choice,
     check_grid,
@@ -23,8 +23,8 @@ from ._checks import (
     check_size,
     to_pair,
 )
-from ._init import trunc_normal_
-from ._sequential import Sequential
+from ..base.init import trunc_normal_
+from ..base.sequential import Sequential
 from .config import DYNAMIC_SIZES, NAME_BYTES, PATCHIFY, ViTConfig, check_config, check_float32
 
 # ViT's own init for the class token and positions (timm, torchvision): a small truncated normal.

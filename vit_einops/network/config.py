@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ._budget import check_memory
-from ._checks import (
+from ..base.budget import check_memory
+from ..base.checks import (
     MAX_SIZE,
     check_bool,
     check_choice,

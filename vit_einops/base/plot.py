@@ -11,7 +11,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from ._io import atomic_write_bytes
+from .io import atomic_write_bytes
 
 
 def new_figure(**kwargs: Any):

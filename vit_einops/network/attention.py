@@ -24,7 +24,7 @@ from einops import einsum
 from einops.layers.torch import Rearrange
 from torch import nn
 
-from ._checks import check_bool, check_choice, check_heads, check_positive_int, check_probability
+from ..base.checks import check_bool, check_choice, check_heads, check_positive_int, check_probability
 from .chunk_plan import CHUNK_ELEMENTS
 from .chunked import chunked_attention
 from .config import ATTN_IMPLS, ViTConfig, check_config, check_float32
@@ -164,7 +164,7 @@ class MultiHeadAttention(nn.Module):
             changed at run time, never part of the architecture.
 
     Shapes: x (b, n, D); mask None or bool broadcastable to (b, h, n, n), True = may attend; rope None or the
-    :class:`~vit_einops.rope.RopeTable` of x's tokens, which rotates q and k after the head split (and qk-norm),
+    :class:`~vit_einops.network.rope.RopeTable` of x's tokens, which rotates q and k after the head split (and qk-norm),
     so every impl and every hook on ``attend`` sees the rotated q and k; output (b, n, D).
     """
 

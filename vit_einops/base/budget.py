@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
-from ._checks import check_int
+from .checks import check_int
 
 ENV_VAR = "VIT_EINOPS_MAX_MEMORY"
 TIME_ENV_VAR = "VIT_EINOPS_MAX_BUILD_TIME"

@@ -17,11 +17,11 @@ files). For every download:
 - Redirects: at most :data:`MAX_REDIRECTS`, to http or https URLs only.
 - Retries: a body cut short is fetched again from its start, at most :data:`ATTEMPTS` times in all, under the same
   deadline and cap; nothing else is retried (a refused connection, an unknown host and an HTTP error fail at once).
-- Every string a server sends reaches a message through :func:`vit_einops._text.printable`.
+- Every string a server sends reaches a message through :func:`vit_einops.base.text.printable`.
 
-The body streams into a temporary beside its target (:func:`vit_einops._io.atomic_write_chunks`), hashed as it
+The body streams into a temporary beside its target (:func:`vit_einops.base.io.atomic_write_chunks`), hashed as it
 comes, and is renamed into place only once it passed every check; the target's output lock
-(:func:`vit_einops._io.output_lock`) is held from the request to the commit, so a second process fetching the same
+(:func:`vit_einops.base.io.output_lock`) is held from the request to the commit, so a second process fetching the same
 file is told so at once, and the temporary of a killed download is removed by the next one.
 """
 
@@ -45,8 +45,8 @@ from email.message import Message
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ._io import atomic_write_bytes, atomic_write_chunks, output_lock, read_regular_file
-from ._text import printable
+from .io import atomic_write_bytes, atomic_write_chunks, output_lock, read_regular_file
+from .text import printable
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60.0  # per blocking read: a stalled connection fails instead of hanging
@@ -368,7 +368,7 @@ def _open(
 
 
 def _sent(text: object) -> str:
-    """A string a server sent, for a message: escaped (:func:`vit_einops._text.printable`) and cut to its first
+    """A string a server sent, for a message: escaped (:func:`vit_einops.base.text.printable`) and cut to its first
     :data:`_SHOWN` characters."""
     text = str(text)
     return printable(text[:_SHOWN]) + (f"... ({len(text):,} characters)" if len(text) > _SHOWN else "")
