@@ -60,8 +60,6 @@ def test_a_billion_registers_are_counted_not_named():
         assert (config.num_prefix_tokens, config.num_tokens, config.num_pos_tokens) == (
             10**9 + 1, 10**9 + 197, 10**9 + 197
         )  # fmt: skip
-    with max_memory("1GiB"), refused_at_once(re.escape("naming 1,000,000,000 register tokens needs about 67.1 GiB")):
-        config.prefix_tokens  # the names of tokens are made only for a caller that asks, within the budget
 
 
 @given(

@@ -136,7 +136,7 @@ def test_teacher_labels_clip_projection_and_a_siglip_tower_without_its_head(tmp_
     deit = _hf("DeiTForImageClassificationWithTeacher", id2label=labels, label2id={v: k for k, v in labels.items()})
     deit.save_pretrained(tmp_path / "deit")
     model = load_hf(tmp_path / "deit")
-    assert model.class_names == ["cat", "dog", "fish"] and model.config.prefix_tokens == ("cls", "dist")
+    assert model.class_names == ["cat", "dog", "fish"] and model.patch_embed.layout().prefix == ("cls", "dist")
     clip = _hf("CLIPVisionModelWithProjection")
     clip.save_pretrained(tmp_path / "clip")
     model = load_hf(tmp_path / "clip")
@@ -145,7 +145,7 @@ def test_teacher_labels_clip_projection_and_a_siglip_tower_without_its_head(tmp_
     siglip = _hf("SiglipVisionModel", vision_use_head=False)
     siglip.save_pretrained(tmp_path / "siglip")
     model = load_hf(tmp_path / "siglip").eval()
-    assert model.config.pool == "mean" and model.config.prefix_tokens == ()
+    assert model.config.pool == "mean" and model.patch_embed.layout().prefix == ()
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         assert (model.forward_features(x) - siglip(pixel_values=x).last_hidden_state).abs().max() <= 1e-5

@@ -67,7 +67,7 @@ def test_distilled_logits_average_the_two_classifiers_and_pre_logits_the_two_tok
         dist_logits = tokens[:, 1] @ model.head.fc_dist.weight.T + model.head.fc_dist.bias
         torch.testing.assert_close(model(x), (cls_logits + dist_logits) / 2)
         torch.testing.assert_close(model.forward_head(tokens, pre_logits=True), (tokens[:, 0] + tokens[:, 1]) / 2)
-    assert model.config.prefix_tokens == ("cls", "dist") and tokens.shape == (2, 18, D)
+    assert model.patch_embed.layout().prefix == ("cls", "dist") and tokens.shape == (2, 18, D)
     # The distillation token sits between the class token and the patches, with its own E_pos row.
     pe = model.patch_embed
     embedded = pe(x)
@@ -268,7 +268,7 @@ def test_parameter_count_and_token_layout_follow_the_modules(
     with torch.device("meta"):
         model = ViT.from_config(config)
     assert sum(p.numel() for p in model.parameters()) == parameter_count(config)
-    prefix = config.prefix_tokens
+    prefix = model.patch_embed.layout().prefix
     assert len(prefix) == model.num_prefix_tokens == class_token + distill + registers
     assert prefix[: class_token + distill] == ("cls", "dist")[: class_token + distill] or not class_token
 

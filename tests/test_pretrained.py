@@ -227,7 +227,7 @@ def test_a_family_downloads_with_its_arch_and_preprocessing(cache, hub_cache, mo
         _publish_hub(monkeypatch, site, safetensors_save(to_timm(model), metadata={"format": "pt"}), published.file)
         loaded = create_vit(name, pretrained=True)
     assert published.file == "timm/vit_small_patch14_reg4_dinov2.lvd142m"
-    assert loaded.config == model.config and loaded.config.prefix_tokens[1:] == ("reg1", "reg2", "reg3", "reg4")
+    assert loaded.config == model.config and loaded.patch_embed.layout().prefix[1:] == ("reg1", "reg2", "reg3", "reg4")
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
     assert loaded.preprocessing == Preprocessing.timm(28, 1.0, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     assert loaded.class_names is None and loaded.source["pretrained"] == name

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ..base.budget import check_memory
 from ..base.checks import (
     MAX_SIZE,
     check_bool,
@@ -41,8 +40,6 @@ FFNS = ("mlp", "swiglu")
 # first is inf in the model, one under the second 0; a layer_norm_eps under it adds nothing to the variance.
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.401298464324817e-45
-# What naming one register token costs Python ("reg123", its tuple slot), for the budget of prefix_tokens.
-NAME_BYTES = 72
 
 
 def check_float32(name: str, value: Any) -> float:
@@ -253,17 +250,6 @@ class ViTConfig:
     def num_prefix_tokens(self) -> int:
         """Tokens before the patches: the class, distillation and register tokens (timm's name)."""
         return self.class_token + self.distill_token + self.register_tokens
-
-    @property
-    def prefix_tokens(self) -> tuple[str, ...]:
-        """The names of the tokens before the patches, in order: "cls" (the class token), "dist" (DeiT's
-        distillation token), then "reg1".."regR" (the register tokens); the tools label those rows and columns of A
-        with them. Empty for a model without a class token (SigLIP). Made on each call, one name per register
-        within the memory budget: every count (:attr:`num_prefix_tokens`, :attr:`num_tokens`) is arithmetic."""
-        if self.register_tokens:
-            check_memory(self.register_tokens * NAME_BYTES, f"naming {self.register_tokens:,} register tokens")
-        named = ("cls",) * self.class_token + ("dist",) * self.distill_token
-        return named + tuple(f"reg{i + 1}" for i in range(self.register_tokens))
 
     @property
     def num_tokens(self) -> int:

@@ -25,7 +25,10 @@ from ..base.checks import (
 )
 from ..base.init import trunc_normal_
 from ..base.sequential import Sequential
-from .config import DYNAMIC_SIZES, NAME_BYTES, PATCHIFY, ViTConfig, check_config, check_float32
+from .config import DYNAMIC_SIZES, PATCHIFY, ViTConfig, check_config, check_float32
+
+# What naming one token costs Python ("reg123", its tuple slot), for the budget of a layout's names.
+NAME_BYTES = 72
 
 # ViT's own init for the class token and positions (timm, torchvision): a small truncated normal.
 EMBED_INIT_STD = 0.02
