@@ -70,3 +70,14 @@ def test_timm_export_refuses_a_field_it_has_no_argument_for(name):
 def test_hf_names_come_from_the_registry():
     assert hf_names("dim 0 and register_tokens 3") == " (config.json's hidden_size, num_register_tokens)"
     assert hf_names("pool 'map'") == ""  # a field with no config.json name
+
+
+def test_every_hugging_face_architecture_belongs_to_one_family_with_its_processor():
+    """The family registry names the transformers classes that hold each family, and their image processor: every
+    architecture the HF converter reads is held by exactly one family, and no family names one it cannot read."""
+    from vit_einops.interop.hf_families import FAMILIES as HF_ARCHITECTURES
+    from vit_einops.presets import FAMILIES, HF_PROCESSORS
+
+    named = [arch for family in FAMILIES.values() for arch in family.hf]
+    assert sorted(named) == sorted(HF_ARCHITECTURES) and len(named) == len(set(named))
+    assert HF_PROCESSORS["Dinov2WithRegistersModel"] == "BitImageProcessor"

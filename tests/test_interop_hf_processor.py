@@ -42,3 +42,18 @@ def test_transformers_reads_each_family_processor_to_the_same_tensor(tmp_path, a
         ours = model.preprocessing(image)
         assert ours.shape == expected.shape
         assert (ours - expected).abs().max().item() <= 1e-6, (arch, backend, height, width)
+
+
+def test_the_registrys_processors_are_transformers_own():
+    """Each architecture's image processor in the family registry is the one transformers' AutoImageProcessor
+    pairs with its model_type (a vision tower's, that of its whole model; DINOv2 with registers, DINOv2's), on
+    torch's backend (transformers 5 maps each type to a processor per backend)."""
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    from vit_einops.interop.hf_families import FAMILIES as HF_ARCHITECTURES
+    from vit_einops.presets import HF_PROCESSORS
+
+    mapped_as = {"clip_vision_model": "clip", "siglip_vision_model": "siglip", "dinov2_with_registers": "dinov2"}
+    for arch, processor in HF_PROCESSORS.items():
+        model_type = HF_ARCHITECTURES[arch].model_types[0]
+        assert IMAGE_PROCESSOR_MAPPING_NAMES[mapped_as.get(model_type, model_type)]["torchvision"] == processor, arch

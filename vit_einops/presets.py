@@ -57,6 +57,8 @@ class Family:
         norm: the mean and std of its eval preprocessing (bicubic, timm's).
         crop_pct: timm's crop_pct; ``tag_crops`` maps each tag whose crop differs to its own.
         hub_repos: members whose weights sit in another name's hub repository (timm's hf_hub_id).
+        hf: the Hugging Face transformers architectures that hold the family -> the image processor transformers
+            pairs with each (AutoImageProcessor's table; ``convert --to hf`` writes its preprocessor_config.json).
     """
 
     name: str
@@ -67,6 +69,7 @@ class Family:
     crop_pct: float = 0.9
     tag_crops: Mapping[str, float] = field(default_factory=dict)
     hub_repos: Mapping[str, str] = field(default_factory=dict)
+    hf: Mapping[str, str] = field(default_factory=dict)
 
     def crop(self, tag: str) -> float:
         return self.tag_crops.get(tag, self.crop_pct)
@@ -121,7 +124,9 @@ FAMILIES: dict[str, Family] = {
         # Table 1's ViTs under timm's names: timm builds them with our defaults (class-token pooling, no fc_norm,
         # LayerNorm eps 1e-6), so only the image size differs; crop_pct 1.0 at 384 px.
         Family("vit", "Dosovitskiy et al. 2021", members=_VIT_MEMBERS, norm=_HALF,
-               tags={name: _VIT_TAGS[name] for name in _VIT_MEMBERS}),
+               tags={name: _VIT_TAGS[name] for name in _VIT_MEMBERS},
+               hf={"ViTForImageClassification": "ViTImageProcessor", "ViTModel": "ViTImageProcessor",
+                   "DeiTForImageClassification": "DeiTImageProcessor", "DeiTModel": "DeiTImageProcessor"}),
         Family("vit_384", "Dosovitskiy et al. 2021, fine-tuned at 384 px", members=_VIT_384, norm=_HALF, crop_pct=1.0,
                tags={name: _VIT_TAGS[name] for name in _VIT_384}),
         Family("dino", "Caron et al. 2021", members={}, norm=_IMAGENET,
@@ -131,12 +136,14 @@ FAMILIES: dict[str, Family] = {
             "dinov2", "Oquab et al. 2024", norm=_IMAGENET, crop_pct=1.0,
             members={"vit_small_patch14_dinov2": {**_S, **_DINOV2}, "vit_base_patch14_dinov2": {**_B, **_DINOV2}},
             tags={"vit_small_patch14_dinov2": {"lvd142m": 0}, "vit_base_patch14_dinov2": {"lvd142m": 0}},
+            hf={"Dinov2Model": "BitImageProcessor"},
         ),
         Family(
             "dinov2_reg", "Darcet et al. 2024", norm=_IMAGENET, crop_pct=1.0,
             members={"vit_small_patch14_reg4_dinov2": {**_S, **_DINOV2, **_REG4},
                      "vit_base_patch14_reg4_dinov2": {**_B, **_DINOV2, **_REG4}},
             tags={"vit_small_patch14_reg4_dinov2": {"lvd142m": 0}, "vit_base_patch14_reg4_dinov2": {"lvd142m": 0}},
+            hf={"Dinov2WithRegistersModel": "BitImageProcessor"},
         ),
         # DeiT's distilled models are timm.models.deit.VisionTransformerDistilled
         Family(
@@ -144,6 +151,7 @@ FAMILIES: dict[str, Family] = {
             members={f"deit_{s}_distilled_patch16_224": {**w, "distill_token": True}
                      for s, w in (("tiny", _TI), ("small", _S), ("base", _B))},
             tags={f"deit_{s}_distilled_patch16_224": {"fb_in1k": 1000} for s in ("tiny", "small", "base")},
+            hf={"DeiTForImageClassificationWithTeacher": "DeiTImageProcessor"},
         ),
         Family(
             "deit3", "Touvron et al. 2022", norm=_IMAGENET,
@@ -155,6 +163,7 @@ FAMILIES: dict[str, Family] = {
             "clip", "Radford et al. 2021", norm=_CLIP, crop_pct=0.95,
             members={"vit_base_patch16_clip_224": {**_B, **_CLIP_OPTS}},
             tags={"vit_base_patch16_clip_224": _CLIP_TAGS},
+            hf={"CLIPVisionModel": "CLIPImageProcessor", "CLIPVisionModelWithProjection": "CLIPImageProcessor"},
             tag_crops={tag: 1.0 for tag in ("datacompxl", "dfn2b", "laion2b", "laion2b_ft_in1k", "laion400m_e32",
                                             "metaclip_2pt5b", "metaclip_400m")}
             | {tag: 0.9 for tag in ("laion2b_ft_in12k", "openai", "openai_ft_in1k", "openai_ft_in12k")},
@@ -178,6 +187,7 @@ FAMILIES: dict[str, Family] = {
             "siglip", "Zhai et al. 2023", norm=_HALF,
             members={"vit_base_patch16_siglip_224": {**_B, "class_token": False, "pool": "map"}},
             tags={"vit_base_patch16_siglip_224": {"v2_webli": 0, "webli": 0}},
+            hf={"SiglipVisionModel": "SiglipImageProcessor"},
         ),
     )
 }  # fmt: skip
@@ -203,6 +213,10 @@ def family_of(name: str) -> Family:
 def tags_of(name: str) -> dict[str, int]:
     """Every pretrained tag of timm's untagged ``name`` -> its classes, in every family; timm's default first."""
     return {tag: classes for family in FAMILIES.values() for tag, classes in family.tags.get(name, {}).items()}
+
+
+# Each Hugging Face architecture a family holds -> its image processor (every family's ``hf``).
+HF_PROCESSORS: dict[str, str] = {arch: proc for family in FAMILIES.values() for arch, proc in family.hf.items()}
 
 
 def list_presets(*, timm_names: bool = False) -> list[str]:

@@ -33,9 +33,9 @@ from ..network.config import ViTConfig
 from ..network.model import ViT
 from ..statedict import build_vit, check_free_fields, safetensors_bytes
 from ..preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocessing
+from ..presets import HF_PROCESSORS
 from .hf_families import (
     FAMILIES,
-    PROCESSORS,
     family_config,
     family_of,
     from_family,
@@ -219,7 +219,7 @@ def _flag(cfg: dict[str, Any], name: str, default: bool) -> bool:
 
 def preprocessing_to_hf(preprocessing: Preprocessing, processor: str = "ViTImageProcessor") -> dict[str, Any]:
     """A ``preprocessor_config.json`` for transformers' image processor ``processor`` (one of
-    :data:`~vit_einops.interop.hf_families.PROCESSORS`' values) that does what ``preprocessing`` does. Every field is
+    :data:`vit_einops.presets.HF_PROCESSORS`' values) that does what ``preprocessing`` does. Every field is
     written, so no class default applies (BitImageProcessor's crop, CLIP's mean). transformers resizes with torch by
     default, and with PIL given ``backend="pil"``: the file is the same for both.
 
@@ -228,8 +228,8 @@ def preprocessing_to_hf(preprocessing: Preprocessing, processor: str = "ViTImage
     above and left half the time; the ``torch`` backend crops as transformers does)."""
     if not isinstance(preprocessing, Preprocessing):
         raise TypeError(f"preprocessing must be a vit_einops Preprocessing, got {type(preprocessing).__name__}")
-    if processor not in PROCESSORS.values():
-        raise ValueError(f"processor {processor!r} is not one of {sorted(set(PROCESSORS.values()))}")
+    if processor not in HF_PROCESSORS.values():
+        raise ValueError(f"processor {processor!r} is not one of {sorted(set(HF_PROCESSORS.values()))}")
     p = preprocessing
     if p.interpolation == "nearest":
         raise ValueError(
@@ -316,12 +316,12 @@ def _json_bytes(data: dict[str, Any]) -> bytes:
 
 def hf_processor(model: ViT) -> tuple[dict[str, Any] | None, str]:
     """(preprocessor_config.json, "") for ``model``'s preprocessing, written for its family's image processor
-    (:data:`~vit_einops.interop.hf_families.PROCESSORS`: BitImageProcessor for DINOv2, CLIPImageProcessor,
+    (its family's, :data:`vit_einops.presets.HF_PROCESSORS`: BitImageProcessor for DINOv2, CLIPImageProcessor,
     SiglipImageProcessor, DeiTImageProcessor, ViTImageProcessor); (None, why not) when it has none, or when that
     processor cannot express it (:func:`preprocessing_to_hf`'s message, naming the field)."""
     if model.preprocessing is None:
         return None, "the model has no preprocessing"
-    processor = PROCESSORS[target_family(model.config).model_types[0]]
+    processor = HF_PROCESSORS[target_family(model.config).architecture]
     try:
         return preprocessing_to_hf(model.preprocessing, processor), ""
     except ValueError as err:

@@ -337,15 +337,6 @@ DEFAULT_ARCHITECTURE = {
     "clip_vision_model": "CLIPVisionModel",
     "siglip_vision_model": "SiglipVisionModel",
 }
-# The image processor transformers pairs with each model_type (AutoImageProcessor's table); save_hf writes its config.
-PROCESSORS = {
-    "vit": "ViTImageProcessor",
-    "deit": "DeiTImageProcessor",
-    "dinov2": "BitImageProcessor",
-    "dinov2_with_registers": "BitImageProcessor",
-    "clip_vision_model": "CLIPImageProcessor",
-    "siglip_vision_model": "SiglipImageProcessor",
-}
 # Keys that name the head of an architecture, never prefixed with the backbone's prefix.
 HEAD_ROOTS = ("classifier.", "pooler.", "cls_classifier.", "distillation_classifier.", "visual_projection.")
 # What files put before the backbone keys: ViTForImageClassification "vit.", DeiT's classifiers "deit.", CLIP and
