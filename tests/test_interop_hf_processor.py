@@ -55,5 +55,5 @@ def test_the_registrys_processors_are_transformers_own():
 
     mapped_as = {"clip_vision_model": "clip", "siglip_vision_model": "siglip", "dinov2_with_registers": "dinov2"}
     for arch, processor in HF_PROCESSORS.items():
-        model_type = HF_ARCHITECTURES[arch].model_types[0]
+        model_type = "deit" if arch.startswith("DeiT") else HF_ARCHITECTURES[arch].model_types[0]  # DeiT reads "vit" too
         assert IMAGE_PROCESSOR_MAPPING_NAMES[mapped_as.get(model_type, model_type)]["torchvision"] == processor, arch
