@@ -157,3 +157,21 @@ def test_a_patch_projection_with_a_side_of_0_is_refused_by_name():
     theirs["patch_embed.proj.weight"] = torch.zeros(TINY["dim"], 3, 0, 0)
     with pytest.raises(ValueError, match=r"patch_embed\.proj\.weight has shape \(\d+, 3, 0, 0\); .* no side of 0"):
         load_timm(theirs, heads=TINY["heads"])
+
+
+def test_an_eva_file_no_arch_fits_is_refused_even_when_heads_act_and_eps_are_told():
+    """EVA-02's q and v biases and SwiGLU show in the tensors, its RoPE does not, and no argument can tell it: without
+    a fitting arch the file is refused (read as told, it would silently lose the rotation), naming what to pass."""
+    from vit_einops import ViT
+    from vit_einops.interop.timm import load_timm, to_timm
+
+    eva = ViT(image_size=28, patch_size=7, dim=192, depth=1, heads=3, mlp_dim=40, num_classes=0, pool="mean",
+              fc_norm=True, qkv_bias="qv", ffn="swiglu", rope_grid=4)  # fmt: skip
+    refused = (
+        r"^the timm state dict holds qkv_bias 'qv', ffn 'swiglu', parts of timm's Eva \(EVA-02\), but fits none of its "
+        r"architectures \(vit_einops.presets.FAMILIES\): whether it rotates q and k by RoPE, and on which reference "
+        r"grid, is nowhere in its tensors\. Name its architecture: arch=NAME \(on the command line, --arch NAME\)$"
+    )
+    for told in ({}, {"heads": 3, "act": "gelu", "layer_norm_eps": 1e-6}):
+        with pytest.raises(ValueError, match=refused):
+            load_timm(to_timm(eva), **told)

@@ -95,6 +95,14 @@ _ARCH_CHECKED = tuple(name for name, about in FIELDS.items() if about.held and n
 # The fields no tensor holds that a named arch supplies (heads and the free fields are passed on their own).
 _UNTOLD = tuple(name for name, about in FIELDS.items() if about.held is None and not about.free and name != "heads")
 _UNTOLD += ("layer_norm_eps",)  # free to override, but the arch's own value by default (CLIP's 1e-5)
+# The parts a tensor shows (q and v biases, a SwiGLU MLP) of the families with RoPE, which only an arch can tell.
+_ROPE_PARTS = {
+    name
+    for fields in TIMM_ARCHS.values()
+    if fields.get("rope_grid") is not None
+    for name in ("qkv_bias", "ffn")
+    if fields.get(name, DEFAULTS[name]) != DEFAULTS[name]
+}
 
 
 def _layout(config: ViTConfig) -> KeyLayout:
@@ -202,7 +210,7 @@ def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> tuple[str |
         )
     if families:
         return families[0], told
-    if not fits and not all(told.get(field) is not None for field in ("heads", "act", "layer_norm_eps")):
+    if not fits:
         plain = _config_of_arch(state_dict, None, **told)  # what a plain ViT's reading refuses is the closer reason
         # The parts beyond the paper that its tensors hold (registers, LayerScale, a pre-norm...: the field registry),
         # but for the two that timm's VisionTransformer takes as plain options (class_token=False with avg pooling,
@@ -211,7 +219,17 @@ def _arch_of(state_dict: Mapping[str, torch.Tensor], **told: Any) -> tuple[str |
             part for part in plain.beyond_paper()
             if FIELDS[part.split()[0]].held and part.split()[0] not in ("class_token", "pos_embed_prefix")
         ]  # fmt: skip
-        if parts:
+        # EVA-02's parts come with RoPE, which no tensor and no argument tells: only its arch can.
+        eva = [part for part in parts if part.split()[0] in _ROPE_PARTS]
+        if eva:
+            raise _NoArchFits(
+                f"the timm state dict holds {', '.join(eva)}, parts of timm's Eva (EVA-02), but fits none of its "
+                "architectures (vit_einops.presets.FAMILIES): whether it rotates q and k by RoPE, and on which "
+                "reference grid, is nowhere in its tensors. Name its architecture: arch=NAME (on the command line, "
+                "--arch NAME)"
+            )
+        told_enough = all(told.get(field) is not None for field in ("heads", "act", "layer_norm_eps"))
+        if parts and not told_enough:
             raise _NoArchFits(
                 f"the timm state dict holds {', '.join(parts)}, parts of timm's ViT families, but fits none of their "
                 "architectures (vit_einops.presets.FAMILIES): its heads, activation and LayerNorm eps are nowhere "
