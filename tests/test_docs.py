@@ -133,3 +133,13 @@ def test_the_files_docs_name_for_inspect_are_the_ones_it_writes():
                     named.setdefault(name, path.relative_to(ROOT))
     assert {name: doc for name, doc in named.items() if name not in REPORT_FILES} == {}
     assert set(named) == REPORT_FILES
+
+
+def test_the_docs_family_table_is_the_registry():
+    """docs/models.md's table of families is the family registry's own rendering: a family added to
+    vit_einops.presets.FAMILIES fails here until the docs show it (print family_table() and paste it)."""
+    from vit_einops.presets import family_table
+
+    text = (ROOT / "docs" / "models.md").read_text()
+    block = text.split("<!-- family-table -->\n", 1)[1].split("\n<!-- /family-table -->", 1)[0]
+    assert block == family_table()

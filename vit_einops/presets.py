@@ -219,6 +219,19 @@ def tags_of(name: str) -> dict[str, int]:
 HF_PROCESSORS: dict[str, str] = {arch: proc for family in FAMILIES.values() for arch, proc in family.hf.items()}
 
 
+def family_table() -> str:
+    """The registry as the Markdown table docs/models.md holds (a test keeps the two equal): each family, its paper,
+    timm names, pretrained tags (timm's default first), eval normalisation and crop, and the transformers classes."""
+    norms = {_IMAGENET: "ImageNet", _CLIP: "CLIP", _HALF: "0.5"}
+    rows = ["| family | paper | timm names | tags | mean/std, crop_pct | Hugging Face |", "|---|---|---|---|---|---|"]
+    for f in FAMILIES.values():
+        names = ", ".join(f"`{n}`" for n in f.members) or f"tags of {', '.join(f'`{n}`' for n in f.tags)}"
+        tags = ", ".join(dict.fromkeys(t for tags in f.tags.values() for t in tags))
+        hf = ", ".join(f"`{a}`" for a in f.hf) or "none"
+        rows.append(f"| {f.name} | {f.cite} | {names} | {tags} | {norms[f.norm]}, {f.crop_pct:g} | {hf} |")
+    return "\n".join(rows)
+
+
 def list_presets(*, timm_names: bool = False) -> list[str]:
     """Our preset names (torchvision's too: vit_b_16 ...), and with ``timm_names`` timm's after them (Table 1's
     ViTs, then the families of :data:`FAMILIES`)."""
