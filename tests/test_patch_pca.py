@@ -16,7 +16,7 @@ from _tiny import TINY_RGB16, tiny_vit
 from PIL import Image
 
 from vit_einops.base.plot import save_figure
-from vit_einops.inspect import PatchPCA, patch_feature_pca, plot_patch_pca
+from vit_einops.inspect import PatchPCA, patch_feature_pca, plot_patch_pca, write_report
 
 RTOL = 1e-5
 R = 3  # registers: not 1 or 4, so that an off-by-one or a hard-coded 4 shows
@@ -248,3 +248,28 @@ def test_bad_arguments_are_refused_by_name():
         model.head.norm.bias[0] = float("nan")
     with pytest.raises(ValueError, match="the patch features of layer -1 hold non-finite values"):
         patch_feature_pca(model, x, preprocessed=True)
+
+
+def test_tokens_all_equal_have_zero_projections_and_ratios_not_nan(monkeypatch):
+    model, _ = family("siglip")
+    monkeypatch.setattr(model, "forward_intermediates", lambda *args, **kwargs: [torch.ones(2, 32, 4, 4)])
+    result = patch_feature_pca(model, images_for(model, 2), preprocessed=True)
+    assert (result.projections == 0).all() and (result.explained_variance_ratio == 0).all()
+    assert (result.rgb == 0).all()
+
+
+def test_inspect_report_draws_the_pca_of_its_images(tmp_path):
+    model, prefix = family("deit")
+    x = images_for(model, 2)
+    paths = write_report(model, x, tmp_path / "r")
+    arrays = np.load(paths["arrays"])
+    projections, components, _ = reference_pca(final_patch_tokens(model, x, len(prefix)), 3)
+    assert_close(arrays["patch_pca"].reshape(-1, 3), projections)
+    assert_close(arrays["patch_pca_components"], components)
+    png = paths["patch_pca"].read_bytes()
+    # The same figure drawn again gives the panels' places; the colours come from the arrays alone.
+    fig = plot_patch_pca(patch_feature_pca(model, x, preprocessed=True), x)
+    assert Image.open(io.BytesIO(png)).size == tuple(round(side * DPI) for side in fig.get_size_inches())
+    save_figure(fig, tmp_path / "again.png")  # drawn at the report's dpi, so that its layout is the report's
+    drawn = pixels_at_patch_centres(fig, png, 2, (4, 4))
+    assert np.abs(drawn - expected_colours(arrays["patch_pca"])).max() <= 1.5 / 255

@@ -46,7 +46,8 @@ class PatchPCA(NamedTuple):
     - ``projections`` (b, gh, gw, k): each patch's coordinates on the components; 0 (the foreground's mean) on the
       background when there is a ``foreground``;
     - ``components`` (k, D), unit rows, signs by the module's rule; ``mean`` (D,), the mean token fitted on;
-    - ``explained_variance_ratio`` (k,): each component's share of the variance of the tokens fitted on;
+    - ``explained_variance_ratio`` (k,): each component's share of the variance of the tokens fitted on (0 where
+      they are all equal: no variance);
     - ``layout``: the input's :class:`~vit_einops.network.patch_embed.TokenLayout` (its prefix tokens were dropped);
     - ``foreground`` (b, gh, gw) bool, the patches the second PCA was fitted on, or None without a threshold.
     """
@@ -82,13 +83,12 @@ def _pca(tokens: torch.Tensor, n_components: int, what: str) -> tuple[torch.Tens
     centred = tokens - mean
     covariance = centred.T @ centred
     total = covariance.trace()
-    if not total > 0:
-        raise ValueError(f"the {m} {what} are all equal: they have no variance to analyse")
     values, vectors = torch.linalg.eigh(covariance)  # ascending
     values, components = values.flip(0)[:n_components], vectors.flip(1)[:, :n_components].T  # (k,), (k, d)
     largest = components.abs().argmax(dim=1, keepdim=True)  # the first of tied maxima
     components = components * components.gather(1, largest).sign()
-    return mean, components, centred @ components.T, values / total
+    # Tokens all equal have no variance to explain: every projection is 0, and so is each ratio (not 0 / 0).
+    return mean, components, centred @ components.T, values / total if total > 0 else torch.zeros_like(values)
 
 
 @torch.no_grad()
