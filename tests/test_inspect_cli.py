@@ -71,7 +71,7 @@ def test_default_photos_for_a_register_model_not_trained_on_digits(tmp_path, cap
     assert main(["inspect", str(tmp_path / "m.safetensors"), "--out", str(tmp_path / "out")]) == 0
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == [
-        "arrays.npz", "attention.png", "attention_distance.png", "embedding_filters.png",
+        "arrays.npz", "attention.png", "attention_distance.png", "embedding_filters.png", "patch_pca.png",
         "position_similarity.png", "prefix_share.png", "token_norms.png",
     ]  # fmt: skip
     for name in ("prefix_share", "token_norms"):

@@ -1,10 +1,10 @@
 """Look inside a ViT: record attention on any attention implementation, roll it out, weigh it by its gradient
 (relevance), measure how far heads look and how spread out they are, see how much attention the prefix tokens
 (class, distillation, register) take and how long the tokens grow, draw DINO's view (the class token's attention
-and the mask keeping 60% of it), and draw the paper's Figure 6, 7 and 11 style plots (``vit-einops inspect``):
-each plot function returns a matplotlib Figure, shown inline in a notebook, and ``save_figure(fig, path)`` writes
-it atomically. Every tool reads the tokens by the input's token layout (``recorder.layout``,
-``model.patch_embed.layout(image_size)``): the prefix tokens by name, then the patch grid."""
+and the mask keeping 60% of it) and DINOv2's PCA of the patch features, and draw the paper's Figure 6, 7 and 11
+style plots (``vit-einops inspect``): each plot function returns a matplotlib Figure, shown inline in a notebook,
+and ``save_figure(fig, path)`` writes it atomically. Every tool reads the tokens by the input's token layout
+(``recorder.layout``, ``model.patch_embed.layout(image_size)``): the prefix tokens by name, then the patch grid."""
 
 from ..base.plot import save_figure
 from .dino import DINO_KEEP, DinoView, dino_mask, dino_view
@@ -25,6 +25,7 @@ from .figures import (
     plot_token_norms,
     show_attention,
 )
+from .pca import PatchPCA, patch_feature_pca, plot_patch_pca
 from .record import AttentionRecorder, attention_matrix, record_attention
 from .relevance import attention_gradients, attention_relevance, relevance_from_gradients
 from .report import write_report
@@ -41,6 +42,7 @@ __all__ = [
     "DINO_KEEP",
     "AttentionRecorder",
     "DinoView",
+    "PatchPCA",
     "TokenNorms",
     "attention_entropy",
     "attention_gradients",
@@ -57,10 +59,12 @@ __all__ = [
     "patch_attention_grid",
     "patch_distances",
     "patch_embedding_matrix",
+    "patch_feature_pca",
     "plot_attention_distance",
     "plot_attention_overlays",
     "plot_dino_view",
     "plot_filters",
+    "plot_patch_pca",
     "plot_position_similarity",
     "plot_prefix_share",
     "plot_token_norms",

@@ -26,6 +26,7 @@ from .figures import (
     plot_prefix_share,
     plot_token_norms,
 )
+from .pca import patch_feature_pca, plot_patch_pca
 from .record import AttentionRecorder
 from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
 from .stats import prefix_token_share, recording_token_norms
@@ -38,6 +39,7 @@ FIGURES = (
     "embedding_filters",
     "prefix_share",
     "token_norms",
+    "patch_pca",
 )
 # Everything write_report puts in its folder: the only names a folder it replaces may hold.
 REPORT_FILES = frozenset((*(f"{name}.png" for name in FIGURES), "arrays.npz"))
@@ -90,13 +92,16 @@ def write_report(
     attention over the patches, the patches holding 60% of it outlined (:func:`~vit_einops.inspect.dino_view`).
     A model without a class token draws the attention each patch receives
     (:func:`~vit_einops.inspect.patch_attention_grid`) instead of the class token's, and no mask.
+    ``patch_pca.png`` is DINOv2's PCA picture: the first three components of one PCA over the drawn images' final
+    patch tokens as RGB (:func:`~vit_einops.inspect.patch_feature_pca`).
 
     Returns the written paths by name: attention, attention_distance, position_similarity, embedding_filters,
-    prefix_share, token_norms (each ``<name>.png``, written atomically), arrays (``arrays.npz``: the
+    prefix_share, token_norms, patch_pca (each ``<name>.png``, written atomically), arrays (``arrays.npz``: the
     recorded maps, the drawn ``class_attention`` (or ``patch_attention``) of layer ``class_attention_layer``,
     rollout, distances, similarities, filters, ``prefix_tokens`` (their names), ``prefix_share`` (l, b, h, p),
     ``token_norms`` (l, b, n), ``dino_attention`` and ``dino_mask`` (b, h, gh, gw): DINO's view of the drawn
-    layer).
+    layer, ``patch_pca`` (b, gh, gw, k) and ``patch_pca_components`` (k, D): the PCA's projections and
+    components, k = 3 or fewer where D or the patches are fewer).
     """
     cfg = model.config
     depth = len(model.blocks)
@@ -139,6 +144,8 @@ def write_report(
     components, explained = embedding_filter_components(model)
     share = prefix_token_share(maps, layout)  # (l, b, h, p)
     norms = torch.stack(norm_records)  # (l, b, n)
+    pca_components = min(3, model.num_features, len(images) * layout.num_patches)
+    pca = patch_feature_pca(model, images, pca_components, preprocessed=True)
 
     arrays = {
         "images": images,
@@ -153,6 +160,8 @@ def write_report(
         "filter_explained_variance": explained,
         "prefix_share": share,
         "token_norms": norms,
+        "patch_pca": pca.projections,
+        "patch_pca_components": pca.components,
     }
     masks = None
     if has_class:  # DINO's view of the drawn layer: its maps outlined where they hold 60% of the mass
@@ -175,6 +184,7 @@ def write_report(
         "embedding_filters": plot_filters(components, explained),
         "prefix_share": plot_prefix_share(share, layout),
         "token_norms": plot_token_norms(norms, layout),
+        "patch_pca": plot_patch_pca(pca, shown),
     }
     buf = io.BytesIO()
     np.savez(
