@@ -28,6 +28,7 @@ from .figures import (
 from .record import AttentionRecorder, attention_matrix, record_attention
 from .relevance import attention_gradients, attention_relevance, relevance_from_gradients
 from .report import write_report
+from .targets import EmbeddingTarget, ImageTarget, PatchTarget, load_embedding, patch_similarity
 from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
 from .stats import (
     TokenNorms,
@@ -40,6 +41,9 @@ from .stats import (
 __all__ = [
     "DINO_KEEP",
     "AttentionRecorder",
+    "EmbeddingTarget",
+    "ImageTarget",
+    "PatchTarget",
     "DinoView",
     "TokenNorms",
     "attention_entropy",
@@ -52,10 +56,12 @@ __all__ = [
     "dino_view",
     "embedding_filter_components",
     "head_statistics",
+    "load_embedding",
     "mean_attention_distance",
     "model_position_similarity",
     "patch_attention_grid",
     "patch_distances",
+    "patch_similarity",
     "patch_embedding_matrix",
     "plot_attention_distance",
     "plot_attention_overlays",
