@@ -7,13 +7,17 @@ cosine similarities as dot products of unit vectors, in float64 (atol 1e-10)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import re
+import zlib
 
 import numpy as np
 import pytest
 import torch
 
-from tests._tiny import TINY_RGB16, tiny_vit
+from _tiny import TINY_RGB16, tiny_vit
 from vit_einops.inspect import (
     EmbeddingTarget,
     ImageTarget,
@@ -210,3 +214,50 @@ def test_embeddings_load_from_each_format_and_refuse_hostile_files(tmp_path):
         with pytest.raises(ValueError) as err:
             load_embedding(tmp_path / name)
         assert str(err.value) == message
+
+
+def _payload(page) -> dict:
+    text = page.read_text(encoding="utf-8")
+    return json.loads(re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', text, re.S)[1])
+
+
+NO_CLASS = re.compile(r"class \d|predict|probability|logit", re.I)
+
+
+def test_a_backbone_page_lists_no_class_and_holds_the_targets_relevance(backbone, tmp_path):
+    from vit_einops.explore import write_explorer
+
+    x = torch.rand(2, 3, 16, 16, dtype=torch.float64)
+    plain = _payload(write_explorer(backbone, x, tmp_path / "plain.html", preprocessed=True))
+    [pane] = plain["panes"]
+    assert pane["classifier"] is False
+    assert [(image["top"], image["target"]) for image in pane["images"]] == [([], None)] * 2
+    assert not NO_CLASS.search(json.dumps(plain))
+
+    target = PatchTarget(2, 1)
+    page = _payload(write_explorer(backbone, x, tmp_path / "patch.html", preprocessed=True, target=target))
+    assert not NO_CLASS.search(json.dumps(page))
+    expected = attention_relevance(backbone, x, target, preprocessed=True).numpy()
+    scores = patch_score(2, 1, prefix=3)(backbone, x).detach()
+    for i, image in enumerate(page["panes"][0]["images"]):
+        entry = image["target"]
+        assert entry["name"] == "mean cosine similarity of the patches to patch (2, 1)"
+        assert entry["score"] == pytest.approx(float(scores[i]), abs=1e-12)
+        stored = np.frombuffer(zlib.decompress(base64.b64decode(entry["relevance"])), "<f2").reshape(19, 19)
+        # float16 after division by a power of two: relative error 2^-11 (the page's stated precision)
+        np.testing.assert_allclose(stored * entry["relevance_scale"], expected[i], rtol=2**-11, atol=entry["relevance_scale"] * 2**-25)
+        assert image["top"] == []
+
+
+def test_a_classifier_page_keeps_its_classes_beside_the_target(tmp_path):
+    from vit_einops.explore import write_explorer
+
+    model = tiny_vit(TINY_RGB16)
+    x = torch.rand(1, 3, 16, 16)
+    [pane] = _payload(write_explorer(model, x, tmp_path / "e.html", top_k=2, target=PatchTarget(0, 0)))["panes"]
+    assert pane["classifier"] is True
+    [image] = pane["images"]
+    assert [c["index"] for c in image["top"]] == model(x).topk(2).indices[0].tolist()
+    assert image["target"]["name"] == "mean cosine similarity of the patches to patch (0, 0)"
+    with pytest.raises(TypeError, match="the explorer's target is a backbone target"):
+        write_explorer(model, x, tmp_path / "f.html", target=3)

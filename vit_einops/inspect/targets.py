@@ -122,6 +122,14 @@ class PatchTarget:
 BACKBONE_TARGETS = (EmbeddingTarget, ImageTarget, PatchTarget)
 
 
+def target_name(target: EmbeddingTarget | ImageTarget | PatchTarget) -> str:
+    """What a target's score is, in words, for figures and the explorer."""
+    if isinstance(target, PatchTarget):
+        return f"mean cosine similarity of the patches to patch ({target.row}, {target.col})"
+    what = "the target image's output" if isinstance(target, ImageTarget) else "the target embedding"
+    return f"cosine similarity of the output to {what}"
+
+
 def target_scores(
     model: torch.nn.Module, images: torch.Tensor, target: EmbeddingTarget | PatchTarget
 ) -> tuple[torch.Tensor, torch.Tensor]:
