@@ -261,3 +261,91 @@ def test_a_classifier_page_keeps_its_classes_beside_the_target(tmp_path):
     assert image["target"]["name"] == "mean cosine similarity of the patches to patch (0, 0)"
     with pytest.raises(TypeError, match="the explorer's target is a backbone target"):
         write_explorer(model, x, tmp_path / "f.html", target=3)
+
+
+@pytest.fixture
+def backbone_file(tmp_path):
+    from PIL import Image
+
+    from vit_einops.modelfile import save_vit
+    from vit_einops.preprocess import Preprocessing
+
+    torch.manual_seed(2)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "b.png")
+    model = tiny_vit(BACKBONE)
+    model.preprocessing = Preprocessing.plain((16, 16), channels=3)
+    return save_vit(model, tmp_path / "dino.safetensors")
+
+
+def test_cli_targets_reach_the_page_and_the_report(backbone_file, tmp_path, capsys):
+    from vit_einops.commands.cli import main
+
+    base = [str(backbone_file), "--image", str(tmp_path / "a.png")]
+    torch.save(torch.randn(32), tmp_path / "e.pt")
+    names = {
+        "--target-embedding": (str(tmp_path / "e.pt"), "cosine similarity of the output to the target embedding"),
+        "--target-image": (str(tmp_path / "b.png"), "cosine similarity of the output to the target image's output"),
+        "--target-patch": ("1,3", "mean cosine similarity of the patches to patch (1, 3)"),
+    }
+    for flag, (value, name) in names.items():
+        out = tmp_path / f"{flag[2:]}.html"
+        assert main(["explore", *base, "--out", str(out), flag, value]) == 0
+        [image] = _payload(out)["panes"][0]["images"]
+        assert image["top"] == [] and image["target"]["name"] == name
+    assert main(["inspect", *base, "--out", str(tmp_path / "r"), "--target-patch", "1,3"]) == 0
+    arrays = np.load(tmp_path / "r" / "arrays.npz")
+    assert arrays["target_relevance"].shape == (1, 17, 17) and arrays["target_similarity"].shape == (1, 4, 4)
+    assert arrays["target_similarity"][0, 1, 3] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_a_backbone_report_titles_no_prediction(backbone_file, tmp_path):
+    import matplotlib.figure
+
+    from vit_einops.inspect import write_report
+
+    texts = []
+    original = matplotlib.figure.SubFigure.suptitle
+
+    def keep(self, text, *a, **k):
+        texts.append(text)
+        return original(self, text, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(matplotlib.figure.SubFigure, "suptitle", keep)
+        write_report(tiny_vit(BACKBONE), torch.rand(2, 3, 16, 16), tmp_path / "r", titles=["x", "y"])
+    assert texts and not any("predicted" in t or "class " in t.replace("class token", "") for t in texts), texts
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--target-patch", "1;2", "--target-patch expects ROW,COL (two non-negative integers, e.g. 3,5), got '1;2'"),
+        ("--target-patch", "-1,2", "--target-patch expects ROW,COL (two non-negative integers, e.g. 3,5), got '-1,2'"),
+        ("--target-patch", "4,0", "target patch (4, 0) is outside the 4 x 4 patch grid (rows 0..3, cols 0..3)"),
+        ("--target-embedding", "short.npy", "the target embedding has shape (31,); this model's output is 32 wide, "
+         "so expected (32,) or (1, 32) for 1 images"),
+        ("--target-embedding", "nan.npy", "target embedding {}: the target embedding holds non-finite values (nan or "
+         "inf)"),
+        ("--target-embedding", "pickle.pt", "target embedding {} cannot be read as pt: UnpicklingError"),
+        ("--target-embedding", "big.npy", "{} is 67,108,993 bytes, over the 67,108,864 this file type may hold"),
+        ("--target-embedding", "fifo.npy", "{} is a FIFO, not a regular file"),
+    ],
+)  # fmt: skip
+def test_cli_refuses_hostile_targets_in_one_line(backbone_file, tmp_path, capsys, flag, value, message):
+    from vit_einops.commands.cli import main
+
+    np.save(tmp_path / "short.npy", np.ones(31, np.float32))
+    np.save(tmp_path / "nan.npy", np.array([1.0, np.nan], np.float32))
+    torch.save({"f": print}, tmp_path / "pickle.pt")
+    with open(tmp_path / "big.npy", "wb") as f:
+        f.truncate((64 << 20) + 129)
+    os.mkfifo(tmp_path / "fifo.npy")
+    path = tmp_path / value
+    if flag == "--target-embedding":
+        value, message = str(path), message.replace("{}", repr(str(path)))
+    for command in (["explore", "--out", str(tmp_path / "e.html")], ["inspect", "--out", str(tmp_path / "r")]):
+        capsys.readouterr()
+        argv = [command[0], str(backbone_file), "--image", str(tmp_path / "a.png"), *command[1:], f"{flag}={value}"]
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"vit-einops {command[0]}: error: {message}\n"
