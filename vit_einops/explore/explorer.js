@@ -916,7 +916,10 @@ function describe() {
     `(relative error ≤ 2^-11, plus 2^-25 of the matrix scale for tiny values); token norms to 4 decimals. ` +
     `Every "±" printed on this page includes the rounding of the printed digits. ` +
     `Relevance: Chefer, Gur and Wolf (2021), R = I; R ← R + mean_h((∂y_c/∂A ⊙ A)⁺) R over the layers; ` +
-    `y_c is the logit of the chosen class, or the chosen target's score (a cosine similarity). Rollout: Abnar and Zuidema (2020), residual 0.5, mean of heads. ` +
+    (panes.some((pane) => pane.data.classifier)
+      ? "y_c is the logit of the chosen class, or the chosen target's score (a cosine similarity). "
+      : "y_c is the chosen target's score (a cosine similarity; this model has no classifier). ") +
+    `Rollout: Abnar and Zuidema (2020), residual 0.5, mean of heads. ` +
     `Both draw the query's row of R (the class token's until a patch is clicked), named above. ` +
     `Mean attention distance: over patch-to-patch attention, weighted by the mass it gets; ${NOT_DEFINED} ` +
     `where a head's patches put no weight on patches. DINO's view (Caron et al. 2021): the last layer's ` +
