@@ -117,7 +117,8 @@ def attention_gradients(
     """
     backbone = isinstance(target, BACKBONE_TARGETS)
     if not backbone and getattr(model, "num_classes", None) == 0:
-        raise no_classifier_error("there is no predicted class" if target is None else f"target {target!r:.60} names no class")
+        what = "there is no predicted class" if target is None else f"target {target!r:.60} names no class"
+        raise no_classifier_error(what)
     if isinstance(target, ImageTarget):  # its embedding first, outside the recording
         target = target.embedding(model)
     layers = encoder_attends(model)
@@ -181,6 +182,7 @@ def attention_relevance(
     images = model_inputs(model, images, preprocessed=preprocessed)
     _, maps, grads, _ = attention_gradients(model, images, target)
     relevance = relevance_from_gradients(maps, grads)  # (k, b, n, n)
-    if target is not None and not isinstance(target, BACKBONE_TARGETS) and torch.as_tensor(target).ndim == 2:  # checked by attention_gradients: (b, k)
+    # (b, k) class indices, checked by attention_gradients
+    if target is not None and not isinstance(target, BACKBONE_TARGETS) and torch.as_tensor(target).ndim == 2:
         return relevance.transpose(0, 1)
     return relevance[0]

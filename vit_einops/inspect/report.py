@@ -166,7 +166,8 @@ def write_report(
         if not isinstance(target, BACKBONE_TARGETS):
             raise TypeError(f"write_report's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
         _, target_maps, target_grads, scores = attention_gradients(model, images, target)
-        arrays.update(target_relevance=relevance_from_gradients(target_maps, target_grads)[0], target_score=scores[:, 0])
+        arrays["target_relevance"] = relevance_from_gradients(target_maps, target_grads)[0]  # (b, n, n)
+        arrays["target_score"] = scores[:, 0]
         if isinstance(target, PatchTarget):
             arrays["target_similarity"] = patch_similarity(model, images, target, preprocessed=True)
     masks = None

@@ -101,7 +101,8 @@ class PatchTarget:
     """The mean cosine similarity of every patch token to patch (``row``, ``col``)'s (see the module docstring)."""
 
     def __init__(self, row: Any, col: Any) -> None:
-        self.row, self.col = check_nonnegative_int("target patch row", row), check_nonnegative_int("target patch col", col)
+        self.row = check_nonnegative_int("target patch row", row)
+        self.col = check_nonnegative_int("target patch col", col)
 
     def __repr__(self) -> str:
         return f"PatchTarget({self.row}, {self.col})"
