@@ -423,3 +423,32 @@ def test_a_model_without_a_class_token_beside_a_distilled_one_draws_every_view(b
     assert line == "DINO's mask: none, this model has no class token"
     mask = browser.find_element("css selector", "#pane-1 .dino-line").get_attribute("data-mask")
     assert mask != "" and all(0 <= int(p) < 16 for p in mask.split(","))
+
+
+def test_a_headless_models_page_shows_no_class_and_its_target_relevance(browser, tmp_path):
+    """A model without a classifier (num_classes 0, a SigLIP-like tower): no predictions, no class anywhere in the
+    page's visible text, the relevance view off without a target; with a patch target, the one entry is it."""
+    from vit_einops import ViT
+    from vit_einops.explore import write_explorer
+    from vit_einops.inspect import PatchTarget
+
+    torch.manual_seed(0)
+    tower = ViT(image_size=32, patch_size=8, dim=32, depth=2, heads=2, mlp_dim=64, num_classes=0, pool="map").eval()
+    no_class = re.compile(r"class \d|predict|probabilit|logit", re.I)
+    for target in (None, PatchTarget(1, 2)):
+        page = write_explorer(tower, torch.rand(1, 3, 32, 32), tmp_path / f"{target}.html", preprocessed=True,
+                              target=target)  # fmt: skip
+        _open(browser, page)
+        views = ("attention", "dino", "rollout", "norms") + (() if target is None else ("relevance",))
+        for view in views:  # without a target the relevance option is disabled (checked below)
+            _select(browser, "view-select", view)
+            assert _console_errors(browser) == [], view
+            text = browser.find_element("css selector", "body").text
+            assert not no_class.search(text), no_class.search(text)
+        relevance = browser.find_element("css selector", "#relevance-option")
+        items = [li.text for li in browser.find_elements("css selector", "#pane-0 .predictions li")]
+        if target is None:
+            assert relevance.get_attribute("disabled") and items == []
+        else:
+            assert relevance.get_attribute("disabled") is None
+            assert items and items[0].startswith("the target (mean cosine similarity of the patches to patch (1, 2)): ")

@@ -87,6 +87,41 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
     prep.add_argument("--std", type=parse_floats, metavar="S[,S,S]", help="per-channel std")
 
 
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """The backbone targets (:mod:`vit_einops.inspect.targets`): what relevance is for on a model without a
+    classifier, at most one."""
+    group = parser.add_argument_group(
+        "relevance target (for a model without a classifier; at most one)"
+    ).add_mutually_exclusive_group()
+    group.add_argument(
+        "--target-embedding",
+        metavar="FILE",
+        help="an embedding of the model's output size (.pt, .npy or .safetensors): relevance for the cosine "
+        "similarity of the output to it",
+    )
+    group.add_argument(
+        "--target-image", metavar="PATH", help="an image: relevance for the cosine similarity to its output"
+    )
+    group.add_argument(
+        "--target-patch",
+        metavar="ROW,COL",
+        help="a patch of the grid: relevance for the mean cosine similarity of the patch tokens to its token",
+    )
+
+
+def target_from_args(args: argparse.Namespace) -> Any:
+    """The backbone target the flags of :func:`add_target_arguments` name, or None."""
+    from ..inspect.targets import EmbeddingTarget, ImageTarget, load_embedding, parse_patch
+
+    if args.target_embedding is not None:
+        return EmbeddingTarget(load_embedding(args.target_embedding))
+    if args.target_image is not None:
+        return ImageTarget(args.target_image)
+    if args.target_patch is not None:
+        return parse_patch(args.target_patch)
+    return None
+
+
 def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> Any:
     """The ViT that ``args`` describe, its preprocessing overridden by the flags."""
     from ..sources import detect_source, load_model

@@ -14,7 +14,15 @@ import argparse
 from pathlib import Path
 
 from ..base.text import printable
-from ._model import add_model_arguments, default_images, is_digits_model, load_model_from_args, model_inputs
+from ._model import (
+    add_model_arguments,
+    add_target_arguments,
+    default_images,
+    is_digits_model,
+    load_model_from_args,
+    model_inputs,
+    target_from_args,
+)
 
 DIGIT_IMAGES = 4  # test digits 0..3: a small model, a small page
 
@@ -40,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=8,
         help="bits per stored attention weight, 2..8: fewer make a smaller, coarser page (default %(default)s)",
     )
+    add_target_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,6 +69,7 @@ def _explore(args: argparse.Namespace) -> int:
     from ..sizes import check_forward_memory
 
     check_file_output(args.out, args.force, "pass --force to replace it")  # before the work; again at the commit
+    target = target_from_args(args)  # a bad target file is refused before any model loads
     models = [load_model_from_args(args, path).eval() for path in args.models]
     if not args.image and len({is_digits_model(model) for model in models}) > 1:
         raise ValueError(
@@ -82,6 +92,7 @@ def _explore(args: argparse.Namespace) -> int:
                 pictures=[to_uint8(picture) for picture in images["display"]],
                 top_k=args.top_k,
                 bits=args.bits,
+                target=target,
             )
         )
     path = write_panes(panes, args.out, titles=titles, bits=args.bits, overwrite=args.force)

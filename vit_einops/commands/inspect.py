@@ -13,7 +13,15 @@ import argparse
 import os
 from pathlib import Path
 
-from ._model import add_model_arguments, default_images, load_model_from_args, model_inputs, training_run
+from ._model import (
+    add_model_arguments,
+    add_target_arguments,
+    default_images,
+    load_model_from_args,
+    model_inputs,
+    target_from_args,
+    training_run,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--force", action="store_true", help="replace an earlier report in --out (a folder holding other files never)"
     )
+    add_target_arguments(parser)
 
 
 def default_out(model_path: Path, source: str | None = None) -> Path:
@@ -82,6 +91,7 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     from ..sizes import check_forward_memory
 
     check_directory_output(out, REPORT_FILES, args.force)  # before the work; checked again at the commit
+    target = target_from_args(args)  # a bad target file is refused before any model loads
     model = load_model_from_args(args, str(path))
     depth = model.config.depth
     if not -depth <= args.layer < depth:
@@ -99,6 +109,7 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
         layer=args.layer,
         display_images=images["display"],
         overwrite=args.force,
+        target=target,
     )
     for name, path in paths.items():
         print(f"{name:>20}: {printable(path)}")

@@ -18,7 +18,7 @@ const state = {
   view: "attention", // attention | dino | rollout | relevance | norms
   layer: 0,
   head: "mean", // "mean" or a head index
-  classRank: 0, // which of the image's top classes the relevance is for
+  classRank: 0, // which of the image's relevance entries (its top classes, then the target) the relevance is for
   query: { prefix: "cls" }, // {prefix: name} or {point: [y, x]}
   opacity: 0.6, // of the heat map over the picture
   hover: null, // the key under the pointer, as the query is said
@@ -77,7 +77,9 @@ async function decodeImage(page) {
     attention: await inflate(page.attention), // uint8 codes (layer, head, query, key)
     rowmax: float32Array(await inflate(page.attention_rowmax)), // (layer, head, query)
     rollout: halfMatrix(await inflate(page.rollout), page.rollout_scale), // (query, key)
-    relevance: await Promise.all(page.top.map(async (c) => halfMatrix(await inflate(c.relevance), c.relevance_scale))),
+    relevance: await Promise.all(
+      entries(page).map(async (c) => halfMatrix(await inflate(c.relevance), c.relevance_scale)),
+    ),
     picture: await loadPicture(page.png),
   };
 }
@@ -189,12 +191,12 @@ function currentRow(pane) {
     return { values, bounds, name: `token norm ||z||, after layer ${layer}`, digits: "significant" };
   }
   const matrix = state.view === "rollout" ? d.rollout : d.relevance[state.classRank];
-  const scale = state.view === "rollout" ? page.rollout_scale : page.top[state.classRank].relevance_scale;
+  const cls = entries(page)[state.classRank];
+  const scale = state.view === "rollout" ? page.rollout_scale : cls.relevance_scale;
   for (let j = 0; j < N; j++) {
     values[j] = matrix[query * N + j];
     bounds[j] = Math.abs(values[j]) * DATA.half_relative + scale * DATA.half_subnormal;
   }
-  const cls = page.top[state.classRank];
   const name = state.view === "rollout" ? "rollout R (all layers, mean of heads)" : `relevance R for ${className(cls)}`;
   return { values, bounds, name, digits: "significant" };
 }
@@ -206,8 +208,16 @@ function formatValue(value, bound, digits) {
   return `${text} ± ${((bound + printing) * 1.01).toPrecision(3)}`;
 }
 
+// What relevance can be for on an image: its top classes (none for a model without a classifier), then the
+// target given, if any.
+function entries(page) {
+  return page.target ? [...page.top, page.target] : page.top;
+}
+
 function className(c) {
-  // c.name is class_name()'s: the recorded name, or "class i" where none is known.
+  // A target has no index, its name says what its score is. A class's name is class_name()'s: the recorded name,
+  // or "class i" where none is known.
+  if (c.index === undefined) return `the target (${c.name})`;
   return c.name === `class ${c.index}` ? c.name : `${c.name} (class ${c.index})`;
 }
 
@@ -436,10 +446,12 @@ function clampNote(pane) {
 // on the patches, and which row of R is the usual one.
 function viewNote(pane, row) {
   const notes = [];
-  const cls = pane.data.images[state.image].top[state.classRank];
+  const cls = entries(pane.data.images[state.image])[state.classRank];
   if (row === null) {
     notes.push("This model has no class token (no \"cls\" among its prefix tokens), so it has no class-token " +
       "attention for DINO's view; the attention view shows any query's row.");
+  } else if (state.view === "relevance" && cls.relevance_identity && cls.index === undefined) {
+    notes.push("Relevance is the identity matrix for this target: its score does not depend on the attention.");
   } else if (state.view === "relevance" && cls.relevance_identity) {
     notes.push(
       "Relevance is the identity matrix for this class: no head's gradient-weighted attention " +
@@ -733,21 +745,26 @@ function fillClasses() {
     return;
   }
   classesFor = state.image;
-  const tops = panes.map((pane) => pane.data.images[state.image].top);
+  const tops = panes.map((pane) => entries(pane.data.images[state.image]));
   const ranks = Math.min(...tops.map((top) => top.length));
-  state.classRank = Math.min(state.classRank, ranks - 1);
+  state.classRank = Math.max(0, Math.min(state.classRank, ranks - 1));
   fillSelect(
     $("class-select"),
     [...Array(ranks).keys()].map((rank) => [rank, tops.map((top) => className(top[rank])).join(" | ")]),
   );
   $("class-select").value = String(state.classRank);
   for (const pane of panes) {
-    const top = pane.data.images[state.image].top;
+    const page = pane.data.images[state.image];
+    // A model without a classifier has no predictions: its list holds the target alone, under its own heading.
+    pane.el("predictions-heading").textContent = page.top.length ? "Top predictions" : "Relevance target";
+    pane.el("predictions-heading").hidden = !entries(page).length;
     pane.el("predictions").replaceChildren(
-      ...top.map((c, rank) => {
+      ...entries(page).map((c, rank) => {
         const item = document.createElement("li");
-        item.textContent = `${className(c)}: ${(100 * c.probability).toFixed(1)} %, logit ${c.logit.toFixed(3)}`;
-        item.title = "show the relevance for this class";
+        item.textContent = c.index === undefined
+          ? `${className(c)}: ${c.score.toFixed(4)}`
+          : `${className(c)}: ${(100 * c.probability).toFixed(1)} %, logit ${c.logit.toFixed(3)}`;
+        item.title = "show the relevance for this entry";
         item.classList.toggle("chosen", rank === state.classRank && state.view === "relevance");
         item.addEventListener("click", () => update({ view: "relevance", classRank: Math.min(rank, ranks - 1) }));
         return item;
@@ -756,8 +773,14 @@ function fillClasses() {
   }
 }
 
+// Relevance needs an entry on every pane: a model without a classifier has one only where a target was given.
+function relevanceShown() {
+  return panes.every((pane) => entries(pane.data.images[state.image]).length > 0);
+}
+
 function update(changes) {
   Object.assign(state, changes);
+  if (state.view === "relevance" && !relevanceShown()) state.view = "attention";
   $("image-select").value = String(state.image);
   $("view-select").value = state.view;
   $("layer-select").value = String(state.layer);
@@ -765,6 +788,7 @@ function update(changes) {
   $("layer-select").disabled = !["attention", "norms"].includes(state.view);
   $("head-select").disabled = !["attention", "dino"].includes(state.view);
   $("class-select").disabled = state.view !== "relevance";
+  $("relevance-option").disabled = !relevanceShown();
   $("mask-toggle").checked = state.mask;
   fillClasses();
   for (const pane of panes) {
@@ -892,7 +916,10 @@ function describe() {
     `(relative error ≤ 2^-11, plus 2^-25 of the matrix scale for tiny values); token norms to 4 decimals. ` +
     `Every "±" printed on this page includes the rounding of the printed digits. ` +
     `Relevance: Chefer, Gur and Wolf (2021), R = I; R ← R + mean_h((∂y_c/∂A ⊙ A)⁺) R over the layers; ` +
-    `y_c is the logit of the chosen class. Rollout: Abnar and Zuidema (2020), residual 0.5, mean of heads. ` +
+    (panes.some((pane) => pane.data.classifier)
+      ? "y_c is the logit of the chosen class, or the chosen target's score (a cosine similarity). "
+      : "y_c is the chosen target's score (a cosine similarity; this model has no classifier). ") +
+    `Rollout: Abnar and Zuidema (2020), residual 0.5, mean of heads. ` +
     `Both draw the query's row of R (the class token's until a patch is clicked), named above. ` +
     `Mean attention distance: over patch-to-patch attention, weighted by the mass it gets; ${NOT_DEFINED} ` +
     `where a head's patches put no weight on patches. DINO's view (Caron et al. 2021): the last layer's ` +

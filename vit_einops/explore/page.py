@@ -86,6 +86,7 @@ def explorer_pane(
     pictures: Sequence[Any] | None = None,
     top_k: int = 5,
     bits: int = DEFAULT_BITS,
+    target: Any = None,
 ) -> dict[str, Any]:
     """One model's pane of the page (:func:`~vit_einops.explore.payload.build_payload`), its arguments as
     :func:`write_explorer` takes them; ``titles`` only count the images."""
@@ -116,7 +117,9 @@ def explorer_pane(
     was_training = model.training
     model.eval()
     try:
-        return build_payload(model, images, name=name, class_names=class_names, pictures=shown, top_k=top_k, bits=bits)
+        return build_payload(
+            model, images, name=name, class_names=class_names, pictures=shown, top_k=top_k, bits=bits, target=target
+        )
     finally:
         model.train(was_training)
 
@@ -148,6 +151,7 @@ def write_explorer(
     pictures: Sequence[Any] | None = None,
     top_k: int = 5,
     bits: int = DEFAULT_BITS,
+    target: Any = None,
     overwrite: bool = False,
 ) -> Path:
     """Write the attention explorer for ``model`` on ``images`` to ``path`` (one HTML file); returns the path.
@@ -167,7 +171,10 @@ def write_explorer(
         pictures: what to show for each image, PIL images or uint8 arrays; default: each image as the model saw
             it (resized and cropped, not normalised; a preprocessed input as :func:`vit_einops.images.to_display`
             draws it).
-        top_k: how many top classes get a prediction line and a relevance map.
+        top_k: how many top classes get a prediction line and a relevance map (a model without a classifier,
+            ``num_classes`` 0, lists no classes).
+        target: a backbone target (:class:`~vit_einops.inspect.EmbeddingTarget`, ``ImageTarget``, ``PatchTarget``)
+            whose relevance the page also holds, the only relevance of a model without a classifier.
         bits: bits per stored attention weight, 2..8; each weight is within 1 / (2 (2^bits - 1)) of its row's
             maximum of the recorded A (the page states it).
         overwrite: replace an existing regular file at ``path`` (keeping its permissions); otherwise an existing
@@ -198,6 +205,7 @@ def write_explorer(
             pictures=pictures,
             top_k=top_k,
             bits=bits,
+            target=target,
         )
         for m, name in zip(models, names, strict=True)
     ]

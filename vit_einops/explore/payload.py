@@ -29,6 +29,10 @@ attention distance of a head that sends no attention between patches (it attends
 beside its patch mass 0, and the mass DINO's mask keeps where the class token puts none on the patches. A class
 whose relevance is exactly the identity (its logit gives no gradient, e.g. a zero-initialised head) is flagged
 ``relevance_identity`` so the page can say why its map is blank.
+
+A model without a classifier (``num_classes`` 0: its output is pooled features) lists no classes: ``top`` is empty.
+Relevance is then for the ``target`` given (:mod:`vit_einops.inspect.targets`), one entry per image with its score,
+or absent (null) without one; a classifier's page adds the target's entry beside its classes.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import torch
 from ..base.checks import check_int_in_range
 from ..inspect import (
     DINO_KEEP,
+    attention_gradients,
     attention_relevance,
     attention_rollout,
     class_attention_grid,
@@ -53,8 +58,10 @@ from ..inspect import (
     head_statistics,
     patch_distances,
     record_attention,
+    relevance_from_gradients,
     token_norms,
 )
+from ..inspect.targets import BACKBONE_TARGETS, TARGET_KINDS, target_name
 from ..network.patch_embed import ClassToken, TokenLayout
 from ..prediction import check_finite_outputs, class_name
 
@@ -132,6 +139,17 @@ def dino_view(maps: torch.Tensor, layout: TokenLayout) -> dict[str, Any] | None:
     return {"masks": masks, "kept": kept}
 
 
+def _relevance_entry(relevance: torch.Tensor, **fields: Any) -> dict[str, Any]:
+    """One map of R (n, n) as the page stores it, beside what names it."""
+    rel16, rel_scale = to_half(relevance.detach().double().cpu().numpy())
+    return {
+        **fields,
+        "relevance": pack(rel16),
+        "relevance_scale": rel_scale,
+        "relevance_identity": relevance_is_identity(relevance),
+    }
+
+
 def build_payload(
     model: torch.nn.Module,
     images: torch.Tensor,
@@ -141,6 +159,7 @@ def build_payload(
     pictures: Sequence[np.ndarray],
     top_k: int,
     bits: int = DEFAULT_BITS,
+    target: Any = None,
 ) -> dict[str, Any]:
     """Everything one pane of the page draws, for ``model`` (in eval mode) on ``images`` (b, C, H, W); see the
     module docstring.
@@ -156,11 +175,18 @@ def build_payload(
     depth, b, heads, n, _ = maps.shape
     norms = token_norms(model, images).norms  # (l, b, n)
     check_finite_outputs("token norms", norms, weights)
-    probs = logits.double().softmax(dim=-1)
-    k = min(top_k, logits.shape[-1])
-    top = probs.topk(k, dim=-1)
-    relevance = attention_relevance(model, images, top.indices, preprocessed=True)  # (b, k, n, n)
-    check_finite_outputs("relevance maps", relevance, f"the gradients overflowed; {weights}")
+    classifier = model.num_classes > 0
+    k = min(top_k, logits.shape[-1]) if classifier else 0
+    if classifier:
+        top = logits.double().softmax(dim=-1).topk(k, dim=-1)
+        relevance = attention_relevance(model, images, top.indices, preprocessed=True)  # (b, k, n, n)
+        check_finite_outputs("relevance maps", relevance, f"the gradients overflowed; {weights}")
+    if target is not None:
+        if not isinstance(target, BACKBONE_TARGETS):
+            raise TypeError(f"the explorer's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
+        _, target_maps, target_grads, scores = attention_gradients(model, images, target)
+        target_relevance = relevance_from_gradients(target_maps, target_grads)[0]  # (b, n, n)
+        check_finite_outputs("relevance maps", target_relevance, f"the gradients overflowed; {weights}")
     rollout = attention_rollout(maps.double())  # (b, n, n)
     patch_size = tuple(model.config.patch_size)
     stats = head_statistics(maps.double(), layout, patch_size)  # each (l, b, h), prefix_share (.., p)
@@ -171,21 +197,19 @@ def build_payload(
     for i in range(b):
         codes, rowmax = quantise_rows(maps64[:, i], bits)  # (l, h, n, n), (l, h, n)
         rollout16, rollout_scale = to_half(rollout[i].detach().cpu().numpy())
-        classes = []
-        for c in range(k):
-            rel16, rel_scale = to_half(relevance[i, c].detach().double().cpu().numpy())
-            index = int(top.indices[i, c])
-            classes.append(
-                {
-                    "index": index,
-                    "name": class_name(index, class_names),
-                    "probability": float(top.values[i, c]),
-                    "logit": float(logits[i, index]),
-                    "relevance": pack(rel16),
-                    "relevance_scale": rel_scale,
-                    "relevance_identity": relevance_is_identity(relevance[i, c]),
-                }
+        classes = [
+            _relevance_entry(
+                relevance[i, c],
+                index=int(top.indices[i, c]),
+                name=class_name(int(top.indices[i, c]), class_names),
+                probability=float(top.values[i, c]),
+                logit=float(logits[i, top.indices[i, c]]),
             )
+            for c in range(k)
+        ]
+        chosen = None
+        if target is not None:
+            chosen = _relevance_entry(target_relevance[i], name=target_name(target), score=float(scores[i, 0]))
         pages.append(
             {
                 "png": png_base64(pictures[i]),
@@ -194,6 +218,7 @@ def build_payload(
                 "rollout": pack(rollout16),
                 "rollout_scale": rollout_scale,
                 "top": classes,
+                "target": chosen,
                 "stats": {
                     "distance": _as_list(stats["distance"][:, i]),
                     "patch_mass": _as_list(stats["patch_mass"][:, i]),
@@ -208,6 +233,7 @@ def build_payload(
         )
     return {
         "name": name,
+        "classifier": classifier,
         "depth": depth,
         "heads": heads,
         "layout": {"prefix": list(layout.prefix), "grid": list(layout.grid)},

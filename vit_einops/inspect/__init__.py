@@ -29,6 +29,7 @@ from .pca import PatchPCA, patch_feature_pca, plot_patch_pca
 from .record import AttentionRecorder, attention_matrix, record_attention
 from .relevance import attention_gradients, attention_relevance, relevance_from_gradients
 from .report import write_report
+from .targets import EmbeddingTarget, ImageTarget, PatchTarget, load_embedding, patch_similarity
 from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
 from .stats import (
     TokenNorms,
@@ -41,6 +42,9 @@ from .stats import (
 __all__ = [
     "DINO_KEEP",
     "AttentionRecorder",
+    "EmbeddingTarget",
+    "ImageTarget",
+    "PatchTarget",
     "DinoView",
     "PatchPCA",
     "TokenNorms",
@@ -54,10 +58,12 @@ __all__ = [
     "dino_view",
     "embedding_filter_components",
     "head_statistics",
+    "load_embedding",
     "mean_attention_distance",
     "model_position_similarity",
     "patch_attention_grid",
     "patch_distances",
+    "patch_similarity",
     "patch_embedding_matrix",
     "patch_feature_pca",
     "plot_attention_distance",

@@ -10,7 +10,9 @@ replaces the latter's LRP relevance of A by A itself):
     Abar_l = E_h[(dy_t/dA_l * A_l)^+]          (mean over heads of the positive part, element-wise)
     R_0 = I,   R_l = R_{l-1} + Abar_l R_{l-1}    for l = 1..L
 
-where y_t is the logit of the target class t (not its softmax probability, as in their code). The class token's
+where y_t is the logit of the target class t (not its softmax probability, as in their code), or for a model without
+a classifier the score s of a backbone target (:mod:`vit_einops.inspect.targets`: a cosine similarity to an
+embedding, another image, or the chosen patch's token). The class token's
 row of R over the patch keys (the prefix tokens' columns skipped: :func:`~vit_einops.inspect.class_attention_grid`
 with the input's token layout) is its relevance map. (A model with ``pool="mean"`` classifies the mean
 of the patch tokens, not the class token; the mean of R's patch rows, :func:`~vit_einops.inspect.patch_attention_grid`,
@@ -38,6 +40,7 @@ from ..network.attention import Attend
 from ..inputs import model_inputs
 from ..sizes import keeping_attention
 from .record import attention_matrix, encoder_attends
+from .targets import BACKBONE_TARGETS, ImageTarget, no_classifier_error, target_scores
 
 
 def _targets(target: Any, logits: torch.Tensor) -> torch.Tensor:
@@ -47,6 +50,8 @@ def _targets(target: Any, logits: torch.Tensor) -> torch.Tensor:
     b, classes = logits.shape
     if target is None:
         return logits.argmax(dim=-1, keepdim=True)
+    if isinstance(target, BACKBONE_TARGETS):
+        raise TypeError(f"{target!r} is a backbone target, not class indices")
     expected = "None, an integer class index, or integer class indices (b,) or (b, k)"
     if isinstance(target, numbers.Integral) and not isinstance(target, bool):
         if not 0 <= target < classes:  # before torch holds it: an int past int64's range is out of range too
@@ -86,6 +91,12 @@ def _attention_in_graph(maps: list[torch.Tensor]):
     return hook
 
 
+def _grads(score: torch.Tensor, maps: list[torch.Tensor], retain: bool) -> list[torch.Tensor]:
+    """d score / d A_l for every layer, zeros where A_l does not reach the score."""
+    g = torch.autograd.grad(score, maps, retain_graph=retain, allow_unused=True)
+    return [torch.zeros_like(a) if d is None else d for a, d in zip(maps, g, strict=True)]
+
+
 def attention_gradients(
     model: nn.Module, images: torch.Tensor, target: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -97,17 +108,29 @@ def attention_gradients(
 
     Args:
         target: None (each image's predicted class), an int (the same class for all), (b,) (one class per
-            image) or (b, k) (k classes per image).
+            image) or (b, k) (k classes per image); or a backbone target (:class:`EmbeddingTarget`,
+            :class:`ImageTarget`, :class:`PatchTarget`), the only kind a model with ``num_classes`` 0 takes.
 
     Returns (logits (b, classes), maps (l, b, h, n, n), grads (k, l, b, h, n, n), targets (b, k)), where
-    ``grads[t, l] = d y_{targets[:, t]} / d A_l``.
+    ``grads[t, l] = d y_{targets[:, t]} / d A_l``. For a backbone target: (the model's output (b, D_out), maps,
+    grads (1, l, b, h, n, n) of the target's score s, the scores s (b, 1)).
     """
+    backbone = isinstance(target, BACKBONE_TARGETS)
+    if not backbone and getattr(model, "num_classes", None) == 0:
+        what = "there is no predicted class" if target is None else f"target {target!r:.60} names no class"
+        raise no_classifier_error(what)
+    if isinstance(target, ImageTarget):  # its embedding first, outside the recording
+        target = target.embedding(model)
     layers = encoder_attends(model)
     maps: list[torch.Tensor] = []
     handles = [attend.register_forward_hook(_attention_in_graph(maps), with_kwargs=True) for attend in layers]
     try:
         with torch.enable_grad(), keeping_attention(len(layers)):  # the forward's budget counts the maps kept
             # The input requires grad so the graph exists even where every parameter is frozen.
+            if backbone:
+                output, scores = target_scores(model, images.detach().requires_grad_(True), target)
+                grads = [torch.stack(_grads(scores.sum(), maps, retain=False))]  # images do not interact
+                return output.detach(), torch.stack(maps).detach(), torch.stack(grads), scores.detach()[:, None]
             logits = model(images.detach().requires_grad_(True))
             if logits.ndim != 2:
                 raise ValueError(f"expected the model to return logits (b, classes), got {tuple(logits.shape)}")
@@ -115,10 +138,7 @@ def attention_gradients(
             grads = []
             for t in range(targets.shape[1]):
                 score = logits.gather(1, targets[:, t : t + 1]).sum()  # images do not interact: one sum serves all
-                g = torch.autograd.grad(score, maps, retain_graph=t + 1 < targets.shape[1], allow_unused=True)
-                grads.append(
-                    torch.stack([torch.zeros_like(a) if d is None else d for a, d in zip(maps, g, strict=True)])
-                )
+                grads.append(torch.stack(_grads(score, maps, retain=t + 1 < targets.shape[1])))
     finally:
         for handle in handles:
             handle.remove()
@@ -152,7 +172,7 @@ def attention_relevance(
     Args:
         images: paths, PIL images, uint8 or float tensors, or a list of them, as :func:`vit_einops.predict` takes
             them (``preprocessed``: how a float tensor is taken; see :mod:`vit_einops.inputs`).
-        target: None (the predicted class), an int, (b,) or (b, k) class indices (see
+        target: None (the predicted class), an int, (b,) or (b, k) class indices, or a backbone target (see
             :func:`attention_gradients`).
 
     Shapes: images (b, C, H, W) -> R (b, n, n), or (b, k, n, n) for a (b, k) target, the tokens in the order of
@@ -162,6 +182,7 @@ def attention_relevance(
     images = model_inputs(model, images, preprocessed=preprocessed)
     _, maps, grads, _ = attention_gradients(model, images, target)
     relevance = relevance_from_gradients(maps, grads)  # (k, b, n, n)
-    if target is not None and torch.as_tensor(target).ndim == 2:  # checked by attention_gradients: (b, k)
+    # (b, k) class indices, checked by attention_gradients
+    if target is not None and not isinstance(target, BACKBONE_TARGETS) and torch.as_tensor(target).ndim == 2:
         return relevance.transpose(0, 1)
     return relevance[0]

@@ -6,6 +6,7 @@ import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,8 +29,10 @@ from .figures import (
 )
 from .pca import patch_feature_pca, plot_patch_pca
 from .record import AttentionRecorder
+from .relevance import attention_gradients, relevance_from_gradients
 from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
 from .stats import prefix_token_share, recording_token_norms
+from .targets import BACKBONE_TARGETS, TARGET_KINDS, PatchTarget, patch_similarity
 from .tokens import CLASS_TOKEN
 
 FIGURES = (
@@ -67,6 +70,7 @@ def write_report(
     layer: int = -1,
     display_images: torch.Tensor | None = None,
     overwrite: bool = False,
+    target: Any = None,
 ) -> dict[str, Path]:
     """Write the inspection figures and ``arrays.npz`` for ``model`` (put in eval mode) under ``out_dir``.
 
@@ -76,11 +80,14 @@ def write_report(
             ``images`` are normalised (mean/std), e.g. the preprocessing's resize and crop without normalisation.
         distance_images: the images the mean attention distance averages over (default ``images``); the paper
             averages over many, e.g. a test set.
-        titles: one label per drawn image (e.g. "label 3"); the model's prediction is added below each.
+        titles: one label per drawn image (e.g. "label 3"); a classifier's prediction is added below each.
         classes: the class names of the model's outputs, to name the predictions (default: "class 3").
         layer: the block whose heads' class-token attention is drawn (0 is the first, -1 the last); the figures
             number layers and heads from 0, as this index does.
         overwrite: replace an earlier report in ``out_dir``; without it, a non-empty ``out_dir`` is refused.
+        target: a backbone target (:mod:`vit_einops.inspect.targets`): ``arrays.npz`` then also holds its
+            relevance ``target_relevance`` (b, n, n), its score ``target_score`` (b,), and for a patch the
+            similarity map ``target_similarity`` (b, gh, gw).
 
     The folder is written as one unit (:func:`vit_einops.base.io.staged_directory`): a kill leaves the whole old report
     or the whole new one. A folder holding any file but a report's is never replaced.
@@ -119,8 +126,9 @@ def write_report(
     rollout = attention_rollout(maps)
     rollout_grid = token_map(rollout, layout)
     titles = titles or [f"image {i}" for i in range(len(images))]
-    predicted = [class_name(p, classes) for p in logits.argmax(-1).tolist()]
-    titles = [f"{title}\npredicted {name}" for title, name in zip(titles, predicted, strict=True)]
+    if model.num_classes:  # a model without a classifier outputs features: it predicts nothing
+        predicted = [class_name(p, classes) for p in logits.argmax(-1).tolist()]
+        titles = [f"{title}\npredicted {name}" for title, name in zip(titles, predicted, strict=True)]
 
     if distance_images is None or _same(distance_images, images):
         distance = mean_attention_distance(maps, layout, cfg.patch_size)  # recorded above already
@@ -163,6 +171,14 @@ def write_report(
         "patch_pca": pca.projections,
         "patch_pca_components": pca.components,
     }
+    if target is not None:
+        if not isinstance(target, BACKBONE_TARGETS):
+            raise TypeError(f"write_report's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
+        _, target_maps, target_grads, scores = attention_gradients(model, images, target)
+        arrays["target_relevance"] = relevance_from_gradients(target_maps, target_grads)[0]  # (b, n, n)
+        arrays["target_score"] = scores[:, 0]
+        if isinstance(target, PatchTarget):
+            arrays["target_similarity"] = patch_similarity(model, images, target, preprocessed=True)
     masks = None
     if has_class:  # DINO's view of the drawn layer: its maps outlined where they hold 60% of the mass
         dino = dino_view(maps, layout, keep=DINO_KEEP, layer=layer)

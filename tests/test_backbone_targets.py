@@ -1,0 +1,354 @@
+"""A model without a classifier (num_classes 0: DINO, DINOv2, CLIP and SigLIP towers) never shows or uses classes,
+and its relevance is for the targets that fit a backbone: an embedding, another image, a patch.
+
+Relevance is checked against Chefer et al.'s recipe written apart (the einsum softmax's output and its gradient
+through a tensor hook, as tests/test_relevance.py checks class targets), with the score written by hand here:
+cosine similarities as dot products of unit vectors, in float64 (atol 1e-10)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from _tiny import TINY_RGB16, tiny_vit
+from vit_einops.inspect import (
+    EmbeddingTarget,
+    ImageTarget,
+    PatchTarget,
+    attention_gradients,
+    attention_relevance,
+    load_embedding,
+    patch_similarity,
+)
+
+BACKBONE = dict(TINY_RGB16, num_classes=0)
+KINDS = (
+    "EmbeddingTarget(vector) (--target-embedding FILE), ImageTarget(image) (--target-image PATH) or "
+    "PatchTarget(row, col) (--target-patch ROW,COL)"
+)
+
+
+def unit(v: torch.Tensor) -> torch.Tensor:
+    return v / (v * v).sum(-1, keepdim=True).sqrt()
+
+
+def chefer_reference(model, x: torch.Tensor, score) -> torch.Tensor:
+    """R from the einsum softmax's kept output A and dscore/dA taken by a tensor hook during backward."""
+    model.set_attn_impl("einsum")
+    maps, grads = [], []
+
+    def keep(_module, _args, attn):
+        maps.append(attn)
+        attn.register_hook(grads.append)
+
+    handles = [block.attn.mha.attend.softmax.register_forward_hook(keep) for block in model.blocks]
+    try:
+        score(model, x).sum().backward()
+    finally:
+        for h in handles:
+            h.remove()
+    model.zero_grad()
+    grads.reverse()  # backward visits the layers last to first
+    b, n = x.shape[0], maps[0].shape[-1]
+    relevance = torch.eye(n, dtype=x.dtype).repeat(b, 1, 1)
+    for attn, grad in zip(maps, grads, strict=True):
+        relevance = relevance + (grad * attn).clamp(min=0).mean(dim=1) @ relevance
+    return relevance.detach()
+
+
+def embedding_score(e):
+    return lambda model, x: (unit(model(x)) * unit(e)).sum(-1)
+
+
+def patch_score(row, col, prefix):
+    def score(model, x):
+        z = unit(model.forward_features(x)[:, prefix:])  # (b, patches, D)
+        gw = x.shape[-1] // 4
+        return (z * z[:, row * gw + col][:, None]).sum(-1).mean(-1)
+
+    return score
+
+
+@pytest.fixture
+def backbone():
+    torch.manual_seed(0)
+    return tiny_vit(BACKBONE, register_tokens=2).double()
+
+
+@pytest.mark.parametrize("impl", ["einsum", "sdpa"])
+def test_relevance_for_an_embedding_equals_the_gradient_of_its_cosine_similarity(backbone, impl):
+    x = torch.rand(2, 3, 16, 16, dtype=torch.float64)
+    for e in (torch.randn(32, dtype=torch.float64), torch.randn(2, 32, dtype=torch.float64)):
+        expected = chefer_reference(backbone, x, embedding_score(e))
+        backbone.set_attn_impl(impl)
+        got = attention_relevance(backbone, x, EmbeddingTarget(e), preprocessed=True)
+        assert got.shape == (2, 19, 19)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+        assert not torch.equal(got, torch.eye(19, dtype=got.dtype).expand_as(got))  # the score reaches A
+
+
+def test_relevance_for_another_image_is_that_for_its_embedding(backbone):
+    x, other = torch.rand(2, 3, 16, 16, dtype=torch.float64), torch.rand(3, 16, 16, dtype=torch.float64)
+    with torch.no_grad():
+        e = backbone(other[None])[0]
+    expected = chefer_reference(backbone, x, embedding_score(e))
+    got = attention_relevance(backbone, x, ImageTarget(other, preprocessed=True), preprocessed=True)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+    output, _, grads, scores = attention_gradients(backbone, x, ImageTarget(other, preprocessed=True))
+    torch.testing.assert_close(output, backbone(x).detach(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(scores[:, 0], embedding_score(e)(backbone, x).detach(), rtol=0, atol=1e-12)
+    assert grads.shape == (1, 2, 2, 4, 19, 19)
+
+
+def test_relevance_for_a_patch_is_that_of_the_mean_similarity_to_its_token(backbone):
+    x = torch.rand(2, 3, 16, 16, dtype=torch.float64)
+    expected = chefer_reference(backbone, x, patch_score(1, 2, prefix=3))
+    torch.testing.assert_close(
+        attention_relevance(backbone, x, PatchTarget(1, 2), preprocessed=True), expected, rtol=0, atol=1e-10
+    )
+    # The map itself: cos(z_j, z_p), 1 at the chosen patch.
+    z = unit(backbone.forward_features(x)[:, 3:]).detach()
+    similarity = patch_similarity(backbone, x, PatchTarget(1, 2), preprocessed=True)
+    assert similarity.shape == (2, 4, 4)
+    torch.testing.assert_close(similarity.flatten(1), (z * z[:, 6:7]).sum(-1), rtol=0, atol=1e-12)
+    torch.testing.assert_close(similarity[:, 1, 2], torch.ones(2, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("target", [None, 3, torch.tensor([0, 1])])
+def test_a_backbone_refuses_class_targets_and_names_the_three_kinds(target):
+    model = tiny_vit(BACKBONE)
+    what = "there is no predicted class" if target is None else f"target {target!r:.60} names no class"
+    message = (
+        f"this model has no classifier (num_classes 0: its output is pooled features), so {what}; give a target "
+        f"that fits a backbone: {KINDS}"
+    )
+    with pytest.raises(ValueError) as err:
+        attention_relevance(model, torch.rand(2, 3, 16, 16), target, preprocessed=True)
+    assert str(err.value) == message
+
+
+def test_a_classifier_keeps_class_targets_and_takes_backbone_targets():
+    torch.manual_seed(1)
+    model = tiny_vit(TINY_RGB16).double()
+    x = torch.rand(1, 3, 16, 16, dtype=torch.float64)
+    predicted = model(x).argmax(-1)
+    by_default = attention_relevance(model, x, preprocessed=True)
+    torch.testing.assert_close(by_default, attention_relevance(model, x, predicted), rtol=0, atol=0)
+    expected = chefer_reference(model, x, patch_score(0, 3, prefix=1))
+    torch.testing.assert_close(attention_relevance(model, x, PatchTarget(0, 3)), expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    ("target", "error", "match"),
+    [
+        (EmbeddingTarget(torch.ones(31)), ValueError, r"shape \(31,\); this model's output is 32 wide, so expected "
+         r"\(32,\) or \(2, 32\) for 2 images"),
+        (EmbeddingTarget(torch.ones(3, 32)), ValueError, r"expected \(32,\) or \(2, 32\)"),
+        (PatchTarget(4, 0), ValueError,
+         r"target patch \(4, 0\) is outside the 4 x 4 patch grid \(rows 0..3, cols 0..3\)"),
+    ],
+)  # fmt: skip
+def test_targets_that_do_not_fit_the_model_are_named(target, error, match):
+    with pytest.raises(error, match=match):
+        attention_relevance(tiny_vit(BACKBONE), torch.rand(2, 3, 16, 16), target, preprocessed=True)
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda: EmbeddingTarget(torch.tensor([1.0, float("nan")])), ValueError,
+         "the target embedding holds non-finite values (nan or inf)"),
+        (lambda: EmbeddingTarget(torch.zeros(4)), ValueError,
+         "the target embedding has norm 0: its cosine similarity is undefined"),
+        (lambda: EmbeddingTarget(torch.ones(2, 2, 2)), ValueError,
+         "the target embedding must be a float vector (D,) or one per image (b, D), got torch.float32 shape (2, 2, 2)"),
+        (lambda: EmbeddingTarget(torch.ones(4, dtype=torch.long)), ValueError,
+         "the target embedding must be a float vector (D,) or one per image (b, D), got torch.int64 shape (4,)"),
+        (lambda: EmbeddingTarget([1.0, 2.0]), TypeError, "the target embedding must be a torch.Tensor, got list"),
+        (lambda: PatchTarget(-1, 0), ValueError, None),
+        (lambda: PatchTarget(0, 1.5), TypeError, None),
+    ],
+)  # fmt: skip
+def test_hostile_targets_are_refused_at_construction(make, error, message):
+    with pytest.raises(error) as err:
+        make()
+    if message is not None:
+        assert str(err.value) == message
+    else:
+        assert "target patch" in str(err.value)
+
+
+def test_embeddings_load_from_each_format_and_refuse_hostile_files(tmp_path):
+    from safetensors.torch import save_file
+
+    v = torch.randn(32)
+    torch.save(v, tmp_path / "e.pt")
+    np.save(tmp_path / "e.npy", v.numpy())
+    save_file({"embedding": v}, tmp_path / "e.safetensors")
+    for name in ("e.pt", "e.npy", "e.safetensors"):
+        torch.testing.assert_close(load_embedding(tmp_path / name), v, rtol=0, atol=0)
+
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    torch.save({"v": v, "f": print}, tmp_path / "pickle.pt")
+    save_file({"a": v, "b": v.clone()}, tmp_path / "two.safetensors")
+    np.save(tmp_path / "nan.npy", np.array([1.0, np.nan]))
+    (tmp_path / "text.pt").write_text("not a tensor")
+    (tmp_path / "e.txt").write_text("1 2 3")
+    (tmp_path / "dir.npy").mkdir()
+    where = {name: f"target embedding {str(tmp_path / name)!r}" for name in os.listdir(tmp_path)}
+    cases = {
+        "obj.npy": f"{where['obj.npy']} cannot be read as npy: Object arrays cannot be loaded when allow_pickle=False",
+        "pickle.pt": f"{where['pickle.pt']} cannot be read as pt: UnpicklingError",
+        "two.safetensors": f"{where['two.safetensors']} holds 2 tensors (a, b); expected one",
+        "nan.npy": f"{where['nan.npy']}: the target embedding holds non-finite values (nan or inf)",
+        "text.pt": f"{where['text.pt']} cannot be read as pt: UnpicklingError",
+        "e.txt": f"{where['e.txt']}: expected a .pt, .npy or .safetensors file",
+        "dir.npy": f"{str(tmp_path / 'dir.npy')!r} is a directory, not a regular file",
+    }
+    for name, message in cases.items():
+        with pytest.raises(ValueError) as err:
+            load_embedding(tmp_path / name)
+        assert str(err.value) == message
+
+
+def _payload(page) -> dict:
+    text = page.read_text(encoding="utf-8")
+    return json.loads(re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', text, re.S)[1])
+
+
+NO_CLASS = re.compile(r"class \d|predict|probability|logit", re.I)
+
+
+def test_a_backbone_page_lists_no_class_and_holds_the_targets_relevance(backbone, tmp_path):
+    from vit_einops.explore import write_explorer
+
+    x = torch.rand(2, 3, 16, 16, dtype=torch.float64)
+    plain = _payload(write_explorer(backbone, x, tmp_path / "plain.html", preprocessed=True))
+    [pane] = plain["panes"]
+    assert pane["classifier"] is False
+    assert [(image["top"], image["target"]) for image in pane["images"]] == [([], None)] * 2
+    assert not NO_CLASS.search(json.dumps(plain))
+
+    target = PatchTarget(2, 1)
+    page = _payload(write_explorer(backbone, x, tmp_path / "patch.html", preprocessed=True, target=target))
+    assert not NO_CLASS.search(json.dumps(page))
+    expected = attention_relevance(backbone, x, target, preprocessed=True).numpy()
+    scores = patch_score(2, 1, prefix=3)(backbone, x).detach()
+    for i, image in enumerate(page["panes"][0]["images"]):
+        entry = image["target"]
+        assert entry["name"] == "mean cosine similarity of the patches to patch (2, 1)"
+        assert entry["score"] == pytest.approx(float(scores[i]), abs=1e-12)
+        stored = np.frombuffer(zlib.decompress(base64.b64decode(entry["relevance"])), "<f2").reshape(19, 19)
+        # float16 after division by a power of two: relative error 2^-11 (the page's stated precision)
+        scale = entry["relevance_scale"]
+        np.testing.assert_allclose(stored * scale, expected[i], rtol=2**-11, atol=scale * 2**-25)
+        assert image["top"] == []
+
+
+def test_a_classifier_page_keeps_its_classes_beside_the_target(tmp_path):
+    from vit_einops.explore import write_explorer
+
+    model = tiny_vit(TINY_RGB16)
+    x = torch.rand(1, 3, 16, 16)
+    [pane] = _payload(write_explorer(model, x, tmp_path / "e.html", top_k=2, target=PatchTarget(0, 0)))["panes"]
+    assert pane["classifier"] is True
+    [image] = pane["images"]
+    assert [c["index"] for c in image["top"]] == model(x).topk(2).indices[0].tolist()
+    assert image["target"]["name"] == "mean cosine similarity of the patches to patch (0, 0)"
+    with pytest.raises(TypeError, match="the explorer's target is a backbone target"):
+        write_explorer(model, x, tmp_path / "f.html", target=3)
+
+
+@pytest.fixture
+def backbone_file(tmp_path):
+    from PIL import Image
+
+    from vit_einops.modelfile import save_vit
+    from vit_einops.preprocess import Preprocessing
+
+    torch.manual_seed(2)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "b.png")
+    model = tiny_vit(BACKBONE)
+    model.preprocessing = Preprocessing.plain((16, 16), channels=3)
+    return save_vit(model, tmp_path / "dino.safetensors")
+
+
+def test_cli_targets_reach_the_page_and_the_report(backbone_file, tmp_path, capsys):
+    from vit_einops.commands.cli import main
+
+    base = [str(backbone_file), "--image", str(tmp_path / "a.png")]
+    torch.save(torch.randn(32), tmp_path / "e.pt")
+    names = {
+        "--target-embedding": (str(tmp_path / "e.pt"), "cosine similarity of the output to the target embedding"),
+        "--target-image": (str(tmp_path / "b.png"), "cosine similarity of the output to the target image's output"),
+        "--target-patch": ("1,3", "mean cosine similarity of the patches to patch (1, 3)"),
+    }
+    for flag, (value, name) in names.items():
+        out = tmp_path / f"{flag[2:]}.html"
+        assert main(["explore", *base, "--out", str(out), flag, value]) == 0
+        [image] = _payload(out)["panes"][0]["images"]
+        assert image["top"] == [] and image["target"]["name"] == name
+    assert main(["inspect", *base, "--out", str(tmp_path / "r"), "--target-patch", "1,3"]) == 0
+    arrays = np.load(tmp_path / "r" / "arrays.npz")
+    assert arrays["target_relevance"].shape == (1, 17, 17) and arrays["target_similarity"].shape == (1, 4, 4)
+    assert arrays["target_similarity"][0, 1, 3] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_a_backbone_report_titles_no_prediction(backbone_file, tmp_path):
+    import matplotlib.figure
+
+    from vit_einops.inspect import write_report
+
+    texts = []
+    original = matplotlib.figure.SubFigure.suptitle
+
+    def keep(self, text, *a, **k):
+        texts.append(text)
+        return original(self, text, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(matplotlib.figure.SubFigure, "suptitle", keep)
+        write_report(tiny_vit(BACKBONE), torch.rand(2, 3, 16, 16), tmp_path / "r", titles=["x", "y"])
+    assert texts and not any("predicted" in t or "class " in t.replace("class token", "") for t in texts), texts
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--target-patch", "1;2", "--target-patch expects ROW,COL (two non-negative integers, e.g. 3,5), got '1;2'"),
+        ("--target-patch", "-1,2", "--target-patch expects ROW,COL (two non-negative integers, e.g. 3,5), got '-1,2'"),
+        ("--target-patch", "4,0", "target patch (4, 0) is outside the 4 x 4 patch grid (rows 0..3, cols 0..3)"),
+        ("--target-embedding", "short.npy", "the target embedding has shape (31,); this model's output is 32 wide, "
+         "so expected (32,) or (1, 32) for 1 images"),
+        ("--target-embedding", "nan.npy", "target embedding {}: the target embedding holds non-finite values (nan or "
+         "inf)"),
+        ("--target-embedding", "pickle.pt", "target embedding {} cannot be read as pt: UnpicklingError"),
+        ("--target-embedding", "big.npy", "{} is 67,108,993 bytes, over the 67,108,864 this file type may hold"),
+        ("--target-embedding", "fifo.npy", "{} is a FIFO, not a regular file"),
+    ],
+)  # fmt: skip
+def test_cli_refuses_hostile_targets_in_one_line(backbone_file, tmp_path, capsys, flag, value, message):
+    from vit_einops.commands.cli import main
+
+    np.save(tmp_path / "short.npy", np.ones(31, np.float32))
+    np.save(tmp_path / "nan.npy", np.array([1.0, np.nan], np.float32))
+    torch.save({"f": print}, tmp_path / "pickle.pt")
+    with open(tmp_path / "big.npy", "wb") as f:
+        f.truncate((64 << 20) + 129)
+    os.mkfifo(tmp_path / "fifo.npy")
+    path = tmp_path / value
+    if flag == "--target-embedding":
+        value, message = str(path), message.replace("{}", repr(str(path)))
+    for command in (["explore", "--out", str(tmp_path / "e.html")], ["inspect", "--out", str(tmp_path / "r")]):
+        capsys.readouterr()
+        argv = [command[0], str(backbone_file), "--image", str(tmp_path / "a.png"), *command[1:], f"{flag}={value}"]
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"vit-einops {command[0]}: error: {message}\n"
