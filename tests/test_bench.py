@@ -18,7 +18,7 @@ import torch
 
 from vit_einops.commands import cli
 from vit_einops.bench import plots, report
-from vit_einops.bench.attention import Point, add_ratios
+from vit_einops.bench.attention import Point
 from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
 from vit_einops.bench.model import OPTIMIZER, counted_flops, make_optimizer
 from vit_einops.bench.names import CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES
@@ -247,19 +247,6 @@ def test_time_interleaved_merges_every_round():
     for t in timings.values():
         assert t.blocks >= 2 and math.isfinite(t.median_s) and t.median_s > 0 and t.iqr_s >= 0
         assert 0 < t.min_s <= t.p25_s <= t.median_s <= t.p75_s  # the fastest block is the smallest time
-
-
-def test_add_ratios_divides_by_the_sections_reference():
-    base = dict(mode="forward", batch=1, heads=1, tokens=4, head_dim=2)
-    rows = add_ratios(
-        [
-            dict(base, section="core", path="sdpa", median_s=2.0, peak_bytes=10),
-            dict(base, section="core", path="einsum", median_s=3.0, peak_bytes=40),
-            dict(base, section="layer", path="torch_mha", median_s=4.0, peak_bytes=8),
-            dict(base, section="layer", path="mha_sdpa", median_s=2.0, peak_bytes=4),
-        ]
-    )
-    assert [(r["time_ratio"], r["mem_ratio"]) for r in rows] == [(1.0, 1.0), (1.5, 4.0), (1.0, 1.0), (0.5, 0.5)]
 
 
 def test_bf16_is_refused_without_hardware(monkeypatch, capsys):

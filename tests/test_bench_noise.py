@@ -387,7 +387,9 @@ def scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 0.0), noisy_job=None)
     def noise_fields():
         noisy = len(seen) - 1 == noisy_job
         return dict(p25_s=1e-3, p75_s=1e-3, iqr_ratio=0.3 if noisy else 0.0, load_start=1.0, load_end=1.0,
-                    others_cores=0.0, noisy=noisy, noise="IQR/median 0.30 > 0.1" if noisy else "")  # fmt: skip
+                    others_cores=0.0, noisy=noisy, noise="IQR/median 0.30 > 0.1" if noisy else "",
+                    time_ratio=1.0, time_ratio_low=1.0, time_ratio_high=1.0, ratio_unresolved=False,
+                    rounds=3)  # fmt: skip
 
     def measure_point(point, mode, *args):
         seen.append(stdout.getvalue())
@@ -395,7 +397,8 @@ def scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 0.0), noisy_job=None)
         return [
             dict(section="core", mode=mode, path=path, batch=point.batch, heads=point.heads, tokens=point.tokens,
                  head_dim=point.head_dim, dtype="float32", median_s=1e-3, iqr_s=0.0, blocks=1, gflop=1e-3,
-                 gflop_per_s=1.0, peak_bytes=1024, attn_matrix_bytes=1024, first_call_s=None, **fields)
+                 gflop_per_s=1.0, peak_bytes=1024, attn_matrix_bytes=1024, first_call_s=None, mem_ratio=1.0,
+                 **fields)
             for path in ("einsum", "sdpa")
         ]  # fmt: skip
 
@@ -405,7 +408,7 @@ def scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 0.0), noisy_job=None)
         return [
             dict(model=preset, mode="inference", optimizer=None, path=path, batch=batch, image_size=32,
                  dtype="float32", median_s=1e-3, iqr_s=0.0, blocks=1, images_per_s=batch / 1e-3, gflop=1e-3,
-                 gflop_per_s=1.0, peak_bytes=1024, max_abs_diff_vs_einsum=0.0, time_ratio=1.0, **fields)
+                 gflop_per_s=1.0, peak_bytes=1024, max_abs_diff_vs_einsum=0.0, **fields)
             for path in ("einsum", "torch")
         ]  # fmt: skip
 

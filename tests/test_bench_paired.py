@@ -106,3 +106,40 @@ def test_paired_ratios_make_the_reference_the_unit():
 def test_bad_rounds_are_refused_by_name(times, reference, message):
     with pytest.raises(ValueError, match=message):
         paired_ratio(times, reference)
+
+
+def ratio_rows() -> list[dict]:
+    """Core rows at one point: sdpa (the unit), einsum resolved at 1.50x and chunked unresolved at 1.04x."""
+    from test_bench_plots import attention_rows, with_ratios
+
+    rows = with_ratios(attention_rows((50,), noisy_path=None), unresolved=("chunked",))
+    intervals = {"einsum": (1.5, 1.43, 1.57), "chunked": (1.04, 0.97, 1.12), "sdpa": (1.0, 1.0, 1.0)}
+    for r in rows:
+        ratio, low, high = intervals[r["path"]]
+        r.update(time_ratio=ratio, time_ratio_low=low, time_ratio_high=high, noise="", ceiling_fraction=0.5, gflop_per_s=1.0)
+    return rows
+
+
+def test_the_table_marks_an_unresolved_ratio_and_explains_the_mark():
+    from vit_einops.bench import report
+
+    rows = ratio_rows()
+    lines = {r["path"]: line for r, line in zip(rows[:3], report.attention_table(rows).splitlines()[3:6], strict=True)}
+    assert "1.04? [0.97, 1.12]" in lines["chunked"]
+    assert "1.50 [1.43, 1.57]" in lines["einsum"] and "1.50?" not in lines["einsum"]
+    assert "1.00 [1.00, 1.00]" in lines["sdpa"]
+    note = report.unresolved_note(rows)
+    assert note.startswith("\n? after a time ratio (2 rows): unresolved.")  # chunked in both modes
+    assert report.unresolved_note([r for r in rows if r["path"] != "chunked"]) is None
+
+
+def test_the_ratio_plot_draws_no_number_for_an_unresolved_ratio():
+    from vit_einops.bench import plots
+
+    rows = ratio_rows()
+    fig = plots.figures(rows, [])["attention_ratio.png"]
+    for ax in fig.axes:
+        texts = [t.get_text() for t in ax.texts]
+        assert texts == ["1.50x"]  # einsum's; none for chunked (unresolved) or sdpa (the unit)
+        hollow = [line for line in ax.lines if line.get_marker() == "o" and line.get_markerfacecolor() == "white"]
+        assert [tuple(line.get_ydata()) for line in hollow] == [(1.04,)]

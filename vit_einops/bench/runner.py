@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from ..base.text import printable
 from . import plots, report
-from .attention import CompiledEinsum, add_ratios, grid, measure_point
+from .attention import CompiledEinsum, grid, measure_point
 from .budget import check_grid
 from .env import machine_info
 from .measure import matmul_ceiling, release_memory
@@ -255,7 +255,7 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
         start_gflop_per_s=start_ceiling["gflop_per_s"],
         end_gflop_per_s=end_ceiling["gflop_per_s"],
     )
-    for r in add_ratios(attention_rows) + model_rows:
+    for r in attention_rows + model_rows:
         r["ceiling_fraction"] = r["gflop_per_s"] / ceiling["gflop_per_s"]
 
     skip_reasons = sorted({c.skip_reason for c in compiled.values() if c.skip_reason})
@@ -285,12 +285,15 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
         schema=report.SCHEMA_VERSION, meta=meta, noisy=noise["noisy"], noise=noise, matmul_ceiling=ceiling,
         compile=compile_info, attention=attention_rows, model=model_rows,
     )  # fmt: skip
-    ceiling_note = report.ceiling_note(attention_rows + model_rows, ceiling, options.dtype)
+    notes = [
+        report.unresolved_note(attention_rows + model_rows),
+        report.ceiling_note(attention_rows + model_rows, ceiling, options.dtype),
+    ]
     body = "\n".join(
         [_compile_text(compile_info)]
         + ([report.attention_table(attention_rows)] if attention_rows else [])
         + ([report.model_table(model_rows)] if model_rows else [])
-        + ([ceiling_note] if ceiling_note else [])
+        + [note for note in notes if note]
     )
     if noise["noisy"] and not announced:  # known only now (the machine busy at the end): still before the rows
         print(report.early_noise_text(noise["reasons"]), file=stdout)
