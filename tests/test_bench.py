@@ -40,8 +40,10 @@ def smoke(tmp_path_factory):
     with ESC, which the "wrote" line prints escaped."""
     out = tmp_path_factory.mktemp("bench") / "out\x1b[2J"
     stdout = io.StringIO()
+    threads = torch.get_num_threads()
     with contextlib.redirect_stdout(stdout):
         code = cli.main(["bench", "--smoke", "--threads", "1", "--out", str(out)])
+    assert torch.get_num_threads() == threads  # the run restores torch's thread count
     return dict(code=code, out=out, stdout=stdout.getvalue(), results=json.loads((out / "results.json").read_text()))
 
 
@@ -97,7 +99,8 @@ def test_results_json_schema(smoke):
     meta = results["meta"]
     for key in ("torch", "threads", "cpu_capability", "blas", "load_average", "dtype", "options", "wall_s"):
         assert key in meta
-    assert meta["threads"] == 1  # --threads, as the run measured under it
+    assert meta["threads"] == 1 and meta["threads_source"] == "--threads"  # as the run measured under it
+    assert f"threads 1 (of {meta['cpu_count']} CPUs; from --threads)" in smoke["stdout"]
     assert meta["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     check_numbers(results["matmul_ceiling"], ("size", "median_s", "gflop_per_s"))
     # The smoke grid does not compile, and says why.

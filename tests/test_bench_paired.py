@@ -116,7 +116,9 @@ def ratio_rows() -> list[dict]:
     intervals = {"einsum": (1.5, 1.43, 1.57), "chunked": (1.04, 0.97, 1.12), "sdpa": (1.0, 1.0, 1.0)}
     for r in rows:
         ratio, low, high = intervals[r["path"]]
-        r.update(time_ratio=ratio, time_ratio_low=low, time_ratio_high=high, noise="", ceiling_fraction=0.5, gflop_per_s=1.0)
+        r.update(
+            time_ratio=ratio, time_ratio_low=low, time_ratio_high=high, noise="", ceiling_fraction=0.5, gflop_per_s=1.0
+        )
     return rows
 
 
@@ -143,3 +145,25 @@ def test_the_ratio_plot_draws_no_number_for_an_unresolved_ratio():
         assert texts == ["1.50x"]  # einsum's; none for chunked (unresolved) or sdpa (the unit)
         hollow = [line for line in ax.lines if line.get_marker() == "o" and line.get_markerfacecolor() == "white"]
         assert [tuple(line.get_ydata()) for line in hollow] == [(1.04,)]
+
+
+def test_the_thread_count_follows_the_cores_free_at_the_start(monkeypatch):
+    """free_cores on a scripted /proc/stat: 2 CPUs, others busy 1.0 or 0.02 cores over the window -> 1 or 2 threads
+    (at most this process's CPUs, at least 1, however busy the machine)."""
+    from test_bench_noise import TICKS, proc_stat, scripted_probe
+
+    from vit_einops.bench import env
+
+    monkeypatch.setattr(env, "available_cpus", lambda: 2)
+    monkeypatch.setattr(env.time, "sleep", lambda s: None)
+    cases = {1.0: 1, 0.02: 2, 5.0: 1}
+    for others, threads in cases.items():
+        probe = scripted_probe([proc_stat(0), proc_stat(round(others * 10 * TICKS))], [0.0, 0.0], load=[9.0] * 2,
+                               clock=(0.0, 0.0, 10.0))  # fmt: skip
+        count, how = env.free_cores(probe, window_s=10.0)
+        assert count == threads and f"other processes used {others:.2f} cores over 10 s" in how
+    # Without /proc/stat the load average stands for the other processes.
+    for load, threads in ((0.3, 2), (1.2, 1), (9.0, 1)):
+        probe = scripted_probe([OSError("no /proc"), OSError("no /proc")], [0.0, 0.0], load=[load] * 2,
+                               clock=(0.0, 0.0, 10.0))  # fmt: skip
+        assert env.free_cores(probe, window_s=10.0) == (threads, f"load average {load:.2f} at the start")

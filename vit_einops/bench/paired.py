@@ -84,7 +84,9 @@ def paired_ratios(round_s: Mapping[str, Sequence[float]], reference: str, **boot
     reference itself is the unit: ratio 1.0, interval 1.0 to 1.0, never unresolved."""
     ref = round_s[reference]
     return {
-        path: PairedRatio(1.0, 1.0, 1.0, len(ref), is_reference=True) if path == reference else paired_ratio(times, ref, **bootstrap)
+        path: PairedRatio(1.0, 1.0, 1.0, len(ref), is_reference=True)
+        if path == reference
+        else paired_ratio(times, ref, **bootstrap)
         for path, times in round_s.items()
     }
 

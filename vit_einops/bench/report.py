@@ -115,8 +115,9 @@ def header_text(meta: dict, ceiling: dict, noise: dict | None = None) -> str:
         + [
             f"vit-einops bench  {meta['time_utc']}  torch {meta['torch']}  einops {meta['einops']}  "
             f"python {meta['python']}",
-            f"threads {meta['threads']} (of {meta['cpu_count']} CPUs)  CPU capability {meta['cpu_capability']}  "
-            f"bf16 hardware {', '.join(meta['bf16_hardware']) or 'none'}  {meta['cpu_model']}",
+            f"threads {meta['threads']} (of {meta['cpu_count']} CPUs; from {meta['threads_source']})",
+            f"CPU capability {meta['cpu_capability']}  bf16 hardware {', '.join(meta['bf16_hardware']) or 'none'}  "
+            f"{meta['cpu_model']}",
             f"BLAS {meta['blas']}  load average at start {meta['load_average']}"
             + (f", at the end {meta['load_average_end']}" if "load_average_end" in meta else "")
             + f"  dtype {meta['dtype']}",
@@ -182,8 +183,8 @@ def attention_table(rows: list[dict]) -> str:
         block = [r for r in rows if (r["section"], r["mode"]) == (section, mode)]
         lines.append(f"\nattention {section}, {mode} (ratios over {REFERENCE[section]})")
         lines.append(
-            f"{'b':>3} {'h':>3} {'n':>5} {'d':>3}  {'path':<16}{'median ms':>11}{'IQR ms':>9}{'GFLOP/s':>9}{'%ceil':>10}"
-            f"{'peak MiB':>10}{'A MiB':>9}  {'time x [95% interval]':<{RATIO_WIDTH}}{'mem x':>7}  noise"
+            f"{'b':>3} {'h':>3} {'n':>5} {'d':>3}  {'path':<16}{'median ms':>11}{'IQR ms':>9}{'GFLOP/s':>9}"
+            f"{'%ceil':>10}{'peak MiB':>10}{'A MiB':>9}  {'time x [95% interval]':<{RATIO_WIDTH}}{'mem x':>7}  noise"
         )
         for r in block:
             lines.append(
