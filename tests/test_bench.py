@@ -18,7 +18,7 @@ import torch
 
 from vit_einops.commands import cli
 from vit_einops.bench import plots, report
-from vit_einops.bench.attention import Point, add_ratios
+from vit_einops.bench.attention import Point
 from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
 from vit_einops.bench.model import OPTIMIZER, counted_flops, make_optimizer
 from vit_einops.bench.names import CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES
@@ -40,8 +40,10 @@ def smoke(tmp_path_factory):
     with ESC, which the "wrote" line prints escaped."""
     out = tmp_path_factory.mktemp("bench") / "out\x1b[2J"
     stdout = io.StringIO()
+    threads = torch.get_num_threads()
     with contextlib.redirect_stdout(stdout):
         code = cli.main(["bench", "--smoke", "--threads", "1", "--out", str(out)])
+    assert torch.get_num_threads() == threads  # the run restores torch's thread count
     return dict(code=code, out=out, stdout=stdout.getvalue(), results=json.loads((out / "results.json").read_text()))
 
 
@@ -97,7 +99,8 @@ def test_results_json_schema(smoke):
     meta = results["meta"]
     for key in ("torch", "threads", "cpu_capability", "blas", "load_average", "dtype", "options", "wall_s"):
         assert key in meta
-    assert meta["threads"] == 1  # --threads, as the run measured under it
+    assert meta["threads"] == 1 and meta["threads_source"] == "--threads"  # as the run measured under it
+    assert f"threads 1 (of {meta['cpu_count']} CPUs; from --threads)" in smoke["stdout"]
     assert meta["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     check_numbers(results["matmul_ceiling"], ("size", "median_s", "gflop_per_s"))
     # The smoke grid does not compile, and says why.
@@ -247,19 +250,6 @@ def test_time_interleaved_merges_every_round():
     for t in timings.values():
         assert t.blocks >= 2 and math.isfinite(t.median_s) and t.median_s > 0 and t.iqr_s >= 0
         assert 0 < t.min_s <= t.p25_s <= t.median_s <= t.p75_s  # the fastest block is the smallest time
-
-
-def test_add_ratios_divides_by_the_sections_reference():
-    base = dict(mode="forward", batch=1, heads=1, tokens=4, head_dim=2)
-    rows = add_ratios(
-        [
-            dict(base, section="core", path="sdpa", median_s=2.0, peak_bytes=10),
-            dict(base, section="core", path="einsum", median_s=3.0, peak_bytes=40),
-            dict(base, section="layer", path="torch_mha", median_s=4.0, peak_bytes=8),
-            dict(base, section="layer", path="mha_sdpa", median_s=2.0, peak_bytes=4),
-        ]
-    )
-    assert [(r["time_ratio"], r["mem_ratio"]) for r in rows] == [(1.0, 1.0), (1.5, 4.0), (1.0, 1.0), (0.5, 0.5)]
 
 
 def test_bf16_is_refused_without_hardware(monkeypatch, capsys):

@@ -352,15 +352,16 @@ def test_header_shows_the_other_processes_cpu_use():
     meta = dict(
         time_utc="2025-01-01T00:00:00Z", torch="2.13.0", einops="0.8", python="3.11", threads=2, cpu_count=2,
         cpu_capability="AVX2", bf16_hardware=[], cpu_model="AMD EPYC", blas="mkl", load_average=[1.02, 0.9, 0.8],
-        dtype="float32", others_cores=0.01,
+        dtype="float32", others_cores=0.01, threads_source="--threads",
     )  # fmt: skip
     ceiling = dict(size=1024, gflop_per_s=100.0, median_s=0.02, iqr_s=0.0)
     lines = report.header_text(meta, ceiling).splitlines()
-    assert lines[3] == "other processes' CPU use (/proc/stat, during the ceiling): 0.01 cores at start"
+    assert lines[1] == "threads 2 (of 2 CPUs; from --threads)"
+    assert lines[4] == "other processes' CPU use (/proc/stat, during the ceiling): 0.01 cores at start"
     meta.update(others_cores_end=1.0)
-    assert report.header_text(meta, ceiling).splitlines()[3].endswith("0.01 cores at start, 1.00 at the end")
+    assert report.header_text(meta, ceiling).splitlines()[4].endswith("0.01 cores at start, 1.00 at the end")
     meta.update(others_cores=None, others_cores_end=None)
-    assert report.header_text(meta, ceiling).splitlines()[3] == (
+    assert report.header_text(meta, ceiling).splitlines()[4] == (
         "other processes' CPU use: not measured (no /proc/stat); the load average judges the machine"
     )
 
@@ -387,7 +388,9 @@ def scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 0.0), noisy_job=None)
     def noise_fields():
         noisy = len(seen) - 1 == noisy_job
         return dict(p25_s=1e-3, p75_s=1e-3, iqr_ratio=0.3 if noisy else 0.0, load_start=1.0, load_end=1.0,
-                    others_cores=0.0, noisy=noisy, noise="IQR/median 0.30 > 0.1" if noisy else "")  # fmt: skip
+                    others_cores=0.0, noisy=noisy, noise="IQR/median 0.30 > 0.1" if noisy else "",
+                    time_ratio=1.0, time_ratio_low=1.0, time_ratio_high=1.0, ratio_unresolved=False,
+                    rounds=3)  # fmt: skip
 
     def measure_point(point, mode, *args):
         seen.append(stdout.getvalue())
@@ -395,7 +398,8 @@ def scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 0.0), noisy_job=None)
         return [
             dict(section="core", mode=mode, path=path, batch=point.batch, heads=point.heads, tokens=point.tokens,
                  head_dim=point.head_dim, dtype="float32", median_s=1e-3, iqr_s=0.0, blocks=1, gflop=1e-3,
-                 gflop_per_s=1.0, peak_bytes=1024, attn_matrix_bytes=1024, first_call_s=None, **fields)
+                 gflop_per_s=1.0, peak_bytes=1024, attn_matrix_bytes=1024, first_call_s=None, mem_ratio=1.0,
+                 **fields)
             for path in ("einsum", "sdpa")
         ]  # fmt: skip
 
@@ -405,7 +409,7 @@ def scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 0.0), noisy_job=None)
         return [
             dict(model=preset, mode="inference", optimizer=None, path=path, batch=batch, image_size=32,
                  dtype="float32", median_s=1e-3, iqr_s=0.0, blocks=1, images_per_s=batch / 1e-3, gflop=1e-3,
-                 gflop_per_s=1.0, peak_bytes=1024, max_abs_diff_vs_einsum=0.0, time_ratio=1.0, **fields)
+                 gflop_per_s=1.0, peak_bytes=1024, max_abs_diff_vs_einsum=0.0, **fields)
             for path in ("einsum", "torch")
         ]  # fmt: skip
 
@@ -417,7 +421,8 @@ def scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 0.0), noisy_job=None)
     monkeypatch.setattr(bench_run, "matmul_ceiling", ceiling)
     monkeypatch.setattr(bench_run, "release_memory", lambda: None)  # a full gc.collect per job: seconds in pytest
     monkeypatch.setattr(plots, "figures", lambda *rows: {})  # the figures have tests of their own
-    options = bench_run.with_overrides("smoke", out=tmp_path / "out", core_paths=("einsum", "sdpa"))
+    # One thread: the cores free at the start would be this machine's, not the script's.
+    options = bench_run.with_overrides("smoke", out=tmp_path / "out", core_paths=("einsum", "sdpa"), threads=1)
     results = bench_run.run(options, stdout=stdout, probe=probe)
     assert len(seen) == 4 + 1  # the smoke grid: 2 N x 2 modes of attention, one model
     return results, stdout.getvalue(), seen

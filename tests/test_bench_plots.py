@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vit_einops.bench import plots, report
-from vit_einops.bench.attention import add_ratios
+from vit_einops.bench.attention import REFERENCE
 
 PATHS = ("einsum", "chunked", "sdpa")
 MODES = ("forward", "forward_backward")
@@ -33,7 +33,19 @@ def attention_rows(tokens, batches=(1,), noisy_path="chunked") -> list[dict]:
                  p25_s=0.98 * t, p75_s=1.02 * t, iqr_s=0.04 * t, peak_bytes=1000 * b * n * (1 + PATHS.index(path)),
                  attn_matrix_bytes=4 * b * 2 * n * n, noisy=path == noisy_path)
         )  # fmt: skip
-    return add_ratios(rows)
+    return with_ratios(rows)
+
+
+def with_ratios(rows: list[dict], unresolved=()) -> list[dict]:
+    """The ratio columns measure_point adds: time and memory over SDPA at the same point and mode, the time's
+    interval 5% either side; the paths in ``unresolved`` are marked so."""
+    ref = {(r["batch"], r["mode"], r["tokens"]): r for r in rows if r["path"] == REFERENCE["core"]}
+    for r in rows:
+        base = ref[r["batch"], r["mode"], r["tokens"]]
+        ratio = r["median_s"] / base["median_s"]
+        r.update(time_ratio=ratio, time_ratio_low=ratio / 1.05, time_ratio_high=ratio * 1.05,
+                 ratio_unresolved=r["path"] in unresolved, mem_ratio=r["peak_bytes"] / base["peak_bytes"])  # fmt: skip
+    return rows
 
 
 def model_rows(models=("vit_ti_16", "vit_b_16")) -> list[dict]:
@@ -118,7 +130,7 @@ def test_the_ratio_figure_always_shows_the_reference_line():
     """Every other path 20x to 60x slower than SDPA at one N: the y axis still reaches down to 1 (SDPA's own line)."""
     rows = [dict(r, median_s=r["median_s"] * 20, p25_s=r["p25_s"] * 20, p75_s=r["p75_s"] * 20)
             if r["path"] != "sdpa" else r for r in attention_rows((50,))]  # fmt: skip
-    fig = plots.figures(add_ratios(rows), [])["attention_ratio.png"]
+    fig = plots.figures(with_ratios(rows), [])["attention_ratio.png"]
     for ax in fig.axes:
         low, high = ax.get_ylim()
         assert low < 1.0 < high
@@ -191,7 +203,8 @@ def test_tables_flag_a_share_over_the_ceiling_and_explain_it():
     assert ["42%" in lines[0], ">100% (!)" in lines[1], ">100% (!)" in lines[2]] == [True, True, True]
     assert not any(share in line for line in lines for share in ("125%", "129%"))
     models = [dict(r, gflop_per_s=1.0, ceiling_fraction=f, optimizer=None, max_abs_diff_vs_einsum=0.0, noise="",
-                   peak_bytes=2**20, time_ratio=1.0, iqr_s=0.0) for r, f in zip(model_rows()[:2], (1.27, 0.3), strict=True)]  # fmt: skip
+                   peak_bytes=2**20, time_ratio=1.0, time_ratio_low=0.9, time_ratio_high=1.1, ratio_unresolved=True,
+                   iqr_s=0.0) for r, f in zip(model_rows()[:2], (1.27, 0.3), strict=True)]  # fmt: skip
     model_lines = report.model_table(models).splitlines()[3:]
     assert ">100% (!)" in model_lines[0] and "127%" not in model_lines[0] and " 30%" in model_lines[1]
     note = report.ceiling_note(rows + models, CEILING, "float32")

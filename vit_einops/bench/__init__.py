@@ -3,6 +3,7 @@
 - :mod:`.measure`: timing (torch.utils.benchmark, interleaved), peak memory (profiler), matmul ceiling.
 - :mod:`.attention`: the attention grid (core Eq. 6-7 and the whole layer against nn.MultiheadAttention).
 - :mod:`.model`: images/s of the presets, each attention path against torch's nn.TransformerEncoderLayer.
+- :mod:`.paired`: each ratio as the median of per-round ratios, with a bootstrap 95% interval.
 - :mod:`.noise`: whether a row's timing is trustworthy (load average, IQR/median) and the run's verdict.
 - :mod:`.report`: the table, results.json and the CSV files (their schema).
 - :mod:`.plots`: the plots, as matplotlib Figures (one N or many; bars from zero).

@@ -22,6 +22,7 @@ from ..network.chunk_plan import default_chunk_elements
 from ..reference import torch_mha_from
 from .measure import peak_memory_bytes, time_interleaved
 from .noise import LoadProbe
+from .paired import paired_ratios, ratio_fields
 
 REFERENCE = {"core": "sdpa", "layer": "torch_mha"}
 
@@ -148,7 +149,9 @@ def measure_point(
     """One result row per path of ``paths`` ({"core": (...), "layer": (...)}) at ``point`` in ``mode``.
 
     The compiled path's first call at this point is timed apart (it includes any compile) and is not part of
-    its timing; if it fails, the path is dropped from here on and ``compiled.skip_reason`` says why.
+    its timing; if it fails, the path is dropped from here on and ``compiled.skip_reason`` says why. Every path
+    is timed in the same rounds, so each row's time ratio is over its section's reference of the same rounds
+    (vit_einops.bench.paired); the memory ratio divides the two peaks.
     """
     probe = probe or LoadProbe()  # the run's: the load fallback needs to know how long the run has gone on
     grad = mode == "forward_backward"
@@ -168,9 +171,15 @@ def measure_point(
         end = probe.sample()
         peaks = peak_memory_bytes({f"{s}/{p}": fn for (s, p), fn in calls.items()})
 
+    ratios = {}
+    for section in dict.fromkeys(s for s, _ in calls):
+        if (section, REFERENCE[section]) in calls:
+            round_s = {p: timings[f"{s}/{p}"].round_s for s, p in calls if s == section}
+            ratios |= {(section, p): r for p, r in paired_ratios(round_s, REFERENCE[section]).items()}
     rows = []
     for section, path in calls:
         timing, flops = timings[f"{section}/{path}"], point.flops(section, mode)
+        ref_peak = peaks.get(f"{section}/{REFERENCE[section]}")
         rows.append(
             dict(
                 section=section,
@@ -189,21 +198,10 @@ def measure_point(
                 peak_bytes=peaks[f"{section}/{path}"],
                 attn_matrix_bytes=point.attention_matrix_bytes(dtype),
                 first_call_s=first_call_s if path == "einsum_compiled" else None,
+                **ratio_fields(ratios.get((section, path))),
+                mem_ratio=peaks[f"{section}/{path}"] / ref_peak if ref_peak else None,
+                rounds=len(timing.round_s),
                 **probe.row_fields(timing, start, end, torch.get_num_threads()),
             )
         )
-    return rows
-
-
-def add_ratios(rows: list[dict]) -> list[dict]:
-    """Add time_ratio and mem_ratio: each row over its section's reference path at the same point and mode."""
-
-    def key(r):
-        return r["section"], r["mode"], r["batch"], r["heads"], r["tokens"], r["head_dim"]
-
-    reference = {key(r): r for r in rows if r["path"] == REFERENCE[r["section"]]}
-    for r in rows:
-        ref = reference.get(key(r))
-        r["time_ratio"] = r["median_s"] / ref["median_s"] if ref else None
-        r["mem_ratio"] = r["peak_bytes"] / ref["peak_bytes"] if ref and ref["peak_bytes"] else None
     return rows

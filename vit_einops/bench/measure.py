@@ -25,7 +25,8 @@ class Timing:
     """Seconds per call over every measured block: the median, the quartiles p25/p75 and their difference the
     interquartile range, how many blocks, and the fastest block (``min_s``: other processes and the cache only
     ever add time, so on a shared machine the ratio of two paths' minimums moves far less between runs than the
-    ratio of their medians)."""
+    ratio of their medians), and ``round_s``: each round's median, in the order the rounds ran (the paired ratios
+    of vit_einops.bench.paired divide these round by round)."""
 
     median_s: float
     iqr_s: float
@@ -33,6 +34,7 @@ class Timing:
     p25_s: float = float("nan")
     p75_s: float = float("nan")
     min_s: float = float("nan")
+    round_s: tuple[float, ...] = ()
 
     @property
     def iqr_ratio(self) -> float:
@@ -53,7 +55,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, min_r
 
     Interleaving spreads slow drifts of the machine (other processes, clock, heat) over every path alike, so
     the ratios between paths are fairer than their absolute times. Each round's blocked_autorange starts with
-    its own warm-up call (the block-size estimate), and the rounds' blocks are merged before taking the median.
+    its own warm-up call (the block-size estimate), and the rounds' blocks are merged before taking the median;
+    each round's own median is kept too (``round_s``), for ratios taken round by round.
     The calls run under the caller's grad mode and torch's current thread count.
     """
     threads = torch.get_num_threads()
@@ -68,7 +71,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, min_r
     for name, measurements in runs.items():
         (merged,) = Measurement.merge(measurements)
         p25, p75 = quartiles(merged.times)
-        timings[name] = Timing(merged.median, p75 - p25, len(merged.times), p25, p75, min(merged.times))
+        round_s = tuple(m.median for m in measurements)
+        timings[name] = Timing(merged.median, p75 - p25, len(merged.times), p25, p75, min(merged.times), round_s)
     return timings
 
 

@@ -25,6 +25,7 @@ from ..presets import create_vit
 from ..reference import torch_reference_vit
 from .measure import peak_memory_bytes, time_interleaved
 from .noise import LoadProbe
+from .paired import paired_ratios, ratio_fields
 
 
 def _share_weights(reference: nn.Module, model: nn.Module) -> None:
@@ -139,8 +140,9 @@ def measure_model(
     overrides: dict | None = None,
     probe: LoadProbe | None = None,
 ) -> list[dict]:
-    """One row per (mode, path): images/s, achieved GFLOP/s, peak memory,
-    and each path's largest output difference from the einsum path on one image (the same function, checked).
+    """One row per (mode, path): images/s, achieved GFLOP/s, peak memory, the time over the "torch" path's of the
+    same rounds (vit_einops.bench.paired; below 1: faster than torch's layers), and each path's largest output
+    difference from the einsum path on one image (the same function, checked).
 
     ``overrides`` (ViT keywords, e.g. depth=1 for the smoke run) change the preset; the row's model name says so.
     """
@@ -182,6 +184,7 @@ def measure_model(
             timings = time_interleaved(calls, rounds=rounds, min_run_time=min_run_time)
             end = probe.sample()
             peaks = peak_memory_bytes(calls)
+        ratios = paired_ratios({p: t.round_s for p, t in timings.items()}, "torch") if "torch" in timings else {}
         for path, timing in timings.items():
             gflop = flops[mode] * batch / 1e9
             rows.append(
@@ -201,11 +204,9 @@ def measure_model(
                     gflop_per_s=gflop / timing.median_s,
                     peak_bytes=peaks[path],
                     max_abs_diff_vs_einsum=max_diff[path],
+                    **ratio_fields(ratios.get(path)),
+                    rounds=len(timing.round_s),
                     **probe.row_fields(timing, start, end, torch.get_num_threads()),
                 )
             )
-    reference = {r["mode"]: r for r in rows if r["path"] == "torch"}
-    for r in rows:
-        ref = reference.get(r["mode"])
-        r["time_ratio"] = r["median_s"] / ref["median_s"] if ref else None  # < 1: faster than torch's layers
     return rows

@@ -74,23 +74,21 @@ def _measured_n_x(ax, tokens: list[int]) -> None:
     ax.set_xticklabels([str(n) for n in tokens])
 
 
-def _quartile_ratio(row: dict, ref: dict) -> tuple[float, float]:
-    """The spread of time_ratio: from the row's p25 over the reference's p75 to its p75 over their p25."""
-    return row["p25_s"] / ref["p75_s"], row["p75_s"] / ref["p25_s"]
+def ratio_label(value: float) -> str:
+    """A resolved ratio's label on the ratio plot: "1.52x"."""
+    return f"{value:.2f}x"
 
 
 def _attention_figure(core: list[dict], kind: str):
     """One of the three attention figures (kind: time, memory, ratio): a panel per (batch, mode), a line per path
-    against N, error bars from the quartiles (p25 to p75) where the value is a timing, noisy points ringed red."""
+    against N, noisy points ringed red. Time: error bars from the quartiles (p25 to p75). Ratio: error bars the
+    ratio's 95% interval; a resolved ratio is a filled point labelled with its value, an unresolved one (its
+    interval reaches 1) a hollow point with no number."""
     batches = sorted({r["batch"] for r in core})
     modes = list(dict.fromkeys(r["mode"] for r in core))
     paths = list(dict.fromkeys(r["path"] for r in core))
     tokens = sorted({r["tokens"] for r in core})
 
-    def key(r):
-        return r["batch"], r["mode"], r["tokens"], r["heads"], r["head_dim"]
-
-    reference = {key(r): r for r in core if r["path"] == REFERENCE["core"]}
     fig = new_figure(figsize=(5.2 * len(modes), 3.6 * len(batches)))
     axes = fig.subplots(len(batches), len(modes), squeeze=False, sharex=True)
     noisy_drawn = False
@@ -111,21 +109,25 @@ def _attention_figure(core: list[dict], kind: str):
             elif kind == "memory":
                 y, err = [r["peak_bytes"] / MIB for r in pts], None
             else:
-                refs = [reference.get(key(r)) for r in pts]
-                pts, refs = (
-                    zip(*[(r, ref) for r, ref in zip(pts, refs, strict=True) if ref], strict=True)
-                    if any(refs)
-                    else ((), ())
-                )
+                pts = [r for r in pts if r["time_ratio"] is not None]
                 n, y = [r["tokens"] for r in pts], [r["time_ratio"] for r in pts]
-                spread = [_quartile_ratio(r, ref) for r, ref in zip(pts, refs, strict=True)]
-                err = [
-                    [yy - lo for yy, (lo, _) in zip(y, spread, strict=True)],
-                    [hi - yy for yy, (_, hi) in zip(y, spread, strict=True)],
+                err = [  # one round has no interval: no bar
+                    [yy - (r["time_ratio_low"] or yy) for yy, r in zip(y, pts, strict=True)],
+                    [(r["time_ratio_high"] or yy) - yy for yy, r in zip(y, pts, strict=True)],
                 ]
-            line = ax.errorbar(n, y, yerr=err, marker="o", ms=4, capsize=3, label=path)[0]
+            if not pts:
+                continue
+            marker = "none" if kind == "ratio" else "o"  # ratio points are drawn below, filled or hollow
+            line = ax.errorbar(n, y, yerr=err, marker=marker, ms=4, capsize=3, label=path)[0]
             if kind == "ratio":
-                ax.plot(n, [r["mem_ratio"] for r in pts], marker="x", ls="--", color=line.get_color())
+                colour = line.get_color()
+                for nn, yy, r in zip(n, y, pts, strict=True):
+                    hollow = r["ratio_unresolved"]
+                    ax.plot(nn, yy, "o", ms=5, color=colour, markerfacecolor="white" if hollow else colour)
+                    if not hollow and r["path"] != REFERENCE["core"]:
+                        ax.annotate(ratio_label(yy), (nn, yy), xytext=(4, 3), textcoords="offset points",
+                                    fontsize=6, color=colour)  # fmt: skip
+                ax.plot(n, [r["mem_ratio"] for r in pts], marker="x", ls="--", color=colour)
             if kind != "memory":
                 bad = [(nn, yy) for nn, yy, r in zip(n, y, pts, strict=True) if r["noisy"]]
                 if bad:
@@ -149,7 +151,7 @@ def _attention_figure(core: list[dict], kind: str):
         {
             "time": "median time per call (ms)\nbars: p25 to p75",
             "memory": "peak memory (MiB)",
-            "ratio": "over SDPA: time (solid, bars p25 to p75)\nand peak memory (dashed)",
+            "ratio": "over SDPA: time (solid, bars 95% interval;\nhollow: unresolved), memory (dashed)",
         }[kind],
         fontsize=10,
     )

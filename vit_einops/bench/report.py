@@ -14,18 +14,22 @@ from pathlib import Path
 from ..base.io import atomic_write_bytes
 from .attention import REFERENCE
 
-SCHEMA_VERSION = 3  # 2: the noise columns, results['noisy'] and results['noise']; 3: others_cores, optimizer
+# 2: the noise columns, results['noisy'] and results['noise']; 3: others_cores, optimizer; 4: paired ratios (their
+# interval, ratio_unresolved, rounds) and meta's threads_source
+SCHEMA_VERSION = 4
 
 ATTENTION_FIELDS = (
     "section", "mode", "path", "batch", "heads", "tokens", "head_dim", "dtype",
     "median_s", "iqr_s", "blocks", "gflop", "gflop_per_s", "ceiling_fraction",
-    "peak_bytes", "attn_matrix_bytes", "time_ratio", "mem_ratio", "first_call_s",
+    "peak_bytes", "attn_matrix_bytes", "time_ratio", "time_ratio_low", "time_ratio_high", "ratio_unresolved",
+    "rounds", "mem_ratio", "first_call_s",
     "p25_s", "p75_s", "iqr_ratio", "load_start", "load_end", "others_cores", "noisy", "noise", "attempts",
 )  # fmt: skip
 MODEL_FIELDS = (
     "model", "mode", "optimizer", "path", "batch", "image_size", "dtype",
     "median_s", "iqr_s", "blocks", "images_per_s", "gflop", "gflop_per_s", "ceiling_fraction",
-    "peak_bytes", "max_abs_diff_vs_einsum", "time_ratio",
+    "peak_bytes", "max_abs_diff_vs_einsum", "time_ratio", "time_ratio_low", "time_ratio_high", "ratio_unresolved",
+    "rounds",
     "p25_s", "p75_s", "iqr_ratio", "load_start", "load_end", "others_cores", "noisy", "noise", "attempts",
 )  # fmt: skip
 MIB = 2**20
@@ -50,6 +54,33 @@ def write_csv(path: Path, rows: list[dict], fields: tuple[str, ...], *, replace:
 
 def _num(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
+
+
+UNRESOLVED = "?"
+RATIO_WIDTH = 22
+
+
+def ratio_cell(row: dict) -> str:
+    """The table's time ratio and its 95% interval, "1.52 [1.40, 1.61]"; an unresolved ratio (its interval reaches
+    1.0, or one round gave none) is followed by UNRESOLVED, "1.02? [0.95, 1.10]"; "-" without a reference."""
+    if row["time_ratio"] is None:
+        return "-"
+    mark = UNRESOLVED if row["ratio_unresolved"] else ""
+    if row["time_ratio_low"] is None:
+        return f"{row['time_ratio']:.2f}{mark} [one round]"
+    return f"{row['time_ratio']:.2f}{mark} [{row['time_ratio_low']:.2f}, {row['time_ratio_high']:.2f}]"
+
+
+def unresolved_note(rows: list[dict]) -> str | None:
+    """The footnote under the tables when some ratio is unresolved (None when none is)."""
+    count = sum(1 for r in rows if r["ratio_unresolved"])
+    if not count:
+        return None
+    return (
+        f"\n{UNRESOLVED} after a time ratio ({count} {'row' if count == 1 else 'rows'}): unresolved. Its 95% interval "
+        "(in brackets: the median of the per-round ratios, rounds resampled 2000 times) reaches 1.0, so these rounds "
+        "cannot tell which path is faster. More --rounds narrow the interval; a quieter machine narrows it more."
+    )
 
 
 def noise_mark(row: dict) -> str:
@@ -84,8 +115,9 @@ def header_text(meta: dict, ceiling: dict, noise: dict | None = None) -> str:
         + [
             f"vit-einops bench  {meta['time_utc']}  torch {meta['torch']}  einops {meta['einops']}  "
             f"python {meta['python']}",
-            f"threads {meta['threads']} (of {meta['cpu_count']} CPUs)  CPU capability {meta['cpu_capability']}  "
-            f"bf16 hardware {', '.join(meta['bf16_hardware']) or 'none'}  {meta['cpu_model']}",
+            f"threads {meta['threads']} (of {meta['cpu_count']} CPUs; from {meta['threads_source']})",
+            f"CPU capability {meta['cpu_capability']}  bf16 hardware {', '.join(meta['bf16_hardware']) or 'none'}  "
+            f"{meta['cpu_model']}",
             f"BLAS {meta['blas']}  load average at start {meta['load_average']}"
             + (f", at the end {meta['load_average_end']}" if "load_average_end" in meta else "")
             + f"  dtype {meta['dtype']}",
@@ -151,8 +183,8 @@ def attention_table(rows: list[dict]) -> str:
         block = [r for r in rows if (r["section"], r["mode"]) == (section, mode)]
         lines.append(f"\nattention {section}, {mode} (ratios over {REFERENCE[section]})")
         lines.append(
-            f"{'b':>3} {'h':>3} {'n':>5} {'d':>3}  {'path':<16}{'median ms':>11}{'IQR ms':>9}{'GFLOP/s':>9}{'%ceil':>10}"
-            f"{'peak MiB':>10}{'A MiB':>9}{'time x':>8}{'mem x':>7}  noise"
+            f"{'b':>3} {'h':>3} {'n':>5} {'d':>3}  {'path':<16}{'median ms':>11}{'IQR ms':>9}{'GFLOP/s':>9}"
+            f"{'%ceil':>10}{'peak MiB':>10}{'A MiB':>9}  {'time x [95% interval]':<{RATIO_WIDTH}}{'mem x':>7}  noise"
         )
         for r in block:
             lines.append(
@@ -160,7 +192,7 @@ def attention_table(rows: list[dict]) -> str:
                 f"{r['median_s'] * 1e3:>11.3f}{r['iqr_s'] * 1e3:>9.3f}{r['gflop_per_s']:>9.1f}"
                 f"{ceiling_share(r['ceiling_fraction']):>10}{r['peak_bytes'] / MIB:>10.1f}"
                 f"{r['attn_matrix_bytes'] / MIB:>9.1f}"
-                f"{_num(r['time_ratio'], '.2f'):>8}{_num(r['mem_ratio'], '.2f'):>7}  {noise_mark(r)}"
+                f"  {ratio_cell(r):<{RATIO_WIDTH}}{_num(r['mem_ratio'], '.2f'):>7}  {noise_mark(r)}"
             )
     return "\n".join(lines)
 
@@ -174,13 +206,13 @@ def model_table(rows: list[dict]) -> str:
     lines = [f"\nwhole model (time x: over the same weights in torch's nn.TransformerEncoderLayer{step})"]
     lines.append(
         f"{'model':<{width}}{'mode':<11}{'path':<9}{'batch':>5}{'median ms':>11}{'IQR ms':>9}{'img/s':>8}"
-        f"{'GFLOP/s':>9}{'%ceil':>10}{'peak MiB':>10}{'time x':>8}{'max|diff|':>11}  noise"
+        f"{'GFLOP/s':>9}{'%ceil':>10}{'peak MiB':>10}  {'time x [95% interval]':<{RATIO_WIDTH}}{'max|diff|':>11}  noise"
     )
     for r in rows:
         lines.append(
             f"{r['model']:<{width}}{r['mode']:<11}{r['path']:<9}{r['batch']:>5}{r['median_s'] * 1e3:>11.1f}"
             f"{r['iqr_s'] * 1e3:>9.1f}{r['images_per_s']:>8.2f}{r['gflop_per_s']:>9.1f}"
-            f"{ceiling_share(r['ceiling_fraction']):>10}{r['peak_bytes'] / MIB:>10.1f}{_num(r['time_ratio'], '.2f'):>8}"
+            f"{ceiling_share(r['ceiling_fraction']):>10}{r['peak_bytes'] / MIB:>10.1f}  {ratio_cell(r):<{RATIO_WIDTH}}"
             f"{r['max_abs_diff_vs_einsum']:>11.1e}  {noise_mark(r)}"
         )
     return "\n".join(lines)

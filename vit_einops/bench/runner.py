@@ -12,11 +12,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..base.budget import check_threads
 from ..base.text import printable
 from . import plots, report
-from .attention import CompiledEinsum, add_ratios, grid, measure_point
+from .attention import CompiledEinsum, grid, measure_point
 from .budget import check_grid
-from .env import machine_info
+from .env import free_cores, machine_info
 from .measure import matmul_ceiling, release_memory
 from .model import measure_model
 from .names import CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, RANGES, check_in_range
@@ -49,6 +50,7 @@ class BenchOptions:
     dtype: str = "float32"
     out: Path = field(default_factory=lambda: Path("bench-results"))
     retries: int = 0  # measure a grid point again (at most this often) while any of its rows is noisy
+    threads: int | None = None  # torch threads; None: as many as the cores free at the start (env.free_cores)
     force: bool = False  # replace the result files of an earlier run in ``out``
 
     def __post_init__(self) -> None:
@@ -72,6 +74,8 @@ class BenchOptions:
                 raise ValueError(
                     f"{name}: unknown {', '.join(map(str, unknown))}; expected some of {', '.join(allowed)}"
                 )
+        if self.threads is not None:
+            check_threads("threads", self.threads)
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype {self.dtype!r} is not float32 or bfloat16")
 
@@ -160,16 +164,32 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
     """Measure everything ``options`` asks for, print the table (to ``stdout``, default sys.stdout), write the
     files; returns the results dict. ``probe`` samples the machine (default: this one's; tests script it).
 
-    A noisy run says so once before its rows, as soon as it knows (the machine busy during the first ceiling,
-    the first noisy row, or at the latest the run's verdict), and gives the verdict again after the tables."""
-    stdout = stdout or sys.stdout
-    dtype = getattr(torch, options.dtype)
+    The run uses ``options.threads`` torch threads, or as many as the cores free at its start (on a shared machine
+    a thread more than the free cores waits at every barrier for a core; env.free_cores), and restores torch's
+    thread count at its end. A noisy run says so once before its rows, as soon as it knows (the machine busy during
+    the first ceiling, the first noisy row, or at the latest the run's verdict), and gives the verdict again after
+    the tables."""
     out = check_out(options.out, options.force)  # before anything is measured
     check_grid(options)
+    before = torch.get_num_threads()
+    if options.threads is None:
+        threads, how = free_cores()
+        source = f"the cores free at the start: {how}; --threads sets it"
+    else:
+        threads, source = options.threads, "--threads"
+    torch.set_num_threads(threads)
+    try:
+        return _run(options, out, stdout or sys.stdout, probe or LoadProbe(), source)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_source: str) -> dict:
+    dtype = getattr(torch, options.dtype)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    probe = probe or LoadProbe()
-    meta = {**machine_info(), "dtype": options.dtype, "options": _jsonable(asdict(options))}
+    meta = {**machine_info(), "threads_source": threads_source, "dtype": options.dtype}
+    meta["options"] = _jsonable(asdict(options))
     threads = torch.get_num_threads()
     # The matmul ceilings at the start and at the end are the run's own check of the machine: windows of busy
     # threads with no compiling in them (inductor compiles in worker processes, which would read as others), whose
@@ -255,7 +275,7 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
         start_gflop_per_s=start_ceiling["gflop_per_s"],
         end_gflop_per_s=end_ceiling["gflop_per_s"],
     )
-    for r in add_ratios(attention_rows) + model_rows:
+    for r in attention_rows + model_rows:
         r["ceiling_fraction"] = r["gflop_per_s"] / ceiling["gflop_per_s"]
 
     skip_reasons = sorted({c.skip_reason for c in compiled.values() if c.skip_reason})
@@ -285,12 +305,15 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
         schema=report.SCHEMA_VERSION, meta=meta, noisy=noise["noisy"], noise=noise, matmul_ceiling=ceiling,
         compile=compile_info, attention=attention_rows, model=model_rows,
     )  # fmt: skip
-    ceiling_note = report.ceiling_note(attention_rows + model_rows, ceiling, options.dtype)
+    notes = [
+        report.unresolved_note(attention_rows + model_rows),
+        report.ceiling_note(attention_rows + model_rows, ceiling, options.dtype),
+    ]
     body = "\n".join(
         [_compile_text(compile_info)]
         + ([report.attention_table(attention_rows)] if attention_rows else [])
         + ([report.model_table(model_rows)] if model_rows else [])
-        + ([ceiling_note] if ceiling_note else [])
+        + [note for note in notes if note]
     )
     if noise["noisy"] and not announced:  # known only now (the machine busy at the end): still before the rows
         print(report.early_noise_text(noise["reasons"]), file=stdout)

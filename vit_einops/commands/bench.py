@@ -86,7 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(grid="default")
     parser.add_argument("--out", type=Path, help="output directory (default ./bench-results)")
     parser.add_argument(
-        "--threads", type=_threads, help="torch threads, 1 to the CPU count (default: torch's, usually one per core)"
+        "--threads",
+        type=_threads,
+        help="torch threads, 1 to the CPU count (default: the cores free at the start, at least 1)",
     )
     parser.add_argument(
         "--force", action="store_true", help="replace the result files of an earlier run in --out (other files stay)"
@@ -145,8 +147,6 @@ def _check_bf16() -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from ..base.io import output_lock
     from ..bench.budget import check_grid
     from ..bench.runner import check_out, with_overrides
@@ -155,10 +155,9 @@ def run(args: argparse.Namespace) -> int:
     # The profiler that measures peak memory otherwise logs two lines to stderr on every use (kineto's USDT
     # level, 5); 6 silences kineto's log. Set before its first use; an explicit KINETO_LOG_LEVEL wins.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     options = with_overrides(
         args.grid,
+        threads=args.threads,
         out=args.out,
         dtype=args.dtype,
         batches=args.batches,
