@@ -19,8 +19,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from _figures import unreadable
 from _interop import TINY
 from _loopback import serve
+from matplotlib.figure import Figure
+from PIL import Image
 
 from vit_einops import ViT
 from vit_einops.images import sample_images
@@ -80,8 +83,28 @@ def tiny_vit_b_16(monkeypatch, tmp_path):
         yield site
 
 
+@pytest.fixture
+def saved_figures(monkeypatch):
+    """(name, figure, PNG width in px) of every figure the blocks save, by fig.savefig or save_figure (which renders
+    through it into memory): the name is the file, or the figure's title for a render into memory."""
+    saved = []
+    savefig = Figure.savefig
+
+    def record(fig, fname, *args, **kwargs):
+        savefig(fig, fname, *args, **kwargs)
+        data = fname.getvalue() if isinstance(fname, io.BytesIO) else Path(fname).read_bytes()
+        title = fig.get_suptitle() or next((ax.get_title() for ax in fig.get_axes() if ax.get_title()), "")
+        name = f"figure {title!r}" if isinstance(fname, io.BytesIO) else str(fname)
+        saved.append((name, fig, Image.open(io.BytesIO(data)).size[0]))
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    return saved
+
+
 @pytest.mark.parametrize("path", [p for p in DOCS if blocks(p, "python")], ids=lambda p: str(p.relative_to(ROOT)))
-def test_python_blocks_run(path, reader_files, tiny_vit_b_16):
+def test_python_blocks_run(path, reader_files, tiny_vit_b_16, saved_figures):
+    """Each file's blocks run; every figure they save is at least 600 px wide, with its text (a colour bar's label
+    too) inside the picture and no two titles on top of each other."""
     namespace: dict = {"__name__": "__docs__"}
     for line, source in blocks(path, "python"):
         where = f"{path.relative_to(ROOT)}:{line}"
@@ -90,6 +113,10 @@ def test_python_blocks_run(path, reader_files, tiny_vit_b_16):
         except Exception as err:
             pytest.fail(f"the Python block at {where} failed: {type(err).__name__}: {err}")
     assert [p for _, p in tiny_vit_b_16.requests] in ([], [PRETRAINED["vit_b_16"].file])  # at most once: cached
+    if any(re.search(r"savefig\(|save_figure\(", source) for _, source in blocks(path, "python")):
+        assert saved_figures  # the recording sees the blocks' saves, or the checks below would pass on nothing
+    assert {name: width for name, _, width in saved_figures if width < 600} == {}
+    assert {name: unreadable(fig) for name, fig, _ in saved_figures} == {name: [] for name, _, _ in saved_figures}
 
 
 def test_readme_begins_with_the_two_commands():

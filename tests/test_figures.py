@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import re
 import subprocess
@@ -10,13 +11,16 @@ import sys
 import numpy as np
 import pytest
 import torch
+from _figures import unreadable
 from _tiny import TINY_RGB, tiny_vit
 from matplotlib.figure import Figure
+from PIL import Image
 
 from vit_einops import TokenLayout, ViT
 from vit_einops.inspect import (
     DinoView,
     dino_mask,
+    model_position_similarity,
     plot_attention_distance,
     plot_attention_overlays,
     plot_dino_view,
@@ -187,6 +191,79 @@ def test_write_report_layer_chooses_the_drawn_layer(tmp_path):
     assert not (tmp_path / "other").exists()  # refused before anything was written
 
 
+def png_width(data: bytes) -> int:
+    return Image.open(io.BytesIO(data)).size[0]
+
+
+@pytest.mark.parametrize("heads, head", [(3, None), (3, 1), (12, None), (12, -1), (16, None)])
+def test_show_attention_is_whole_at_its_default_size(heads, head):
+    """At least 600 px wide as fig.savefig writes it (the figure's own dpi), every label inside the picture (the
+    colour bar's too, under the one head's panel) and no two titles on top of each other."""
+    fig = show_attention(vit(heads), torch.rand(3, 16, 16), head=head)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    assert png_width(buffer.getvalue()) == round(fig.get_figwidth() * fig.dpi) >= 600
+    assert unreadable(fig) == []
+    colorbar = next(ax for ax in fig.get_axes() if ax.get_label() == "<colorbar>")
+    assert colorbar.get_ylabel() == "attention / panel maximum"
+
+
+def test_every_figure_is_whole_at_its_default_size():
+    """A 14x14 grid's DINO view (the report's attention.png) keeps its counts off the next panel's title; the
+    filters' colour bar with one row of grey components keeps its label inside."""
+    mask = torch.rand(2, 12, 14, 14) > 0.5
+    figures = {
+        "dino": plot_dino_view(torch.rand(2, 3, 224, 224), DinoView(torch.rand(2, 12, 14, 14) / 81, mask),
+                               ["a.jpg", "b.jpg"], layer=11, keep=0.6),  # fmt: skip
+        "overlays": plot_attention_overlays(torch.rand(3, 3, 16, 16), torch.rand(3, 16, 4, 4), torch.rand(3, 4, 4),
+                                            layer=11),  # fmt: skip
+        "distance": plot_attention_distance(torch.rand(12, 16) * 100, uniform_distance=50.0),
+        "similarity": plot_position_similarity(torch.rand(14, 14, 14, 14)),
+        "small similarity": plot_position_similarity(torch.rand(2, 2, 2, 2)),
+        "grey filters": plot_filters(torch.rand(3, 1, 4, 4), torch.tensor([0.5, 0.3, 0.2])),
+        "rgb filters": plot_filters(torch.rand(28, 3, 16, 16), torch.rand(28)),
+        "norms": plot_token_norms(torch.rand(12, 3, 21), TokenLayout(("cls", "reg1", "reg2", "reg3", "reg4"), (4, 4))),
+        "share": plot_prefix_share(torch.rand(12, 3, 4, 2) / 2, TokenLayout(("cls", "dist"), (4, 4))),
+    }
+    assert {name: unreadable(fig) for name, fig in figures.items()} == {name: [] for name in figures}
+    titles = [ax.get_title() for ax in figures["dino"].get_axes() if ax.get_title().startswith("layer 11 head 0")]
+    assert len(titles) == 2 and all(re.fullmatch(r"layer 11 head 0\nmax \S+\nkeeps \d+/196", t) for t in titles)
+
+
+def test_unreadable_sees_a_cut_label_and_overlapping_titles():
+    """The measure the tests above rely on finds what it is for: a colour bar's label longer than a 2-inch figure
+    is tall, and two titles wider than their panels."""
+    from matplotlib.cm import ScalarMappable
+
+    fig = Figure(figsize=(2, 2), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    fig.colorbar(ScalarMappable(), ax=[left, right], label="a colour-bar label longer than the figure")
+    left.set_title("a title wider than its panel")
+    right.set_title("and its neighbour's")
+    problems = unreadable(fig)
+    assert any("ylabel='a colour-bar label longer than the figure'> reaches outside" in p for p in problems)
+    assert "titles 'a title wider than its panel' and \"and its neighbour's\" overlap" in problems
+
+
+def test_position_similarity_takes_the_similarity_not_the_model():
+    model = vit()
+    with pytest.raises(TypeError, match="similarity must be a torch.Tensor, got ViT"):
+        plot_position_similarity(model)
+    with pytest.raises(ValueError, match=r"takes similarity \(gh, gw, gh, gw\).* got shape \(4, 4, 16\)"):
+        plot_position_similarity(model_position_similarity(model).flatten(2))
+    tiles = image_axes(plot_position_similarity(model_position_similarity(model)))
+    assert len(tiles) == 16  # the 4x4 grid's tiles
+
+
+@pytest.mark.parametrize("inches, pixels", [(4.0, 600), (2.5, 600), (6.4, 768)])
+def test_save_figure_writes_at_least_600_px(tmp_path, inches, pixels):
+    """120 dpi, or more for a figure under 5 inches: the picture is 600 px wide or more; a dpi given is kept."""
+    fig = Figure(figsize=(inches, 2), layout="constrained")
+    fig.subplots().set_title("t")
+    assert png_width(save_figure(fig, tmp_path / "f.png").read_bytes()) == pixels
+    assert png_width(save_figure(fig, tmp_path / "g.png", dpi=50).read_bytes()) == round(inches * 50)
+
+
 def test_save_figure_is_a_separate_atomic_step(tmp_path):
     fig = plot_attention_distance(torch.rand(3, 2))
     path = save_figure(fig, tmp_path / "d.png")
@@ -251,9 +328,9 @@ def test_dino_figure_counts_and_outlines_each_heads_kept_patches():
     heads = [ax for ax in image_axes(fig) if ax.get_title().startswith("layer")]
     assert len(heads) == 6
     for ax, (i, h) in zip(heads, [(i, h) for i in range(2) for h in range(3)], strict=True):
-        name, detail = ax.get_title().split("\n")
+        name, _, kept = ax.get_title().split("\n")
         assert name == f"layer 5 head {h}"
-        assert detail.endswith(f"keeps {int(mask[i, h].sum())}/16")
+        assert kept == f"keeps {int(mask[i, h].sum())}/16"
         assert len(ax.collections) == (0 if (i, h) == (1, 2) else 1)  # the outline's contour set
     suptitles = [sub._suptitle.get_text() for sub in fig.subfigs]
     assert suptitles == ["a\noutlined: 60% of the mass", "b\noutlined: 60% of the mass"]

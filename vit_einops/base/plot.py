@@ -8,10 +8,14 @@ figure once, and a script leaks nothing), and draws inline in Jupyter when retur
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 from typing import Any
 
 from .io import atomic_write_bytes
+
+MIN_PNG_WIDTH = 600  # pixels: narrower, a figure's 8 pt labels shrink below what a screen or a page shows legibly
+PNG_DPI = 120
 
 
 def new_figure(**kwargs: Any):
@@ -30,8 +34,9 @@ def pyplot():
     return plt
 
 
-def save_figure(fig: Any, path: str | Path, dpi: int = 120, *, replace: bool = True) -> Path:
-    """Render ``fig`` to PNG in memory and write it atomically to ``path``; returns the path. ``replace=False``
+def save_figure(fig: Any, path: str | Path, dpi: int | None = None, *, replace: bool = True) -> Path:
+    """Render ``fig`` to PNG in memory and write it atomically to ``path``; returns the path. ``dpi=None`` is 120,
+    or more for a figure under 5 inches wide, so that the picture is at least 600 px wide. ``replace=False``
     refuses (FileExistsError) a file that is there at the commit; ``True`` replaces only a regular file.
 
     A figure that pyplot manages (made with ``plt.subplots``) is closed after, so a script that saves many does
@@ -41,8 +46,11 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 120, *, replace: bool = T
     return Path(path)
 
 
-def figure_png(fig: Any, dpi: int = 120) -> bytes:
-    """``fig`` rendered as PNG bytes (closed after if pyplot manages it, as :func:`save_figure` says)."""
+def figure_png(fig: Any, dpi: int | None = None) -> bytes:
+    """``fig`` rendered as PNG bytes at ``dpi`` (chosen as :func:`save_figure` says), closed after if pyplot
+    manages it."""
+    if dpi is None:
+        dpi = max(PNG_DPI, math.ceil(MIN_PNG_WIDTH / fig.get_figwidth()))
     buf = io.BytesIO()
     # A figure under a layout engine (ours are constrained) already fits its canvas; "tight" would draw it a second
     # time only to measure it. A figure without one (plt.subplots' default) is cropped to what it draws.

@@ -28,7 +28,9 @@ from .record import AttentionRecorder
 from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
 from .tokens import CLASS_TOKEN, check_layout
 
-PANEL_INCHES = 1.45  # one attention panel; the grid's figure size follows from it
+PANEL_INCHES = 1.45  # one attention panel at least; the grid's figure size follows from it
+TITLE_LINE_INCHES = 0.125  # one line of a panel's 8 pt title
+MIN_WIDTH_INCHES = 6.4  # matplotlib's default width: 640 px at its 100 dpi, room for the colour bar's whole label
 ATTENTION_CMAP = "inferno"
 MASK_COLOUR = "cyan"  # DINO's mask outline: visible over inferno's dark and bright ends
 
@@ -37,6 +39,15 @@ def grid_shape(panels: int) -> tuple[int, int]:
     """(rows, cols) of a near-square grid for ``panels`` panels: ceil(sqrt) columns."""
     cols = max(1, math.ceil(math.sqrt(panels)))
     return math.ceil(panels / cols), cols
+
+
+def _block_inches(panels: int, title_lines: int, min_width: float) -> tuple[float, float]:
+    """(width, height) of one image's block of ``panels`` attention panels in a near-square grid, with its colour
+    bar and title: each panel square, PANEL_INCHES or wider where the block must fill ``min_width``, under a
+    title of ``title_lines`` lines."""
+    rows, cols = grid_shape(panels)
+    panel = max(PANEL_INCHES, (min_width - 0.9) / cols)
+    return cols * panel + 0.9, rows * (panel + title_lines * TITLE_LINE_INCHES) + 0.4
 
 
 def _show_image(ax, image: torch.Tensor) -> None:
@@ -116,7 +127,7 @@ def _draw_attention(
             continue
         _outline(ax, mask, size)
         kept = f"keeps {int(mask.sum())}/{mask.numel()}"
-        ax.set_title(f"{name}\nmax {grid_map.max().item():.3g}, {kept}", fontsize=8, parse_math=False)
+        ax.set_title(f"{name}\nmax {grid_map.max().item():.3g}\n{kept}", fontsize=8, parse_math=False)
     _attention_colorbar(fig, axes)
     # The title holds a file name and a class name: literal text, so "$" in one is a dollar sign, not mathtext, and
     # control characters escaped (a font has no glyph for ESC: matplotlib's warning would print it raw).
@@ -140,11 +151,11 @@ def plot_attention_overlays(
     Returns a Figure.
     """
     b, heads = head_maps.shape[:2]
-    rows, cols = grid_shape(heads + (1 if rollout_maps is None else 2))
     block_rows, block_cols = grid_shape(b)
-    fig = new_figure(
-        figsize=(block_cols * (cols * PANEL_INCHES + 0.9), block_rows * (rows * (PANEL_INCHES + 0.25) + 0.4))
+    width, height = _block_inches(
+        heads + (1 if rollout_maps is None else 2), 2 if masks is None else 3, MIN_WIDTH_INCHES / block_cols
     )
+    fig = new_figure(figsize=(block_cols * width, block_rows * height))
     subfigs = fig.subfigures(block_rows, block_cols, squeeze=False)
     for sub in subfigs.flat[b:]:
         sub.set_visible(False)
@@ -290,8 +301,7 @@ def show_attention(
     shown = range(heads) if head is None else range(head, head + 1)
     if head is not None:
         head_maps, rollout = head_maps[head : head + 1], None  # one head alone: no rollout beside it
-    rows, cols = grid_shape(len(shown) + (1 if rollout is None else 2))
-    fig = new_figure(figsize=(cols * PANEL_INCHES + 0.9, rows * (PANEL_INCHES + 0.25) + 0.4))
+    fig = new_figure(figsize=_block_inches(len(shown) + (1 if rollout is None else 2), 2, MIN_WIDTH_INCHES))
     _draw_attention(fig, pictures[0], head_maps, rollout, title, layer, shown)
     return fig
 
@@ -339,7 +349,14 @@ def plot_attention_distance(
 
 def plot_position_similarity(similarity: torch.Tensor):
     """The grid of grids of Figure 7 (centre): tile (r, c) shows cos(E_pos[r, c], E_pos[., .]) over the patch
-    grid; patch rows and columns numbered from 0. Returns a Figure."""
+    grid; patch rows and columns numbered from 0. Shapes: similarity (gh, gw, gh, gw), what
+    :func:`~vit_einops.inspect.model_position_similarity` returns for a model. Returns a Figure."""
+    check_dense_tensor("similarity", similarity)
+    if similarity.ndim != 4 or similarity.shape[:2] != similarity.shape[2:]:
+        raise ValueError(
+            f"plot_position_similarity takes similarity (gh, gw, gh, gw), as model_position_similarity(model) "
+            f"returns it, got shape {tuple(similarity.shape)}"
+        )
     gh, gw = similarity.shape[:2]
     fig = new_figure(figsize=(0.75 * gw + 1.4, 0.75 * gh + 0.8))
     axes = fig.subplots(gh, gw, squeeze=False)
@@ -365,7 +382,7 @@ def plot_filters(components: torch.Tensor, explained: torch.Tensor):
     k = components.shape[0]
     cols = min(k, 7)
     rows = math.ceil(k / cols)
-    fig = new_figure(figsize=(max(1.2 * cols, 3.5) + 0.8, 1.35 * rows + 0.5))
+    fig = new_figure(figsize=(max(1.2 * cols, 3.5) + 0.8, max(1.35 * rows, 2.0) + 0.5))  # 2.0: the bar's label
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat:
         ax.set_axis_off()

@@ -54,7 +54,7 @@ def plot_confusion(confusion: list[list[int]], classes: list[str]):
     shares = [[c / t if t else 0.0 for c in row] for row, t in zip(confusion, totals, strict=True)]
     correct = sum(confusion[i][i] for i in range(n))
     side = min(12.0, 3.0 + 0.45 * min(n, MAX_LABELLED_CLASSES))
-    fig = new_figure(figsize=(side + 1.5, side))
+    fig = new_figure(figsize=(side + 2.5, side))  # 2.5: the colour bar and the rows' labels beside a square matrix
     ax = fig.subplots()
     image = ax.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
     fig.colorbar(image, ax=ax, label="share of the true class's test images")
