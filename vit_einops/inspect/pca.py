@@ -35,9 +35,9 @@ from ..base.plot import new_figure
 from ..images import to_display
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
+from .figures import MIN_WIDTH_INCHES
 
 PANEL_INCHES = 2.5  # one image or PCA panel
-MIN_WIDTH_INCHES = 5.0  # 600 px at save_figure's 120 dpi, so that a single panel's title is whole
 
 
 class PatchPCA(NamedTuple):
