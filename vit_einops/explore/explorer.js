@@ -555,8 +555,9 @@ function drawPca(pane) {
     item.style.color = "";
   });
   const ratios = pane.data.pca_explained.map((r) => `${(100 * r).toFixed(1)}%`).join(", ");
-  const name = `patch PCA of the last layer's normed patch tokens (components 0..${pane.data.pca_explained.length - 1}` +
-    ` as red, green, blue; ${ratios} of the variance)`;
+  const last = pane.data.pca_explained.length - 1;
+  const name = `patch PCA of the last layer's normed patch tokens (components 0..${last} as red, green, blue; ` +
+    `${ratios} of the variance)`;
   pane.el("query-line").textContent = name;
   pane.el("footer-row").textContent = `Drawn over the patches: ${name}.`;
   pane.el("patch-mass").textContent = pane.P ? "the prefix tokens are left out of the PCA" : "";
