@@ -452,3 +452,52 @@ def test_a_headless_models_page_shows_no_class_and_its_target_relevance(browser,
         else:
             assert relevance.get_attribute("disabled") is None
             assert items and items[0].startswith("the target (mean cosine similarity of the patches to patch (1, 2)): ")
+
+
+# Each pane's canvas at the centre of each patch of its grid, as `pixels` per pane.
+PANE_CENTRES = """
+return [0, 1].map((i) => {
+  const canvas = document.querySelector(`#pane-${i} .image-canvas`);
+  const [gh, gw] = arguments[i];
+  const ctx = canvas.getContext("2d");
+  const pixels = [];
+  for (let p = 0; p < gh * gw; p++) {
+    const x = Math.floor(((p % gw) + 0.5) * canvas.width / gw);
+    const y = Math.floor((Math.floor(p / gw) + 0.5) * canvas.height / gh);
+    pixels.push(Array.from(ctx.getImageData(x, y, 1, 1).data.slice(0, 3)));
+  }
+  return pixels;
+});
+"""
+
+
+def test_the_patch_pca_view_draws_each_models_own_colours_side_by_side(browser, tmp_path):
+    """Registers beside none: at full opacity each pane's canvas shows, patch by patch, the uint8 colours its own
+    payload carries (its own model's PCA), the hovered patch's colour is read out, and the note names dinov2 #469."""
+    from test_explore import embedded
+    from test_explore_models import decode_png, register_vit
+
+    torch.manual_seed(0)
+    models = [register_vit(), tiny_vit(TINY_RGB16, image_size=32, patch_size=16, depth=3)]
+    page = write_explorer(models, torch.rand(2, 3, 32, 32), tmp_path / "p.html", names=["reg", "plain"], top_k=1)
+    panes = embedded(page)["panes"]
+    _open(browser, page)
+    browser.execute_script(
+        "const o = document.getElementById('opacity'); o.value = 100; o.dispatchEvent(new Event('input'));"
+    )
+    _select(browser, "view-select", "pca")
+    for image in (0, 1):
+        _select(browser, "image-select", image)
+        drawn = browser.execute_script(PANE_CENTRES, *(pane["layout"]["grid"] for pane in panes))
+        for pane, pixels in zip(panes, drawn, strict=True):
+            codes = decode_png(pane["images"][image]["pca"]).reshape(-1, 3).astype(int)
+            assert np.abs(np.array(pixels) - codes).max() <= 1, (pane["name"], image)
+    _hover_patch(browser, 6, pane=0, prefix=5)
+    codes = decode_png(panes[0]["images"][1]["pca"]).reshape(-1, 3)
+    readout = browser.find_element("css selector", "#pane-0 .readout").text
+    assert readout == "token 6 (patch row 0, col 1) · colour rgb({}, {}, {})".format(*codes[1])
+    for i in (0, 1):
+        note = browser.find_element("css selector", f"#pane-{i} .view-note").text
+        assert "this model's own patch tokens" in note and "dinov2 issue #469" in note
+        assert browser.find_element("css selector", f"#pane-{i} .colour-scale").is_displayed() is False
+    assert _console_errors(browser) == []

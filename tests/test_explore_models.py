@@ -16,7 +16,7 @@ from test_explore_stats import class_sink, per_query_distance
 from vit_einops import TokenLayout
 from vit_einops.explore import write_explorer
 from vit_einops.explore.payload import dino_view
-from vit_einops.inspect import record_attention, token_norms
+from vit_einops.inspect import patch_feature_pca, record_attention, token_norms
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing
 
@@ -125,6 +125,27 @@ def test_two_models_side_by_side_are_each_their_own_models(tmp_path):
             rowmax = decode(image["attention_rowmax"], np.float32, (pane["depth"], pane["heads"], layout.num_tokens))
             assert np.array_equal(rowmax, maps[:, i].double().numpy().max(-1).astype(np.float32))
             assert len(image["dino"]["masks"][0]) == layout.num_patches
+
+
+def test_each_pane_carries_its_own_models_patch_pca_as_uint8(tmp_path):
+    """Side by side, each pane's PCA colours are its own model's joint fit over the page's images, stored as
+    round(255 c): exactly those codes, each within 1/510 of the colour."""
+    torch.manual_seed(0)
+    models = [register_vit(), tiny_vit(TINY_RGB, patch_size=16, depth=3)]
+    images = torch.rand(2, 3, 32, 32)
+    panes = embedded(write_explorer(models, images, tmp_path / "e.html", top_k=1))["panes"]
+    for pane, model in zip(panes, models, strict=True):
+        pca = patch_feature_pca(model, images)
+        rgb = pca.rgb.numpy()  # (b, gh, gw, 3) in [0, 1]
+        assert pane["pca_explained"] == pytest.approx(pca.explained_variance_ratio.tolist(), abs=1e-6)
+        for i, image in enumerate(pane["images"]):
+            codes = decode_png(image["pca"])
+            assert codes.dtype == np.uint8 and codes.shape == (*pane["layout"]["grid"], 3)
+            assert np.array_equal(codes, np.rint(rgb[i] * 255).astype(np.uint8))
+            assert np.abs(codes / 255 - rgb[i]).max() <= 1 / 510 + 1e-12
+        # min-max scaled over both images together: each channel reaches 0 and 255 somewhere
+        stacked = np.stack([decode_png(image["pca"]) for image in pane["images"]])
+        assert (stacked.min(axis=(0, 1, 2)) == 0).all() and (stacked.max(axis=(0, 1, 2)) == 255).all()
 
 
 def test_bad_model_lists_are_named(tmp_path):

@@ -15,7 +15,7 @@ const $ = (id) => document.getElementById(id);
 // width), so that each pane finds its own token there whatever its grid.
 const state = {
   image: 0,
-  view: "attention", // attention | dino | rollout | relevance | norms
+  view: "attention", // attention | dino | rollout | relevance | norms | pca
   layer: 0,
   head: "mean", // "mean" or a head index
   classRank: 0, // which of the image's relevance entries (its top classes, then the target) the relevance is for
@@ -73,6 +73,7 @@ function loadPicture(png) {
 }
 
 async function decodeImage(page) {
+  const pca = await loadPicture(page.pca); // one pixel per patch: its PCA colour (uint8 RGB)
   return {
     attention: await inflate(page.attention), // uint8 codes (layer, head, query, key)
     rowmax: float32Array(await inflate(page.attention_rowmax)), // (layer, head, query)
@@ -81,7 +82,18 @@ async function decodeImage(page) {
       entries(page).map(async (c) => halfMatrix(await inflate(c.relevance), c.relevance_scale)),
     ),
     picture: await loadPicture(page.png),
+    pca,
+    pcaRgb: pixels(pca), // RGBA, patch p at 4 p
   };
+}
+
+// A picture's pixels, RGBA row-major.
+function pixels(img) {
+  const canvas = document.createElement("canvas");
+  [canvas.width, canvas.height] = [img.width, img.height];
+  const ctx = canvas.getContext("2d");
+  ctx.drawImage(img, 0, 0);
+  return ctx.getImageData(0, 0, img.width, img.height).data;
 }
 
 // ---- panes -----------------------------------------------------------------------------------------------
@@ -521,6 +533,53 @@ function drawReadout(pane, row) {
     tokenName(pane, key);
 }
 
+// ---- patch PCA (DINOv2's picture): each patch's colour over the picture --------------------------------------
+
+function drawPca(pane) {
+  const canvas = pane.el("image-canvas");
+  const ctx = canvas.getContext("2d");
+  const d = pane.decoded[state.image];
+  ctx.imageSmoothingEnabled = false;
+  ctx.drawImage(d.picture, 0, 0, canvas.width, canvas.height);
+  ctx.globalAlpha = state.opacity;
+  ctx.drawImage(d.pca, 0, 0, canvas.width, canvas.height); // one pixel per patch, scaled without smoothing
+  ctx.globalAlpha = 1;
+  const hover = tokenOf(pane, state.hover);
+  if (hover !== null && hover >= pane.P) {
+    outline(ctx, pane, hover, canvas.width / pane.GW, canvas.height / pane.GH, "#e22", []);
+  }
+  pane.prefix.forEach((name, t) => {
+    const item = pane.el("prefix-tokens").children[t];
+    item.textContent = `${name} (token ${t}, ${prefixLabel(name)})`;
+    item.style.background = "";
+    item.style.color = "";
+  });
+  const ratios = pane.data.pca_explained.map((r) => `${(100 * r).toFixed(1)}%`).join(", ");
+  const last = pane.data.pca_explained.length - 1;
+  const name = `patch PCA of the last layer's normed patch tokens (components 0..${last} as red, green, blue; ` +
+    `${ratios} of the variance)`;
+  pane.el("query-line").textContent = name;
+  pane.el("footer-row").textContent = `Drawn over the patches: ${name}.`;
+  pane.el("patch-mass").textContent = pane.P ? "the prefix tokens are left out of the PCA" : "";
+  pane.el("scale-line").textContent = "colour: each component min-max scaled over this model's patches of every image";
+  pane.el("view-note").textContent =
+    `One PCA over this model's own patch tokens of all ${DATA.titles.length} image(s) together (Oquab et al. 2024, ` +
+    "DINOv2); beside another model its colours are that model's own fit, not comparable component by component. " +
+    "Register tokens change this picture (dinov2 issue #469).";
+  pane.el("clamp-note").textContent = "";
+  dinoLine(pane);
+  pane.el("legend-query").textContent = "query (dashed white box): none, the PCA has no query";
+  pane.el("legend-hover").textContent = `hovered key (red box): ${hover === null ? "none" : tokenName(pane, hover)}`;
+  pane.el("legend-head").textContent = "selected head: none, the PCA reads the tokens of every head";
+  pane.el("legend-layer").textContent = `selected layer: the PCA reads layer ${pane.data.depth - 1}, the last`;
+  pane.el("readout").textContent = "move the pointer over a patch";
+  if (hover !== null && hover >= pane.P) {
+    const p = hover - pane.P;
+    const [r, g, b] = d.pcaRgb.slice(4 * p, 4 * p + 3);
+    pane.el("readout").textContent = `${tokenName(pane, hover)} · colour rgb(${r}, ${g}, ${b})`;
+  }
+}
+
 // ---- the selected layer's token norms, token by token: prefix tokens marked, the patches' outliers named ------
 
 const TOKEN_CHART = { left: 52, right: 8, top: 8, bottom: 20 };
@@ -792,9 +851,14 @@ function update(changes) {
   $("mask-toggle").checked = state.mask;
   fillClasses();
   for (const pane of panes) {
-    const row = currentRow(pane);
-    drawImage(pane, row);
-    drawReadout(pane, row);
+    pane.el("colour-scale").style.display = state.view === "pca" ? "none" : "";
+    if (state.view === "pca") {
+      drawPca(pane);
+    } else {
+      const row = currentRow(pane);
+      drawImage(pane, row);
+      drawReadout(pane, row);
+    }
     drawTokenChart(pane);
     CHARTS.forEach((chart) => drawChart(pane, chart, pane.el(`chart-${chart.key}`)));
     pane.el("chart-note").textContent = undefinedDistances(pane);
@@ -925,7 +989,10 @@ function describe() {
     `where a head's patches put no weight on patches. DINO's view (Caron et al. 2021): the last layer's ` +
     `class-token attention over the patches, per head, normalised to sum 1; the mask keeps the highest patches ` +
     `whose mass adds to 60% (sorted ascending, the patches where the cumulative sum exceeds 0.4), computed from ` +
-    `the recorded attention before it was stored.`;
+    `the recorded attention before it was stored. Patch PCA (Oquab et al. 2024): one PCA per model, fitted on ` +
+    `that model's own last-layer normed patch tokens of all the images (prefix tokens dropped), signs by ` +
+    `scikit-learn's rule; components 0..2 as red, green, blue, each min-max scaled, stored as round(255 c) ` +
+    `(within 1/510 of the colour).`;
 }
 
 async function main() {

@@ -33,6 +33,11 @@ whose relevance is exactly the identity (its logit gives no gradient, e.g. a zer
 A model without a classifier (``num_classes`` 0: its output is pooled features) lists no classes: ``top`` is empty.
 Relevance is then for the ``target`` given (:mod:`vit_einops.inspect.targets`), one entry per image with its score,
 or absent (null) without one; a classifier's page adds the target's entry beside its classes.
+
+The patch PCA view (DINOv2's picture, :func:`~vit_einops.inspect.patch_feature_pca` with its defaults) is fitted
+on each pane's own tokens, jointly over the page's images; each image carries its ``rgb`` (gh, gw, 3) as uint8,
+``round(255 c)`` (to nearest, ties to even: within 1/510 of the colour c in [0, 1]), written as a PNG of one
+pixel per patch (a 37 x 37 grid is 4.1 KB of codes before compression).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from ..inspect import (
     dino_mask,
     head_statistics,
     patch_distances,
+    patch_feature_pca,
     record_attention,
     relevance_from_gradients,
     token_norms,
@@ -108,6 +114,11 @@ def png_base64(picture: np.ndarray) -> str:
     buf = io.BytesIO()
     Image.fromarray(picture).save(buf, format="PNG", optimize=True)
     return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def pca_colours(rgb: torch.Tensor) -> np.ndarray:
+    """PCA colours in [0, 1] (..., 3) -> uint8 codes round(255 c), each within 1/510 of c."""
+    return np.rint(rgb.detach().double().cpu().numpy() * 255).astype(np.uint8)
 
 
 def _as_list(t: torch.Tensor, digits: int = 6) -> Any:
@@ -191,6 +202,8 @@ def build_payload(
     patch_size = tuple(model.config.patch_size)
     stats = head_statistics(maps.double(), layout, patch_size)  # each (l, b, h), prefix_share (.., p)
     dino = dino_view(maps, layout)
+    pca = patch_feature_pca(model, images, min(3, model.num_features, b * layout.num_patches), preprocessed=True)
+    pca_codes = pca_colours(pca.rgb)  # (b, gh, gw, 3)
     maps64 = maps.detach().double().cpu().numpy()
 
     pages = []
@@ -213,6 +226,7 @@ def build_payload(
         pages.append(
             {
                 "png": png_base64(pictures[i]),
+                "pca": png_base64(pca_codes[i]),
                 "attention": pack(codes),
                 "attention_rowmax": pack(rowmax),
                 "rollout": pack(rollout16),
@@ -243,6 +257,7 @@ def build_payload(
         "uniform_entropy": math.log(n),
         "uniform_distance": patch_distances(layout.grid, patch_size).mean().item(),
         "dino_keep": DINO_KEEP,
+        "pca_explained": _as_list(pca.explained_variance_ratio[:3]),
         "images": pages,
     }
 
