@@ -244,6 +244,10 @@ def run(args: argparse.Namespace) -> int:
                 f"test accuracy {last['test_acc']:.4f} after {last['epoch']} epochs; wrote {printable(out)}/ "
                 f"(model.safetensors, metrics.jsonl, summary.json, curves.png, confusion.png, checkpoint/)"
             )
+        if ctx.active:
+            # Every rank tears down together: a rank that left while another still wrote its files and plots was
+            # seen to abort in gloo (SIGABRT on rank 1) on a loaded machine.
+            torch.distributed.barrier()
     finally:
         if ctx.active:
             torch.distributed.destroy_process_group()
