@@ -25,8 +25,8 @@ from ..network.chunk_plan import default_chunk_elements
 from ..reference import torch_mha_from
 from .kernels import SDPA_BACKENDS, compiled_flex, kernel_ran, refusal, sdpa_backend_call
 from .measure import peak_memory_bytes, time_interleaved
-from .noise import LoadProbe
 from .names import COMPILED_PATHS
+from .noise import LoadProbe
 from .paired import paired_ratios, ratio_fields
 
 REFERENCE = {"core": "sdpa", "layer": "torch_mha"}
@@ -88,17 +88,24 @@ class CompiledPath:
         else:
             self.fn = torch.compile(Attend(head_dim, impl="einsum").to(dtype), dynamic=True)
 
-    def first_call(self, call: Callable[[], object]) -> float | None:
-        """Run ``call`` once, return its seconds; on a compile failure keep the reason and return None."""
+    def first_call(self, call: Callable[[], object]) -> tuple[float | None, str | None]:
+        """Run ``call`` once: (its seconds, None), or (None, why it did not run).
+
+        A NotImplementedError is torch declining these inputs (flex_attention has no backward on a CPU): the reason
+        holds for this call only. Any other failure means compiling does not work here: the reason is kept and the
+        path is skipped from here on.
+        """
         if self.skip_reason is not None:
-            return None
+            return None, self.skip_reason
         start = time.perf_counter()
         try:
             call()
+        except NotImplementedError as error:
+            return None, f"torch: {str(error).splitlines()[0][:200]}"
         except Exception as error:  # noqa: BLE001 -- any failure to compile means: skip the path, say why
             self.skip_reason = f"torch.compile failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
-            return None
-        return time.perf_counter() - start
+            return None, self.skip_reason
+        return time.perf_counter() - start, None
 
 
 def _inputs(point: Point, dtype: torch.dtype, grad: bool, seed: int = 0):
@@ -178,10 +185,11 @@ def measure_point(
     first_call_s, unavailable = {}, {}
     with torch.enable_grad() if grad else torch.inference_mode():
         for path in paths.get("core", ()):
-            if path in COMPILED_PATHS and path in compiled and compiled[path].skip_reason is None:
-                first_call_s[path] = compiled[path].first_call(calls["core", path])
-            if path in COMPILED_PATHS and (path not in compiled or compiled[path].skip_reason is not None):
-                unavailable["core", path] = compiled[path].skip_reason if path in compiled else "not compiled"
+            if path in COMPILED_PATHS:
+                if path in compiled and ("core", path) in calls:
+                    first_call_s[path], unavailable["core", path] = compiled[path].first_call(calls["core", path])
+                else:
+                    unavailable["core", path] = compiled[path].skip_reason if path in compiled else "not compiled"
             elif path in SDPA_BACKENDS:
                 unavailable["core", path] = refusal(path, calls["core", path], q.device)
         unavailable = {key: reason for key, reason in unavailable.items() if reason is not None}
