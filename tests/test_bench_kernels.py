@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vit_einops.bench.attention import CompiledPath, Point, measure_point
-from vit_einops.bench.kernels import SDPA_BACKENDS, compiled_flex, kernel_ran, refusal, sdpa_backend_call
+from vit_einops.bench.kernels import SDPA_BACKENDS, kernel_ran, refusal, sdpa_backend_call
 from vit_einops.network.attention import Attend
 
 POINT = Point(batch=2, heads=2, tokens=17, head_dim=8)
@@ -123,6 +123,7 @@ def test_flex_rows_time_the_forward_and_say_why_where_torch_declines(flex):
         assert row["unavailable"].startswith("torch: ") and "backward" in row["unavailable"]
         # Declining one mode is this point's reason, not a broken compile: the forward is still timed after it.
         assert flex.skip_reason is None
-        assert measure(("sdpa", "flex_compiled"), "forward", compiled={"flex_compiled": flex})["flex_compiled"]["kernel"]
+        again = measure(("sdpa", "flex_compiled"), "forward", compiled={"flex_compiled": flex})
+        assert again["flex_compiled"]["median_s"] > 0
     else:
         assert row["median_s"] > 0 and row["kernel"].startswith("inductor")

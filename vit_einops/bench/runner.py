@@ -359,8 +359,8 @@ def _compile_text(info: dict) -> str:
     if not info["attempted"] or info["skip_reason"]:
         return f"torch.compile of the einsum path and flex_attention: {info['skip_reason'] or 'not requested'}"
     return (
-        f"torch.compile of the einsum path and flex_attention: {len(info['first_calls'])} first calls (compile included, not in the "
-        f"timings) took {info['total_first_call_s']:.1f} s in all"
+        f"torch.compile of the einsum path and flex_attention: {len(info['first_calls'])} first calls (compile "
+        f"included, not in the timings) took {info['total_first_call_s']:.1f} s in all"
     )
 
 
