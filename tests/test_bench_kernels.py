@@ -123,7 +123,10 @@ def test_flex_rows_time_the_forward_and_say_why_where_torch_declines(flex):
         assert row["unavailable"].startswith("torch: ") and "backward" in row["unavailable"]
         # Declining one mode is this point's reason, not a broken compile: the forward is still timed after it.
         assert flex.skip_reason is None
-        again = measure(("sdpa", "flex_compiled"), "forward", compiled={"flex_compiled": flex})
-        assert again["flex_compiled"]["median_s"] > 0
+        # and at a new shape it is compiled again, not torch's eager reference (bmm and softmax) in its place.
+        wider = Point(POINT.batch, POINT.heads, 33, POINT.head_dim)
+        rows = measure_point(wider, "forward", torch.float32, {"core": ("sdpa", "flex_compiled")},
+                             {"flex_compiled": flex}, rounds=1, min_run_time=1e-3)  # fmt: skip
+        assert [r["kernel"] for r in rows if r["path"] == "flex_compiled"] == ["inductor"]
     else:
         assert row["median_s"] > 0 and row["kernel"].startswith("inductor")

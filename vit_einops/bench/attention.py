@@ -23,7 +23,7 @@ import torch
 from ..network.attention import Attend, MultiHeadAttention
 from ..network.chunk_plan import default_chunk_elements
 from ..reference import torch_mha_from
-from .kernels import SDPA_BACKENDS, compiled_flex, kernel_ran, refusal, sdpa_backend_call
+from .kernels import SDPA_BACKENDS, compiled_flex, flex_backward_refusal, kernel_ran, refusal, sdpa_backend_call
 from .measure import peak_memory_bytes, time_interleaved
 from .names import COMPILED_PATHS
 from .noise import LoadProbe
@@ -185,11 +185,12 @@ def measure_point(
     first_call_s, unavailable = {}, {}
     with torch.enable_grad() if grad else torch.inference_mode():
         for path in paths.get("core", ()):
-            if path in COMPILED_PATHS:
-                if path in compiled and ("core", path) in calls:
-                    first_call_s[path], unavailable["core", path] = compiled[path].first_call(calls["core", path])
-                else:
-                    unavailable["core", path] = compiled[path].skip_reason if path in compiled else "not compiled"
+            if path in COMPILED_PATHS and ("core", path) not in calls:
+                unavailable["core", path] = compiled[path].skip_reason if path in compiled else "not compiled"
+            elif path == "flex_compiled" and grad and (reason := flex_backward_refusal(dtype, q.device)):
+                unavailable["core", path] = reason  # asked before compiling: see flex_backward_refusal
+            elif path in COMPILED_PATHS:
+                first_call_s[path], unavailable["core", path] = compiled[path].first_call(calls["core", path])
             elif path in SDPA_BACKENDS:
                 unavailable["core", path] = refusal(path, calls["core", path], q.device)
         unavailable = {key: reason for key, reason in unavailable.items() if reason is not None}

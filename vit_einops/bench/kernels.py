@@ -50,6 +50,21 @@ def compiled_flex() -> Callable:
     return torch.compile(flex_attention, dynamic=True)
 
 
+def flex_backward_refusal(dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why flex_attention has no backward for ``dtype`` on ``device`` (torch 2.13: none on a CPU), else None.
+
+    Asked of eager flex_attention on a tiny input: the same attempt through torch.compile makes later compiles of
+    flex_attention at new shapes fall back to its eager reference (bmm and softmax, seen in the kernel column).
+    """
+    q, k, v = (torch.zeros(1, 1, 4, 8, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
+    try:
+        with torch.enable_grad():
+            flex_attention(q, k, v).sum().backward()
+    except NotImplementedError as error:
+        return f"torch: {str(error).splitlines()[0][:200]}"
+    return None
+
+
 def refusal(path: str, call: Callable[[], object], device: torch.device) -> str | None:
     """Run ``call`` once: None if it ran, else why torch refused it (a path to report, never to time)."""
     # torch says why a backend declined the inputs in warnings, and raises only "No available kernel".
