@@ -21,7 +21,7 @@ from vit_einops.bench import plots, report
 from vit_einops.bench.attention import Point
 from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
 from vit_einops.bench.model import OPTIMIZER, counted_flops, make_optimizer
-from vit_einops.bench.names import CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES
+from vit_einops.bench.names import COMPILED_PATHS, CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES
 from vit_einops.bench.noise import IQR_THRESHOLD, CpuUse, machine_verdict
 from vit_einops.presets import create_vit
 
@@ -110,13 +110,21 @@ def test_results_json_schema(smoke):
     smoke_grid = meta["options"]
     expected = {
         (section, mode, path, b, n)
-        for section, paths in (("core", [p for p in CORE_PATHS if p != "einsum_compiled"]), ("layer", LAYER_PATHS))
+        for section, paths in (("core", CORE_PATHS), ("layer", LAYER_PATHS))
         for mode in MODES
         for path in paths
         for b in smoke_grid["batches"]
         for n in smoke_grid["tokens"]
     }
-    assert {(r["section"], r["mode"], r["path"], r["batch"], r["tokens"]) for r in rows} == expected
+    # Every path at every point: timed, or refused with a reason (the compiled paths are skipped in smoke; the
+    # CUDA-only SDPA backends on a CPU).
+    refused = results["attention_unavailable"]
+    measured = [(r["section"], r["mode"], r["path"], r["batch"], r["tokens"]) for r in rows + refused]
+    assert sorted(measured) == sorted(expected)
+    for r in refused:
+        assert r["unavailable"] and "median_s" not in r and "kernel" not in r
+        if r["path"] in COMPILED_PATHS:
+            assert "smoke" in r["unavailable"]
     for r in rows:
         assert tuple(r) == report.ATTENTION_FIELDS or set(r) == set(report.ATTENTION_FIELDS)
         check_numbers(r, report.ATTENTION_FIELDS)
@@ -287,7 +295,8 @@ def test_figures_are_returned_with_error_bars_and_measured_ticks(smoke):
             assert ax.xaxis.get_major_formatter().format_ticks(tokens) == [str(n) for n in tokens]
             assert ax.xaxis.get_minor_locator()() == []  # no unlabelled 10^k ticks in between
             bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer) and c.has_yerr]
-            assert len(bars) == (0 if name == "attention_memory.png" else len(CORE_PATHS) - 1)  # no compile in smoke
+            timed = {r["path"] for r in results["attention"] if r["section"] == "core"}
+            assert len(bars) == (0 if name == "attention_memory.png" else len(timed))
         # One y label for the whole figure, none per panel (they overlapped between rows).
         assert figs[name].get_supylabel() and not any(ax.get_ylabel() for ax in figs[name].axes)
     assert matplotlib.get_backend() == backend

@@ -396,9 +396,9 @@ def scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 0.0), noisy_job=None)
         seen.append(stdout.getvalue())
         fields = noise_fields()
         return [
-            dict(section="core", mode=mode, path=path, batch=point.batch, heads=point.heads, tokens=point.tokens,
-                 head_dim=point.head_dim, dtype="float32", median_s=1e-3, iqr_s=0.0, blocks=1, gflop=1e-3,
-                 gflop_per_s=1.0, peak_bytes=1024, attn_matrix_bytes=1024, first_call_s=None, mem_ratio=1.0,
+            dict(section="core", mode=mode, path=path, kernel="aten::bmm", batch=point.batch, heads=point.heads,
+                 tokens=point.tokens, head_dim=point.head_dim, dtype="float32", median_s=1e-3, iqr_s=0.0, blocks=1,
+                 gflop=1e-3, gflop_per_s=1.0, peak_bytes=1024, attn_matrix_bytes=1024, first_call_s=None, mem_ratio=1.0,
                  **fields)
             for path in ("einsum", "sdpa")
         ]  # fmt: skip

@@ -29,7 +29,8 @@ def attention_rows(tokens, batches=(1,), noisy_path="chunked") -> list[dict]:
     for b, mode, n, path in itertools.product(batches, MODES, tokens, PATHS):
         t = 1e-5 * b * n * (1 + PATHS.index(path)) * (3 if mode == "forward_backward" else 1)
         rows.append(
-            dict(section="core", mode=mode, path=path, batch=b, heads=2, tokens=n, head_dim=8, median_s=t,
+            dict(section="core", mode=mode, path=path, kernel="aten::bmm", batch=b, heads=2, tokens=n, head_dim=8,
+                 median_s=t,
                  p25_s=0.98 * t, p75_s=1.02 * t, iqr_s=0.04 * t, peak_bytes=1000 * b * n * (1 + PATHS.index(path)),
                  attn_matrix_bytes=4 * b * 2 * n * n, noisy=path == noisy_path)
         )  # fmt: skip

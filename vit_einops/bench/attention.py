@@ -1,11 +1,14 @@
 """The attention microbenchmark: Eq. 6-7 alone ("core") and the whole self-attention layer ("layer").
 
-core paths take q, k, v (b, h, n, d):  einsum, chunked, sdpa (our Attend impls) and einsum_compiled
-(torch.compile of the einsum Attend); reference sdpa.
+core paths take q, k, v (b, h, n, d):  einsum, chunked, sdpa (our Attend impls), einsum_compiled
+(torch.compile of the einsum Attend), and torch's own kernels (vit_einops.bench.kernels): sdpa_math, sdpa_flash,
+sdpa_efficient, sdpa_cudnn (one sdpa_kernel backend each) and flex_compiled; reference sdpa.
 layer paths take x (b, n, D = h d):    mha_sdpa, mha_chunked (our MultiHeadAttention) and torch_mha
 (nn.MultiheadAttention with the same weights, torch's reference); reference torch_mha.
 Every path is timed forward under inference_mode ("forward") and as forward + backward to the inputs (and the
-layer's weights) ("forward_backward").
+layer's weights) ("forward_backward"). Each row names the kernel that ran, read from the profiler; a path torch
+refuses at a point (a backend this device lacks, a shape or dtype it does not take, a failed compile) gets a row
+with the reason instead of a timing.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import torch
 from ..network.attention import Attend, MultiHeadAttention
 from ..network.chunk_plan import default_chunk_elements
 from ..reference import torch_mha_from
+from .kernels import SDPA_BACKENDS, compiled_flex, flex_backward_refusal, kernel_ran, refusal, sdpa_backend_call
 from .measure import peak_memory_bytes, time_interleaved
+from .names import COMPILED_PATHS
 from .noise import LoadProbe
 from .paired import paired_ratios, ratio_fields
 
@@ -62,30 +67,45 @@ def grid(batches, heads, tokens, head_dims) -> list[Point]:
     return [Point(b, h, n, d) for h in heads for d in head_dims for b in batches for n in tokens]
 
 
-class CompiledEinsum:
-    """torch.compile of the einsum Attend, compiled on first use; remembers why, if compiling fails.
+class CompiledPath:
+    """torch.compile of a core path, compiled on first use; remembers why, if compiling fails.
 
+    einsum_compiled: the einsum Attend; flex_compiled: flex_attention with no score_mod and no mask.
     ``dynamic=True`` asks for one graph for every (b, n) instead of one per grid point (a batch of 1 is still
     specialised by dynamo, so it costs one more compile). Each first call at a new shape and mode is timed
     separately, because it includes any compile.
     """
 
-    def __init__(self, head_dim: int, dtype: torch.dtype, skip_reason: str | None = None) -> None:
+    def __init__(self, path: str, head_dim: int, dtype: torch.dtype, skip_reason: str | None = None) -> None:
         """``skip_reason``: do not compile, and report this instead."""
+        if path not in COMPILED_PATHS:
+            raise ValueError(f"compiled path {path!r} is not one of {', '.join(COMPILED_PATHS)}")
         self.skip_reason = skip_reason
-        self.fn = None if skip_reason else torch.compile(Attend(head_dim, impl="einsum").to(dtype), dynamic=True)
+        if skip_reason:
+            self.fn = None
+        elif path == "flex_compiled":
+            self.fn = compiled_flex()
+        else:
+            self.fn = torch.compile(Attend(head_dim, impl="einsum").to(dtype), dynamic=True)
 
-    def first_call(self, call: Callable[[], object]) -> float | None:
-        """Run ``call`` once, return its seconds; on a compile failure keep the reason and return None."""
+    def first_call(self, call: Callable[[], object]) -> tuple[float | None, str | None]:
+        """Run ``call`` once: (its seconds, None), or (None, why it did not run).
+
+        A NotImplementedError is torch declining these inputs (flex_attention has no backward on a CPU): the reason
+        holds for this call only. Any other failure means compiling does not work here: the reason is kept and the
+        path is skipped from here on.
+        """
         if self.skip_reason is not None:
-            return None
+            return None, self.skip_reason
         start = time.perf_counter()
         try:
             call()
+        except NotImplementedError as error:
+            return None, f"torch: {str(error).splitlines()[0][:200]}"
         except Exception as error:  # noqa: BLE001 -- any failure to compile means: skip the path, say why
             self.skip_reason = f"torch.compile failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
-            return None
-        return time.perf_counter() - start
+            return None, self.skip_reason
+        return time.perf_counter() - start, None
 
 
 def _inputs(point: Point, dtype: torch.dtype, grad: bool, seed: int = 0):
@@ -100,9 +120,11 @@ def _forwards(point, dtype, paths, compiled, q, k, v, x) -> dict[tuple[str, str]
     """(section, path) -> (a forward call, the tensors its backward differentiates)."""
     calls = {}
     for path in paths.get("core", ()):
-        if path == "einsum_compiled":
-            if compiled is not None and compiled.skip_reason is None:
-                calls["core", path] = (lambda: compiled.fn(q, k, v), [q, k, v])
+        if path in COMPILED_PATHS:
+            if path in compiled and compiled[path].skip_reason is None:
+                calls["core", path] = (lambda fn=compiled[path].fn: fn(q, k, v), [q, k, v])
+        elif path in SDPA_BACKENDS:
+            calls["core", path] = (sdpa_backend_call(path, q, k, v), [q, k, v])
         else:
             # The chunked block for the thread count of this run (--threads is set after chunk_plan.py was imported).
             attend = Attend(point.head_dim, impl=path, chunk_elements=default_chunk_elements())
@@ -141,15 +163,17 @@ def measure_point(
     mode: str,
     dtype: torch.dtype,
     paths: dict[str, tuple[str, ...]],
-    compiled: CompiledEinsum | None,
+    compiled: dict[str, CompiledPath],
     rounds: int,
     min_run_time: float,
     probe: LoadProbe | None = None,
 ) -> list[dict]:
     """One result row per path of ``paths`` ({"core": (...), "layer": (...)}) at ``point`` in ``mode``.
 
-    The compiled path's first call at this point is timed apart (it includes any compile) and is not part of
-    its timing; if it fails, the path is dropped from here on and ``compiled.skip_reason`` says why. Every path
+    ``compiled``: the CompiledPath of each compiled path. Its first call at this point is timed apart (it includes
+    any compile) and is not part of its timing; if it fails, the path is dropped from here on and its
+    ``skip_reason`` says why. A path that is skipped, fails to compile or that torch refuses here gets a row with
+    ``unavailable`` (the reason) and no timing. Every timed row's ``kernel`` is what the profiler saw run. Every path
     is timed in the same rounds, so each row's time ratio is over its section's reference of the same rounds
     (vit_einops.bench.paired); the memory ratio divides the two peaks.
     """
@@ -158,12 +182,20 @@ def measure_point(
     q, k, v, x = _inputs(point, dtype, grad)
     forwards = _forwards(point, dtype, paths, compiled, q, k, v, x)
     calls = {key: _forward_backward(fn, inputs) if grad else fn for key, (fn, inputs) in forwards.items()}
-    first_call_s = None
+    first_call_s, unavailable = {}, {}
     with torch.enable_grad() if grad else torch.inference_mode():
-        if ("core", "einsum_compiled") in calls:
-            first_call_s = compiled.first_call(calls["core", "einsum_compiled"])
-            if first_call_s is None:
-                del calls["core", "einsum_compiled"]
+        for path in paths.get("core", ()):
+            if path in COMPILED_PATHS and ("core", path) not in calls:
+                unavailable["core", path] = compiled[path].skip_reason if path in compiled else "not compiled"
+            elif path == "flex_compiled" and grad and (reason := flex_backward_refusal(dtype, q.device)):
+                unavailable["core", path] = reason  # asked before compiling: see flex_backward_refusal
+            elif path in COMPILED_PATHS:
+                first_call_s[path], unavailable["core", path] = compiled[path].first_call(calls["core", path])
+            elif path in SDPA_BACKENDS:
+                unavailable["core", path] = refusal(path, calls["core", path], q.device)
+        unavailable = {key: reason for key, reason in unavailable.items() if reason is not None}
+        calls = {key: fn for key, fn in calls.items() if key not in unavailable}
+        kernels = {key: kernel_ran(fn) for key, fn in calls.items()}
         start = probe.sample()
         timings = time_interleaved(
             {f"{s}/{p}": fn for (s, p), fn in calls.items()}, rounds=rounds, min_run_time=min_run_time
@@ -176,7 +208,11 @@ def measure_point(
         if (section, REFERENCE[section]) in calls:
             round_s = {p: timings[f"{s}/{p}"].round_s for s, p in calls if s == section}
             ratios |= {(section, p): r for p, r in paired_ratios(round_s, REFERENCE[section]).items()}
-    rows = []
+    rows = [
+        dict(section=section, mode=mode, path=path, batch=point.batch, heads=point.heads, tokens=point.tokens,
+             head_dim=point.head_dim, dtype=str(dtype).removeprefix("torch."), unavailable=reason)
+        for (section, path), reason in unavailable.items()
+    ]  # fmt: skip
     for section, path in calls:
         timing, flops = timings[f"{section}/{path}"], point.flops(section, mode)
         ref_peak = peaks.get(f"{section}/{REFERENCE[section]}")
@@ -185,6 +221,7 @@ def measure_point(
                 section=section,
                 mode=mode,
                 path=path,
+                kernel=kernels[section, path],
                 batch=point.batch,
                 heads=point.heads,
                 tokens=point.tokens,
@@ -197,7 +234,7 @@ def measure_point(
                 gflop_per_s=flops / timing.median_s / 1e9,
                 peak_bytes=peaks[f"{section}/{path}"],
                 attn_matrix_bytes=point.attention_matrix_bytes(dtype),
-                first_call_s=first_call_s if path == "einsum_compiled" else None,
+                first_call_s=first_call_s.get(path),
                 **ratio_fields(ratios.get((section, path))),
                 mem_ratio=peaks[f"{section}/{path}"] / ref_peak if ref_peak else None,
                 rounds=len(timing.round_s),

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from ..base.checks import check_int_in_range, check_real_in_range
 
-CORE_PATHS = ("einsum", "chunked", "sdpa", "einsum_compiled")
+CORE_PATHS = (
+    "einsum", "chunked", "sdpa", "einsum_compiled", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
+    "flex_compiled",
+)  # fmt: skip
+COMPILED_PATHS = ("einsum_compiled", "flex_compiled")  # the core paths torch.compile builds
 LAYER_PATHS = ("mha_sdpa", "mha_chunked", "torch_mha")
 MODES = ("forward", "forward_backward")
 MODEL_PATHS = ("einsum", "chunked", "sdpa", "torch")

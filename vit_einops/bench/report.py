@@ -15,11 +15,12 @@ from ..base.io import atomic_write_bytes
 from .attention import REFERENCE
 
 # 2: the noise columns, results['noisy'] and results['noise']; 3: others_cores, optimizer; 4: paired ratios (their
-# interval, ratio_unresolved, rounds) and meta's threads_source
-SCHEMA_VERSION = 4
+# interval, ratio_unresolved, rounds) and meta's threads_source; 5: each attention row's kernel, the torch kernel
+# paths, and attention_unavailable (the paths refused at a point, with the reason)
+SCHEMA_VERSION = 5
 
 ATTENTION_FIELDS = (
-    "section", "mode", "path", "batch", "heads", "tokens", "head_dim", "dtype",
+    "section", "mode", "path", "kernel", "batch", "heads", "tokens", "head_dim", "dtype",
     "median_s", "iqr_s", "blocks", "gflop", "gflop_per_s", "ceiling_fraction",
     "peak_bytes", "attn_matrix_bytes", "time_ratio", "time_ratio_low", "time_ratio_high", "ratio_unresolved",
     "rounds", "mem_ratio", "first_call_s",
@@ -176,15 +177,20 @@ def ceiling_note(rows: list[dict], ceiling: dict, dtype: str) -> str | None:
     )
 
 
-def attention_table(rows: list[dict]) -> str:
-    """One block per (section, mode); times in ms, memory in MiB, ratios over the section's reference path."""
+def attention_table(rows: list[dict], unavailable: list[dict] = ()) -> str:
+    """One block per (section, mode); times in ms, memory in MiB, ratios over the section's reference path, the
+    kernel the profiler saw run; a path refused at a point (``unavailable``) says why in place of its numbers."""
     lines = []
-    for section, mode in dict.fromkeys((r["section"], r["mode"]) for r in rows):
+    everything = [*rows, *unavailable]
+    for section, mode in dict.fromkeys((r["section"], r["mode"]) for r in everything):
         block = [r for r in rows if (r["section"], r["mode"]) == (section, mode)]
+        refused = [r for r in unavailable if (r["section"], r["mode"]) == (section, mode)]
+        width = max([len("kernel"), *(len(r["kernel"]) for r in block)]) + 2
         lines.append(f"\nattention {section}, {mode} (ratios over {REFERENCE[section]})")
         lines.append(
             f"{'b':>3} {'h':>3} {'n':>5} {'d':>3}  {'path':<16}{'median ms':>11}{'IQR ms':>9}{'GFLOP/s':>9}"
-            f"{'%ceil':>10}{'peak MiB':>10}{'A MiB':>9}  {'time x [95% interval]':<{RATIO_WIDTH}}{'mem x':>7}  noise"
+            f"{'%ceil':>10}{'peak MiB':>10}{'A MiB':>9}  {'time x [95% interval]':<{RATIO_WIDTH}}{'mem x':>7}"
+            f"  {'kernel':<{width}}noise"
         )
         for r in block:
             lines.append(
@@ -192,7 +198,13 @@ def attention_table(rows: list[dict]) -> str:
                 f"{r['median_s'] * 1e3:>11.3f}{r['iqr_s'] * 1e3:>9.3f}{r['gflop_per_s']:>9.1f}"
                 f"{ceiling_share(r['ceiling_fraction']):>10}{r['peak_bytes'] / MIB:>10.1f}"
                 f"{r['attn_matrix_bytes'] / MIB:>9.1f}"
-                f"  {ratio_cell(r):<{RATIO_WIDTH}}{_num(r['mem_ratio'], '.2f'):>7}  {noise_mark(r)}"
+                f"  {ratio_cell(r):<{RATIO_WIDTH}}{_num(r['mem_ratio'], '.2f'):>7}  {r['kernel']:<{width}}"
+                f"{noise_mark(r)}".rstrip()
+            )
+        for r in refused:
+            lines.append(
+                f"{r['batch']:>3} {r['heads']:>3} {r['tokens']:>5} {r['head_dim']:>3}  {r['path']:<16}"
+                f"unavailable: {r['unavailable']}"
             )
     return "\n".join(lines)
 

@@ -15,12 +15,12 @@ from tqdm import tqdm
 from ..base.budget import check_threads
 from ..base.text import printable
 from . import plots, report
-from .attention import CompiledEinsum, grid, measure_point
+from .attention import CompiledPath, grid, measure_point
 from .budget import check_grid
 from .env import free_cores, machine_info
 from .measure import matmul_ceiling, release_memory
 from .model import measure_model
-from .names import CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, RANGES, check_in_range
+from .names import COMPILED_PATHS, CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, RANGES, check_in_range
 from .noise import LoadProbe, machine_verdict, noise_score, summary
 
 
@@ -36,7 +36,7 @@ class BenchOptions:
     modes: tuple[str, ...] = MODES
     core_paths: tuple[str, ...] = CORE_PATHS
     layer_paths: tuple[str, ...] = LAYER_PATHS
-    compile_skip_reason: str | None = None  # set: einsum_compiled is not attempted, and this is printed
+    compile_skip_reason: str | None = None  # set: the compiled paths are not attempted, and their rows say this
     models: tuple[str, ...] = ("vit_ti_16", "vit_s_16", "vit_b_16")
     model_paths: tuple[str, ...] = MODEL_PATHS
     model_modes: tuple[str, ...] = MODEL_MODES
@@ -216,40 +216,46 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_sou
     jobs = [("attention", p, m) for p in points for m in options.modes] + [
         ("model", name, None) for name in options.models
     ]
-    compiled: dict[int, CompiledEinsum] = {}
+    compiled: dict[int, dict[str, CompiledPath]] = {}  # head_dim -> path -> its compiled function
     first_calls = []
     attention_rows: list[dict] = []
+    unavailable_rows: list[dict] = []  # a path refused at a point: the reason, no timing
     model_rows: list[dict] = []
     progress = tqdm(jobs, desc="vit-einops bench", unit="job", file=sys.stderr, dynamic_ncols=True)
     for kind, what, mode in progress:
         rows_before = len(attention_rows) + len(model_rows)
         if kind == "attention":
-            if what.head_dim not in compiled and "einsum_compiled" in options.core_paths:
-                compiled[what.head_dim] = CompiledEinsum(what.head_dim, dtype, options.compile_skip_reason)
+            if what.head_dim not in compiled:
+                compiled[what.head_dim] = {
+                    path: CompiledPath(path, what.head_dim, dtype, options.compile_skip_reason)
+                    for path in COMPILED_PATHS
+                    if path in options.core_paths
+                }
             rows = measure_with_retries(
                 lambda what=what, mode=mode: measure_point(
                     what,
                     mode,
                     dtype,
                     paths,
-                    compiled.get(what.head_dim),
+                    compiled[what.head_dim],
                     options.rounds,
                     options.min_run_time,
                     probe,
                 ),
                 options.retries,
             )
-            attention_rows += rows
+            attention_rows += [r for r in rows if "unavailable" not in r]
+            unavailable_rows += [r for r in rows if "unavailable" in r]
             first_calls += [
-                dict(mode=mode, batch=what.batch, tokens=what.tokens, seconds=r["first_call_s"])
+                dict(path=r["path"], mode=mode, batch=what.batch, tokens=what.tokens, seconds=r["first_call_s"])
                 for r in rows
-                if r["first_call_s"] is not None
+                if r.get("first_call_s") is not None
             ]
         else:
-            if any(c.fn is not None for c in compiled.values()):
+            if any(c.fn is not None for by_path in compiled.values() for c in by_path.values()):
                 # The attention grid is done: free its compiled graphs before the models need the memory (the
-                # CompiledEinsum records stay: their skip reasons go into results.json).
-                for c in compiled.values():
+                # CompiledPath records stay: their skip reasons go into results.json).
+                for c in (c for by_path in compiled.values() for c in by_path.values()):
                     c.fn = None
                 torch.compiler.reset()
             model_rows += measure_with_retries(
@@ -278,9 +284,11 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_sou
     for r in attention_rows + model_rows:
         r["ceiling_fraction"] = r["gflop_per_s"] / ceiling["gflop_per_s"]
 
-    skip_reasons = sorted({c.skip_reason for c in compiled.values() if c.skip_reason})
+    skip_reasons = sorted({c.skip_reason for by_path in compiled.values() for c in by_path.values() if c.skip_reason})
     compile_info = dict(
-        attempted=bool(points) and "einsum_compiled" in options.core_paths and options.compile_skip_reason is None,
+        attempted=bool(points)
+        and any(p in options.core_paths for p in COMPILED_PATHS)
+        and options.compile_skip_reason is None,
         skip_reason="; ".join(skip_reasons) or None,
         first_calls=first_calls,
         total_first_call_s=sum(c["seconds"] for c in first_calls),
@@ -303,7 +311,7 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_sou
     meta["noisy"] = noise["noisy"]
     results = dict(
         schema=report.SCHEMA_VERSION, meta=meta, noisy=noise["noisy"], noise=noise, matmul_ceiling=ceiling,
-        compile=compile_info, attention=attention_rows, model=model_rows,
+        compile=compile_info, attention=attention_rows, attention_unavailable=unavailable_rows, model=model_rows,
     )  # fmt: skip
     notes = [
         report.unresolved_note(attention_rows + model_rows),
@@ -311,7 +319,7 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_sou
     ]
     body = "\n".join(
         [_compile_text(compile_info)]
-        + ([report.attention_table(attention_rows)] if attention_rows else [])
+        + ([report.attention_table(attention_rows, unavailable_rows)] if attention_rows or unavailable_rows else [])
         + ([report.model_table(model_rows)] if model_rows else [])
         + [note for note in notes if note]
     )
@@ -349,10 +357,10 @@ def _row_name(row: dict) -> str:
 
 def _compile_text(info: dict) -> str:
     if not info["attempted"] or info["skip_reason"]:
-        return f"torch.compile of the einsum path: {info['skip_reason'] or 'not requested'}"
+        return f"torch.compile of the einsum path and flex_attention: {info['skip_reason'] or 'not requested'}"
     return (
-        f"torch.compile of the einsum path: {len(info['first_calls'])} first calls (compile included, not in the "
-        f"timings) took {info['total_first_call_s']:.1f} s in all"
+        f"torch.compile of the einsum path and flex_attention: {len(info['first_calls'])} first calls (compile "
+        f"included, not in the timings) took {info['total_first_call_s']:.1f} s in all"
     )
 
 

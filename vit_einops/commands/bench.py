@@ -109,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a.add_argument(
         "--skip-layer", action="store_true", help="only the core section (no projections, no nn.MultiheadAttention)"
     )
-    a.add_argument("--no-compile", action="store_true", help="do not torch.compile the einsum path")
+    a.add_argument("--no-compile", action="store_true", help="do not torch.compile (the einsum path, flex_attention)")
     a.add_argument("--skip-attention", action="store_true", help="no attention grid")
     m = parser.add_argument_group("whole models")
     m.add_argument("--models", type=_list_of(str, list_presets()), help="presets (default vit_ti_16,vit_s_16,vit_b_16)")
