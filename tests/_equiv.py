@@ -29,3 +29,29 @@ def assert_close(actual, expected, tol, what: str) -> float:
         tol["atol"] *= max(1.0, expected.abs().max().item())
     torch.testing.assert_close(actual, expected, **tol, msg=lambda m: f"{what}: {m}")
     return (actual - expected).abs().max().item() if actual.numel() else 0.0
+
+
+def chefer_reference(model, x: torch.Tensor, score) -> torch.Tensor:
+    """Chefer et al.'s own recipe on the einsum path, written apart from vit_einops.inspect.relevance: keep the
+    softmax output A, take d score / dA with a tensor hook during backward, then R += mean_h((dA * A)^+) @ R.
+    ``score(model, x)`` gives one scalar per image: a class's logit, or a backbone target's similarity."""
+    model.set_attn_impl("einsum")
+    maps, grads = [], []
+
+    def keep(_module, _args, attn):
+        maps.append(attn)
+        attn.register_hook(grads.append)
+
+    handles = [block.attn.mha.attend.softmax.register_forward_hook(keep) for block in model.blocks]
+    try:
+        score(model, x).sum().backward()
+    finally:
+        for h in handles:
+            h.remove()
+    model.zero_grad()
+    grads.reverse()  # backward visits the layers last to first
+    b, n = x.shape[0], maps[0].shape[-1]
+    relevance = torch.eye(n, dtype=x.dtype).repeat(b, 1, 1)
+    for attn, grad in zip(maps, grads, strict=True):
+        relevance = relevance + (grad * attn).clamp(min=0).mean(dim=1) @ relevance
+    return relevance.detach()

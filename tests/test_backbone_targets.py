@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from _equiv import chefer_reference
 from _tiny import TINY_RGB16, tiny_vit
 from vit_einops.inspect import (
     EmbeddingTarget,
@@ -37,30 +38,6 @@ KINDS = (
 
 def unit(v: torch.Tensor) -> torch.Tensor:
     return v / (v * v).sum(-1, keepdim=True).sqrt()
-
-
-def chefer_reference(model, x: torch.Tensor, score) -> torch.Tensor:
-    """R from the einsum softmax's kept output A and dscore/dA taken by a tensor hook during backward."""
-    model.set_attn_impl("einsum")
-    maps, grads = [], []
-
-    def keep(_module, _args, attn):
-        maps.append(attn)
-        attn.register_hook(grads.append)
-
-    handles = [block.attn.mha.attend.softmax.register_forward_hook(keep) for block in model.blocks]
-    try:
-        score(model, x).sum().backward()
-    finally:
-        for h in handles:
-            h.remove()
-    model.zero_grad()
-    grads.reverse()  # backward visits the layers last to first
-    b, n = x.shape[0], maps[0].shape[-1]
-    relevance = torch.eye(n, dtype=x.dtype).repeat(b, 1, 1)
-    for attn, grad in zip(maps, grads, strict=True):
-        relevance = relevance + (grad * attn).clamp(min=0).mean(dim=1) @ relevance
-    return relevance.detach()
 
 
 def embedding_score(e):

@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
+from _equiv import chefer_reference
 from _tiny import TINY_DIGITS, tiny_vit
 
-from vit_einops import TokenLayout, ViT
+from vit_einops import TokenLayout
 from vit_einops.network.config import ATTN_IMPLS
 from vit_einops.inspect import (
     attention_entropy,
@@ -145,32 +146,6 @@ def test_relevance_is_the_same_on_every_attention_impl():
     torch.testing.assert_close(got["einsum"][0], attention_relevance(model, x, predicted), rtol=0, atol=0)
 
 
-def chefer_reference(model: ViT, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Chefer et al.'s own recipe on the einsum path: keep the softmax output A, take its gradient with a tensor
-    hook during backward, then R += mean_h((dA * A)^+) @ R. Written apart from vit_einops.inspect.relevance."""
-    model.set_attn_impl("einsum")
-    maps, grads = [], []
-
-    def keep(_module, _args, attn):
-        maps.append(attn)
-        attn.register_hook(grads.append)
-
-    handles = [block.attn.mha.attend.softmax.register_forward_hook(keep) for block in model.blocks]
-    try:
-        logits = model(x)
-        logits[torch.arange(len(x)), target].sum().backward()
-    finally:
-        for h in handles:
-            h.remove()
-    model.zero_grad()
-    grads.reverse()  # backward visits the layers last to first
-    n = x.shape[0], maps[0].shape[-1]
-    relevance = torch.eye(n[1], dtype=x.dtype).repeat(n[0], 1, 1)
-    for attn, grad in zip(maps, grads, strict=True):
-        relevance = relevance + (grad * attn).clamp(min=0).mean(dim=1) @ relevance
-    return relevance.detach()
-
-
 @pytest.mark.parametrize("registers", [0, 3])
 @pytest.mark.parametrize("impl", ATTN_IMPLS)
 def test_relevance_matches_chefers_recipe_on_the_einsum_softmax(impl, registers):
@@ -178,7 +153,7 @@ def test_relevance_matches_chefers_recipe_on_the_einsum_softmax(impl, registers)
     model = tiny_vit(TINY, register_tokens=registers).double()
     x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
     target = torch.tensor([2, 0])
-    expected = chefer_reference(model, x, target)
+    expected = chefer_reference(model, x, lambda m, x: m(x)[torch.arange(len(x)), target])
     model.set_attn_impl(impl)
     torch.testing.assert_close(attention_relevance(model, x, target), expected, rtol=0, atol=1e-10)
     assert all(p.grad is None for p in model.parameters())  # attention_relevance leaves .grad alone
