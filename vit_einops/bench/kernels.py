@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import flex_attention
 
+from .measure import PROFILER_NOISE, filtered_stderr
+
 SDPA_BACKENDS = {
     "sdpa_math": SDPBackend.MATH,
     "sdpa_flash": SDPBackend.FLASH_ATTENTION,
@@ -90,7 +92,7 @@ def kernel_ran(call: Callable[[], object]) -> str:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    with filtered_stderr(PROFILER_NOISE), torch.profiler.profile(activities=activities) as prof:
         call()
     names = list(dict.fromkeys(event.key for event in prof.key_averages()))
     fused = [n for n in names if n.startswith(_FUSED_PREFIXES)]
