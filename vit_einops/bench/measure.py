@@ -9,7 +9,6 @@ import ctypes.util
 import functools
 import gc
 import os
-import statistics
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -18,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.benchmark import Measurement, Timer
+
+from .paired import percentile
 
 
 @dataclass
@@ -43,11 +44,10 @@ class Timing:
 
 
 def quartiles(times: list[float]) -> tuple[float, float]:
-    """p25 and p75 of ``times`` by linear interpolation (numpy's default, as torch.utils.benchmark uses)."""
-    if len(times) == 1:
-        return times[0], times[0]
-    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
-    return q1, q3
+    """p25 and p75 of ``times`` by linear interpolation (numpy's default, as torch.utils.benchmark uses), with the
+    one percentile the paired ratios' intervals use."""
+    ordered = sorted(times)
+    return percentile(ordered, 0.25), percentile(ordered, 0.75)
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, min_run_time: float) -> dict[str, Timing]:
