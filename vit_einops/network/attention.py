@@ -27,7 +27,7 @@ from torch import nn
 from ..base.checks import check_bool, check_choice, check_heads, check_positive_int, check_probability
 from .chunk_plan import CHUNK_ELEMENTS
 from .chunked import chunked_attention
-from .config import ATTN_IMPLS, ViTConfig, check_config, check_float32
+from .config import ATTN_IMPLS, ViTConfig, check_config, check_float32, check_qkv_bias
 from .rope import RopeTable, apply_rope
 
 
@@ -183,9 +183,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.dim, self.heads = check_heads(dim, heads)
         head_dim = self.dim // self.heads
-        if not isinstance(qkv_bias, bool) and qkv_bias != "qv":
-            error = ValueError if isinstance(qkv_bias, str) else TypeError  # a str is the right kind, the wrong value
-            raise error(f"qkv_bias must be True, False or 'qv' (q and v biases, none on k), got {qkv_bias!r}")
+        qkv_bias = check_qkv_bias("qkv_bias", qkv_bias)
         qk_norm = check_bool("qk_norm", qk_norm)
         layer_norm_eps = check_float32("layer_norm_eps", layer_norm_eps)
         attn_dropout = check_probability("attn_dropout", attn_dropout)

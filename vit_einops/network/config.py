@@ -55,11 +55,7 @@ def check_float32(name: str, value: Any) -> float:
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
-    return functools.partial(_check_choice, choices=choices)
-
-
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    return check_choice(name, value, choices)
+    return functools.partial(check_choice, choices=choices)
 
 
 def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
@@ -70,19 +66,16 @@ def _check_optional(name: str, value: Any, check: Callable[[str, Any], Any]) -> 
     return None if value is None else check(name, value)
 
 
-def _count(name: str, value: Any) -> int:
-    return check_size(name, value, positive=False)
-
-
-def _qkv_bias(name: str, value: Any) -> bool | str:
+def check_qkv_bias(name: str, value: Any) -> bool | str:
+    """The fused qkv Linear's bias: True, False or "qv" (q and v biases, k's fixed at 0), for the config and the
+    attention layer built alone."""
     if isinstance(value, bool) or value == "qv":
         return value
     error = ValueError if isinstance(value, str) else TypeError  # a str is the right kind, the wrong value
     raise error(f"{name} must be True, False or 'qv' (q and v biases, none on k), got {value!r}")
 
 
-def _grid(name: str, value: Any) -> tuple[int, int]:
-    return to_pair(name, value)
+_count = functools.partial(check_size, positive=False)
 
 
 def _pass(name: str, value: Any) -> Any:
@@ -186,13 +179,13 @@ class ViTConfig:
     # the classifier's bias; CLIP's projection to the joint embedding has none
     head_bias: bool = _field(True, check_bool, beyond_paper=True)
     # the fused qkv Linear's bias: True (the paper), False, or "qv": q and v biases, k's fixed at 0 (BEiT, EVA-02)
-    qkv_bias: bool | str = _field(True, _qkv_bias, beyond_paper=True, timm="qkv_bias")
+    qkv_bias: bool | str = _field(True, check_qkv_bias, beyond_paper=True, timm="qkv_bias")
     # the MLP of Eq. 3: "mlp" (Linear, act, Linear), or "swiglu" (SiLU(x W_g) * x W_x, then W_2: EVA-02), whose fc1
     # is 2 mlp_dim wide
     ffn: str = _field("mlp", _choice(FFNS), beyond_paper=True, timm="swiglu_mlp")
     # 2-D rotary position embedding of the patch tokens' q and k (EVA-02), positions scaled to this reference grid
     # (the pre-training grid: 16 x 16 for 224 / 14); None for none (the paper: E_pos only)
-    rope_grid: int | tuple[int, int] | None = _field(None, _optional(_grid), beyond_paper=True, held=None,
+    rope_grid: int | tuple[int, int] | None = _field(None, _optional(to_pair), beyond_paper=True, held=None,
                                                      timm="ref_feat_shape")  # fmt: skip
     # None: inputs must be image_size; "timm" or "hf": any multiple of the patch size, E_pos resampled at forward as
     # that library does (timm's dynamic_img_size, HF's interpolate_pos_encoding). How a forward treats other input
