@@ -25,6 +25,7 @@ from .figures import (
     plot_token_norms,
     show_attention,
 )
+from .methods import METHODS, Method, explain, token_grid
 from .pca import PatchPCA, patch_feature_pca, plot_patch_pca
 from .record import AttentionRecorder, attention_matrix, record_attention
 from .relevance import attention_gradients, attention_relevance, relevance_from_gradients
@@ -41,6 +42,8 @@ from .stats import (
 
 __all__ = [
     "DINO_KEEP",
+    "METHODS",
+    "Method",
     "AttentionRecorder",
     "EmbeddingTarget",
     "ImageTarget",
@@ -57,6 +60,7 @@ __all__ = [
     "dino_mask",
     "dino_view",
     "embedding_filter_components",
+    "explain",
     "head_statistics",
     "load_embedding",
     "mean_attention_distance",
@@ -80,6 +84,7 @@ __all__ = [
     "relevance_from_gradients",
     "save_figure",
     "show_attention",
+    "token_grid",
     "token_norms",
     "write_report",
 ]

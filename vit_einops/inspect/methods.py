@@ -1,0 +1,136 @@
+"""The explanation methods, one registry: each turns a model's batch into one map per image on the patch grid,
+(b, gh, gw), where a larger value says "this patch matters more". Figures, the explorer and the faithfulness
+scores read this registry, so a method added here is drawn and scored without further code.
+
+Every method reads the tokens by the input's :class:`~vit_einops.network.patch_embed.TokenLayout`: a model with a
+class token is explained by the class token's row, a model without one (SigLIP, mean pooling) by the mean over the
+patch rows (:func:`~vit_einops.inspect.patch_attention_grid`). Prefix tokens (registers, distillation) never
+appear on the grid.
+
+Axes: b images, gh gw the patch grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..base.checks import check_choice, check_int
+from ..inputs import model_inputs
+from ..network.patch_embed import TokenLayout
+from .record import AttentionRecorder
+from .relevance import attention_gradients, relevance_from_gradients
+from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
+from .tokens import CLASS_TOKEN
+
+
+def token_grid(matrix: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """The map a token-to-token matrix (..., n, n) gives on the patch grid (..., gh, gw): the class token's row
+    where the model has one, else the mean of the patch rows."""
+    read = class_attention_grid if CLASS_TOKEN in layout.prefix else patch_attention_grid
+    return read(matrix, layout)
+
+
+def _last_attention(model: nn.Module, images: torch.Tensor, target: Any) -> torch.Tensor:
+    with torch.no_grad(), AttentionRecorder(model, layers=[-1]) as recorder:
+        model(images)
+    return token_grid(recorder.maps[0].mean(dim=1), recorder.layout)  # heads averaged: (b, gh, gw)
+
+
+def _rollout(model: nn.Module, images: torch.Tensor, target: Any, *, residual: float, head_fusion: str):
+    with torch.no_grad(), AttentionRecorder(model) as recorder:
+        model(images)
+    return token_grid(attention_rollout(recorder.maps, residual, head_fusion), recorder.layout)
+
+
+def _relevance(model: nn.Module, images: torch.Tensor, target: Any) -> torch.Tensor:
+    _, maps, grads, _ = attention_gradients(model, images, target)
+    layout = model.patch_embed.layout(images.shape[-2:])
+    return token_grid(relevance_from_gradients(maps, grads[:1])[0], layout)
+
+
+def _random(model: nn.Module, images: torch.Tensor, target: Any, *, seed: int) -> torch.Tensor:
+    grid = model.patch_embed.layout(images.shape[-2:]).grid
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(len(images), *grid, generator=generator, dtype=torch.float64)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One explanation method: ``compute(model, images, target, **params)`` on the model's batch -> (b, gh, gw).
+
+    ``gradient``: whether it differentiates a target (a class logit or a backbone target's score); the others
+    read the attention alone and ignore ``target``. ``params`` are its keyword parameters and their defaults,
+    ``checks`` each parameter's check (value -> checked value), ``reference`` the paper or code it follows."""
+
+    name: str
+    compute: Callable[..., torch.Tensor]
+    gradient: bool
+    reference: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    checks: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)
+
+    def resolve(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Its parameters with ``params`` over the defaults, each checked; an unknown name is a TypeError."""
+        unknown = sorted(set(params) - set(self.params))
+        if unknown:
+            known = ", ".join(self.params) or "none"
+            raise TypeError(f"method {self.name!r} takes no parameter {', '.join(unknown)} (its parameters: {known})")
+        return {k: self.checks[k](v) if k in self.checks else v for k, v in {**self.params, **params}.items()}
+
+    def label(self, params: Mapping[str, Any] | None = None) -> str:
+        """Its name with the parameters that differ from the defaults, for titles: ``rollout (head_fusion max)``."""
+        resolved = self.resolve(params or {})
+        changed = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in resolved.items()
+                   if v != self.params[k]]
+        return f"{self.name} ({', '.join(changed)})" if changed else self.name
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("attention", _last_attention, False, "the last layer's attention, heads averaged (a baseline)"),
+        Method(
+            "rollout", _rollout, False, "Abnar and Zuidema 2020, attention rollout",
+            params={"residual": 0.5, "head_fusion": "mean"},
+            checks={"head_fusion": lambda v: check_choice("head_fusion", v, ("mean", "max", "min"))},
+        ),
+        Method("relevance", _relevance, True, "Chefer, Gur and Wolf 2021, gradient-weighted relevance"),
+        Method(
+            "random", _random, False, "uniform noise on the grid, seeded (the baseline every method must beat)",
+            params={"seed": 0}, checks={"seed": lambda v: check_int("seed", v)},
+        ),
+    )
+}
+
+
+def explain(
+    model: nn.Module, images: Any, method: str = "relevance", target: Any = None, *,
+    preprocessed: bool | None = None, **params: Any,
+) -> torch.Tensor:
+    """Method ``method`` of :data:`METHODS` on ``images`` -> (b, gh, gw), float, on the input's patch grid.
+
+    Args:
+        images: paths, PIL images, uint8 or float tensors, or a list of them, as :func:`vit_einops.predict` takes
+            them (``preprocessed``: how a float tensor is taken).
+        target: for a gradient method, what it explains: None (the predicted class), a class index or one per
+            image (b,), or a backbone target (see :func:`~vit_einops.inspect.attention_gradients`).
+        params: the method's own parameters (``METHODS[method].params``).
+    """
+    check_choice("method", method, METHODS)
+    chosen = METHODS[method]
+    if isinstance(target, torch.Tensor) and target.ndim > 1:
+        raise ValueError(f"explain takes one target per image: an int, (b,) or a backbone target, got shape "
+                         f"{tuple(target.shape)}")
+    resolved = chosen.resolve(params)
+    batch = model_inputs(model, images, preprocessed=preprocessed)
+    was_training = model.training
+    model.eval()
+    try:
+        return chosen.compute(model, batch, target, **resolved)
+    finally:
+        model.train(was_training)
