@@ -9,7 +9,8 @@ import statistics
 import numpy
 import pytest
 
-from vit_einops.bench.paired import PairedRatio, paired_ratio, paired_ratios, percentile, ratio_fields
+from vit_einops.base.bootstrap import percentile
+from vit_einops.bench.paired import PairedRatio, paired_ratio, paired_ratios, ratio_fields
 
 
 def rounds_with_slowdown(seed: int, n: int, ratio: float, noise: float):

@@ -18,7 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.benchmark import Measurement, Timer
 
-from .paired import percentile
+from ..base.bootstrap import percentile
 
 
 @dataclass

@@ -6,23 +6,20 @@ path's time in the same round, so whatever slows the whole round (another proces
 both and cancels; the ratio of two medians taken at different moments keeps it. The row's ratio is the median of
 its per-round ratios.
 
-The interval: resample the rounds with replacement (RESAMPLES times, from a seeded generator, so a run's interval
-is the same every time its rounds are), take the median of each resample's ratios, and keep the middle 95% of
-those medians (the 2.5th to the 97.5th percentile). A ratio is *unresolved* when its interval reaches 1.0: these
-rounds cannot say which path is faster. One round has no interval, and is unresolved too.
+The interval (vit_einops.base.bootstrap): resample the rounds with replacement (RESAMPLES times, from a seeded
+generator, so a run's interval is the same every time its rounds are), take the median of each resample's ratios,
+and keep the middle 95% of those medians (the 2.5th to the 97.5th percentile). A ratio is *unresolved* when its
+interval reaches 1.0: these rounds cannot say which path is faster. One round has no interval, and is unresolved too.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-RESAMPLES = 2000  # bootstrap resamples: the 2.5th and 97.5th percentiles of 2000 medians move by < 1% between seeds
-CONFIDENCE = 0.95
-SEED = 0
+from ..base.bootstrap import RESAMPLES, SEED, bootstrap_interval
 
 
 @dataclass(frozen=True)
@@ -42,14 +39,6 @@ class PairedRatio:
         return not self.is_reference and (self.low is None or self.low <= 1.0 <= self.high)
 
 
-def percentile(ordered: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0 to 1) of sorted values by linear interpolation between ranks (numpy's default)."""
-    position = q * (len(ordered) - 1)
-    below = math.floor(position)
-    above = min(below + 1, len(ordered) - 1)
-    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
-
-
 def _check_rounds(name: str, times: Sequence[float]) -> None:
     if not times:
         raise ValueError(f"{name} has no rounds; expected at least one time per round")
@@ -67,16 +56,12 @@ def paired_ratio(
     _check_rounds("reference", reference)
     if len(times) != len(reference):
         raise ValueError(f"times has {len(times)} rounds and reference {len(reference)}; expected the same rounds")
-    if not (isinstance(resamples, int) and resamples >= 1):
-        raise ValueError(f"resamples {resamples!r} is not an integer >= 1")
     ratios = [t / r for t, r in zip(times, reference, strict=True)]
     ratio = statistics.median(ratios)
     if len(ratios) == 1:
         return PairedRatio(ratio, None, None, 1)
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
-    tail = (1 - CONFIDENCE) / 2
-    return PairedRatio(ratio, percentile(medians, tail), percentile(medians, 1 - tail), len(ratios))
+    low, high = bootstrap_interval(ratios, statistics.median, resamples=resamples, seed=seed)
+    return PairedRatio(ratio, low, high, len(ratios))
 
 
 def paired_ratios(round_s: Mapping[str, Sequence[float]], reference: str, **bootstrap) -> dict[str, PairedRatio]:
