@@ -40,6 +40,11 @@ COMMANDS: dict[str, tuple[str, str | None, str]] = {
         "train",
         "draw any ViT's attention maps, rollout, distances and embeddings for images",
     ),
+    "faithfulness": (
+        "vit_einops.commands.faithfulness",
+        "train",
+        "score explanation methods by deletion, insertion and positive/negative perturbation AUC, beside a random map",
+    ),
     "convert": (
         "vit_einops.commands.convert",
         None,

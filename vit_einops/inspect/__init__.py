@@ -15,6 +15,7 @@ from .embeddings import (
     patch_embedding_matrix,
     position_similarity,
 )
+from .faithfulness import METRICS, Faithfulness, faithfulness
 from .figures import (
     plot_attention_distance,
     plot_attention_overlays,
@@ -46,6 +47,8 @@ __all__ = [
     "Method",
     "AttentionRecorder",
     "EmbeddingTarget",
+    "Faithfulness",
+    "METRICS",
     "ImageTarget",
     "PatchTarget",
     "DinoView",
@@ -61,6 +64,7 @@ __all__ = [
     "dino_view",
     "embedding_filter_components",
     "explain",
+    "faithfulness",
     "head_statistics",
     "load_embedding",
     "mean_attention_distance",

@@ -1,0 +1,174 @@
+"""Faithfulness scores (vit_einops.inspect.faithfulness and `vit-einops faithfulness`): the curves and AUCs of toy
+models whose curves are worked out here by hand, identities that hold on any model, batching and seeding, the
+refusals, and one command-line run on a briefly trained digits model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from _tiny import TINY_DIGITS, tiny_vit
+from einops import reduce
+
+from vit_einops import ViT
+from vit_einops.commands.cli import main
+from vit_einops.inspect import METHODS, METRICS, Method, faithfulness
+from vit_einops.inspect.faithfulness import patch_ranks
+
+PATCHES = 16  # TINY_DIGITS: 8x8 images in 2x2 patches
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    pass
+
+
+class PatchLinear(ViT):
+    """Two classes: logit 0 = sum_p w_p * (patch p's mean pixel), logit 1 = 0. On an image of ones the effect of
+    removing patch p (setting it to 0) on logit 0 is -w_p exactly, so w is the oracle map."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        super().__init__(**dict(TINY_DIGITS, num_classes=2))
+        self.w = w.double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = reduce(x.double(), "b c (gh p1) (gw p2) -> b (gh gw)", "mean", p1=2, p2=2) @ self.w
+        return torch.stack([z, torch.zeros_like(z)], dim=-1)
+
+
+class Constant(ViT):
+    """Logits (1, 0) whatever the image."""
+
+    def __init__(self) -> None:
+        super().__init__(**dict(TINY_DIGITS, num_classes=2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([[1.0, 0.0]], dtype=torch.float64).expand(len(x), 2)
+
+
+@pytest.fixture
+def oracle(monkeypatch):
+    """A method "oracle" in the registry: the model's own w on the grid (registered as any method is)."""
+    method = Method("oracle", lambda model, images, target: model.w.view(4, 4).expand(len(images), 4, 4), False, "w")
+    monkeypatch.setitem(METHODS, "oracle", method)
+
+
+W = torch.tensor([1.0] * 4 + [-0.3] * 12, dtype=torch.float64)  # logit 0 on ones: 4 - 3.6 = 0.4 > 0, class 0; one top patch gone: -0.6
+ONES = torch.ones(6, 1, 8, 8)
+
+
+def sigmoid(z):
+    return 1 / (1 + math.exp(-z))
+
+
+def test_the_oracle_curves_and_aucs_as_worked_out_by_hand(oracle):
+    result = faithfulness(PatchLinear(W).double(), ONES, ["oracle"], preprocessed=True, steps=4, baseline="zero")
+    # Deletion in 4 steps removes 0, 4, 8, 12, 16 patches, most relevant (largest w) first: the logit is the sum of
+    # the w left, the score its class's softmax probability, the AUC the trapezoid at x = 0, 1/4, ..., 1.
+    left = [0.4, -3.6, -2.4, -1.2, 0.0]
+    deletion = [sigmoid(z) for z in left]
+    torch.testing.assert_close(result.curves["oracle"]["deletion"], torch.tensor([deletion] * 6, dtype=torch.float64))
+    expected = sum((a + b) / 2 * 0.25 for a, b in zip(deletion, deletion[1:]))
+    assert result.aucs["oracle"]["deletion"].tolist() == pytest.approx([expected] * 6, rel=1e-12)
+    # Insertion keeps 0, 4, 8, 12, 16 patches (the top ones): logits 0, 4, 4 - 1.2, 4 - 2.4, 0.4.
+    insertion = [sigmoid(z) for z in (0.0, 4.0, 2.8, 1.6, 0.4)]
+    torch.testing.assert_close(result.curves["oracle"]["insertion"][0], torch.tensor(insertion, dtype=torch.float64))
+    # Positive perturbation: 0%, 10%, ..., 90% remove floor(16 k / 10) patches; one top patch gone flips the class,
+    # so the hits are 1, 0, 0, ...: the trapezoid with the 0% point is 0.1 * (1 + 0) / 2, without it 0.
+    assert result.curves["oracle"]["positive"][0].tolist() == [1.0] + [0.0] * 9
+    assert result.aucs["oracle"]["positive"].tolist() == pytest.approx([0.05] * 6, rel=1e-12)
+    # Negative: the -0.3 patches go first, raising the logit; at 90% (14 patches) 2 of the 1.0s are gone too:
+    # logit 2 > 0. Every point hits: 0.9.
+    assert result.aucs["oracle"]["negative"].tolist() == pytest.approx([0.9] * 6, rel=1e-12)
+    assert result.x["positive"].tolist() == pytest.approx([k / 10 for k in range(10)])
+
+
+def test_the_oracle_map_beats_the_random_map(oracle):
+    w = torch.linspace(1.0, -0.9, PATCHES, dtype=torch.float64)[torch.randperm(PATCHES, generator=torch.Generator().manual_seed(0))]
+    summary = faithfulness(PatchLinear(w).double(), ONES, ["oracle"], preprocessed=True, baseline="zero").summary()
+    for name, metric in METRICS.items():
+        oracle_mean, random_mean = summary["oracle"][name][0], summary["random"][name][0]
+        assert oracle_mean < random_mean if metric.better == "lower" else oracle_mean > random_mean, name
+
+
+def test_the_mean_baseline_is_each_channels_mean_over_the_images(oracle):
+    images = torch.rand(4, 1, 8, 8, dtype=torch.float64)
+    result = faithfulness(PatchLinear(W).double(), images, ["oracle"], preprocessed=True, steps=2)
+    mean = images.mean().item()
+    assert result.baseline == "mean" and result.colour == pytest.approx((mean,), rel=1e-12)
+    # Every patch removed: every pixel the mean, logit 0 = sum(w) * mean, for each image; its probability of the
+    # class the image itself is given (class 0 where its own logit 0 is positive).
+    everything = sigmoid(W.sum().item() * mean)
+    own = reduce(images, "b c (gh p1) (gw p2) -> b (gh gw)", "mean", p1=2, p2=2) @ W
+    expected = [everything if z > 0 else 1 - everything for z in own.tolist()]
+    assert 0 < sum(z > 0 for z in own.tolist()) < 4  # both classes among the images
+    assert result.curves["oracle"]["deletion"][:, -1].tolist() == pytest.approx(expected, rel=1e-12)
+    assert result.curves["oracle"]["insertion"][:, 0].tolist() == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_constant_model_scores_its_probability_everywhere():
+    result = faithfulness(Constant().double(), torch.rand(3, 1, 8, 8), ["random"], preprocessed=True)
+    p = sigmoid(1.0)
+    for label in result.aucs:
+        for name in ("deletion", "insertion"):
+            assert result.aucs[label][name].tolist() == pytest.approx([p] * 3, rel=1e-12)
+        for name in ("positive", "negative"):
+            assert result.aucs[label][name].tolist() == pytest.approx([0.9] * 3, rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def vit():
+    torch.manual_seed(0)
+    return tiny_vit().double(), torch.rand(3, 1, 8, 8, dtype=torch.float64)
+
+
+def test_deletion_and_insertion_meet_at_their_ends_and_batching_changes_nothing(vit):
+    model, images = vit
+    whole = faithfulness(model, images, preprocessed=True, batch_size=1000)
+    sevens = faithfulness(model, images, preprocessed=True, batch_size=7)
+    assert set(whole.curves) == set(METHODS)
+    for label, curves in whole.curves.items():
+        deletion, insertion = curves["deletion"], curves["insertion"]
+        torch.testing.assert_close(deletion[:, 0], insertion[:, -1], rtol=1e-12, atol=1e-14)  # the whole image
+        torch.testing.assert_close(deletion[:, -1], insertion[:, 0], rtol=1e-12, atol=1e-14)  # every patch 0
+        assert (curves["positive"][:, 0] == 1).all() and (curves["negative"][:, 0] == 1).all()
+        for name in METRICS:
+            torch.testing.assert_close(sevens.curves[label][name], curves[name], rtol=1e-12, atol=1e-14)
+
+
+def test_seeds_fix_the_random_map_and_the_order_of_ties(vit):
+    model, images = vit
+    a, b, c = (faithfulness(model, images, ["random"], preprocessed=True, seed=s) for s in (3, 3, 4))
+    assert all(torch.equal(a.aucs["random"][m], b.aucs["random"][m]) for m in METRICS)
+    assert any(not torch.equal(a.aucs["random"][m], c.aucs["random"][m]) for m in METRICS)
+    assert a.summary() == b.summary()
+    flat = torch.zeros(2, 4, 4)  # all ties: the order is the seed's, a different one per image
+    first, again, other = patch_ranks(flat, 0), patch_ranks(flat, 0), patch_ranks(flat, 1)
+    assert torch.equal(first, again) and not torch.equal(first, other) and not torch.equal(first[0, 0], first[0, 1])
+    distinct = torch.arange(16.0).view(1, 4, 4)  # no ties: the order of the values, whatever the seed
+    assert patch_ranks(distinct, 5)[0, 0].tolist() == list(range(15, -1, -1))
+    assert patch_ranks(distinct, 5)[1, 0].tolist() == list(range(16))
+
+
+def test_refusals_name_the_value_and_what_is_expected(vit, monkeypatch):
+    model, images = vit
+    with pytest.raises(ValueError, match="unknown method 'gradcam'; expected one of 'attention', 'rollout'"):
+        faithfulness(model, images, ["gradcam"], preprocessed=True)
+    for steps in (0, PATCHES + 1):
+        with pytest.raises(ValueError, match=f"steps must be an int in \\[1, {PATCHES}\\], got {steps}"):
+            faithfulness(model, images, preprocessed=True, steps=steps)
+    bad = images.clone()
+    bad[1, 0, 2, 3] = math.inf
+    with pytest.raises(ValueError, match="images holds non-finite values"):
+        faithfulness(model, bad, preprocessed=True)
+    nan = Method("nan", lambda model, images, target: torch.full((len(images), 4, 4), math.nan), False, "nan")
+    monkeypatch.setitem(METHODS, "nan", nan)
+    with pytest.raises(ValueError, match="the maps of method 'nan' hold 48 non-finite values"):
+        faithfulness(model, images, ["nan"], preprocessed=True)
+    with pytest.raises(ValueError, match="method 'rollout \\(head_fusion max\\)' is given twice"):
+        faithfulness(model, images, [("rollout", {"head_fusion": "max"})] * 2, preprocessed=True)
+    with pytest.raises(ValueError, match="no classifier .*faithfulness has no class to follow"):
+        faithfulness(tiny_vit(num_classes=0), torch.rand(1, 1, 8, 8), preprocessed=True)
