@@ -6,17 +6,25 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from _tiny import TINY_DIGITS, tiny_vit
 from einops import reduce
+from PIL import Image
 
 from vit_einops import ViT
 from vit_einops.commands.cli import main
-from vit_einops.inspect import METHODS, METRICS, Method, faithfulness
+from vit_einops.commands.faithfulness import image_files
+from vit_einops.inspect import METHODS, METRICS, Method, PatchTarget, faithfulness
 from vit_einops.inspect.faithfulness import patch_ranks
+from vit_einops.inspect.targets import target_scores
+from vit_einops.modelfile import save_vit
+from vit_einops.preprocess import Preprocessing
+from vit_einops.train import TrainConfig, train
+from vit_einops.train.data import load_digits
 
 PATCHES = 16  # TINY_DIGITS: 8x8 images in 2x2 patches
 
@@ -88,7 +96,7 @@ def test_the_oracle_curves_and_aucs_as_worked_out_by_hand(oracle):
 
 def test_the_oracle_map_beats_the_random_map(oracle):
     w = torch.linspace(1.0, -0.9, PATCHES, dtype=torch.float64)[torch.randperm(PATCHES, generator=torch.Generator().manual_seed(0))]
-    summary = faithfulness(PatchLinear(w).double(), ONES, ["oracle"], preprocessed=True, baseline="zero").summary()
+    summary = faithfulness(PatchLinear(w).double(), ONES, ["oracle"], preprocessed=True, baseline="zero").summary
     for name, metric in METRICS.items():
         oracle_mean, random_mean = summary["oracle"][name][0], summary["random"][name][0]
         assert oracle_mean < random_mean if metric.better == "lower" else oracle_mean > random_mean, name
@@ -144,7 +152,7 @@ def test_seeds_fix_the_random_map_and_the_order_of_ties(vit):
     a, b, c = (faithfulness(model, images, ["random"], preprocessed=True, seed=s) for s in (3, 3, 4))
     assert all(torch.equal(a.aucs["random"][m], b.aucs["random"][m]) for m in METRICS)
     assert any(not torch.equal(a.aucs["random"][m], c.aucs["random"][m]) for m in METRICS)
-    assert a.summary() == b.summary()
+    assert a.summary == b.summary
     flat = torch.zeros(2, 4, 4)  # all ties: the order is the seed's, a different one per image
     first, again, other = patch_ranks(flat, 0), patch_ranks(flat, 0), patch_ranks(flat, 1)
     assert torch.equal(first, again) and not torch.equal(first, other) and not torch.equal(first[0, 0], first[0, 1])
@@ -172,3 +180,100 @@ def test_refusals_name_the_value_and_what_is_expected(vit, monkeypatch):
         faithfulness(model, images, [("rollout", {"head_fusion": "max"})] * 2, preprocessed=True)
     with pytest.raises(ValueError, match="no classifier .*faithfulness has no class to follow"):
         faithfulness(tiny_vit(num_classes=0), torch.rand(1, 1, 8, 8), preprocessed=True)
+
+
+def test_a_backbone_is_scored_by_its_targets_score_and_refused_without_one():
+    torch.manual_seed(0)
+    model = tiny_vit(num_classes=0).double()
+    images = torch.rand(2, 1, 8, 8, dtype=torch.float64)
+    target = PatchTarget(1, 2)
+    result = faithfulness(model, images, ["relevance"], target, preprocessed=True, steps=2, baseline="zero")
+    with torch.no_grad():
+        whole = target_scores(model, images, target)[1]
+        blank = target_scores(model, torch.zeros_like(images), target)[1]
+    curves = result.curves["relevance"]
+    for name in ("deletion", "positive", "negative"):  # y is the score s in every curve: the whole image's at 0%
+        torch.testing.assert_close(curves[name][:, 0], whole)
+    torch.testing.assert_close(curves["insertion"][:, -1], whole)
+    torch.testing.assert_close(curves["deletion"][:, -1], blank)
+    torch.testing.assert_close(curves["insertion"][:, 0], blank)
+    assert "backbone target" in result.score
+
+
+# --- the command ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def digits_model(tmp_path_factory):
+    """A digits model trained for 3 short epochs on 1024 digits (about 30% test accuracy): enough that where it
+    looks can be told from a random map."""
+    torch.set_num_threads(1)
+    train_set, test_set = load_digits()
+    torch.manual_seed(0)
+    model = ViT(**TINY_DIGITS)
+    config = TrainConfig(epochs=3, batch_size=32, lr=5e-3, warmup_epochs=1, weight_decay=0.05, seed=0)
+    train(model, train_set.subset(range(1024)), test_set.subset(range(16)), config, progress=False)
+    path = tmp_path_factory.mktemp("digits") / "model.safetensors"
+    model.preprocessing = Preprocessing.plain(8, 1)  # what vit-einops train records: resize, scale to [0, 1]
+    save_vit(model.eval(), path)
+    return path, test_set
+
+
+def test_cli_scores_every_method_and_relevance_beats_the_random_map(digits_model, capsys):
+    path, _ = digits_model
+    assert main(["faithfulness", str(path), "--num-images", "32", "--out", "scores", "--no-progress", "--threads",
+                 "1"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(Path("scores/faithfulness.json").read_text())
+    assert set(report["methods"]) == set(METHODS) and report["images"] == 32 and report["patches"] == PATCHES
+    assert report["convention"]["zero_point_included"] and report["x"]["positive"][0] == 0.0
+    relevance, random = report["methods"]["relevance"]["auc"], report["methods"]["random"]["auc"]
+    for name, metric in METRICS.items():
+        if metric.better == "lower":
+            assert relevance[name]["mean"] < random[name]["mean"], name
+        else:
+            assert relevance[name]["mean"] > random[name]["mean"], name
+        low, high = relevance[name]["low"], relevance[name]["high"]
+        assert low <= relevance[name]["mean"] <= high
+        assert np.mean(relevance[name]["per_image"]) == pytest.approx(relevance[name]["mean"], rel=1e-12)
+        row = next(line for line in out.splitlines() if line.startswith("relevance"))
+        assert f"{relevance[name]['mean']:.3f} [{low:.3f}, {high:.3f}]" in row
+    with Image.open("scores/faithfulness.png") as png:
+        assert png.size[0] >= 600
+    # The output exists now: refused, as every command refuses one, and replaced only with --force.
+    assert main(["faithfulness", str(path), "--num-images", "2", "--out", "scores", "--no-progress"]) == 2
+    assert "scores already holds faithfulness.json, faithfulness.png; pass --force" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--methods", "gradcam"], "unknown method 'gradcam'; expected one of 'attention', 'rollout', 'relevance'"),
+        (["--methods", "rollout:head_fusion"], "--methods 'rollout:head_fusion': expected NAME or NAME:KEY=VALUE"),
+        (["--methods", "rollout:seed=1"], "method 'rollout' takes no parameter seed"),
+        (["--steps", "17"], "steps must be an int in [1, 16], got 17"),
+        (["--steps", "0"], "steps must be an int in [1, 16], got 0"),
+        (["--num-images", "0"], "--num-images must be"),
+        (["--images", "empty"], "--images 'empty' holds no image files (.png"),
+        (["--images", "notes"], "--images 'notes' holds no image files (.png"),
+        (["--images", "broken"], "broken/0.png"),
+    ],
+)
+def test_cli_refusals(digits_model, capsys, args, message):
+    path, _ = digits_model
+    Path("empty").mkdir()
+    Path("notes").mkdir()
+    Path("notes/readme.txt").write_text("not an image")
+    Path("broken").mkdir()
+    Path("broken/0.png").write_text("not a png")
+    assert main(["faithfulness", str(path), "--out", "scores", "--no-progress", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vit-einops faithfulness: error:") and message in err, err
+    assert not Path("scores").exists()
+
+
+def test_an_image_folders_images_are_its_image_files_in_name_order(tmp_path):
+    for name in ("b.png", "a.JPG", "c.txt", ".hidden.png", "d.webp"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "e.png").mkdir()  # a folder named like an image is opened, and refused, where it is read
+    assert [p.name for p in image_files(tmp_path)] == ["a.JPG", "b.png", "d.webp", "e.png"]

@@ -45,6 +45,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -144,6 +145,7 @@ class Faithfulness:
     def images(self) -> int:
         return len(next(iter(next(iter(self.aucs.values())).values())))
 
+    @cached_property
     def summary(self) -> dict[str, dict[str, tuple[float, float | None, float | None]]]:
         """label -> metric -> (mean AUC over the images, the 95% bootstrap interval's low and high; None for one
         image)."""
@@ -159,7 +161,7 @@ class Faithfulness:
 
     def table(self) -> str:
         """A text table: one row per method, one column per metric, the mean AUC and its 95% interval."""
-        summary = self.summary()
+        summary = self.summary
         heads = [f"{m} AUC ({METRICS[m].better} is better)" for m in METRICS]
         cells = [[_cell(*summary[label][m]) for m in METRICS] for label in summary]
         first = max(len("method"), *(len(label) for label in summary))
@@ -182,7 +184,7 @@ class Faithfulness:
     def to_json(self) -> dict[str, Any]:
         """Everything, as JSON-ready values: the convention, each method's per-image AUCs, mean and interval, and
         its mean curves."""
-        summary = self.summary()
+        summary = self.summary
         return {
             "convention": {
                 "score": self.score,
@@ -220,7 +222,7 @@ class Faithfulness:
 
     def plot(self):
         """A Figure: each metric's mean curve per method, labelled with its AUC and interval."""
-        summary = self.summary()
+        summary = self.summary
         fig = new_figure(figsize=(10, 7.5))
         for ax, metric in zip(fig.subplots(2, 2).flat, METRICS.values(), strict=True):
             for label in self.methods:
