@@ -64,7 +64,8 @@ def oracle(monkeypatch):
     monkeypatch.setitem(METHODS, "oracle", method)
 
 
-W = torch.tensor([1.0] * 4 + [-0.3] * 12, dtype=torch.float64)  # logit 0 on ones: 4 - 3.6 = 0.4 > 0, class 0; one top patch gone: -0.6
+# Logit 0 on ones: 4 - 3.6 = 0.4 > 0, class 0; with one of the top patches gone, -0.6: class 1.
+W = torch.tensor([1.0] * 4 + [-0.3] * 12, dtype=torch.float64)
 ONES = torch.ones(6, 1, 8, 8)
 
 
@@ -95,7 +96,8 @@ def test_the_oracle_curves_and_aucs_as_worked_out_by_hand(oracle):
 
 
 def test_the_oracle_map_beats_the_random_map(oracle):
-    w = torch.linspace(1.0, -0.9, PATCHES, dtype=torch.float64)[torch.randperm(PATCHES, generator=torch.Generator().manual_seed(0))]
+    shuffle = torch.randperm(PATCHES, generator=torch.Generator().manual_seed(0))
+    w = torch.linspace(1.0, -0.9, PATCHES, dtype=torch.float64)[shuffle]
     summary = faithfulness(PatchLinear(w).double(), ONES, ["oracle"], preprocessed=True, baseline="zero").summary
     for name, metric in METRICS.items():
         oracle_mean, random_mean = summary["oracle"][name][0], summary["random"][name][0]

@@ -71,12 +71,13 @@ BASELINES = ("mean", "zero")
 @dataclass(frozen=True)
 class Metric:
     """One curve: patches ordered ``first`` ("most" or "least" relevant first), removed (``insert`` False) or put
-    back onto the all-baseline input (True); y the target's ``score`` ("probability" or "top-1"); ``better`` "lower" or
-    "higher" AUC."""
+    back onto the all-baseline input (True), at 0%, 10%, ..., 90% (``tenths``) or in the caller's steps; y the
+    target's ``score`` ("probability" or "top-1"); ``better`` "lower" or "higher" AUC."""
 
     name: str
     first: str
     insert: bool
+    tenths: bool
     score: str
     better: str
     reference: str
@@ -85,10 +86,10 @@ class Metric:
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
-        Metric("deletion", "most", False, "probability", "lower", "Petsiuk, Das and Saenko 2018 (RISE)"),
-        Metric("insertion", "most", True, "probability", "higher", "Petsiuk, Das and Saenko 2018 (RISE)"),
-        Metric("positive", "most", False, "top-1", "lower", "Chefer, Gur and Wolf 2021, positive perturbation"),
-        Metric("negative", "least", False, "top-1", "higher", "Chefer, Gur and Wolf 2021, negative perturbation"),
+        Metric("deletion", "most", False, False, "probability", "lower", "Petsiuk, Das and Saenko 2018 (RISE)"),
+        Metric("insertion", "most", True, False, "probability", "higher", "Petsiuk, Das and Saenko 2018 (RISE)"),
+        Metric("positive", "most", False, True, "top-1", "lower", "Chefer, Gur and Wolf 2021, positive perturbation"),
+        Metric("negative", "least", False, True, "top-1", "higher", "Chefer, Gur and Wolf 2021, negative perturbation"),
     )
 }
 
@@ -96,16 +97,11 @@ METRICS: dict[str, Metric] = {
 def curve_points(metric: str, patches: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(x (K,) float64, patches removed or kept at each point (K,) long) of ``metric`` on a grid of ``patches``:
     floor(k P / S) at x = k / S (module docstring)."""
-    if metric in ("positive", "negative"):
+    if METRICS[metric].tenths:
         k, total = torch.arange(PERTURBATION_STEPS), PERTURBATION_STEPS
     else:
         k, total = torch.arange(steps + 1), steps
     return k.double() / total, k * patches // total
-
-
-def auc(curves: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """The trapezoid rule over the last axis: curves (..., K) at x (K,) -> (...)."""
-    return torch.trapezoid(curves, x, dim=-1)
 
 
 def patch_ranks(maps: torch.Tensor, seed: int) -> torch.Tensor:
@@ -128,7 +124,8 @@ class Faithfulness:
     """Scores of explanation methods on the same images (module docstring).
 
     ``methods``: label -> (method name, its parameters); ``x``: metric -> the curve's points (K,); ``curves``:
-    label -> metric -> y (b, K); ``aucs``: label -> metric -> (b,); ``score``: what y is, in words."""
+    label -> metric -> y (b, K); ``aucs``: label -> metric -> (b,); ``score``: what y is, in words; ``patches``,
+    ``steps``, ``seed`` as given; ``baseline`` and ``colour`` (C,): what a removed patch became."""
 
     methods: dict[str, tuple[str, dict[str, Any]]]
     x: dict[str, torch.Tensor]
@@ -143,7 +140,7 @@ class Faithfulness:
 
     @property
     def images(self) -> int:
-        return len(next(iter(next(iter(self.aucs.values())).values())))
+        return len(next(iter(self.curves.values()))["deletion"])
 
     @cached_property
     def summary(self) -> dict[str, dict[str, tuple[float, float | None, float | None]]]:
@@ -162,24 +159,26 @@ class Faithfulness:
     def table(self) -> str:
         """A text table: one row per method, one column per metric, the mean AUC and its 95% interval."""
         summary = self.summary
-        heads = [f"{m} AUC ({METRICS[m].better} is better)" for m in METRICS]
+        heads = [f"{m} ({METRICS[m].better} better)" for m in METRICS]
         cells = [[_cell(*summary[label][m]) for m in METRICS] for label in summary]
         first = max(len("method"), *(len(label) for label in summary))
         widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(heads)]
         lines = ["  ".join(["method".ljust(first), *(h.ljust(w) for h, w in zip(heads, widths, strict=True))])]
         for label, row in zip(summary, cells, strict=True):
             lines.append("  ".join([label.ljust(first), *(c.ljust(w) for c, w in zip(row, widths, strict=True))]))
-        lines.append(
-            f"mean over {self.images} image{'s' * (self.images != 1)} [95% bootstrap interval]; {self.patches} "
-            f"patches, deletion and insertion in {self.steps} steps, positive and negative at 0%..90%; "
-            f"a removed patch takes the baseline {self._baseline()}; y: {self.score}; the 0% point included"
-        )
+        lines += [
+            f"mean AUC over {self.images} image{'s' * (self.images != 1)} [95% bootstrap interval]",
+            f"{self.patches} patches: deletion and insertion in {self.steps} steps, positive and negative at 0%, 10%,"
+            " ..., 90%; the 0% point included",
+            f"a removed patch: {self._baseline()}",
+            f"y: {self.score}",
+        ]
         return "\n".join(line.rstrip() for line in lines)
 
     def _baseline(self) -> str:
         colour = ", ".join(f"{c:.3g}" for c in self.colour)
-        what = "each channel's mean over the images" if self.baseline == "mean" else "zero"
-        return f"{self.baseline} ({what}: {colour} in the model's input)"
+        what = "each channel's mean over the images" if self.baseline == "mean" else "0"
+        return f"baseline {self.baseline} ({what}: {colour} in the model's input)"
 
     def to_json(self) -> dict[str, Any]:
         """Everything, as JSON-ready values: the convention, each method's per-image AUCs, mean and interval, and
@@ -285,8 +284,8 @@ class _Scorer:
             classes = _targets(target, logits)
             if classes.shape[1] != 1:
                 raise ValueError(f"faithfulness follows one class per image, got {classes.shape[1]} per image")
-            self.target, self.description = classes[:, 0], "softmax probability of the class (top-1 hit for "
-            self.description += "positive and negative)"
+            self.target = classes[:, 0]
+            self.description = "softmax probability of the class (positive and negative: top-1 hit)"
 
     def for_images(self, index: torch.Tensor) -> Any:
         """The target of the images ``index``: class indices (len(index),) or a backbone target."""
@@ -359,8 +358,8 @@ def faithfulness(
     batch_size = check_positive_int("batch_size", batch_size)
     seed = check_int("seed", seed)
     images = model_inputs(model, images, preprocessed=preprocessed)
-    colour = images.mean(dim=(0, 2, 3)) if check_choice("baseline", baseline, BASELINES) == "mean" else \
-        images.new_zeros(images.shape[1])
+    check_choice("baseline", baseline, BASELINES)
+    colour = images.mean(dim=(0, 2, 3)) if baseline == "mean" else images.new_zeros(images.shape[1])
     layout = model.patch_embed.layout(images.shape[-2:])
     (gh, gw), (height, width) = layout.grid, images.shape[-2:]
     patches = gh * gw
@@ -384,7 +383,7 @@ def faithfulness(
                 for metric, part in zip(METRICS, y.split([len(images) * len(k) for _, k in points.values()]),
                                         strict=True):
                     curves[label][metric] = part.view(len(images), -1)
-                    aucs[label][metric] = auc(curves[label][metric], points[metric][0])
+                    aucs[label][metric] = torch.trapezoid(curves[label][metric], points[metric][0], dim=-1)
         finally:
             if bar is not None:
                 bar.close()
@@ -410,8 +409,10 @@ def _jobs(b: int, points: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple
     return tuple(torch.cat(parts) for parts in (image, order, count, insert, top1))
 
 
-def _perturbed_scores(scorer: _Scorer, images: torch.Tensor, colour: torch.Tensor, ranks: torch.Tensor,
-                      jobs: tuple[torch.Tensor, ...], batch_size: int, patch: tuple[int, int], bar: Any) -> torch.Tensor:
+def _perturbed_scores(
+    scorer: _Scorer, images: torch.Tensor, colour: torch.Tensor, ranks: torch.Tensor, jobs: tuple[torch.Tensor, ...],
+    batch_size: int, patch: tuple[int, int], bar: Any,
+) -> torch.Tensor:
     """y (J,) of every copy: image ``image`` with the patches of rank < count kept (insert) or removed (else), a
     removed patch's pixels set to ``colour`` (C,)."""
     image, order, count, insert, top1 = jobs
