@@ -120,10 +120,11 @@ def _faithfulness(args: argparse.Namespace, methods: Any) -> int:
     from ..base.plot import save_figure
     from ..base.text import printable
     from ..inputs import model_inputs as batch_of
-    from ..inspect.faithfulness import faithfulness
+    from ..inspect.faithfulness import chosen_methods, faithfulness
     from ._model import target_from_args
 
     check_directory_output(args.out, OUT_FILES, args.force)  # before the work; checked again at the commit
+    chosen_methods(methods)  # an unknown method or parameter is refused before any model loads
     if args.threads is not None:
         torch.set_num_threads(check_threads("--threads", args.threads))
     files = image_files(args.images)[: args.num_images] if args.images else None

@@ -242,7 +242,7 @@ def _cell(mean: float, low: float | None, high: float | None) -> str:
     return f"{mean:.3f}" if low is None else f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
-def _chosen(methods: Any) -> dict[str, tuple[str, dict[str, Any]]]:
+def chosen_methods(methods: Any) -> dict[str, tuple[str, dict[str, Any]]]:
     """``methods`` (None: all; a name; names or (name, params) pairs) -> label -> (name, checked params); the
     random map always among them."""
     if methods is None:
@@ -354,7 +354,7 @@ def faithfulness(
         seed: the order of patches of equal value, the random map's seed (added to its own), the intervals.
         progress: a tqdm bar on stderr.
     """
-    chosen = _chosen(methods)
+    chosen = chosen_methods(methods)
     batch_size = check_positive_int("batch_size", batch_size)
     seed = check_int("seed", seed)
     images = model_inputs(model, images, preprocessed=preprocessed)
