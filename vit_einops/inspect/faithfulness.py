@@ -29,11 +29,11 @@ The convention, in full:
 - Point k of S removes (or, for insertion, keeps) floor(k P / S) of the P patches, at x = k / S, the fraction of
   the way: for deletion and insertion k = 0..S (``steps`` S, by default P: one patch a step, from the whole image
   to none of it); for positive and negative perturbation S = 10 and k = 0..9 (0% to 90%, as Chefer et al.).
-- The 0% point enters every curve: y at x = 0 is the model on the whole image (Chefer et al. add it too; their
-  script's steps start at 10%).
+- The 0% point enters every curve: deletion, positive and negative start at the whole image, insertion ends there
+  (Chefer et al. add it too, in their words on their issue 31; their script's steps start at 10%).
 - AUC = the trapezoid rule over those points, x in [0, 1]: deletion and insertion span [0, 1] (RISE's normalised
-  AUC); positive and negative span [0, 0.9], so their AUC is at most 0.9 and is Chefer et al.'s table entry over
-  100 (their ``np.trapz(y, x) * 100``; they remove pixels of the upsampled map, here whole patches).
+  AUC); positive and negative span [0, 0.9], so their AUC is at most 0.9: Chefer et al.'s table entries are 100
+  times it (their ``np.trapz(y, x) * 100``; they remove pixels of the upsampled map, here whole patches).
 - Each method's AUC is the mean over the images, with a 95% percentile-bootstrap interval over the images
   (:mod:`vit_einops.base.bootstrap`, seeded).
 
