@@ -17,7 +17,7 @@ from PIL import Image
 
 from vit_einops import ViT
 from vit_einops.commands.cli import main
-from vit_einops.commands.faithfulness import image_files
+from vit_einops.commands.faithfulness import image_files, parse_method
 from vit_einops.inspect import METHODS, METRICS, Method, PatchTarget, faithfulness
 from vit_einops.inspect.faithfulness import patch_ranks
 from vit_einops.inspect.targets import target_scores
@@ -201,7 +201,8 @@ def test_a_backbone_is_scored_by_its_targets_score_and_refused_without_one():
     torch.testing.assert_close(curves["insertion"][:, -1], whole)
     torch.testing.assert_close(curves["deletion"][:, -1], blank)
     torch.testing.assert_close(curves["insertion"][:, 0], blank)
-    assert "backbone target" in result.score
+    assert "backbone target" in result.score and result.backbone
+    assert {ax.get_ylabel() for ax in result.plot().axes} == {"the target's score"}
 
 
 # --- the command ------------------------------------------------------------------------------------------------
@@ -276,6 +277,11 @@ def test_cli_refusals(digits_model, capsys, args, message):
     if message == UNKNOWN:  # the whole line, exactly
         assert err == f"vit-einops faithfulness: error: {UNKNOWN}\n"
     assert not Path("scores").exists()
+
+
+def test_methods_and_their_parameters_from_the_command_line():
+    assert parse_method("rollout:head_fusion=max,residual=0.25") == ("rollout", {"head_fusion": "max", "residual": 0.25})
+    assert parse_method("random:seed=3") == ("random", {"seed": 3}) and parse_method("relevance") == ("relevance", {})
 
 
 def test_an_image_folders_images_are_its_image_files_in_name_order(tmp_path):

@@ -125,7 +125,8 @@ class Faithfulness:
 
     ``methods``: label -> (method name, its parameters); ``x``: metric -> the curve's points (K,); ``curves``:
     label -> metric -> y (b, K); ``aucs``: label -> metric -> (b,); ``score``: what y is, in words; ``patches``,
-    ``steps``, ``seed`` as given; ``baseline`` and ``colour`` (C,): what a removed patch became."""
+    ``steps``, ``seed`` as given; ``baseline`` and ``colour`` (C,): what a removed patch became; ``backbone``: y is
+    a backbone target's score in every curve."""
 
     methods: dict[str, tuple[str, dict[str, Any]]]
     x: dict[str, torch.Tensor]
@@ -137,6 +138,7 @@ class Faithfulness:
     seed: int
     baseline: str
     colour: tuple[float, ...]
+    backbone: bool
 
     @property
     def images(self) -> int:
@@ -231,7 +233,7 @@ class Faithfulness:
                         label=f"{label}: {_cell(mean, low, high)}", **style)
             what = "kept" if metric.insert else "removed"
             ax.set(xlabel=f"fraction of the patches {what} ({metric.first} relevant first)",
-                   ylabel=metric.score if self.score.startswith("softmax") else "score",
+                   ylabel="the target's score" if self.backbone else metric.score,
                    title=f"{metric.name} ({metric.better} AUC is better)")
             ax.legend(fontsize=7)
         fig.suptitle(f"faithfulness over {self.images} images: mean curves, AUC [95% interval]")
@@ -391,7 +393,7 @@ def faithfulness(
         model.train(was_training)
     x = {metric: xs for metric, (xs, _) in points.items()}
     return Faithfulness(chosen, x, curves, aucs, scorer.description, patches, steps, seed, baseline,
-                        tuple(colour.tolist()))
+                        tuple(colour.tolist()), scorer.backbone)
 
 
 def _jobs(b: int, points: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, ...]:
