@@ -212,12 +212,16 @@ def test_a_backbone_is_scored_by_its_targets_score_and_refused_without_one():
 def digits_model(tmp_path_factory):
     """A digits model trained for 3 short epochs on 1024 digits (about 30% test accuracy): enough that where it
     looks can be told from a random map."""
-    torch.set_num_threads(1)
     train_set, test_set = load_digits()
     torch.manual_seed(0)
     model = ViT(**TINY_DIGITS)
     config = TrainConfig(epochs=3, batch_size=32, lr=5e-3, warmup_epochs=1, weight_decay=0.05, seed=0)
-    train(model, train_set.subset(range(1024)), test_set.subset(range(16)), config, progress=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # module scope, so before the tests' own one-thread fixture; restored after
+    try:
+        train(model, train_set.subset(range(1024)), test_set.subset(range(16)), config, progress=False)
+    finally:
+        torch.set_num_threads(threads)
     path = tmp_path_factory.mktemp("digits") / "model.safetensors"
     model.preprocessing = Preprocessing.plain(8, 1)  # what vit-einops train records: resize, scale to [0, 1]
     save_vit(model.eval(), path)
