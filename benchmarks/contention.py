@@ -132,7 +132,8 @@ def main(argv=None) -> int:
             for busy in args.busy:
                 processes = start_busy(busy, args.busy_limit)
                 try:
-                    time.sleep(0.2)  # the busy loops running before the first round
+                    if busy:
+                        time.sleep(0.2)  # the busy loops running before the first round
                     for shape in shapes:
                         before = os.getloadavg()[0]
                         run = rounds_of(paths(*inputs[shape], args.in_turn), args.rounds, args.window)

@@ -191,7 +191,7 @@ def plan_for(q: torch.Tensor, m: int, max_elements: int) -> BlockPlan:
 # The threaded schedule (chunk_pool.py): a call's work in about this many tasks, so that the task a preempted
 # worker holds back is a small share of the call while the Python per task (~30 us) stays a small share of a task.
 TASKS_PER_CALL = 16
-# The smallest task split off: about 0.5 ms of single-threaded products and softmax (~4 ns a score).
+# The smallest task split off: about 0.6 ms of single-threaded products and softmax (~5 ns a score).
 MIN_TASK_SCORES = 2**17
 # The largest task: one L2 cache of float32 scores, so that the softmax pass of a block computed on one core reads
 # it from that core's cache (read once, at import, like CHUNK_ELEMENTS).

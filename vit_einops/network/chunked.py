@@ -17,9 +17,10 @@ loop, because Python-level slices per block per tensor would cost more than the 
 How the blocks are scheduled: on CPU, without dropout, a call of more than one task's work hands its blocks as
 tasks to a few worker threads that each run a whole block with single-threaded ops and take the next block when
 done (chunk_pool.py says why: a thread preempted by another process then holds back one block, not every op of the
-call). Otherwise (one task's work, dropout, which draws each block's multipliers from one generator in block order,
-another device, torch.compile's tracing) the blocks run one after another here, each op split between torch's
-threads. The backward pass always does the latter.
+call). Otherwise (one task's work; dropout, which draws each block's multipliers from one generator in block order;
+another device; a tensor subclass; torch.compile's or the JIT's tracing, the profiler or a dispatch mode, which see
+only the ops of their own thread) the blocks run one after another here, each op split between torch's threads.
+The backward pass always does the latter.
 """
 
 from __future__ import annotations
@@ -84,10 +85,23 @@ def _chunked_forward(q_, k_, v_, mask, plan, scale, dropout_p, seed, buffer=None
     return out
 
 
+def _watched() -> bool:
+    """Whether something watches or rewrites the ops of this thread, which ops run on other threads would escape:
+    torch.compile's or the JIT's tracing, the profiler, a dispatch or function mode (FlopCounterMode, FakeTensorMode)
+    (all of them per-thread in torch)."""
+    return (
+        torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+        or torch.autograd._profiler_enabled()
+        or torch._C._len_torch_dispatch_stack() > 0
+        or torch._C._is_torch_function_mode_enabled()
+    )
+
+
 def _tasks(q: torch.Tensor, m: int, max_elements: int, dropout_p: float) -> BlockPlan | None:
     """The blocks to hand to chunk_pool.py's workers (task_plan), or None where the blocks run in turn here: with
-    dropout, off the CPU, or while torch.compile traces the call (module docstring)."""
-    if dropout_p or q.device.type != "cpu" or torch.compiler.is_compiling():
+    dropout, off the CPU, for a tensor subclass, or while something watches this thread's ops (module docstring)."""
+    if dropout_p or q.device.type != "cpu" or type(q) is not torch.Tensor or _watched():
         return None
     return task_plan(q, m, max_elements)
 
@@ -224,7 +238,9 @@ def chunked_attention(
     ``max_elements`` defaults to CHUNK_ELEMENTS (four L2 caches of scores per thread). A block never holds more
     scores than q holds numbers or CHUNK_ELEMENTS, whichever is larger, so the scores alive at once (a block and, in
     backward, its gradient) stay within twice the output or two cache-sized blocks: peak memory O(b h n d) plus a
-    constant, whatever n is. Equal to the full-matrix einsum up to float rounding, in values and gradients; dropout
+    constant, whatever n is. The forward handed to worker threads (module docstring) holds one block per thread, each
+    within ``max_elements`` and one L2 cache of float32 scores, and its output is the same to the bit whatever
+    torch's thread count. Equal to the full-matrix einsum up to float rounding, in values and gradients; dropout
     on A, when ``dropout_p`` > 0, is drawn per block from a generator seeded off torch's global one (so
     ``torch.manual_seed`` makes it reproducible) and redrawn identically in the backward pass. With no queries (or
     no images, or no heads) the output is empty; with no keys it is zeros, as on the einsum and SDPA paths.
