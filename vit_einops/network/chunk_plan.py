@@ -4,8 +4,8 @@ chunked.py computes Eq. 6-7 a block of queries at a time; this module decides th
 as many scores per thread as the core's L2 cache has bytes (read from sysfs), four L2s of float32 scores per
 thread. Blocks group whole images, else heads of one image, else query rows of one head; groups of (b h) rows are
 a multiple of torch's thread count where the budget allows, since torch splits a batched product between its
-threads by rows. A BlockPlan turns the tiling into one ``split`` per tensor. task_plan cuts the blocks that chunk_pool.py's workers take
-one at a time instead, each on one thread. Axes: b batch, h heads, n queries,
+threads by rows. A BlockPlan turns the tiling into one ``split`` per tensor. task_plan cuts the blocks that
+chunk_pool.py's workers take one at a time instead, each computed on one thread. Axes: b batch, h heads, n queries,
 m keys; (b h) is the batch and head axes flattened into one.
 """
 
