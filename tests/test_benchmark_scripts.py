@@ -3,7 +3,8 @@
 benchmarks/chunked.py on tiny shapes and one short round: every grid point gets a row with finite ratios to SDPA
 (medians and fastest blocks), the floor's parts and the forward rows' loop. benchmarks/equivalence.py --smoke (every
 row of the full table, on tiny shapes): every row within its dtype's tolerance. Both keep an existing output file
-unless --force.
+unless --force. benchmarks/contention.py on tiny shapes, quiet and beside one busy process: a row with its paired
+ratios per condition and shape, and no busy process left running.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from vit_einops import ATTN_IMPLS
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "chunked.py"
+CONTENTION = SCRIPT.with_name("contention.py")
 TINY = [
     "--batches",
     "2",
@@ -35,8 +37,8 @@ TINY = [
 ]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("chunked_benchmark", SCRIPT)
+def load_script(script: Path = SCRIPT):
+    spec = importlib.util.spec_from_file_location(f"{script.stem}_benchmark", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -73,6 +75,27 @@ def test_chunked_benchmark_keeps_an_existing_out_file_unless_forced(tmp_path, ca
     assert out.read_text() == "mine\n"
     assert load_script().main([*TINY, "--threads", "1", "--modes", "forward", "--out", str(out), "--force"]) == 0
     assert json.loads(out.read_text())["rows"][0]["mode"] == "forward"
+
+
+def test_contention_benchmark_smoke_pairs_every_path_and_stops_its_busy_processes(tmp_path, capsys):
+    script = load_script(CONTENTION)
+    started = []
+    start_busy = script.start_busy
+    script.start_busy = lambda count, limit: started.extend(start_busy(count, limit)) or started[-count:]
+    out = tmp_path / "contention.json"
+    argv = ["--batches", "2", "--tokens", "9", "--heads", "3", "--head-dim", "4", "--busy", "0,1", "--cycles", "2"]
+    argv += ["--rounds", "2", "--window", "0.001", "--busy-limit", "30", "--in-turn", "--out", str(out)]
+    assert script.main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["busy"], r["batch"], r["tokens"]) for r in rows] == [(0, 2, 9), (1, 2, 9)]
+    for r in rows:
+        assert len(r["loads"]) == 2  # one (before, after) pair per cycle
+        for path in ("chunked", "chunked-in-turn"):
+            ratio = r[path]
+            assert len(ratio["rounds"]) == 4 and ratio["min"] <= ratio["low"] <= ratio["ratio"] <= ratio["high"]
+            assert ratio["high"] <= ratio["max"] and all(math.isfinite(x) and x > 0 for x in ratio["rounds"])
+    assert len(started) == 2 and all(p.poll() is not None for p in started)  # one per cycle, each ended
+    assert capsys.readouterr().out.count("chunked-in-turn") == 2
 
 
 def test_equivalence_benchmark_rows_are_within_their_tolerances(tmp_path, capsys):

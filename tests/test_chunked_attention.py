@@ -4,8 +4,9 @@ The generic equivalence (MultiHeadAttention against nn.MultiheadAttention, every
 "chunked" in test_attention.py through ATTN_IMPLS. Here: block boundaries (N not a multiple of the block, a block
 larger than N, one query row per block, uneven groups of images and heads, at several thread counts, and random
 shapes and budgets), masks whose pattern crosses blocks, gradients from the recomputing backward, dropout redrawn
-identically in backward, that A is never stored for backward, and the planner's promises (every query once, no more
-scores at once than q's size or one default block).
+identically in backward, that A is never stored for backward, the planner's promises (every query once, no more
+scores at once than q's size or one default block), and the threaded forward (the blocks as tasks for worker threads):
+the same bits whatever the thread count, callers on several threads at once, and a forked child.
 
 Reference: torch's own F.scaled_dot_product_attention, and our full-matrix "einsum" path. Tolerances are those of
 tests/_equiv.py: float64 at rtol 1e-9 / atol 1e-10 (the paths differ only in summation order), float32 at rtol
@@ -14,22 +15,28 @@ tests/_equiv.py: float64 at rtol 1e-9 / atol 1e-10 (the paths differ only in sum
 
 from __future__ import annotations
 
+import multiprocessing
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
 from _equiv import F32_TOL, F64_TOL, assert_close
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.flop_counter import FlopCounterMode
 
 from vit_einops.network.attention import Attend
 from vit_einops.network.chunk_plan import (
     CHUNK_ELEMENTS,
     FALLBACK_L2_BYTES,
+    TASK_ELEMENTS,
     attention_blocks,
     default_chunk_elements,
     even_parts,
     l2_cache_bytes,
     plan_for,
+    task_plan,
 )
 from vit_einops.network.chunked import chunked_attention
 
@@ -156,6 +163,24 @@ def test_scores_at_once_stay_within_q_or_one_default_block(b, h, n, d, budget):
     cap = max(1, min(budget, max(q.numel(), CHUNK_ELEMENTS)))
     assert all(g * c * n <= cap or c == 1 for g, c in zip(plan.rows, plan.queries, strict=True))
     assert sum(g * c for g, c in zip(plan.rows, plan.queries, strict=True)) == b * h * n  # every query once
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    b=st.integers(1, 4),
+    h=st.integers(1, 6),
+    n=st.integers(1, 700),
+    m=st.integers(1, 700),
+    budget=st.sampled_from([2**12, 2**16, BIG]),
+)
+def test_task_blocks_cover_every_query_once_within_one_l2(b, h, n, m, budget):
+    """The threaded forward's memory promise: each task's block (one alive per worker) holds no more scores than
+    ``max_elements`` or one L2 of float32 scores (or is one query row), and the tasks cover every query once."""
+    tasks = task_plan(torch.empty(b, h, n, 8, device="meta"), m, budget)
+    if tasks is not None:
+        cap = max(1, min(budget, TASK_ELEMENTS))
+        assert all(g * c * m <= cap or c == 1 for g, c in zip(tasks.rows, tasks.queries, strict=True))
+        assert sum(g * c for g, c in zip(tasks.rows, tasks.queries, strict=True)) == b * h * n
 
 
 @given(total=st.integers(0, 300), most=st.integers(1, 60))
@@ -376,3 +401,85 @@ def test_default_block_grows_with_threads_within_its_bounds():
     assert all(2**12 <= s <= 2**22 for s in sizes)
     assert sizes == sorted(sizes)
     assert CHUNK_ELEMENTS == default_chunk_elements()  # the default for torch's thread count at import
+
+
+def threaded_case():
+    """ViT-like float32 inputs of a few tasks' work at the default block size (4 heads of 257 tokens), and a mask."""
+    q, k, v = (t.detach() for t in qkv(1, 4, 257, 16, dtype=torch.float32, seed=13))
+    return q, k, v, MASKS["causal (n, n)"](1, 4, 257, None)
+
+
+def test_threaded_forward_gives_the_same_bits_whatever_the_thread_count(restore_threads):
+    """The blocks of a call of several tasks' work go to worker threads in whatever order they come free, each block
+    computed by single-threaded ops: at 1, 2 and 3 threads, and from one call to the next, the output is the same
+    to the bit (float32, where a different split of a product between threads can change the last bits), and SDPA's
+    within float32 rounding. Under inference mode too: the workers write into the caller's inference tensors."""
+    q, k, v, mask = threaded_case()
+    outs = []
+    for threads in (1, 2, 3, 2):
+        torch.set_num_threads(threads)
+        outs.append(chunked_attention(q, k, v, mask, scale=0.25))
+    with torch.inference_mode():
+        outs.append(chunked_attention(q, k, v, mask, scale=0.25))
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    assert_close(outs[0], F.scaled_dot_product_attention(q, k, v, attn_mask=mask), F32_TOL, "vs sdpa")
+
+
+def test_callers_on_several_threads_at_once_each_get_their_own_result(restore_threads):
+    """Two threads calling the path at once share its workers; each call's blocks stay its own."""
+    torch.set_num_threads(2)
+    q, k, v, mask = threaded_case()
+    inputs = [(q, k, v, mask), (k, v, q, None)]
+    expected = [chunked_attention(*args, scale=0.25) for args in inputs]
+    results: list[list[torch.Tensor]] = [[], []]
+
+    def call(i):
+        for _ in range(3):
+            results[i].append(chunked_attention(*inputs[i], scale=0.25))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i in range(2):
+        assert len(results[i]) == 3 and all(torch.equal(out, expected[i]) for out in results[i])
+
+
+def test_a_dispatch_mode_and_the_profiler_see_every_product(restore_threads):
+    """Modes and the profiler watch only their own thread's ops: under them the blocks run on the calling thread,
+    so FlopCounterMode counts the two products' 4 b h n m d flops (as for the einsum path) and the profiler records
+    them, where worker threads would have hidden them."""
+    torch.set_num_threads(2)
+    q, k, v, _ = threaded_case()
+    b, h, n, d = q.shape
+    with FlopCounterMode(display=False) as flops:
+        chunked_attention(q, k, v, scale=0.25)
+    assert flops.get_total_flops() == 4 * b * h * n * n * d
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        chunked_attention(q, k, v, scale=0.25)
+    assert {"aten::baddbmm", "aten::bmm"} <= {event.name for event in prof.events()}
+
+
+def _child_runs(q, k, v, mask, queue):
+    queue.put(chunked_attention(q, k, v, mask, scale=0.25).tolist())  # plain numbers: exact for float32
+
+
+def test_a_forked_child_builds_its_own_workers(restore_threads):
+    """A fork copies none of the parent's worker threads: the child's threaded forward must build its own, not wait
+    for the parent's. (The child gets its inputs from the parent: any op split between OpenMP threads hangs in a
+    child forked after the parent used them, a limit of GNU OpenMP that the workers' single-threaded ops avoid.)"""
+    torch.set_num_threads(2)
+    q, k, v, mask = threaded_case()
+    expected = chunked_attention(q, k, v, mask, scale=0.25)  # the parent's workers exist now
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_runs, args=(q, k, v, mask, queue))
+    child.start()
+    try:
+        out = queue.get(timeout=60)
+    finally:
+        child.join(timeout=5)
+        if child.is_alive():
+            child.kill()
+    assert torch.equal(torch.tensor(out), expected) and child.exitcode == 0

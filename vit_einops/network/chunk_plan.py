@@ -4,7 +4,8 @@ chunked.py computes Eq. 6-7 a block of queries at a time; this module decides th
 as many scores per thread as the core's L2 cache has bytes (read from sysfs), four L2s of float32 scores per
 thread. Blocks group whole images, else heads of one image, else query rows of one head; groups of (b h) rows are
 a multiple of torch's thread count where the budget allows, since torch splits a batched product between its
-threads by rows. A BlockPlan turns the tiling into one ``split`` per tensor. Axes: b batch, h heads, n queries,
+threads by rows. A BlockPlan turns the tiling into one ``split`` per tensor. task_plan cuts the blocks that
+chunk_pool.py's workers take one at a time instead, each computed on one thread. Axes: b batch, h heads, n queries,
 m keys; (b h) is the batch and head axes flattened into one.
 """
 
@@ -185,3 +186,28 @@ def plan_for(q: torch.Tensor, m: int, max_elements: int) -> BlockPlan:
     b, h, n, _ = q.shape
     budget = max(1, min(max_elements, max(q.numel(), CHUNK_ELEMENTS)))
     return block_plan(b, h, n, m, budget, torch.get_num_threads())
+
+
+# The threaded schedule (chunk_pool.py): a call's work in about this many tasks, so that the task a preempted
+# worker holds back is a small share of the call while the Python per task (~30 us) stays a small share of a task.
+TASKS_PER_CALL = 16
+# The smallest task split off: about 0.6 ms of single-threaded products and softmax (~5 ns a score).
+MIN_TASK_SCORES = 2**17
+# The largest task: one L2 cache of float32 scores, so that the softmax pass of a block computed on one core reads
+# it from that core's cache (read once, at import, like CHUNK_ELEMENTS).
+TASK_ELEMENTS = max(2**12, l2_cache_bytes() // 4)
+
+
+def task_plan(q: torch.Tensor, m: int, max_elements: int) -> BlockPlan | None:
+    """The blocks chunk_pool.py's workers take one at a time for (b, h, n, d) queries against m keys, or None when
+    the call is no more than one task's work.
+
+    About TASKS_PER_CALL blocks of at least MIN_TASK_SCORES scores, none above ``max_elements`` or TASK_ELEMENTS
+    (so the blocks alive at once, one per worker, hold no more scores than a quarter of the default block of that
+    many threads). The blocks do not depend on torch's thread count: each is computed by single-threaded ops, so the
+    output is the same to the bit whatever the count.
+    """
+    b, h, n, _ = q.shape
+    share = max(MIN_TASK_SCORES, -(-b * h * n * m // TASKS_PER_CALL))
+    plan = block_plan(b, h, n, m, max(1, min(max_elements, TASK_ELEMENTS, share)))
+    return plan if len(plan.blocks) > 1 else None

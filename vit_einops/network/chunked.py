@@ -13,14 +13,25 @@ A v written straight into the output. The einsum of each product is written besi
 and copy the result out. Where the blocks fall (their size for this CPU, the grouping of images, heads and query
 rows) is chunk_plan.py's concern; every tensor is cut into them with one ``split`` (BlockPlan), not sliced in the
 loop, because Python-level slices per block per tensor would cost more than the softmax saves by staying in cache.
+
+How the blocks are scheduled: on CPU, without dropout, a call of more than one task's work hands its blocks as
+tasks to a few worker threads that each run a whole block with single-threaded ops and take the next block when
+done (chunk_pool.py says why: a thread preempted by another process then holds back one block, not every op of the
+call). Otherwise (one task's work; dropout, which draws each block's multipliers from one generator in block order;
+another device; a tensor subclass; torch.compile's or the JIT's tracing, the profiler or a dispatch mode, which see
+only the ops of their own thread) the blocks run one after another here, each op split between torch's threads.
+The backward pass always does the latter.
 """
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch.autograd.function import once_differentiable
 
-from .chunk_plan import CHUNK_ELEMENTS, BlockPlan, plan_for
+from .chunk_plan import CHUNK_ELEMENTS, BlockPlan, plan_for, task_plan
+from .chunk_pool import run_tasks
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -74,6 +85,63 @@ def _chunked_forward(q_, k_, v_, mask, plan, scale, dropout_p, seed, buffer=None
     return out
 
 
+def _watched() -> bool:
+    """Whether something watches or rewrites the ops of this thread, which ops run on other threads would escape:
+    torch.compile's or the JIT's tracing, the profiler, a dispatch or function mode (FlopCounterMode, FakeTensorMode)
+    (all of them per-thread in torch)."""
+    return (
+        torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+        or torch.autograd._profiler_enabled()
+        or torch._C._len_torch_dispatch_stack() > 0
+        or torch._C._is_torch_function_mode_enabled()
+    )
+
+
+def _tasks(q: torch.Tensor, m: int, max_elements: int, dropout_p: float) -> BlockPlan | None:
+    """The blocks to hand to chunk_pool.py's workers (task_plan), or None where the blocks run in turn here: with
+    dropout, off the CPU, for a tensor subclass, or while something watches this thread's ops (module docstring)."""
+    if dropout_p or q.device.type != "cpu" or type(q) is not torch.Tensor or _watched():
+        return None
+    return task_plan(q, m, max_elements)
+
+
+def _tasked_forward(q_, k_, v_, mask, tasks: BlockPlan, scale):
+    """Eqs. 6-7 on (b h)-flattened q, k, v, each block of ``tasks`` computed whole by one of chunk_pool.py's workers
+    with single-threaded ops (by the calling thread when torch has one thread: the same blocks and ops, so the same
+    bits whatever the thread count); returns the ((b h), n, e) output."""
+    m = k_.shape[1]
+    out = q_.new_empty(*q_.shape[:2], v_.shape[-1])
+    blocks = list(
+        zip(
+            tasks.query_blocks(q_),
+            tasks.key_blocks(k_.transpose(1, 2)),
+            tasks.key_blocks(v_),
+            tasks.query_blocks(out),
+            _mask_blocks(mask, tasks),
+            strict=True,
+        )
+    )
+    buffers: dict[int, torch.Tensor] = {}  # per worker thread: one scores buffer, reused by the blocks it takes
+
+    def task(i: int) -> None:
+        q_block, k_t_block, v_block, out_block, mask_block = blocks[i]
+        buffer = buffers.get(threading.get_ident())
+        if buffer is None:
+            buffer = buffers[threading.get_ident()] = tasks.scores_buffer(q_, m)
+        g, c = q_block.shape[:2]
+        attn = _softmax_block(q_block, k_t_block, mask_block, scale, buffer[: g * c * m].view(g, c, m))
+        torch.bmm(attn, v_block, out=out_block)  # einsum(attn, v, "bh i j, bh j d -> bh i d"), in place
+
+    threads = torch.get_num_threads()
+    if threads == 1:
+        for i in range(len(blocks)):
+            task(i)
+    else:
+        run_tasks(task, len(blocks), threads)
+    return out
+
+
 class _ChunkedAttention(torch.autograd.Function):
     """Gradients of the chunked path from q, k, v and the output alone, block by block.
 
@@ -90,11 +158,14 @@ class _ChunkedAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, plan, scale, dropout_p, seed):
+    def forward(ctx, q, k, v, mask, plan, tasks, scale, dropout_p, seed):
         q_, k_, v_ = _flat(q), _flat(k), _flat(v)
         keep_attention = len(plan.blocks) == 1 and not dropout_p and k_.shape[1] <= q_.shape[2]
-        buffer = plan.scores_buffer(q_, k_.shape[1])
-        out = _chunked_forward(q_, k_, v_, mask, plan, scale, dropout_p, seed, buffer)
+        if tasks is not None and not keep_attention:
+            out, buffer = _tasked_forward(q_, k_, v_, mask, tasks, scale), None
+        else:
+            buffer = plan.scores_buffer(q_, k_.shape[1])
+            out = _chunked_forward(q_, k_, v_, mask, plan, scale, dropout_p, seed, buffer)
         ctx.save_for_backward(q_, k_, v_, out, mask, buffer if keep_attention else None)
         ctx.args = (plan, scale, dropout_p, seed)
         return out.view(*q.shape[:3], v.shape[-1])
@@ -149,7 +220,7 @@ class _ChunkedAttention(torch.autograd.Function):
             torch.baddbmm(dk, grad_scores.transpose(1, 2), q_b, beta=beta, alpha=scale, out=dk)
         shape = plan.images, plan.heads
         return (grad_q.view(*shape, *q_.shape[1:]), grad_k.view(*shape, *k_.shape[1:]),
-                grad_v.view(*shape, *v_.shape[1:]), None, None, None, None, None)  # fmt: skip
+                grad_v.view(*shape, *v_.shape[1:]), None, None, None, None, None, None)  # fmt: skip
 
 
 def chunked_attention(
@@ -167,7 +238,9 @@ def chunked_attention(
     ``max_elements`` defaults to CHUNK_ELEMENTS (four L2 caches of scores per thread). A block never holds more
     scores than q holds numbers or CHUNK_ELEMENTS, whichever is larger, so the scores alive at once (a block and, in
     backward, its gradient) stay within twice the output or two cache-sized blocks: peak memory O(b h n d) plus a
-    constant, whatever n is. Equal to the full-matrix einsum up to float rounding, in values and gradients; dropout
+    constant, whatever n is. The forward handed to worker threads (module docstring) holds one block per thread, each
+    within ``max_elements`` and one L2 cache of float32 scores, and its output is the same to the bit whatever
+    torch's thread count. Equal to the full-matrix einsum up to float rounding, in values and gradients; dropout
     on A, when ``dropout_p`` > 0, is drawn per block from a generator seeded off torch's global one (so
     ``torch.manual_seed`` makes it reproducible) and redrawn identically in the backward pass. With no queries (or
     no images, or no heads) the output is empty; with no keys it is zeros, as on the einsum and SDPA paths.
@@ -181,7 +254,12 @@ def chunked_attention(
         mask = mask.expand(b, h, n, m)  # a view: blocks of it are sliced like the queries
     seed = int(torch.randint(2**62, ())) if dropout_p else 0
     plan = plan_for(q, m, max_elements)
+    tasks = _tasks(q, m, max_elements, dropout_p)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _ChunkedAttention.apply(q, k, v, mask, plan, scale, dropout_p, seed)
-    out = _chunked_forward(_flat(q), _flat(k), _flat(v), mask, plan, scale, dropout_p, seed)
+        return _ChunkedAttention.apply(q, k, v, mask, plan, tasks, scale, dropout_p, seed)
+    q_, k_, v_ = _flat(q), _flat(k), _flat(v)
+    if tasks is not None:
+        out = _tasked_forward(q_, k_, v_, mask, tasks, scale)
+    else:
+        out = _chunked_forward(q_, k_, v_, mask, plan, scale, dropout_p, seed)
     return out.view(b, h, n, v.shape[-1])

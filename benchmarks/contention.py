@@ -1,0 +1,164 @@
+"""The chunked attention path against SDPA on a shared machine: quiet, with one busy process beside it, with two.
+
+    python benchmarks/contention.py                          # b 1,8; N 577,1025; h 12, D_h 64; forward
+    python benchmarks/contention.py --busy 0,1 --cycles 3 --rounds 8 --out contention.json
+
+Busy processes are Python loops (``while True: pass``) that this script starts for each condition and kills after
+it; each also ends by itself after --busy-limit seconds, so none outlives a killed run. The conditions take turns
+--cycles times (quiet, one busy, two busy, quiet, ...), so that whatever else the machine does while the script
+runs falls on every condition alike.
+
+Within a condition, for each (b, N), the paths take turns round by round (their order reversed every other round):
+each round times every path over at least --window seconds (whole calls, at least one) and divides each path's time
+per call by SDPA's in the same round. Per path the script prints the median of those per-round ratios, its
+bootstrap 95% interval (vit_einops.bench.paired) and the lowest and highest round, beside the load averages before
+and after. Paths: ``sdpa`` (the reference), ``chunked`` (chunked_attention as it runs by default) and
+``chunked-in-turn`` (the path's blocks one after another, each op split between torch's threads: how it runs with
+dropout; --in-turn adds it). Forward only, float32, no grad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from vit_einops.base.io import atomic_write_bytes
+from vit_einops.bench.env import machine_info
+from vit_einops.bench.paired import paired_ratio
+from vit_einops.network.chunk_plan import CHUNK_ELEMENTS, plan_for
+from vit_einops.network.chunked import _chunked_forward, chunked_attention
+
+BUSY_LOOP = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def ints(text: str) -> tuple[int, ...]:
+    return tuple(int(s) for s in text.split(",") if s.strip())
+
+
+def start_busy(count: int, limit: float) -> list[subprocess.Popen]:
+    """``count`` processes that each keep one core busy for ``limit`` seconds at most."""
+    return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP.format(limit=limit)]) for _ in range(count)]
+
+
+def stop(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        process.kill()
+        process.wait()
+
+
+def paths(q, k, v, in_turn: bool) -> dict:
+    """name -> a call computing softmax(q k^T / sqrt(D_h)) v; "sdpa" first (the reference)."""
+    b, h, n, d = q.shape
+    scale = d**-0.5
+    fns = {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
+        "chunked": lambda: chunked_attention(q, k, v, scale=scale),
+    }
+    if in_turn:
+        plan = plan_for(q, n, CHUNK_ELEMENTS)
+        q_, k_, v_ = (t.reshape(b * h, n, d) for t in (q, k, v))
+        fns["chunked-in-turn"] = lambda: _chunked_forward(q_, k_, v_, None, plan, scale, 0.0, 0)
+    return fns
+
+
+def per_call_s(fn, window: float) -> float:
+    """Seconds per call of ``fn``, over whole calls filling at least ``window`` seconds (at least one call)."""
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= window:
+            return elapsed / calls
+
+
+def rounds_of(fns: dict, rounds: int, window: float) -> dict[str, list[float]]:
+    """Each path's seconds per call in each round, the paths taking turns (reversed every other round)."""
+    for fn in fns.values():
+        fn()  # warm-up: allocations, the plan's cache, the worker threads
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(rounds):
+        for name in list(fns) if r % 2 == 0 else list(fns)[::-1]:
+            times[name].append(per_call_s(fns[name], window))
+    return times
+
+
+def summary(times: dict[str, list[float]]) -> dict:
+    """Per path: the paired ratio to SDPA (median of the rounds' ratios, 95% interval) and the rounds' range."""
+    ref = times["sdpa"]
+    out = {"sdpa_ms": sorted(ref)[len(ref) // 2] * 1e3}
+    for name, ts in times.items():
+        if name != "sdpa":
+            ratios = [t / s for t, s in zip(ts, ref, strict=True)]
+            p = paired_ratio(ts, ref)
+            out[name] = dict(ratio=p.ratio, low=p.low, high=p.high, min=min(ratios), max=max(ratios), rounds=ratios)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=ints, default=(1, 8))
+    parser.add_argument("--tokens", type=ints, default=(577, 1025))
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--busy", type=ints, default=(0, 1, 2), help="busy processes beside the run, per condition")
+    parser.add_argument("--cycles", type=int, default=2, help="times the conditions take turns")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per (condition, b, N) in each cycle")
+    parser.add_argument("--window", type=float, default=0.05, help="seconds each path is timed for per round")
+    parser.add_argument("--busy-limit", type=float, default=600.0, help="seconds a busy process lives at most")
+    parser.add_argument("--in-turn", action="store_true", help="also time the blocks in turn, ops on all threads")
+    parser.add_argument("--out", type=Path, default=None, help="JSON file for every number")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
+    args = parser.parse_args(argv)
+    if args.out and (args.out.exists() or args.out.is_symlink()) and not args.force:
+        parser.error(f"--out {args.out} already exists; pass --force to replace it")
+    info = machine_info()
+    print(f"{info['cpu_model']}  threads {info['threads']}  torch {info['torch']}  load {os.getloadavg()}", flush=True)
+    g = torch.Generator().manual_seed(0)
+    shapes = [(b, n) for b in args.batches for n in args.tokens]
+    inputs = {s: [torch.randn(s[0], args.heads, s[1], args.head_dim, generator=g) for _ in range(3)] for s in shapes}
+    times: dict = {}
+    loads: dict = {}
+    with torch.inference_mode():
+        for _ in range(args.cycles):
+            for busy in args.busy:
+                processes = start_busy(busy, args.busy_limit)
+                try:
+                    if busy:
+                        time.sleep(0.2)  # the busy loops running before the first round
+                    for shape in shapes:
+                        before = os.getloadavg()[0]
+                        run = rounds_of(paths(*inputs[shape], args.in_turn), args.rounds, args.window)
+                        for name, ts in run.items():
+                            times.setdefault((busy, shape), {}).setdefault(name, []).extend(ts)
+                        loads.setdefault((busy, shape), []).append((round(before, 2), round(os.getloadavg()[0], 2)))
+                finally:
+                    stop(processes)
+    rows = []
+    print(f"{'busy':>4}{'b':>3}{'N':>6}{'sdpa ms':>9}  path: median of per-round ratios [95% interval] (range); loads")
+    for (busy, (b, n)), run in times.items():
+        row = dict(busy=busy, batch=b, tokens=n, loads=loads[busy, (b, n)], **summary(run))
+        rows.append(row)
+        cells = "  ".join(
+            f"{name} {row[name]['ratio']:.2f}x [{row[name]['low']:.2f}, {row[name]['high']:.2f}] "
+            f"({row[name]['min']:.2f}-{row[name]['max']:.2f})"
+            for name in run
+            if name != "sdpa"
+        )
+        print(f"{busy:>4}{b:>3}{n:>6}{row['sdpa_ms']:>9.1f}  {cells}  load {row['loads']}", flush=True)
+    if args.out:
+        record = {"meta": info, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
+        atomic_write_bytes(args.out, (json.dumps(record, indent=1) + "\n").encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
