@@ -26,12 +26,13 @@ from .figures import (
     show_attention,
 )
 from .methods import METHODS, Method, explain, token_grid
+from .gradcam import grad_cam
 from .pca import PatchPCA, patch_feature_pca, plot_patch_pca
 from .record import AttentionRecorder, attention_matrix, record_attention
 from .relevance import attention_gradients, attention_relevance, relevance_from_gradients
 from .report import write_report
 from .targets import EmbeddingTarget, ImageTarget, PatchTarget, load_embedding, patch_similarity
-from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
+from .rollout import attention_rollout, class_attention_grid, gradient_rollout, patch_attention_grid
 from .stats import (
     TokenNorms,
     attention_entropy,
@@ -61,6 +62,8 @@ __all__ = [
     "dino_view",
     "embedding_filter_components",
     "explain",
+    "grad_cam",
+    "gradient_rollout",
     "head_statistics",
     "load_embedding",
     "mean_attention_distance",
