@@ -20,12 +20,13 @@ from .figures import (
     plot_attention_overlays,
     plot_dino_view,
     plot_filters,
+    plot_methods,
     plot_position_similarity,
     plot_prefix_share,
     plot_token_norms,
     show_attention,
 )
-from .methods import METHODS, Method, explain, token_grid
+from .methods import METHODS, Method, explain, explain_all, token_grid
 from .gradcam import grad_cam
 from .pca import PatchPCA, patch_feature_pca, plot_patch_pca
 from .record import AttentionRecorder, attention_matrix, record_attention
@@ -62,6 +63,7 @@ __all__ = [
     "dino_view",
     "embedding_filter_components",
     "explain",
+    "explain_all",
     "grad_cam",
     "gradient_rollout",
     "head_statistics",
@@ -77,6 +79,7 @@ __all__ = [
     "plot_attention_overlays",
     "plot_dino_view",
     "plot_filters",
+    "plot_methods",
     "plot_patch_pca",
     "plot_position_similarity",
     "plot_prefix_share",

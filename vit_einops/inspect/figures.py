@@ -11,6 +11,7 @@ Head panels are laid out in a grid of ceil(sqrt(panels)) columns, so 3, 12 or 16
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -76,12 +77,12 @@ def _outline(ax, mask: torch.Tensor, size: tuple[int, int]) -> None:
     ax.contour(up.numpy(), levels=[0.5], colors=MASK_COLOUR, linewidths=1.0)
 
 
-def _attention_colorbar(fig, axes) -> None:
+def _attention_colorbar(fig, axes, label: str = "attention / panel maximum") -> None:
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
     mappable = ScalarMappable(norm=Normalize(0, 1), cmap=ATTENTION_CMAP)
-    fig.colorbar(mappable, ax=axes, shrink=0.6, label="attention / panel maximum")
+    fig.colorbar(mappable, ax=axes, shrink=0.6, label=label)
 
 
 def _draw_attention(
@@ -163,6 +164,31 @@ def plot_attention_overlays(
         title = titles[i] if titles else f"image {i}"
         rollout = None if rollout_maps is None else rollout_maps[i]
         _draw_attention(sub, images[i], head_maps[i], rollout, title, layer, masks=None if masks is None else masks[i])
+    return fig
+
+
+def plot_methods(images: torch.Tensor, maps: Mapping[str, torch.Tensor], titles: list[str] | None = None):
+    """Each explanation method's map over each image (:func:`~vit_einops.inspect.explain_all`): one row per image,
+    the input then one panel per method, titled by its label (name, then its parameters); each panel scaled to
+    its own maximum, printed in its title.
+
+    Shapes: images (b, C, H, W); maps {label: (b, gh, gw)}. Returns a Figure.
+    """
+    b = len(images)
+    cols = len(maps) + 1
+    fig = new_figure(figsize=(max(MIN_WIDTH_INCHES, cols * PANEL_INCHES + 0.9), b * (PANEL_INCHES + 0.55) + 0.4))
+    axes = fig.subplots(b, cols, squeeze=False)
+    size = tuple(images.shape[-2:])
+    for i in range(b):
+        _show_image(axes[i, 0], images[i])
+        axes[i, 0].set_title(printable_lines(titles[i] if titles else f"image {i}"), fontsize=7, parse_math=False)
+        for ax, (label, grid_maps) in zip(axes[i, 1:], maps.items(), strict=True):
+            _show_image(ax, images[i])
+            ax.imshow(_upsample(grid_maps[i], size).numpy(), cmap=ATTENTION_CMAP, alpha=0.6, vmin=0, vmax=1)
+            name = label.replace(" (", "\n(", 1).replace(", ", ",\n")  # one parameter a line
+            ax.set_title(f"{name}\nmax {grid_maps[i].max().item():.3g}", fontsize=6, parse_math=False)
+    _attention_colorbar(fig, axes, "map / panel maximum")
+    fig.suptitle("Explanation methods", fontsize=10)
     return fig
 
 

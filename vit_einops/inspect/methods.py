@@ -171,3 +171,27 @@ def explain(
         return chosen.compute(model, batch, target, **resolved)
     finally:
         model.train(was_training)
+
+
+def explain_all(
+    model: nn.Module, images: Any, target: Any = None, params: Mapping[str, Mapping[str, Any]] | None = None, *,
+    preprocessed: bool | None = None,
+) -> dict[str, torch.Tensor]:
+    """Every method of :data:`METHODS` that applies, by name -> (b, gh, gw), as :func:`explain` gives them.
+
+    ``params`` maps a method's name to its parameters (the others take their defaults); ``target`` is what the
+    gradient methods explain. A model without a classifier has nothing for them to explain unless ``target`` is a
+    backbone target: they are left out then. Label a map with ``METHODS[name].label(params[name], every=True)``.
+    """
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(METHODS))
+    if unknown:
+        known = ", ".join(map(repr, METHODS))
+        raise ValueError(f"unknown method {', '.join(map(repr, unknown))} in params; expected some of {known}")
+    batch = model_inputs(model, images, preprocessed=preprocessed)
+    explained = target is not None or getattr(model, "num_classes", None) != 0
+    return {
+        name: explain(model, batch, name, target, preprocessed=True, **params.get(name, {}))
+        for name, method in METHODS.items()
+        if explained or not method.gradient
+    }
