@@ -71,7 +71,8 @@ def family(request):
     theirs = perturbed(cls(**TINY, **kwargs), std=0.2).double()
     for block in theirs.blocks:
         block.attn.fused_attn = False  # timm's written-out path: A passes through attn_drop, where vit-explain hooks
-    ours = load_timm(theirs.state_dict(), heads=TINY["num_heads"], image_size=GRID, act="gelu", layer_norm_eps=1e-6).double().eval()
+    told = dict(heads=TINY["num_heads"], image_size=GRID, act="gelu", layer_norm_eps=1e-6)  # what no tensor holds
+    ours = load_timm(theirs.state_dict(), **told).double().eval()
     return request.param, theirs, ours, torch.randn(2, 3, *GRID, dtype=torch.float64)
 
 

@@ -125,8 +125,8 @@ def target_from_args(args: argparse.Namespace) -> Any:
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     """The explanation methods' parameters (:data:`vit_einops.inspect.METHODS`) a user picks on the command line."""
     group = parser.add_argument_group("explanation methods")
-    group.add_argument(
-        "--rollout-fusion", choices=("mean", "max", "min"), help="how attention rollout fuses the heads (default mean)"
+    group.add_argument(  # the value is checked by the method (METHODS["rollout"]), as from Python
+        "--rollout-fusion", metavar="FUSION", help="how attention rollout fuses the heads: mean, max or min (default mean)"
     )
     group.add_argument(
         "--discard-ratio",
