@@ -169,25 +169,39 @@ def plot_attention_overlays(
 
 def plot_methods(images: torch.Tensor, maps: Mapping[str, torch.Tensor], titles: list[str] | None = None):
     """Each explanation method's map over each image (:func:`~vit_einops.inspect.explain_all`): one row per image,
-    the input then one panel per method, titled by its label (name, then its parameters); each panel scaled to
-    its own maximum, printed in its title.
+    the input then one panel per method under a column heading of its label (name, then its parameters), each
+    panel's map scaled to its own maximum and laid over the input. The panels are one picture (a single image
+    drawn once), so a report of many images and methods stays quick to draw.
 
     Shapes: images (b, C, H, W); maps {label: (b, gh, gw)}. Returns a Figure.
     """
-    b = len(images)
+    from matplotlib import colormaps
+
+    b, _, h, w = images.shape
     cols = len(maps) + 1
-    fig = new_figure(figsize=(max(MIN_WIDTH_INCHES, cols * PANEL_INCHES + 0.9), b * (PANEL_INCHES + 0.55) + 0.4))
-    axes = fig.subplots(b, cols, squeeze=False)
-    size = tuple(images.shape[-2:])
+    gap = max(1, min(h, w) // 16)  # white between panels
+    mosaic = torch.ones(b * (h + gap) - gap, cols * (w + gap) - gap, 3)
+    cmap = colormaps[ATTENTION_CMAP]
     for i in range(b):
-        _show_image(axes[i, 0], images[i])
-        axes[i, 0].set_title(printable_lines(titles[i] if titles else f"image {i}"), fontsize=7, parse_math=False)
-        for ax, (label, grid_maps) in zip(axes[i, 1:], maps.items(), strict=True):
-            _show_image(ax, images[i])
-            ax.imshow(_upsample(grid_maps[i], size).numpy(), cmap=ATTENTION_CMAP, alpha=0.6, vmin=0, vmax=1)
-            name = label.replace(" (", "\n(", 1).replace(", ", ",\n")  # one parameter a line
-            ax.set_title(f"{name}\nmax {grid_maps[i].max().item():.3g}", fontsize=6, parse_math=False)
-    _attention_colorbar(fig, axes, "map / panel maximum")
+        picture = to_display(images[i]).expand(3, h, w).permute(1, 2, 0)  # (H, W, 3); grey drawn as RGB
+        panels = [picture]
+        for grid_maps in maps.values():
+            heat = torch.from_numpy(cmap(_upsample(grid_maps[i], (h, w)).numpy())[..., :3]).float()
+            panels.append(0.4 * picture + 0.6 * heat)  # the overlay's alpha, as the attention figure draws it
+        for c, panel in enumerate(panels):
+            mosaic[i * (h + gap) : i * (h + gap) + h, c * (w + gap) : c * (w + gap) + w] = panel
+    fig = new_figure(figsize=(max(MIN_WIDTH_INCHES, 1.1 * cols + 2.0), 1.1 * b + 1.3))
+    ax = fig.subplots()
+    ax.imshow(mosaic.clamp(0, 1).numpy())
+    headings = ["input"] + [label.replace(" (", "\n(", 1).replace(", ", ",\n") for label in maps]  # a parameter a line
+    ax.set_xticks([c * (w + gap) + w / 2 for c in range(cols)], headings, fontsize=6)
+    ax.xaxis.tick_top()
+    names = [printable_lines(titles[i] if titles else f"image {i}") for i in range(b)]
+    ax.set_yticks([i * (h + gap) + h / 2 for i in range(b)], names, fontsize=6)
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    _attention_colorbar(fig, ax, "map / its own maximum")
     fig.suptitle("Explanation methods", fontsize=10)
     return fig
 
