@@ -564,6 +564,10 @@ function drawReadout(pane, row) {
     pane.el("readout").textContent = "move the pointer over a patch (or a prefix token)";
     return;
   }
+  if (state.view === "method" && key < pane.P) {
+    pane.el("readout").textContent = `${tokenName(pane, key)}: not on this map (it covers the patches alone)`;
+    return;
+  }
   const what = { attention: "weight", dino: "weight", rollout: "weight", relevance: "relevance", norms: "norm",
     method: "value" }[state.view];
   const query = ["norms", "method"].includes(state.view) ? "" : `query ${paneQuery(pane)} · `;
