@@ -19,9 +19,9 @@ from vit_einops.network.config import ATTN_IMPLS
 from vit_einops.inspect import (
     AttentionRecorder,
     attention_rollout,
-    explain_all,
     class_attention_grid,
     embedding_filter_components,
+    explain_all,
     mean_attention_distance,
     patch_distances,
     position_similarity,
