@@ -194,10 +194,10 @@ def plot_methods(images: torch.Tensor, maps: Mapping[str, torch.Tensor], titles:
     ax = fig.subplots()
     ax.imshow(mosaic.clamp(0, 1).numpy())
     headings = ["input"] + [label.replace(" (", "\n(", 1).replace(", ", ",\n") for label in maps]  # a parameter a line
-    ax.set_xticks([c * (w + gap) + w / 2 for c in range(cols)], headings, fontsize=6)
+    ax.set_xticks([c * (w + gap) + w / 2 for c in range(cols)], headings, fontsize=6, parse_math=False)
     ax.xaxis.tick_top()
     names = [printable_lines(titles[i] if titles else f"image {i}") for i in range(b)]
-    ax.set_yticks([i * (h + gap) + h / 2 for i in range(b)], names, fontsize=6)
+    ax.set_yticks([i * (h + gap) + h / 2 for i in range(b)], names, fontsize=6, parse_math=False)  # literal text
     ax.tick_params(length=0)
     for spine in ax.spines.values():
         spine.set_visible(False)
