@@ -86,7 +86,8 @@ def test_default_photos_for_a_register_model_not_trained_on_digits(tmp_path, cap
     for name, params in (("rollout", dict(head_fusion="max", discard_ratio=0.5)), ("relevance", dict(start_layer=1))):
         expected = explain(model, images, name, preprocessed=True, **params)
         np.testing.assert_allclose(arrays[f"method_{name}"], expected.numpy(), rtol=1e-5, atol=1e-7)
-    rollout = attention_rollout(torch.from_numpy(arrays["attention"]), head_fusion="max", discard_ratio=0.5)
+    kept = arrays["prefix_tokens"].tolist().index("cls")  # the class token's own entry is never discarded
+    rollout = attention_rollout(torch.from_numpy(arrays["attention"]), head_fusion="max", discard_ratio=0.5, kept=kept)
     np.testing.assert_allclose(arrays["rollout"], rollout.numpy(), rtol=1e-5, atol=1e-7)
     for name in ("prefix_share", "token_norms"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG

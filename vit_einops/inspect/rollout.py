@@ -56,7 +56,7 @@ def discard_lowest(fused: torch.Tensor, ratio: float, kept: int | None = None) -
     return flat.masked_fill(drop, 0.0).unflatten(-1, (n, n))
 
 
-def roll_out(
+def _roll_out(
     fused: torch.Tensor, residual: float, discard_ratio: float, kept: int | None, what: str, hint: str = ""
 ) -> torch.Tensor:
     """The product every rollout takes of its fused maps (l, b, n, n): the lowest entries discarded
@@ -88,13 +88,14 @@ def attention_rollout(
     residual: float = 0.5,
     head_fusion: str = "mean",
     discard_ratio: float = 0.0,
-    kept: int | None = 0,
+    kept: int | None = None,
 ) -> torch.Tensor:
     """How much each token's final state draws on each input token, through every layer.
 
     Per layer, heads are fused (their mean by default, or max or min as vit-explain offers), the lowest
     ``discard_ratio`` of the fused map's entries are set to zero except token ``kept``'s own entry (the class
-    token's: :func:`discard_lowest`, vit-explain's ``discard_ratio``; None spares none), the residual connection
+    token's, ``layout.index("cls")``: :func:`discard_lowest`, vit-explain's ``discard_ratio``; None, the default,
+    spares none), the residual connection
     is mixed in as ``A' = residual * I + (1 - residual) * A`` (Abnar and Zuidema use 0.5), every row is
     renormalised to sum to 1, and the layers are multiplied in order: ``R = A'_L ... A'_2 A'_1``. The maps are
     checked by :func:`check_maps`; with ``residual`` 0 a fused row of zeros cannot be renormalised, and is a
@@ -111,15 +112,15 @@ def attention_rollout(
     check_choice("head_fusion", head_fusion, HEAD_FUSIONS)
     fused = reduce(maps, "l b h i j -> l b i j", head_fusion)
     what = f"the {head_fusion} of the heads' attention" + (" after discarding" if discard_ratio else "")
-    return roll_out(fused, residual, discard_ratio, kept, what, " or another head_fusion" * (head_fusion == "min"))
+    return _roll_out(fused, residual, discard_ratio, kept, what, " or another head_fusion" * (head_fusion == "min"))
 
 
-def gradient_rollout(maps: torch.Tensor, grads: torch.Tensor, discard_ratio: float = 0.9, kept: int | None = 0):
+def gradient_rollout(maps: torch.Tensor, grads: torch.Tensor, discard_ratio: float = 0.9, kept: int | None = None):
     """Gradient attention rollout, as vit-explain defines it (jacobgil/vit-explain, ``vit_grad_rollout.py``).
 
     Per layer the heads are fused by the mean of the attention weighted by its gradient, negative values
     zeroed, ``Abar_l = (mean_h dy/dA_l * A_l)^+`` (the mean before the clamp: Chefer et al.'s relevance clamps each
-    head first), then rolled out as :func:`attention_rollout` rolls (:func:`roll_out`, residual 0.5): the lowest
+    head first), then rolled out as :func:`attention_rollout` rolls (:func:`_roll_out`, residual 0.5): the lowest
     ``discard_ratio`` of entries zeroed except token ``kept``'s own (vit-explain's default 0.9), ``(Abar + I) / 2``
     with each row renormalised to sum 1, and ``R = A'_L ... A'_1``.
 
@@ -137,7 +138,7 @@ def gradient_rollout(maps: torch.Tensor, grads: torch.Tensor, discard_ratio: flo
         got = tuple(grads.shape) if isinstance(grads, torch.Tensor) else type(grads).__name__
         raise ValueError(f"expected grads of the maps' shape {tuple(maps.shape)}, got {got}")
     fused = reduce(grads * maps, "l b h i j -> l b i j", "mean").clamp(min=0)
-    return roll_out(fused, 0.5, discard_ratio, kept, "the gradient-weighted attention")
+    return _roll_out(fused, 0.5, discard_ratio, kept, "the gradient-weighted attention")
 
 
 def class_attention_grid(attention: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
