@@ -31,10 +31,11 @@ def assert_close(actual, expected, tol, what: str) -> float:
     return (actual - expected).abs().max().item() if actual.numel() else 0.0
 
 
-def chefer_reference(model, x: torch.Tensor, score) -> torch.Tensor:
-    """Chefer et al.'s own recipe on the einsum path, written apart from vit_einops.inspect.relevance: keep the
-    softmax output A, take d score / dA with a tensor hook during backward, then R += mean_h((dA * A)^+) @ R.
-    ``score(model, x)`` gives one scalar per image: a class's logit, or a backbone target's similarity."""
+def attention_and_gradients(model, x: torch.Tensor, score) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every layer's softmax output A (b, h, n, n) and d score / dA, on the einsum path, written apart from
+    vit_einops.inspect.relevance: A kept by a forward hook on the softmax, its gradient by a tensor hook during
+    backward (put back in layer order). ``score(model, x)`` gives one scalar per image: a class's logit, or a
+    backbone target's similarity."""
     model.set_attn_impl("einsum")
     maps, grads = [], []
 
@@ -50,8 +51,15 @@ def chefer_reference(model, x: torch.Tensor, score) -> torch.Tensor:
             h.remove()
     model.zero_grad()
     grads.reverse()  # backward visits the layers last to first
+    return [a.detach() for a in maps], grads
+
+
+def chefer_reference(model, x: torch.Tensor, score, start_layer: int = 0) -> torch.Tensor:
+    """Chefer et al.'s recipe with Transformer-Explainability's ``start_layer``: R = I, then
+    R += mean_h((dA * A)^+) @ R for the layers from ``start_layer`` on (:func:`attention_and_gradients`)."""
+    maps, grads = attention_and_gradients(model, x, score)
     b, n = x.shape[0], maps[0].shape[-1]
     relevance = torch.eye(n, dtype=x.dtype).repeat(b, 1, 1)
-    for attn, grad in zip(maps, grads, strict=True):
+    for attn, grad in list(zip(maps, grads, strict=True))[start_layer:]:
         relevance = relevance + (grad * attn).clamp(min=0).mean(dim=1) @ relevance
     return relevance.detach()

@@ -201,8 +201,16 @@ def test_explore_command_on_a_digits_model_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("vit-einops explore: error: ") and "exists" in err and err.count("\n") == 1
     assert out.read_bytes() == before
-    assert main(["explore", str(model_file), "--out", str(out), "--force", "--top-k", "2"]) == 0
-    assert len(embedded(out)["panes"][0]["images"][0]["top"]) == 2
+    flags = ["--rollout-fusion", "min", "--discard-ratio", "0.25", "--start-layer", "-1"]
+    assert main(["explore", str(model_file), "--out", str(out), "--force", "--top-k", "2", *flags]) == 0
+    [pane] = embedded(out)["panes"]
+    assert len(pane["images"][0]["top"]) == 2
+    labels = {m["name"]: m["label"] for m in pane["methods"]}
+    assert labels["rollout"] == "rollout (residual 0.5, head_fusion min, discard_ratio 0.25)"
+    assert labels["gradient-rollout"] == "gradient-rollout (discard_ratio 0.25)"
+    assert labels["relevance"] == "relevance (start_layer -1)"
+    assert main(["explore", str(model_file), "--out", str(out), "--force", "--discard-ratio", "nan"]) == 2
+    assert "discard_ratio must be a float in [0, 1), got nan" in capsys.readouterr().err
 
 
 def test_explore_command_with_image_files_and_sample_photos(tmp_path, capsys):

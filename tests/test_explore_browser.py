@@ -16,11 +16,19 @@ import sys
 import numpy as np
 import pytest
 import torch
+from _interop import perturbed
 from _tiny import TINY_RGB16, tiny_vit
 from test_explore_stats import HOSTILE, class_sink
 
 from vit_einops.explore import write_explorer
-from vit_einops.inspect import attention_relevance, attention_rollout, record_attention, token_norms
+from vit_einops.inspect import (
+    METHODS,
+    attention_relevance,
+    attention_rollout,
+    explain,
+    record_attention,
+    token_norms,
+)
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 INSTALL = "apt-get install -y chromium chromium-driver && pip install 'vit-einops[test]'"
@@ -413,7 +421,7 @@ def test_a_model_without_a_class_token_beside_a_distilled_one_draws_every_view(b
     page = write_explorer([siglip, deit], torch.rand(1, 3, 32, 32), tmp_path / "p.html", preprocessed=True,
                           names=["siglip", "deit"], top_k=1)  # fmt: skip
     _open(browser, page)
-    for view in ("attention", "dino", "rollout", "relevance", "norms"):
+    for view in ("attention", "dino", "rollout", "relevance", "norms", "method"):
         _select(browser, "view-select", view)
         assert _console_errors(browser) == [], view
     prefix = [browser.find_elements("css selector", f"#pane-{i} .prefix-tokens li") for i in (0, 1)]
@@ -423,6 +431,42 @@ def test_a_model_without_a_class_token_beside_a_distilled_one_draws_every_view(b
     assert line == "DINO's mask: none, this model has no class token"
     mask = browser.find_element("css selector", "#pane-1 .dino-line").get_attribute("data-mask")
     assert mask != "" and all(0 <= int(p) < 16 for p in mask.split(","))
+
+
+def test_every_method_is_a_view_labelled_with_its_parameters(browser, tmp_path):
+    """The method view draws, method by method, explain()'s map of that method with the parameters the page was
+    written with (its label names them), to float16's precision: the colour scale's top, each patch's colour."""
+    torch.manual_seed(1)  # a model where every map, Grad-CAM's ReLU included, is positive somewhere
+    model = perturbed(tiny_vit(TINY_RGB16, depth=3, heads=2), std=0.2)
+    images = torch.rand(2, 3, 16, 16)
+    params = {"rollout": {"head_fusion": "max", "discard_ratio": 0.5}, "relevance": {"start_layer": 1}}
+    page = write_explorer(model, images, tmp_path / "m.html", method_params=params, preprocessed=True)
+    _open(browser, page)
+    browser.execute_script(
+        "const o = document.getElementById('opacity'); o.value = 100; o.dispatchEvent(new Event('input'));"
+    )
+    _select(browser, "image-select", 1)
+    options = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#method-select option'), (o) => [o.value, o.textContent]);"
+    )
+    labels = {name: METHODS[name].label(params.get(name), every=True) for name in METHODS}
+    assert options == [list(item) for item in labels.items()]
+    _select(browser, "view-select", "method")  # the first method, chosen already: selecting it changes nothing
+    for name, label in labels.items():
+        _select(browser, "method-select", name)
+        shown = browser.execute_script(SHOWN)
+        values = explain(model, images, name, preprocessed=True, **params.get(name, {}))[1].flatten().double()
+        peak = values.max().item()
+        assert peak > 0, name
+        assert abs(shown["max"] - peak) <= peak * 2**-10, (name, shown["max"], peak)
+        drawn = np.array(shown["pixels"], dtype=float)
+        assert np.abs(drawn - viridis((values / peak).numpy())).max() <= STEEPEST * 2**-10 + 1.5, name
+        assert shown["text"]["query-line"] == f"{label} (the patch grid; no query row)"
+        assert shown["text"]["legend-query"] == "query (dashed white box): none, a method's map has no query"
+        assert shown["text"]["view-note"].startswith(f"{label}: {METHODS[name].reference}.")
+        assert ("It explains the top class" in shown["text"]["view-note"]) == METHODS[name].gradient
+        assert browser.find_element("id", "view-select").get_attribute("value") == "method"
+    assert _console_errors(browser) == []
 
 
 def test_a_headless_models_page_shows_no_class_and_its_target_relevance(browser, tmp_path):

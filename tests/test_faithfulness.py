@@ -182,7 +182,7 @@ def test_refusals_name_the_value_and_what_is_expected(vit, monkeypatch):
         faithfulness(model, images, ["nan"], preprocessed=True)
     with pytest.raises(ValueError, match="method 'rollout \\(head_fusion max\\)' is given twice"):
         faithfulness(model, images, [("rollout", {"head_fusion": "max"})] * 2, preprocessed=True)
-    with pytest.raises(ValueError, match="no classifier .*faithfulness has no class to follow"):
+    with pytest.raises(ValueError, match="no classifier .*there is no predicted class"):
         faithfulness(tiny_vit(num_classes=0), torch.rand(1, 1, 8, 8), preprocessed=True)
 
 

@@ -25,6 +25,7 @@ from vit_einops.inspect import (
     plot_attention_overlays,
     plot_dino_view,
     plot_filters,
+    plot_methods,
     plot_position_similarity,
     plot_prefix_share,
     plot_token_norms,
@@ -73,10 +74,36 @@ def test_every_plot_function_returns_a_figure_that_pyplot_does_not_hold():
         plot_prefix_share(torch.rand(2, 3, 4, 2) / 2, TokenLayout(("cls", "dist"), (4, 4))),
         plot_dino_view(torch.rand(1, 3, 16, 16), DinoView(torch.rand(1, 2, 4, 4), torch.rand(1, 2, 4, 4) > 0.5),
                        layer=1, keep=0.6),  # fmt: skip
+        plot_methods(torch.rand(2, 1, 8, 8), {"attention": torch.rand(2, 4, 4), "random": torch.rand(2, 4, 4)}),
     ]
     assert all(type(fig) is Figure for fig in figures)
     if "matplotlib.pyplot" in sys.modules:  # another test may have imported it; none of ours registered there
         assert sys.modules["matplotlib.pyplot"].get_fignums() == []
+
+
+def test_methods_figure_lays_each_map_over_its_image_under_its_label():
+    """plot_methods' one picture: panel (image i, column c) is the input (column 0), or 0.4 * the input + 0.6 * the
+    colour map of method c's map, bilinearly upsampled and divided by its maximum; headings name the labels, one
+    parameter a line, and image names are literal text."""
+    from matplotlib import colormaps
+
+    images = torch.rand(2, 3, 8, 8)
+    maps = {"a": torch.rand(2, 2, 2), "rollout (residual 0.5, head_fusion max)": torch.rand(2, 2, 2)}
+    fig = plot_methods(images, maps, ["$x^{2$", "b"])
+    ax = fig.axes[0]
+    mosaic = ax.get_images()[0].get_array()
+    assert mosaic.shape == (2 * 8 + 1, 3 * 8 + 2, 3)  # a 1-pixel white gap between panels
+    for i in range(2):
+        picture = images[i].permute(1, 2, 0).numpy()
+        np.testing.assert_allclose(mosaic[i * 9 : i * 9 + 8, :8], picture, atol=1e-6)
+        for c, grid in enumerate(maps.values(), start=1):
+            up = torch.nn.functional.interpolate(grid[i][None, None], size=(8, 8), mode="bilinear")[0, 0]
+            heat = colormaps["inferno"]((up / up.max()).numpy())[..., :3]
+            np.testing.assert_allclose(mosaic[i * 9 : i * 9 + 8, c * 9 : c * 9 + 8], 0.4 * picture + 0.6 * heat,
+                                       atol=1e-6)  # fmt: skip
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["input", "a", "rollout\n(residual 0.5,\nhead_fusion max)"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["$x^{2$", "b"]
+    fig.savefig(io.BytesIO(), format="png")  # mathtext in a name would fail to draw
 
 
 def test_importing_and_plotting_leave_the_backend_alone():

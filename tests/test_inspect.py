@@ -21,6 +21,7 @@ from vit_einops.inspect import (
     attention_rollout,
     class_attention_grid,
     embedding_filter_components,
+    explain_all,
     mean_attention_distance,
     patch_distances,
     position_similarity,
@@ -278,7 +279,10 @@ def test_report_runs_the_model_once_when_distance_images_are_the_drawn_ones(tmp_
     calls = []
     model.register_forward_pre_hook(lambda module, args: calls.append(len(args[0])))
     write_report(model, images, tmp_path, distance_images=distance_images, titles=["a", "b", "c"])
-    assert calls == [3]
+    report_calls = list(calls)
+    calls.clear()
+    explain_all(model, images, preprocessed=True)  # methods.png's maps: the passes the report adds to its one
+    assert report_calls == [3] * (1 + len(calls))
     arrays = np.load(tmp_path / "arrays.npz")
     expected = mean_attention_distance(torch.from_numpy(arrays["attention"]), model.patch_embed.layout(), 2)
     np.testing.assert_allclose(arrays["mean_attention_distance"], expected.numpy(), rtol=1e-6)

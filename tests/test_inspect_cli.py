@@ -14,6 +14,7 @@ from PIL import Image
 
 from vit_einops import Preprocessing
 from vit_einops.commands.cli import main
+from vit_einops.inspect import attention_rollout, explain
 from vit_einops.interop import save_state_dict_file, to_timm, to_torchvision
 from vit_einops.modelfile import load_vit, save_vit
 
@@ -64,19 +65,32 @@ def test_inspect_a_converted_file_with_images_of_several_modes(tmp_path, files, 
 
 def test_default_photos_for_a_register_model_not_trained_on_digits(tmp_path, capsys):
     """DINOv2's layout (registers, E_pos on the patches only): the report names the prefix tokens, draws the
-    class token's attention over the patches alone, and adds the prefix-token, token-norm and DINO figures."""
+    class token's attention over the patches alone, and adds the prefix-token, token-norm, DINO and methods
+    figures, each method with the parameters the flags chose (the attention figure's rollout too)."""
     model = inspected_model(register_tokens=3, layer_scale=1e-5, pos_embed_prefix=False)
     model.preprocessing = Preprocessing.timm(crop=16)
     save_vit(model, tmp_path / "m.safetensors")
-    assert main(["inspect", str(tmp_path / "m.safetensors"), "--out", str(tmp_path / "out")]) == 0
+    flags = ["--rollout-fusion", "max", "--discard-ratio", "0.5", "--start-layer", "1"]
+    assert main(["inspect", str(tmp_path / "m.safetensors"), "--out", str(tmp_path / "out"), *flags]) == 0
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == [
-        "arrays.npz", "attention.png", "attention_distance.png", "embedding_filters.png", "patch_pca.png",
-        "position_similarity.png", "prefix_share.png", "token_norms.png",
+        "arrays.npz", "attention.png", "attention_distance.png", "embedding_filters.png", "methods.png",
+        "patch_pca.png", "position_similarity.png", "prefix_share.png", "token_norms.png",
     ]  # fmt: skip
+    arrays = np.load(out / "arrays.npz")
+    assert arrays["method_labels"].tolist() == [
+        "attention", "rollout (residual 0.5, head_fusion max, discard_ratio 0.5)",
+        "gradient-rollout (discard_ratio 0.5)", "relevance (start_layer 1)", "grad-cam (layer -1)", "random (seed 0)",
+    ]  # fmt: skip
+    images = torch.from_numpy(arrays["images"])
+    for name, params in (("rollout", dict(head_fusion="max", discard_ratio=0.5)), ("relevance", dict(start_layer=1))):
+        expected = explain(model, images, name, preprocessed=True, **params)
+        np.testing.assert_allclose(arrays[f"method_{name}"], expected.numpy(), rtol=1e-5, atol=1e-7)
+    kept = arrays["prefix_tokens"].tolist().index("cls")  # the class token's own entry is never discarded
+    rollout = attention_rollout(torch.from_numpy(arrays["attention"]), head_fusion="max", discard_ratio=0.5, kept=kept)
+    np.testing.assert_allclose(arrays["rollout"], rollout.numpy(), rtol=1e-5, atol=1e-7)
     for name in ("prefix_share", "token_norms"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG
-    arrays = np.load(out / "arrays.npz")
     assert arrays["images"].shape == (2, 3, 16, 16)  # scikit-learn's two photos
     assert arrays["prefix_tokens"].tolist() == ["cls", "reg1", "reg2", "reg3"]
     assert arrays["attention"].shape == (2, 2, 2, 8, 8)  # (layers, images, heads, 4 prefix + 4 patches, ...)
@@ -92,6 +106,8 @@ def test_existing_output_layer_range_and_missing_preprocessing(tmp_path, files, 
     assert "records no preprocessing; set one" in capsys.readouterr().err
     assert main([*base, "--preprocessing", "timm", "--layer", "5"]) == 2
     assert re.search(r"--layer 5 .*2 layers", capsys.readouterr().err)
+    assert main([*base, "--preprocessing", "timm", "--discard-ratio", "1.5"]) == 2
+    assert "discard_ratio must be in [0, 1), got 1.5" in capsys.readouterr().err
     out = tmp_path / "out"
     out.mkdir()
     (out / "attention.png").write_bytes(b"mine")

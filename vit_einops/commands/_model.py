@@ -122,6 +122,42 @@ def target_from_args(args: argparse.Namespace) -> Any:
     return None
 
 
+def add_method_arguments(parser: argparse.ArgumentParser) -> None:
+    """The explanation methods' parameters (:data:`vit_einops.inspect.METHODS`) a user picks on the command line."""
+    group = parser.add_argument_group("explanation methods")
+    group.add_argument(  # the value is checked by the method (METHODS["rollout"]), as from Python
+        "--rollout-fusion", metavar="FUSION", help="how attention rollout fuses the heads: mean, max or min (default mean)"
+    )
+    group.add_argument(
+        "--discard-ratio",
+        type=float,
+        metavar="R",
+        help="rollout and gradient rollout: the lowest fraction R of each layer's fused map set to 0, the class "
+        "token's own entry kept (vit-explain's discard_ratio; default 0 for rollout, 0.9 for gradient rollout)",
+    )
+    group.add_argument(
+        "--start-layer",
+        type=int,
+        metavar="L",
+        help="relevance: the first layer (0-based) that enters it, skipping the early layers (default 0)",
+    )
+
+
+def method_params_from_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """{method name: its parameters} the flags of :func:`add_method_arguments` set, each checked by its method."""
+    from ..inspect import METHODS
+
+    chosen = {
+        "rollout": {"head_fusion": args.rollout_fusion, "discard_ratio": args.discard_ratio},
+        "gradient-rollout": {"discard_ratio": args.discard_ratio},
+        "relevance": {"start_layer": args.start_layer},
+    }
+    params = {name: {k: v for k, v in values.items() if v is not None} for name, values in chosen.items()}
+    for name, values in params.items():
+        METHODS[name].resolve(values)  # a bad value is refused before any model loads
+    return {name: values for name, values in params.items() if values}
+
+
 def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> Any:
     """The ViT that ``args`` describe, its preprocessing overridden by the flags."""
     from ..sources import detect_source, load_model

@@ -1,5 +1,6 @@
 """`vit-einops explore MODEL [MODEL_B] [--image IMG...] --out explore.html`: one self-contained HTML page to study a
-model's attention interactively (layer, head, query patch, prefix tokens, rollout, relevance, DINO's mask, per-head
+model's attention interactively (layer, head, query patch, prefix tokens, rollout, relevance, every explanation
+method with the parameters --rollout-fusion, --discard-ratio and --start-layer choose, DINO's mask, per-head
 statistics), or two models' side by side on the same images.
 
 MODEL is read as every command reads it (a model file, a training run, or with --from a torchvision/timm/HF
@@ -15,11 +16,13 @@ from pathlib import Path
 
 from ..base.text import printable
 from ._model import (
+    add_method_arguments,
     add_model_arguments,
     add_target_arguments,
     default_images,
     is_digits_model,
     load_model_from_args,
+    method_params_from_args,
     model_inputs,
     target_from_args,
 )
@@ -49,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bits per stored attention weight, 2..8: fewer make a smaller, coarser page (default %(default)s)",
     )
     add_target_arguments(parser)
+    add_method_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,6 +74,7 @@ def _explore(args: argparse.Namespace) -> int:
 
     check_file_output(args.out, args.force, "pass --force to replace it")  # before the work; again at the commit
     target = target_from_args(args)  # a bad target file is refused before any model loads
+    method_params = method_params_from_args(args)
     models = [load_model_from_args(args, path).eval() for path in args.models]
     if not args.image and len({is_digits_model(model) for model in models}) > 1:
         raise ValueError(
@@ -93,6 +98,7 @@ def _explore(args: argparse.Namespace) -> int:
                 top_k=args.top_k,
                 bits=args.bits,
                 target=target,
+                method_params=method_params,
             )
         )
     path = write_panes(panes, args.out, titles=titles, bits=args.bits, overwrite=args.force)

@@ -1,7 +1,9 @@
-"""`vit-einops inspect MODEL [--image IMG...]`: attention maps, rollout, attention distance, position similarity,
-embedding filters, the prefix tokens' attention share, token norms and DINO's view (the last layer's class attention
-per head and the patches holding 60% of it) of any ViT (a model file, a training run, or with --from a
-torchvision/timm/HF model), class, distillation and register tokens named, as PNG figures and raw arrays.
+"""`vit-einops inspect MODEL [--image IMG...]`: attention maps, rollout, every explanation method (rollout with
+--rollout-fusion and --discard-ratio, gradient rollout, relevance from --start-layer, Grad-CAM), attention
+distance, position similarity, embedding filters, the prefix tokens' attention share, token norms and DINO's view
+(the last layer's class attention per head and the patches holding 60% of it) of any ViT (a model file, a training
+run, or with --from a torchvision/timm/HF model), class, distillation and register tokens named, as PNG figures and
+raw arrays.
 
 Images go through the model's own preprocessing; no training data is read when images are given. Without
 --image, a model trained on the digits is shown test digits, and any other model scikit-learn's two photos.
@@ -14,10 +16,12 @@ import os
 from pathlib import Path
 
 from ._model import (
+    add_method_arguments,
     add_model_arguments,
     add_target_arguments,
     default_images,
     load_model_from_args,
+    method_params_from_args,
     model_inputs,
     target_from_args,
     training_run,
@@ -48,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--force", action="store_true", help="replace an earlier report in --out (a folder holding other files never)"
     )
     add_target_arguments(parser)
+    add_method_arguments(parser)
 
 
 def default_out(model_path: Path, source: str | None = None) -> Path:
@@ -92,6 +97,7 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
 
     check_directory_output(out, REPORT_FILES, args.force)  # before the work; checked again at the commit
     target = target_from_args(args)  # a bad target file is refused before any model loads
+    method_params = method_params_from_args(args)
     model = load_model_from_args(args, str(path))
     depth = model.config.depth
     if not -depth <= args.layer < depth:
@@ -110,6 +116,7 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
         display_images=images["display"],
         overwrite=args.force,
         target=target,
+        method_params=method_params,
     )
     for name, path in paths.items():
         print(f"{name:>20}: {printable(path)}")

@@ -15,7 +15,7 @@ const $ = (id) => document.getElementById(id);
 // width), so that each pane finds its own token there whatever its grid.
 const state = {
   image: 0,
-  view: "attention", // attention | dino | rollout | relevance | norms | pca
+  view: "attention", // attention | dino | rollout | relevance | norms | pca | method
   layer: 0,
   head: "mean", // "mean" or a head index
   classRank: 0, // which of the image's relevance entries (its top classes, then the target) the relevance is for
@@ -23,6 +23,7 @@ const state = {
   opacity: 0.6, // of the heat map over the picture
   hover: null, // the key under the pointer, as the query is said
   mask: true, // draw DINO's mask in the DINO view
+  method: null, // the explanation method's name in the method view (pane.data.methods[k].name)
 };
 
 const PREFIX_KIND = { cls: "class token", dist: "distillation token" };
@@ -81,6 +82,7 @@ async function decodeImage(page) {
     relevance: await Promise.all(
       entries(page).map(async (c) => halfMatrix(await inflate(c.relevance), c.relevance_scale)),
     ),
+    methods: await Promise.all(page.methods.map(async (m) => halfMatrix(await inflate(m.map), m.scale))),
     picture: await loadPicture(page.png),
     pca,
     pcaRgb: pixels(pca), // RGBA, patch p at 4 p
@@ -194,6 +196,18 @@ function currentRow(pane) {
     const named = head === "mean" ? "mean of heads" : `head ${head}`;
     return { values, bounds, name: `attention A, layer ${layer}, ${named}`, digits: "fixed" };
   }
+  if (state.view === "method") {
+    // A map over the patches alone (gh, gw): the prefix tokens hold nothing here (drawPrefix says so).
+    const k = pane.data.methods.findIndex((m) => m.name === state.method);
+    if (k < 0) return null;
+    const grid = d.methods[k];
+    const scale = page.methods[k].scale;
+    for (let p = 0; p < grid.length; p++) {
+      values[pane.P + p] = grid[p];
+      bounds[pane.P + p] = Math.abs(grid[p]) * DATA.half_relative + scale * DATA.half_subnormal;
+    }
+    return { values, bounds, name: pane.data.methods[k].label, digits: "significant" };
+  }
   if (state.view === "norms") {
     const norms = page.stats.norms[layer];
     for (let j = 0; j < N; j++) {
@@ -293,7 +307,9 @@ function drawImage(pane, row) {
   if (dino !== null) drawMask(ctx, pane, dino.mask, cellW, cellH);
   // The query patch (dashed white) and the key under the pointer (solid red).
   const query = paneQuery(pane);
-  if (!["norms", "dino"].includes(state.view) && query >= P) outline(ctx, pane, query, cellW, cellH, "#fff", [5, 3]);
+  if (!["norms", "dino", "method"].includes(state.view) && query >= P) {
+    outline(ctx, pane, query, cellW, cellH, "#fff", [5, 3]);
+  }
   const hover = tokenOf(pane, state.hover);
   if (hover !== null && hover >= P) outline(ctx, pane, hover, cellW, cellH, "#e22", []);
   drawPrefix(pane, row, scaled, query, hover);
@@ -330,6 +346,17 @@ function drawMask(ctx, pane, mask, cellW, cellH) {
 // on it), coloured on the map's scale; and the patches' total.
 function drawPrefix(pane, row, scaled, query, hover) {
   const items = pane.el("prefix-tokens").children;
+  if (state.view === "method") {
+    pane.prefix.forEach((name, t) => {
+      items[t].textContent = `${name} (token ${t}, ${prefixLabel(name)}): not on this map`;
+      items[t].style.background = "";
+      items[t].style.color = "";
+      items[t].classList.toggle("query", false);
+      items[t].classList.toggle("hovered", t === hover);
+    });
+    pane.el("patch-mass").textContent = "the method's map covers the patches alone";
+    return;
+  }
   let prefixSum = 0;
   pane.prefix.forEach((name, t) => {
     const item = items[t];
@@ -410,8 +437,10 @@ function outline(ctx, pane, token, cellW, cellH, style, dash) {
 
 // Which row is drawn, said the same way in the line under the picture and in the footer.
 function rowName(pane, row) {
+  if (row === null && state.view === "method") return `nothing: ${state.method} was not computed for this model`;
   if (row === null) return "nothing: this model has no class token, whose attention DINO's view shows";
   if (state.view === "norms") return `${row.name} (every token; no query row)`;
+  if (state.view === "method") return `${row.name} (the patch grid; no query row)`;
   const q = paneQuery(pane);
   return `${row.name}, row ${q}: query ${tokenName(pane, q)}`;
 }
@@ -420,8 +449,8 @@ function drawLegend(pane) {
   const q = paneQuery(pane);
   const hover = tokenOf(pane, state.hover);
   pane.el("legend-query").textContent =
-    state.view === "norms"
-      ? "query (dashed white box): none, token norms have no query"
+    state.view === "norms" || state.view === "method"
+      ? `query (dashed white box): none, ${state.view === "norms" ? "token norms have" : "a method's map has"} no query`
       : `query (dashed white box${q < pane.P ? "; for a prefix token, the dashed box beside the map" : ""}): ` +
         (q < 0 ? "none" : tokenName(pane, q));
   pane.el("legend-hover").textContent =
@@ -429,9 +458,12 @@ function drawLegend(pane) {
   const head = paneHead(pane);
   const named = head === "mean" ? "mean of heads (all blue)" : `head ${head}`;
   const used = { attention: "", dino: "", rollout: "; the rollout uses every head",
-    relevance: "; relevance uses every head", norms: "; token norms have no heads" }[state.view];
+    relevance: "; relevance uses every head", norms: "; token norms have no heads",
+    method: "; the method's map is its own (its parameters in its name)" }[state.view];
   pane.el("legend-head").textContent = `selected head (charts: blue dots, the others grey): ${named}${used}`;
-  const layers = ["rollout", "relevance"].includes(state.view) ? `; the ${state.view} combines every layer` : "";
+  const layers = ["rollout", "relevance"].includes(state.view)
+    ? `; the ${state.view} combines every layer`
+    : state.view === "method" ? "; the method reads the layers its parameters name" : "";
   pane.el("legend-layer").textContent =
     `selected layer (yellow column in the charts): layer ${paneLayer(pane)}${layers}`;
 }
@@ -439,7 +471,8 @@ function drawLegend(pane) {
 // Where this pane shows other than what the controls select (fewer layers or heads, no such prefix token).
 function clampNote(pane) {
   const notes = [];
-  if (state.view !== "dino" && state.layer > pane.data.depth - 1 && !["rollout", "relevance"].includes(state.view)) {
+  const allLayers = ["rollout", "relevance", "method"].includes(state.view);
+  if (state.view !== "dino" && state.layer > pane.data.depth - 1 && !allLayers) {
     notes.push(`this model has ${pane.data.depth} layers: layer ${state.layer} is past its last, layer ` +
       `${pane.data.depth - 1} is shown`);
   }
@@ -448,7 +481,7 @@ function clampNote(pane) {
       `${pane.data.heads - 1} is shown`);
   }
   const missing = state.query.prefix !== undefined && !pane.prefix.includes(state.query.prefix);
-  if (state.view !== "dino" && missing) {
+  if (!["dino", "method"].includes(state.view) && missing) {
     notes.push(`this model has no ${state.query.prefix} token: its ${tokenName(pane, paneQuery(pane))} is the query`);
   }
   return notes.join("; ");
@@ -459,7 +492,9 @@ function clampNote(pane) {
 function viewNote(pane, row) {
   const notes = [];
   const cls = entries(pane.data.images[state.image])[state.classRank];
-  if (row === null) {
+  if (row === null && state.view === "method") {
+    notes.push(`${state.method} explains a class or a target: this model has no classifier and the page no target.`);
+  } else if (row === null) {
     notes.push("This model has no class token (no \"cls\" among its prefix tokens), so it has no class-token " +
       "attention for DINO's view; the attention view shows any query's row.");
   } else if (state.view === "relevance" && cls.relevance_identity && cls.index === undefined) {
@@ -471,6 +506,11 @@ function viewNote(pane, row) {
         "logit does not depend on the attention: a zero-initialised classification head (a new or reset " +
         "classifier, as the paper initialises it) gives ∂y/∂A = 0.",
     );
+  } else if (state.view === "method") {
+    const method = pane.data.methods.find((m) => m.name === state.method);
+    const what = method.gradient ? ` It explains ${explained(pane)}.` : "";
+    notes.push(`${method.label}: ${method.reference}.${what}` +
+      (patchPeak(pane, row) <= 0 ? " The map is 0 on every patch." : ""));
   } else if (state.view !== "norms" && patchPeak(pane, row) <= 0) {
     notes.push("This row puts no weight on any patch (all of it on the prefix tokens), so the map is blank.");
   }
@@ -524,10 +564,13 @@ function drawReadout(pane, row) {
     pane.el("readout").textContent = "move the pointer over a patch (or a prefix token)";
     return;
   }
-  const what = { attention: "weight", dino: "weight", rollout: "weight", relevance: "relevance", norms: "norm" }[
-    state.view
-  ];
-  const query = state.view === "norms" ? "" : `query ${paneQuery(pane)} · `;
+  if (state.view === "method" && key < pane.P) {
+    pane.el("readout").textContent = `${tokenName(pane, key)}: not on this map (it covers the patches alone)`;
+    return;
+  }
+  const what = { attention: "weight", dino: "weight", rollout: "weight", relevance: "relevance", norms: "norm",
+    method: "value" }[state.view];
+  const query = ["norms", "method"].includes(state.view) ? "" : `query ${paneQuery(pane)} · `;
   pane.el("readout").textContent =
     `${query}key ${key} · ${what} ${formatValue(row.values[key], row.bounds[key], row.digits)} · ` +
     tokenName(pane, key);
@@ -847,6 +890,8 @@ function update(changes) {
   $("layer-select").disabled = !["attention", "norms"].includes(state.view);
   $("head-select").disabled = !["attention", "dino"].includes(state.view);
   $("class-select").disabled = state.view !== "relevance";
+  $("method-select").value = state.method;
+  $("method-select").disabled = state.view !== "method";
   $("relevance-option").disabled = !relevanceShown();
   $("mask-toggle").checked = state.mask;
   fillClasses();
@@ -915,6 +960,11 @@ function wireControls() {
   fillSelect($("image-select"), DATA.titles.map((title, i) => [i, `${i}: ${title}`]));
   fillSelect($("layer-select"), [...Array(depth).keys()].map((l) => [l, `layer ${l}`]));
   fillSelect($("head-select"), [["mean", "mean of heads"], ...[...Array(heads).keys()].map((h) => [h, `head ${h}`])]);
+  // Every method any pane holds, by name, labelled with its parameters (the same in every pane).
+  const methods = new Map(panes.flatMap((pane) => pane.data.methods.map((m) => [m.name, m.label])));
+  fillSelect($("method-select"), [...methods]);
+  state.method = methods.keys().next().value;
+  $("method-select").addEventListener("change", (e) => update({ view: "method", method: e.target.value }));
   $("image-select").addEventListener("change", (e) => update({ image: Number(e.target.value), classRank: 0 }));
   $("view-select").addEventListener("change", (e) => update({ view: e.target.value }));
   $("layer-select").addEventListener("change", (e) => update({ layer: Number(e.target.value) }));
@@ -983,7 +1033,7 @@ function describe() {
     (panes.some((pane) => pane.data.classifier)
       ? "y_c is the logit of the chosen class, or the chosen target's score (a cosine similarity). "
       : "y_c is the chosen target's score (a cosine similarity; this model has no classifier). ") +
-    `Rollout: Abnar and Zuidema (2020), residual 0.5, mean of heads. ` +
+    `Rollout: Abnar and Zuidema (2020), ${methodLabel("rollout")}; relevance: ${methodLabel("relevance")}. ` +
     `Both draw the query's row of R (the class token's until a patch is clicked), named above. ` +
     `Mean attention distance: over patch-to-patch attention, weighted by the mass it gets; ${NOT_DEFINED} ` +
     `where a head's patches put no weight on patches. DINO's view (Caron et al. 2021): the last layer's ` +
@@ -992,7 +1042,22 @@ function describe() {
     `the recorded attention before it was stored. Patch PCA (Oquab et al. 2024): one PCA per model, fitted on ` +
     `that model's own last-layer normed patch tokens of all the images (prefix tokens dropped), signs by ` +
     `scikit-learn's rule; components 0..2 as red, green, blue, each min-max scaled, stored as round(255 c) ` +
-    `(within 1/510 of the colour).`;
+    `(within 1/510 of the colour). Explanation methods (vit_einops.inspect.METHODS): each map on the patch grid ` +
+    `as that method computes it, named with its parameters, stored as float16 like rollout; the gradient methods ` +
+    `explain the target where one was given, else the top class.`;
+}
+
+// A method's label (its name and parameters) as the first pane holding it computed it.
+function methodLabel(name) {
+  const method = panes.flatMap((pane) => pane.data.methods).find((m) => m.name === name);
+  return method ? method.label : name;
+}
+
+// What a pane's gradient methods explain: the page's target, or each image's top class.
+function explained(pane) {
+  const page = pane.data.images[state.image];
+  if (page.target) return className(page.target);
+  return page.top.length ? `the top class, ${className(page.top[0])}` : "nothing";
 }
 
 async function main() {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from string import Template
@@ -87,6 +87,7 @@ def explorer_pane(
     top_k: int = 5,
     bits: int = DEFAULT_BITS,
     target: Any = None,
+    method_params: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One model's pane of the page (:func:`~vit_einops.explore.payload.build_payload`), its arguments as
     :func:`write_explorer` takes them; ``titles`` only count the images."""
@@ -118,7 +119,8 @@ def explorer_pane(
     model.eval()
     try:
         return build_payload(
-            model, images, name=name, class_names=class_names, pictures=shown, top_k=top_k, bits=bits, target=target
+            model, images, name=name, class_names=class_names, pictures=shown, top_k=top_k, bits=bits, target=target,
+            method_params=method_params,
         )
     finally:
         model.train(was_training)
@@ -152,6 +154,7 @@ def write_explorer(
     top_k: int = 5,
     bits: int = DEFAULT_BITS,
     target: Any = None,
+    method_params: Mapping[str, Mapping[str, Any]] | None = None,
     overwrite: bool = False,
 ) -> Path:
     """Write the attention explorer for ``model`` on ``images`` to ``path`` (one HTML file); returns the path.
@@ -175,6 +178,10 @@ def write_explorer(
             ``num_classes`` 0, lists no classes).
         target: a backbone target (:class:`~vit_einops.inspect.EmbeddingTarget`, ``ImageTarget``, ``PatchTarget``)
             whose relevance the page also holds, the only relevance of a model without a classifier.
+        method_params: the explanation methods' parameters by method name (:data:`~vit_einops.inspect.METHODS`;
+            the others take their defaults), e.g. ``{"rollout": {"head_fusion": "max", "discard_ratio": 0.9}}``:
+            every method is a view of the page, labelled with them; the rollout and relevance views use the
+            "rollout" and "relevance" methods' parameters.
         bits: bits per stored attention weight, 2..8; each weight is within 1 / (2 (2^bits - 1)) of its row's
             maximum of the recorded A (the page states it).
         overwrite: replace an existing regular file at ``path`` (keeping its permissions); otherwise an existing
@@ -206,6 +213,7 @@ def write_explorer(
             top_k=top_k,
             bits=bits,
             target=target,
+            method_params=method_params,
         )
         for m, name in zip(models, names, strict=True)
     ]

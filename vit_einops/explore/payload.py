@@ -18,10 +18,13 @@ so every weight is within half a step, ``max_j A_ij / (2 L)`` (1/510 of the row 
 recorded value; the page shows that bound beside each weight. Fewer bits make a smaller page: the compressed
 size follows the codes' entropy, and near-uniform rows (an untrained model) are the costly case (a random-weight
 ViT-B/16 on 2 photos: 13.0 MB at 8 bits, 8.6 MB at 6, 4.9 MB at 4). The row maxima are kept exactly (float32).
-Rollout and relevance (one n x n matrix per image and class) are stored as float16 after division by a power of
-two that brings their largest magnitude into (1/2, 1]: a relative error of at most 2^-11, or 2^-25 of that power
-of two for values too small for a normal float16. Every binary array is compressed with zlib (the page inflates
-it with the browser's own DecompressionStream) and written as base64.
+Rollout and relevance (one n x n matrix per image and class), and each explanation method's map on the patch grid
+(one per method of :data:`~vit_einops.inspect.METHODS` and image, labelled with the method's parameters; the gradient
+methods explain the target when one is given, else the top class, and are absent for a model without a classifier
+and no target) are stored as float16 after division by a power of two that brings their largest magnitude into
+(1/2, 1]: a relative error of at most 2^-11, or 2^-25 of that power of two for values too small for a normal
+float16. Every binary array is compressed with zlib (the page inflates it with the browser's own
+DecompressionStream) and written as base64.
 
 Every number is finite: non-finite logits, maps, norms or relevance (a model with nan, inf or huge weights) are a
 ValueError naming the array, never a page of nan. The undefined statistics are written as null: the mean
@@ -46,7 +49,7 @@ import base64
 import io
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,11 +58,13 @@ import torch
 from ..base.checks import check_int_in_range
 from ..inspect import (
     DINO_KEEP,
+    METHODS,
     attention_gradients,
     attention_relevance,
     attention_rollout,
     class_attention_grid,
     dino_mask,
+    explain_all,
     head_statistics,
     patch_distances,
     patch_feature_pca,
@@ -67,6 +72,7 @@ from ..inspect import (
     relevance_from_gradients,
     token_norms,
 )
+from ..inspect.methods import class_index
 from ..inspect.targets import BACKBONE_TARGETS, TARGET_KINDS, target_name
 from ..network.patch_embed import ClassToken, TokenLayout
 from ..prediction import check_finite_outputs, class_name
@@ -161,6 +167,12 @@ def _relevance_entry(relevance: torch.Tensor, **fields: Any) -> dict[str, Any]:
     }
 
 
+def _method_entry(grid: torch.Tensor) -> dict[str, Any]:
+    """One method's map (gh, gw) as the page stores it: float16 after a power-of-two scale (:func:`to_half`)."""
+    values, scale = to_half(grid.detach().double().cpu().numpy())
+    return {"map": pack(values), "scale": scale}
+
+
 def build_payload(
     model: torch.nn.Module,
     images: torch.Tensor,
@@ -171,9 +183,11 @@ def build_payload(
     top_k: int,
     bits: int = DEFAULT_BITS,
     target: Any = None,
+    method_params: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Everything one pane of the page draws, for ``model`` (in eval mode) on ``images`` (b, C, H, W); see the
-    module docstring.
+    module docstring. ``method_params``: the explanation methods' parameters by name (the rollout and relevance
+    views use the "rollout" and "relevance" methods' too).
 
     Layers, heads, tokens and classes are numbered from 0. The tokens are those of the input's ``layout``: the
     prefix tokens in token order, then the patches of the input's grid in row-major order.
@@ -188,17 +202,23 @@ def build_payload(
     check_finite_outputs("token norms", norms, weights)
     classifier = model.num_classes > 0
     k = min(top_k, logits.shape[-1]) if classifier else 0
+    method_params = dict(method_params or {})
+    start_layer = METHODS["relevance"].resolve(method_params.get("relevance", {}))["start_layer"]
     if classifier:
         top = logits.double().softmax(dim=-1).topk(k, dim=-1)
-        relevance = attention_relevance(model, images, top.indices, preprocessed=True)  # (b, k, n, n)
+        relevance = attention_relevance(model, images, top.indices, preprocessed=True, start_layer=start_layer)
         check_finite_outputs("relevance maps", relevance, f"the gradients overflowed; {weights}")
     if target is not None:
         if not isinstance(target, BACKBONE_TARGETS):
             raise TypeError(f"the explorer's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
         _, target_maps, target_grads, scores = attention_gradients(model, images, target)
-        target_relevance = relevance_from_gradients(target_maps, target_grads)[0]  # (b, n, n)
+        target_relevance = relevance_from_gradients(target_maps, target_grads, start_layer)[0]  # (b, n, n)
         check_finite_outputs("relevance maps", target_relevance, f"the gradients overflowed; {weights}")
-    rollout = attention_rollout(maps.double())  # (b, n, n)
+    rollout_params = METHODS["rollout"].resolve(method_params.get("rollout", {}))
+    rollout = attention_rollout(maps.double(), **rollout_params, kept=class_index(layout))  # (b, n, n)
+    # Every method on the grid; the gradient ones explain the target, else the top class.
+    method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
+    check_finite_outputs("explanation maps", torch.stack(list(method_maps.values())), weights)
     patch_size = tuple(model.config.patch_size)
     stats = head_statistics(maps.double(), layout, patch_size)  # each (l, b, h), prefix_share (.., p)
     dino = dino_view(maps, layout)
@@ -231,6 +251,7 @@ def build_payload(
                 "attention_rowmax": pack(rowmax),
                 "rollout": pack(rollout16),
                 "rollout_scale": rollout_scale,
+                "methods": [_method_entry(grid[i]) for grid in method_maps.values()],
                 "top": classes,
                 "target": chosen,
                 "stats": {
@@ -258,6 +279,11 @@ def build_payload(
         "uniform_distance": patch_distances(layout.grid, patch_size).mean().item(),
         "dino_keep": DINO_KEEP,
         "pca_explained": _as_list(pca.explained_variance_ratio[:3]),
+        "methods": [
+            {"name": name, "label": METHODS[name].label(method_params.get(name), every=True),
+             "reference": METHODS[name].reference, "gradient": METHODS[name].gradient}
+            for name in method_maps
+        ],  # fmt: skip
         "images": pages,
     }
 

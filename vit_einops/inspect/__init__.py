@@ -21,18 +21,20 @@ from .figures import (
     plot_attention_overlays,
     plot_dino_view,
     plot_filters,
+    plot_methods,
     plot_position_similarity,
     plot_prefix_share,
     plot_token_norms,
     show_attention,
 )
-from .methods import METHODS, Method, explain, token_grid
+from .methods import METHODS, Method, explain, explain_all, token_grid
+from .gradcam import grad_cam
 from .pca import PatchPCA, patch_feature_pca, plot_patch_pca
 from .record import AttentionRecorder, attention_matrix, record_attention
 from .relevance import attention_gradients, attention_relevance, relevance_from_gradients
 from .report import write_report
 from .targets import EmbeddingTarget, ImageTarget, PatchTarget, load_embedding, patch_similarity
-from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
+from .rollout import attention_rollout, class_attention_grid, gradient_rollout, patch_attention_grid
 from .stats import (
     TokenNorms,
     attention_entropy,
@@ -64,7 +66,10 @@ __all__ = [
     "dino_view",
     "embedding_filter_components",
     "explain",
+    "explain_all",
     "faithfulness",
+    "grad_cam",
+    "gradient_rollout",
     "head_statistics",
     "load_embedding",
     "mean_attention_distance",
@@ -78,6 +83,7 @@ __all__ = [
     "plot_attention_overlays",
     "plot_dino_view",
     "plot_filters",
+    "plot_methods",
     "plot_patch_pca",
     "plot_position_similarity",
     "plot_prefix_share",

@@ -60,8 +60,7 @@ from ..inputs import model_inputs
 from ..prediction import check_finite_outputs
 from ..sizes import check_forward_memory
 from .methods import METHODS, explain
-from .relevance import _targets
-from .targets import BACKBONE_TARGETS, EmbeddingTarget, ImageTarget, no_classifier_error, target_scores
+from .targets import BACKBONE_TARGETS, EmbeddingTarget, class_targets, resolve_target, target_scores
 
 PERTURBATION_STEPS = 10  # Chefer et al.'s 0%, 10%, ..., 90%
 RANDOM = "random"  # the method every other is read against, scored whether asked for or not
@@ -274,16 +273,13 @@ class _Scorer:
     def __init__(self, model: nn.Module, images: torch.Tensor, target: Any, batch_size: int) -> None:
         self.model = model
         self.backbone = isinstance(target, BACKBONE_TARGETS)
-        if not self.backbone and getattr(model, "num_classes", None) == 0:
-            raise no_classifier_error("faithfulness has no class to follow")
-        if isinstance(target, ImageTarget):
-            target = target.embedding(model)
+        target = resolve_target(model, target)
         if self.backbone:
             self.target, self.description = target, "the backbone target's score"
         else:
             with torch.no_grad():
                 logits = torch.cat([model(chunk) for chunk in images.split(batch_size)])
-            classes = _targets(target, logits)
+            classes = class_targets(target, logits)
             if classes.shape[1] != 1:
                 raise ValueError(f"faithfulness follows one class per image, got {classes.shape[1]} per image")
             self.target = classes[:, 0]

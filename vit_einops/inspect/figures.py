@@ -11,6 +11,7 @@ Head panels are laid out in a grid of ceil(sqrt(panels)) columns, so 3, 12 or 16
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -76,12 +77,12 @@ def _outline(ax, mask: torch.Tensor, size: tuple[int, int]) -> None:
     ax.contour(up.numpy(), levels=[0.5], colors=MASK_COLOUR, linewidths=1.0)
 
 
-def _attention_colorbar(fig, axes) -> None:
+def _attention_colorbar(fig, axes, label: str = "attention / panel maximum") -> None:
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
     mappable = ScalarMappable(norm=Normalize(0, 1), cmap=ATTENTION_CMAP)
-    fig.colorbar(mappable, ax=axes, shrink=0.6, label="attention / panel maximum")
+    fig.colorbar(mappable, ax=axes, shrink=0.6, label=label)
 
 
 def _draw_attention(
@@ -163,6 +164,45 @@ def plot_attention_overlays(
         title = titles[i] if titles else f"image {i}"
         rollout = None if rollout_maps is None else rollout_maps[i]
         _draw_attention(sub, images[i], head_maps[i], rollout, title, layer, masks=None if masks is None else masks[i])
+    return fig
+
+
+def plot_methods(images: torch.Tensor, maps: Mapping[str, torch.Tensor], titles: list[str] | None = None):
+    """Each explanation method's map over each image (:func:`~vit_einops.inspect.explain_all`): one row per image,
+    the input then one panel per method under a column heading of its label (name, then its parameters), each
+    panel's map scaled to its own maximum and laid over the input. The panels are one picture (a single image
+    drawn once), so a report of many images and methods stays quick to draw.
+
+    Shapes: images (b, C, H, W); maps {label: (b, gh, gw)}. Returns a Figure.
+    """
+    from matplotlib import colormaps
+
+    b, _, h, w = images.shape
+    cols = len(maps) + 1
+    gap = max(1, min(h, w) // 16)  # white between panels
+    mosaic = torch.ones(b * (h + gap) - gap, cols * (w + gap) - gap, 3)
+    cmap = colormaps[ATTENTION_CMAP]
+    for i in range(b):
+        picture = to_display(images[i]).expand(3, h, w).permute(1, 2, 0)  # (H, W, 3); grey drawn as RGB
+        panels = [picture]
+        for grid_maps in maps.values():
+            heat = torch.from_numpy(cmap(_upsample(grid_maps[i], (h, w)).numpy())[..., :3]).float()
+            panels.append(0.4 * picture + 0.6 * heat)  # the overlay's alpha, as the attention figure draws it
+        for c, panel in enumerate(panels):
+            mosaic[i * (h + gap) : i * (h + gap) + h, c * (w + gap) : c * (w + gap) + w] = panel
+    fig = new_figure(figsize=(max(MIN_WIDTH_INCHES, 1.1 * cols + 2.0), 1.1 * b + 1.3))
+    ax = fig.subplots()
+    ax.imshow(mosaic.clamp(0, 1).numpy())
+    headings = ["input"] + [label.replace(" (", "\n(", 1).replace(", ", ",\n") for label in maps]  # a parameter a line
+    ax.set_xticks([c * (w + gap) + w / 2 for c in range(cols)], headings, fontsize=6, parse_math=False)
+    ax.xaxis.tick_top()
+    names = [printable_lines(titles[i] if titles else f"image {i}") for i in range(b)]
+    ax.set_yticks([i * (h + gap) + h / 2 for i in range(b)], names, fontsize=6, parse_math=False)  # literal text
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    _attention_colorbar(fig, ax, "map / its own maximum")
+    fig.suptitle("Explanation methods", fontsize=10)
     return fig
 
 

@@ -19,12 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..base.checks import check_choice, check_int
+from ..base.checks import check_choice, check_int, check_probability, check_real_in_range
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
+from .gradcam import grad_cam
 from .record import AttentionRecorder
 from .relevance import attention_gradients, relevance_from_gradients
-from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
+from .rollout import HEAD_FUSIONS, attention_rollout, class_attention_grid, gradient_rollout, patch_attention_grid
 from .tokens import CLASS_TOKEN
 
 
@@ -41,16 +42,35 @@ def _last_attention(model: nn.Module, images: torch.Tensor, target: Any) -> torc
     return token_grid(recorder.maps[0].mean(dim=1), recorder.layout)  # heads averaged: (b, gh, gw)
 
 
-def _rollout(model: nn.Module, images: torch.Tensor, target: Any, *, residual: float, head_fusion: str):
+def class_index(layout: TokenLayout) -> int | None:
+    """The class token's position in ``layout``, None where the model has none: the entry discarding spares."""
+    return layout.index(CLASS_TOKEN) if CLASS_TOKEN in layout.prefix else None
+
+
+def _rollout(
+    model: nn.Module, images: torch.Tensor, target: Any, *, residual: float, head_fusion: str, discard_ratio: float
+) -> torch.Tensor:
     with torch.no_grad(), AttentionRecorder(model) as recorder:
         model(images)
-    return token_grid(attention_rollout(recorder.maps, residual, head_fusion), recorder.layout)
+    layout = recorder.layout
+    rollout = attention_rollout(recorder.maps, residual, head_fusion, discard_ratio, class_index(layout))
+    return token_grid(rollout, layout)
 
 
-def _relevance(model: nn.Module, images: torch.Tensor, target: Any) -> torch.Tensor:
+def _gradient_rollout(model: nn.Module, images: torch.Tensor, target: Any, *, discard_ratio: float) -> torch.Tensor:
     _, maps, grads, _ = attention_gradients(model, images, target)
     layout = model.patch_embed.layout(images.shape[-2:])
-    return token_grid(relevance_from_gradients(maps, grads[:1])[0], layout)
+    return token_grid(gradient_rollout(maps, grads[0], discard_ratio, class_index(layout)), layout)
+
+
+def _relevance(model: nn.Module, images: torch.Tensor, target: Any, *, start_layer: int) -> torch.Tensor:
+    _, maps, grads, _ = attention_gradients(model, images, target)
+    layout = model.patch_embed.layout(images.shape[-2:])
+    return token_grid(relevance_from_gradients(maps, grads[:1], start_layer)[0], layout)
+
+
+def _grad_cam(model: nn.Module, images: torch.Tensor, target: Any, *, layer: int) -> torch.Tensor:
+    return grad_cam(model, images, target, layer=layer, preprocessed=True)
 
 
 def _random(model: nn.Module, images: torch.Tensor, target: Any, *, seed: int) -> torch.Tensor:
@@ -82,12 +102,13 @@ class Method:
             raise TypeError(f"method {self.name!r} takes no parameter {', '.join(unknown)} (its parameters: {known})")
         return {k: self.checks[k](v) if k in self.checks else v for k, v in {**self.params, **params}.items()}
 
-    def label(self, params: Mapping[str, Any] | None = None) -> str:
-        """Its name with the parameters that differ from the defaults, for titles: ``rollout (head_fusion max)``."""
+    def label(self, params: Mapping[str, Any] | None = None, *, every: bool = False) -> str:
+        """Its name with the parameters that differ from the defaults, for titles: ``rollout (head_fusion max)``;
+        with ``every``, all of its parameters: ``rollout (residual 0.5, head_fusion max, discard_ratio 0)``."""
         resolved = self.resolve(params or {})
-        changed = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in resolved.items()
-                   if v != self.params[k]]
-        return f"{self.name} ({', '.join(changed)})" if changed else self.name
+        shown = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in resolved.items()
+                 if every or v != self.params[k]]
+        return f"{self.name} ({', '.join(shown)})" if shown else self.name
 
 
 METHODS: dict[str, Method] = {
@@ -95,11 +116,27 @@ METHODS: dict[str, Method] = {
     for m in (
         Method("attention", _last_attention, False, "the last layer's attention, heads averaged (a baseline)"),
         Method(
-            "rollout", _rollout, False, "Abnar and Zuidema 2020, attention rollout",
-            params={"residual": 0.5, "head_fusion": "mean"},
-            checks={"head_fusion": lambda v: check_choice("head_fusion", v, ("mean", "max", "min"))},
+            "rollout", _rollout, False,
+            "Abnar and Zuidema 2020, attention rollout; head_fusion and discard_ratio as jacobgil/vit-explain",
+            params={"residual": 0.5, "head_fusion": "mean", "discard_ratio": 0.0},
+            checks={
+                "residual": lambda v: check_real_in_range("residual", v, 0.0, 1.0),
+                "head_fusion": lambda v: check_choice("head_fusion", v, HEAD_FUSIONS),
+                "discard_ratio": lambda v: check_probability("discard_ratio", v),
+            },
         ),
-        Method("relevance", _relevance, True, "Chefer, Gur and Wolf 2021, gradient-weighted relevance"),
+        Method(
+            "gradient-rollout", _gradient_rollout, True, "jacobgil/vit-explain, gradient attention rollout",
+            params={"discard_ratio": 0.9}, checks={"discard_ratio": lambda v: check_probability("discard_ratio", v)},
+        ),
+        Method(
+            "relevance", _relevance, True, "Chefer, Gur and Wolf 2021, gradient-weighted relevance",
+            params={"start_layer": 0}, checks={"start_layer": lambda v: check_int("start_layer", v)},
+        ),
+        Method(
+            "grad-cam", _grad_cam, True, "Selvaraju et al. 2017, Grad-CAM on the last block's first LayerNorm",
+            params={"layer": -1}, checks={"layer": lambda v: check_int("layer", v)},
+        ),
         Method(
             "random", _random, False, "uniform noise on the grid, seeded (the baseline every method must beat)",
             params={"seed": 0}, checks={"seed": lambda v: check_int("seed", v)},
@@ -134,3 +171,27 @@ def explain(
         return chosen.compute(model, batch, target, **resolved)
     finally:
         model.train(was_training)
+
+
+def explain_all(
+    model: nn.Module, images: Any, target: Any = None, params: Mapping[str, Mapping[str, Any]] | None = None, *,
+    preprocessed: bool | None = None,
+) -> dict[str, torch.Tensor]:
+    """Every method of :data:`METHODS` that applies, by name -> (b, gh, gw), as :func:`explain` gives them.
+
+    ``params`` maps a method's name to its parameters (the others take their defaults); ``target`` is what the
+    gradient methods explain. A model without a classifier has nothing for them to explain unless ``target`` is a
+    backbone target: they are left out then. Label a map with ``METHODS[name].label(params[name], every=True)``.
+    """
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(METHODS))
+    if unknown:
+        known = ", ".join(map(repr, METHODS))
+        raise ValueError(f"unknown method {', '.join(map(repr, unknown))} in params; expected some of {known}")
+    batch = model_inputs(model, images, preprocessed=preprocessed)
+    explained = target is not None or getattr(model, "num_classes", None) != 0
+    return {
+        name: explain(model, batch, name, target, preprocessed=True, **params.get(name, {}))
+        for name, method in METHODS.items()
+        if explained or not method.gradient
+    }

@@ -28,55 +28,18 @@ Axes: l layers, b images, h heads, i queries, j keys, k target classes per image
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import torch
 from einops import einsum, reduce
 from torch import nn
 
-from ..base.checks import check_dense_tensor
+from ..base.checks import check_dense_tensor, check_index
 from ..network.attention import Attend
 from ..inputs import model_inputs
 from ..sizes import keeping_attention
 from .record import attention_matrix, encoder_attends
-from .targets import BACKBONE_TARGETS, ImageTarget, no_classifier_error, target_scores
-
-
-def _targets(target: Any, logits: torch.Tensor) -> torch.Tensor:
-    """target None | a class index | (b,) | (b, k) -> a (b, k) long tensor of class indices, checked against the
-    logits. A class index is an int, numpy's integer scalars and 0-d integer tensors included; bools and floats are
-    refused, as in a list or tensor."""
-    b, classes = logits.shape
-    if target is None:
-        return logits.argmax(dim=-1, keepdim=True)
-    if isinstance(target, BACKBONE_TARGETS):
-        raise TypeError(f"{target!r} is a backbone target, not class indices")
-    expected = "None, an integer class index, or integer class indices (b,) or (b, k)"
-    if isinstance(target, numbers.Integral) and not isinstance(target, bool):
-        if not 0 <= target < classes:  # before torch holds it: an int past int64's range is out of range too
-            raise ValueError(f"target classes must be in 0..{classes - 1}, got [{int(target)}]")
-        t = torch.tensor(int(target))
-    else:
-        try:
-            t = torch.as_tensor(target)
-        except (TypeError, ValueError, RuntimeError) as err:  # a string, ragged lists, ints past int64
-            raise TypeError(f"target must be {expected}, got {type(target).__name__} {target!r:.60} ({err})") from None
-        check_dense_tensor("target", t)
-        if t.numel() == 0:  # before its dtype: torch.as_tensor([]) is float
-            raise ValueError(f"target names no class: shape {tuple(t.shape)}; expected at least one per image")
-        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-            got = f"{target!r}" if t.ndim == 0 else f"dtype {t.dtype}"
-            raise TypeError(f"target must be {expected}, got {got}")
-    if t.ndim == 0:
-        t = t.expand(b, 1)
-    elif t.ndim == 1:
-        t = t[:, None]
-    if t.ndim != 2 or t.shape[0] != b:
-        raise ValueError(f"target must be an int, (b,) or (b, k) with b = {b} images, got shape {tuple(t.shape)}")
-    if t.min() < 0 or t.max() >= classes:
-        raise ValueError(f"target classes must be in 0..{classes - 1}, got {t.unique().tolist()}")
-    return t.long().to(logits.device)
+from .targets import BACKBONE_TARGETS, class_targets, resolve_target, target_scores
 
 
 def _attention_in_graph(maps: list[torch.Tensor]):
@@ -115,12 +78,8 @@ def attention_gradients(
     ``grads[t, l] = d y_{targets[:, t]} / d A_l``. For a backbone target: (the model's output (b, D_out), maps,
     grads (1, l, b, h, n, n) of the target's score s, the scores s (b, 1)).
     """
+    target = resolve_target(model, target)  # an image's embedding first, outside the recording
     backbone = isinstance(target, BACKBONE_TARGETS)
-    if not backbone and getattr(model, "num_classes", None) == 0:
-        what = "there is no predicted class" if target is None else f"target {target!r:.60} names no class"
-        raise no_classifier_error(what)
-    if isinstance(target, ImageTarget):  # its embedding first, outside the recording
-        target = target.embedding(model)
     layers = encoder_attends(model)
     maps: list[torch.Tensor] = []
     handles = [attend.register_forward_hook(_attention_in_graph(maps), with_kwargs=True) for attend in layers]
@@ -134,7 +93,7 @@ def attention_gradients(
             logits = model(images.detach().requires_grad_(True))
             if logits.ndim != 2:
                 raise ValueError(f"expected the model to return logits (b, classes), got {tuple(logits.shape)}")
-            targets = _targets(target, logits.detach())
+            targets = class_targets(target, logits.detach())
             grads = []
             for t in range(targets.shape[1]):
                 score = logits.gather(1, targets[:, t : t + 1]).sum()  # images do not interact: one sum serves all
@@ -145,8 +104,14 @@ def attention_gradients(
     return logits.detach(), torch.stack(maps).detach(), torch.stack(grads), targets
 
 
-def relevance_from_gradients(maps: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
-    """Chefer et al.'s rule: ``Abar_l = mean_h (grads_l * A_l)^+``, ``R = I``, ``R <- R + Abar_l R`` for l = 1..L.
+def relevance_from_gradients(maps: torch.Tensor, grads: torch.Tensor, start_layer: int = 0) -> torch.Tensor:
+    """Chefer et al.'s rule: ``Abar_l = mean_h (grads_l * A_l)^+``, ``R = I``, ``R <- R + Abar_l R`` for
+    l = ``start_layer``..L-1 (layers numbered from 0; negative counts from the end).
+
+    ``start_layer`` skips the first layers, as Transformer-Explainability's ``start_layer`` does: there
+    ``compute_rollout_attention`` starts its product at layer ``start_layer``, and Transformer-MM-Explainability
+    issue #8 shows ViT-B/16 maps swamped by the early layers until they are skipped (``if i <= 10: continue``,
+    start_layer 11 of 12).
 
     Shapes: maps (l, b, h, n, n), grads (..., l, b, h, n, n) -> R (..., b, n, n); row i of R is token i's
     relevance over the input tokens (the class token's row is the explanation).
@@ -156,16 +121,18 @@ def relevance_from_gradients(maps: torch.Tensor, grads: torch.Tensor) -> torch.T
     if not isinstance(grads, torch.Tensor) or grads.shape[-5:] != maps.shape:
         got = getattr(grads, "shape", type(grads).__name__)
         raise ValueError(f"expected grads (..., {', '.join(map(str, maps.shape))}), got {got}")
+    depth = maps.shape[0]
+    start_layer = check_index("start_layer", start_layer, depth, f"{depth} layers")
     weighted = reduce((grads * maps).clamp(min=0), "... l b h i j -> ... l b i j", "mean")
     n = maps.shape[-1]
     relevance = torch.eye(n, dtype=weighted.dtype, device=weighted.device).expand_as(weighted[..., 0, :, :, :])
-    for layer in range(maps.shape[0]):
+    for layer in range(start_layer, depth):
         relevance = relevance + weighted[..., layer, :, :, :] @ relevance
     return relevance
 
 
 def attention_relevance(
-    model: nn.Module, images: Any, target: Any = None, *, preprocessed: bool | None = None
+    model: nn.Module, images: Any, target: Any = None, *, preprocessed: bool | None = None, start_layer: int = 0
 ) -> torch.Tensor:
     """Gradient-weighted relevance R for ``target`` (see the module docstring), on any attention impl.
 
@@ -174,6 +141,7 @@ def attention_relevance(
             them (``preprocessed``: how a float tensor is taken; see :mod:`vit_einops.inputs`).
         target: None (the predicted class), an int, (b,) or (b, k) class indices, or a backbone target (see
             :func:`attention_gradients`).
+        start_layer: the first layer that enters R (:func:`relevance_from_gradients`); 0, every layer, by default.
 
     Shapes: images (b, C, H, W) -> R (b, n, n), or (b, k, n, n) for a (b, k) target, the tokens in the order of
     ``layout = model.patch_embed.layout(images.shape[-2:])`` (the prefix tokens, then the patches);
@@ -181,7 +149,7 @@ def attention_relevance(
     """
     images = model_inputs(model, images, preprocessed=preprocessed)
     _, maps, grads, _ = attention_gradients(model, images, target)
-    relevance = relevance_from_gradients(maps, grads)  # (k, b, n, n)
+    relevance = relevance_from_gradients(maps, grads, start_layer)  # (k, b, n, n)
     # (b, k) class indices, checked by attention_gradients
     if target is not None and not isinstance(target, BACKBONE_TARGETS) and torch.as_tensor(target).ndim == 2:
         return relevance.transpose(0, 1)

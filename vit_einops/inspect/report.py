@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,12 @@ from .figures import (
     plot_attention_distance,
     plot_attention_overlays,
     plot_filters,
+    plot_methods,
     plot_position_similarity,
     plot_prefix_share,
     plot_token_norms,
 )
+from .methods import METHODS, class_index, explain_all
 from .pca import patch_feature_pca, plot_patch_pca
 from .record import AttentionRecorder
 from .relevance import attention_gradients, relevance_from_gradients
@@ -37,6 +39,7 @@ from .tokens import CLASS_TOKEN
 
 FIGURES = (
     "attention",
+    "methods",
     "attention_distance",
     "position_similarity",
     "embedding_filters",
@@ -71,6 +74,7 @@ def write_report(
     display_images: torch.Tensor | None = None,
     overwrite: bool = False,
     target: Any = None,
+    method_params: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Path]:
     """Write the inspection figures and ``arrays.npz`` for ``model`` (put in eval mode) under ``out_dir``.
 
@@ -88,6 +92,9 @@ def write_report(
         target: a backbone target (:mod:`vit_einops.inspect.targets`): ``arrays.npz`` then also holds its
             relevance ``target_relevance`` (b, n, n), its score ``target_score`` (b,), and for a patch the
             similarity map ``target_similarity`` (b, gh, gw).
+        method_params: the explanation methods' parameters by method name (:data:`~vit_einops.inspect.METHODS`;
+            the others take their defaults): ``{"rollout": {"head_fusion": "max", "discard_ratio": 0.9}}``. The
+            rollout drawn in ``attention.png`` is the "rollout" method's.
 
     The folder is written as one unit (:func:`vit_einops.base.io.staged_directory`): a kill leaves the whole old report
     or the whole new one. A folder holding any file but a report's is never replaced.
@@ -99,17 +106,24 @@ def write_report(
     attention over the patches, the patches holding 60% of it outlined (:func:`~vit_einops.inspect.dino_view`).
     A model without a class token draws the attention each patch receives
     (:func:`~vit_einops.inspect.patch_attention_grid`) instead of the class token's, and no mask.
+    ``methods.png`` draws every explanation method of :data:`~vit_einops.inspect.METHODS` over each image, titled
+    with its parameters (:func:`~vit_einops.inspect.explain_all`): the gradient methods explain the predicted
+    class, or ``target``, and are left out for a model without a classifier and no target.
     ``patch_pca.png`` is DINOv2's PCA picture: the first three components of one PCA over the drawn images' final
     patch tokens as RGB (:func:`~vit_einops.inspect.patch_feature_pca`).
 
-    Returns the written paths by name: attention, attention_distance, position_similarity, embedding_filters,
-    prefix_share, token_norms, patch_pca (each ``<name>.png``, written atomically), arrays (``arrays.npz``: the
+    Returns the written paths by name: attention, methods, attention_distance, position_similarity,
+    embedding_filters, prefix_share, token_norms, patch_pca (each ``<name>.png``, written atomically), arrays
+    (``arrays.npz``: the
     recorded maps, the drawn ``class_attention`` (or ``patch_attention``) of layer ``class_attention_layer``,
     rollout, distances, similarities, filters, ``prefix_tokens`` (their names), ``prefix_share`` (l, b, h, p),
     ``token_norms`` (l, b, n), ``dino_attention`` and ``dino_mask`` (b, h, gh, gw): DINO's view of the drawn
     layer, ``patch_pca`` (b, gh, gw, k) and ``patch_pca_components`` (k, D): the PCA's projections and
-    components, k = 3 or fewer where D or the patches are fewer).
+    components, k = 3 or fewer where D or the patches are fewer; ``method_<name>`` (b, gh, gw) for each method drawn,
+    ``-`` in its name written ``_``, and ``method_labels``, their titles).
     """
+    if target is not None and not isinstance(target, BACKBONE_TARGETS):
+        raise TypeError(f"write_report's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
     cfg = model.config
     depth = len(model.blocks)
     layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
@@ -123,8 +137,12 @@ def write_report(
     # Without a class token, the attention each patch receives from the patches is the map there is to draw.
     token_map = class_attention_grid if has_class else patch_attention_grid
     heads = token_map(maps[layer], layout)  # (b, h, gh, gw)
-    rollout = attention_rollout(maps)
+    method_params = dict(method_params or {})
+    rollout_params = METHODS["rollout"].resolve(method_params.get("rollout", {}))
+    rollout = attention_rollout(maps, **rollout_params, kept=class_index(layout))
     rollout_grid = token_map(rollout, layout)
+    method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
+    labels = {name: METHODS[name].label(method_params.get(name), every=True) for name in method_maps}
     titles = titles or [f"image {i}" for i in range(len(images))]
     if model.num_classes:  # a model without a classifier outputs features: it predicts nothing
         predicted = [class_name(p, classes) for p in logits.argmax(-1).tolist()]
@@ -170,15 +188,15 @@ def write_report(
         "token_norms": norms,
         "patch_pca": pca.projections,
         "patch_pca_components": pca.components,
+        **{f"method_{name.replace('-', '_')}": value for name, value in method_maps.items()},
     }
     if target is not None:
-        if not isinstance(target, BACKBONE_TARGETS):
-            raise TypeError(f"write_report's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
         _, target_maps, target_grads, scores = attention_gradients(model, images, target)
         arrays["target_relevance"] = relevance_from_gradients(target_maps, target_grads)[0]  # (b, n, n)
         arrays["target_score"] = scores[:, 0]
         if isinstance(target, PatchTarget):
             arrays["target_similarity"] = patch_similarity(model, images, target, preprocessed=True)
+    method_titles = titles  # what the gradient methods explain (the predicted class), without DINO's note
     masks = None
     if has_class:  # DINO's view of the drawn layer: its maps outlined where they hold 60% of the mass
         dino = dino_view(maps, layout, keep=DINO_KEEP, layer=layer)
@@ -195,6 +213,7 @@ def write_report(
     shown = images if display_images is None else display_images
     figures = {
         "attention": plot_attention_overlays(shown, heads, rollout_grid, titles, layer=layer, masks=masks),
+        "methods": plot_methods(shown, {labels[name]: value for name, value in method_maps.items()}, method_titles),
         "attention_distance": plot_attention_distance(distance, uniform, layout),
         "position_similarity": plot_position_similarity(similarity),
         "embedding_filters": plot_filters(components, explained),
@@ -206,6 +225,7 @@ def write_report(
     np.savez(
         buf,
         prefix_tokens=np.array(layout.prefix, dtype=str),
+        method_labels=np.array(list(labels.values()), dtype=str),
         **{k: v.detach().cpu().numpy() for k, v in arrays.items()},
     )
     with staged_directory(out, owned=REPORT_FILES, replace=overwrite) as staging:

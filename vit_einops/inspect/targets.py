@@ -19,6 +19,7 @@ refuses one, and refuses no target where a tool needs one (:func:`no_classifier_
 from __future__ import annotations
 
 import io
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,52 @@ def target_name(target: EmbeddingTarget | ImageTarget | PatchTarget) -> str:
         return f"mean cosine similarity of the patches to patch ({target.row}, {target.col})"
     what = "the target image's output" if isinstance(target, ImageTarget) else "the target embedding"
     return f"cosine similarity of the output to {what}"
+
+
+def class_targets(target: Any, logits: torch.Tensor) -> torch.Tensor:
+    """target None | a class index | (b,) | (b, k) -> a (b, k) long tensor of class indices, checked against the
+    logits. A class index is an int, numpy's integer scalars and 0-d integer tensors included; bools and floats are
+    refused, as in a list or tensor."""
+    b, classes = logits.shape
+    if target is None:
+        return logits.argmax(dim=-1, keepdim=True)
+    if isinstance(target, BACKBONE_TARGETS):
+        raise TypeError(f"{target!r} is a backbone target, not class indices")
+    expected = "None, an integer class index, or integer class indices (b,) or (b, k)"
+    if isinstance(target, numbers.Integral) and not isinstance(target, bool):
+        if not 0 <= target < classes:  # before torch holds it: an int past int64's range is out of range too
+            raise ValueError(f"target classes must be in 0..{classes - 1}, got [{int(target)}]")
+        t = torch.tensor(int(target))
+    else:
+        try:
+            t = torch.as_tensor(target)
+        except (TypeError, ValueError, RuntimeError) as err:  # a string, ragged lists, ints past int64
+            raise TypeError(f"target must be {expected}, got {type(target).__name__} {target!r:.60} ({err})") from None
+        check_dense_tensor("target", t)
+        if t.numel() == 0:  # before its dtype: torch.as_tensor([]) is float
+            raise ValueError(f"target names no class: shape {tuple(t.shape)}; expected at least one per image")
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            got = f"{target!r}" if t.ndim == 0 else f"dtype {t.dtype}"
+            raise TypeError(f"target must be {expected}, got {got}")
+    if t.ndim == 0:
+        t = t.expand(b, 1)
+    elif t.ndim == 1:
+        t = t[:, None]
+    if t.ndim != 2 or t.shape[0] != b:
+        raise ValueError(f"target must be an int, (b,) or (b, k) with b = {b} images, got shape {tuple(t.shape)}")
+    if t.min() < 0 or t.max() >= classes:
+        raise ValueError(f"target classes must be in 0..{classes - 1}, got {t.unique().tolist()}")
+    return t.long().to(logits.device)
+
+
+def resolve_target(model: torch.nn.Module, target: Any) -> Any:
+    """``target`` as a gradient method differentiates it: a backbone target (an :class:`ImageTarget` resolved to
+    its image's :class:`EmbeddingTarget` through ``model``), or class indices unchanged; a model without a
+    classifier refuses class indices and None (:func:`no_classifier_error`)."""
+    if not isinstance(target, BACKBONE_TARGETS) and getattr(model, "num_classes", None) == 0:
+        what = "there is no predicted class" if target is None else f"target {target!r:.60} names no class"
+        raise no_classifier_error(what)
+    return target.embedding(model) if isinstance(target, ImageTarget) else target
 
 
 def target_scores(
