@@ -71,11 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.within < 10:
         parser.error(f"--within {args.within} is not a fraction between 0 and 10")
-    first, second = (json.loads(path.read_text()) for path in (args.first, args.second))
     try:
+        first, second = (json.loads(path.read_text()) for path in (args.first, args.second))
         result = compare(first, second, args.within)
-    except ValueError as error:
-        parser.error(str(error))
+    except (OSError, ValueError, KeyError) as error:  # a missing file, not JSON, not a bench run's results
+        parser.error(f"{type(error).__name__}: {error}")
     if not args.quiet:
         for r in result["rows"]:
             print(f"{r['row']:<55} {r['first']:6.2f} -> {r['second']:6.2f}  {r['change']:+7.1%}")
