@@ -147,7 +147,8 @@ def test_a_directory_named_like_a_result_file_is_refused_even_with_force(tmp_pat
         (dict(batches=()), ValueError, "batches is empty"),
         (dict(retries=-1), ValueError, "retries.*got -1"),
         (dict(modes=("sideways",)), ValueError, "modes.*sideways"),
-        (dict(dtype="float16"), ValueError, "dtype 'float16'"),
+        (dict(dtype="float64"), ValueError, "dtype 'float64' is not one of float32, float16, bfloat16"),
+        (dict(device="tpu"), ValueError, "unknown device 'tpu'"),
     ],
 )
 def test_bench_options_refuse_bad_values(overrides, error, words):

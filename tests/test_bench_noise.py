@@ -14,6 +14,7 @@ import math
 import pytest
 
 from vit_einops.bench import noise, report
+from vit_einops.bench.device import Meter
 from vit_einops.bench.measure import Timing, quartiles
 from vit_einops.bench.noise import (
     CPU_MARGIN,
@@ -413,13 +414,13 @@ def scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 0.0), noisy_job=None)
             for path in ("einsum", "torch")
         ]  # fmt: skip
 
-    def ceiling(dtype, size, run_time):
+    def ceiling(dtype, size, run_time, device, time):
         return dict(size=size, median_s=1.0, iqr_s=0.0, gflop_per_s=100.0)
 
     monkeypatch.setattr(bench_run, "measure_point", measure_point)
     monkeypatch.setattr(bench_run, "measure_model", measure_model)
     monkeypatch.setattr(bench_run, "matmul_ceiling", ceiling)
-    monkeypatch.setattr(bench_run, "release_memory", lambda: None)  # a full gc.collect per job: seconds in pytest
+    monkeypatch.setattr(Meter, "release", lambda self: None)  # a full gc.collect per job: seconds in pytest
     monkeypatch.setattr(plots, "figures", lambda *rows: {})  # the figures have tests of their own
     # One thread: the cores free at the start would be this machine's, not the script's.
     options = bench_run.with_overrides("smoke", out=tmp_path / "out", core_paths=("einsum", "sdpa"), threads=1)

@@ -4,7 +4,8 @@ benchmarks/chunked.py on tiny shapes and one short round: every grid point gets 
 (medians and fastest blocks), the floor's parts and the forward rows' loop. benchmarks/equivalence.py --smoke (every
 row of the full table, on tiny shapes): every row within its dtype's tolerance. Both keep an existing output file
 unless --force. benchmarks/contention.py on tiny shapes, quiet and beside one busy process: a row with its paired
-ratios per condition and shape, and no busy process left running.
+ratios per condition and shape, and no busy process left running. benchmarks/compare.py on two hand-made
+runs: the change of each ratio, and how many stayed within 25%.
 """
 
 from __future__ import annotations
@@ -124,3 +125,32 @@ def test_equivalence_benchmark_rows_are_within_their_tolerances(tmp_path, capsys
         module.main(["--smoke", "--json", str(out)])
     assert exit_info.value.code == 2 and "already exists; pass --force" in capsys.readouterr().err
     assert out.read_bytes() == before
+
+
+def test_compare_counts_the_ratios_that_stayed_within_the_bound(tmp_path, capsys):
+    """benchmarks/compare.py on two hand-made runs: the reference rows (ratio 1 on [1, 1]) and a row timed in one run
+    only are left out; chunked moved 1.20 -> 1.32 (+10%), einsum 2.00 -> 3.00 (+50%): 1 of 2 within 25%."""
+    spec = importlib.util.spec_from_file_location("compare_benchmark", SCRIPT.parent / "compare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def run(name, ratios, threads, others):
+        point = dict(section="core", mode="forward", batch=1, heads=12, tokens=197, head_dim=64)
+        rows = [dict(point, path="sdpa", time_ratio=1.0, time_ratio_low=1.0, time_ratio_high=1.0)]
+        rows += [dict(point, path=p, time_ratio=r, time_ratio_low=r - 0.1, time_ratio_high=r + 0.1) for p, r in ratios]
+        meta = dict(threads=threads, others_cores=others, others_cores_end=others, wall_s=100.0)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(dict(meta=meta, attention=rows, model=[])))
+        return str(path)
+
+    quiet = run("quiet", [("chunked", 1.2), ("einsum", 2.0)], 2, 0.01)
+    busy = run("busy", [("chunked", 1.32), ("einsum", 3.0), ("chunked_only_here", 9.0)], 1, 1.0)
+    assert module.main([quiet, busy]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[-4:] == ["1.20", "->", "1.32", "+10.0%"]
+    assert out[1].split()[-4:] == ["2.00", "->", "3.00", "+50.0%"]
+    assert f"{busy}: 1 threads, others 1.00, 1.00 cores (start, end), wall 100 s" in out
+    assert out[-1] == (
+        "1 of 2 ratios within 25% of the first run's; the most moved: attention core forward einsum 1 12 197 64 "
+        "2.00 -> 3.00 (+50.0%)"
+    )

@@ -1,6 +1,7 @@
 """The benchmark behind ``vit-einops bench``: einsum, chunked and SDPA attention, and whole models.
 
 - :mod:`.measure`: timing (torch.utils.benchmark, interleaved), peak memory (profiler), matmul ceiling.
+- :mod:`.device`: what differs on CUDA (event clock, L2 flush, peak memory) and which dtype each device may run.
 - :mod:`.attention`: the attention grid (core Eq. 6-7 and the whole layer against nn.MultiheadAttention).
 - :mod:`.model`: images/s of the presets, each attention path against torch's nn.TransformerEncoderLayer.
 - :mod:`.paired`: each ratio as the median of per-round ratios, with a bootstrap 95% interval.

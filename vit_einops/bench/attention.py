@@ -23,8 +23,8 @@ import torch
 from ..network.attention import Attend, MultiHeadAttention
 from ..network.chunk_plan import default_chunk_elements
 from ..reference import torch_mha_from
+from .device import Meter
 from .kernels import SDPA_BACKENDS, compiled_flex, flex_backward_refusal, kernel_ran, refusal, sdpa_backend_call
-from .measure import peak_memory_bytes, time_interleaved
 from .names import COMPILED_PATHS
 from .noise import LoadProbe
 from .paired import paired_ratios, ratio_fields
@@ -108,11 +108,12 @@ class CompiledPath:
         return time.perf_counter() - start, None
 
 
-def _inputs(point: Point, dtype: torch.dtype, grad: bool, seed: int = 0):
+def _inputs(point: Point, dtype: torch.dtype, grad: bool, device: torch.device, seed: int = 0):
+    """q, k, v and x, drawn on the CPU from one seed (the same values on every device), then moved to ``device``."""
     g = torch.Generator().manual_seed(seed)
     b, h, n, d = point.batch, point.heads, point.tokens, point.head_dim
-    q, k, v = (torch.randn(b, h, n, d, generator=g).to(dtype).requires_grad_(grad) for _ in range(3))
-    x = torch.randn(b, n, point.dim, generator=g).to(dtype).requires_grad_(grad)
+    q, k, v = (torch.randn(b, h, n, d, generator=g).to(device, dtype).requires_grad_(grad) for _ in range(3))
+    x = torch.randn(b, n, point.dim, generator=g).to(device, dtype).requires_grad_(grad)
     return q, k, v, x
 
 
@@ -131,7 +132,7 @@ def _forwards(point, dtype, paths, compiled, q, k, v, x) -> dict[tuple[str, str]
             calls["core", path] = (lambda attend=attend: attend(q, k, v), [q, k, v])
     if paths.get("layer"):
         # One set of weights for every layer path, so they all compute the same function.
-        ours = MultiHeadAttention(point.dim, point.heads).to(dtype).eval()
+        ours = MultiHeadAttention(point.dim, point.heads).to(x.device, dtype).eval()
         for path in paths["layer"]:
             if path == "torch_mha":
                 module = torch_mha_from(ours).eval()
@@ -167,6 +168,7 @@ def measure_point(
     rounds: int,
     min_run_time: float,
     probe: LoadProbe | None = None,
+    meter: Meter | None = None,
 ) -> list[dict]:
     """One result row per path of ``paths`` ({"core": (...), "layer": (...)}) at ``point`` in ``mode``.
 
@@ -175,11 +177,13 @@ def measure_point(
     ``skip_reason`` says why. A path that is skipped, fails to compile or that torch refuses here gets a row with
     ``unavailable`` (the reason) and no timing. Every timed row's ``kernel`` is what the profiler saw run. Every path
     is timed in the same rounds, so each row's time ratio is over its section's reference of the same rounds
-    (vit_einops.bench.paired); the memory ratio divides the two peaks.
+    (vit_einops.bench.paired); the memory ratio divides the two peaks. ``meter``: the device measured on and how
+    (default: the CPU's).
     """
     probe = probe or LoadProbe()  # the run's: the load fallback needs to know how long the run has gone on
+    meter = meter or Meter()
     grad = mode == "forward_backward"
-    q, k, v, x = _inputs(point, dtype, grad)
+    q, k, v, x = _inputs(point, dtype, grad, meter.device)
     forwards = _forwards(point, dtype, paths, compiled, q, k, v, x)
     calls = {key: _forward_backward(fn, inputs) if grad else fn for key, (fn, inputs) in forwards.items()}
     first_call_s, unavailable = {}, {}
@@ -197,11 +201,9 @@ def measure_point(
         calls = {key: fn for key, fn in calls.items() if key not in unavailable}
         kernels = {key: kernel_ran(fn) for key, fn in calls.items()}
         start = probe.sample()
-        timings = time_interleaved(
-            {f"{s}/{p}": fn for (s, p), fn in calls.items()}, rounds=rounds, min_run_time=min_run_time
-        )
+        timings = meter.time({f"{s}/{p}": fn for (s, p), fn in calls.items()}, rounds=rounds, min_run_time=min_run_time)
         end = probe.sample()
-        peaks = peak_memory_bytes({f"{s}/{p}": fn for (s, p), fn in calls.items()})
+        peaks = meter.peak_bytes({f"{s}/{p}": fn for (s, p), fn in calls.items()})
 
     ratios = {}
     for section in dict.fromkeys(s for s, _ in calls):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -17,9 +18,9 @@ from .noise import LoadProbe
 
 FREE_WINDOW_S = 0.3  # how long free_cores watches the machine: /proc/stat's ticks make that +-0.07 cores on 2 CPUs
 
-# CPU flags that give float matmuls a bf16 path in hardware (x86: AVX512-BF16, AMX); without them torch
-# emulates bf16 and runs far slower than float32.
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# CPU flags that give matmuls of each half-precision dtype a path in hardware (x86: AVX512-BF16 and AMX-BF16;
+# AVX512-FP16 and AMX-FP16); without them torch emulates the dtype and runs far slower than float32.
+HALF_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
 
 
 def cpu_flags() -> set[str]:
@@ -60,21 +61,24 @@ def machine_info() -> dict[str, object]:
         cpu_count=os.cpu_count(),
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
         cpu_model=cpu_model(),
-        bf16_hardware=[f for f in BF16_FLAGS if f in flags],
+        bf16_hardware=[f for f in HALF_FLAGS["bfloat16"] if f in flags],
+        fp16_hardware=[f for f in HALF_FLAGS["float16"] if f in flags],
         blas=blas_info(),
         load_average=[round(x, 2) for x in os.getloadavg()],
     )
 
 
-def bf16_slowdown(size: int = 512) -> float:
-    """Seconds of a bf16 matmul over those of a float32 one of the same size (> 1: bf16 is slower here)."""
+@functools.cache
+def half_slowdown(dtype: torch.dtype, size: int = 512) -> float:
+    """Seconds of a CPU matmul in ``dtype`` over those of a float32 one of the same size (> 1: slower here);
+    measured once per process (the command checks its dtype before taking its lock, the run again)."""
     g = torch.Generator().manual_seed(0)
     a32, b32 = (torch.randn(size, size, generator=g) for _ in range(2))
-    a16, b16 = a32.bfloat16(), b32.bfloat16()
+    a16, b16 = a32.to(dtype), b32.to(dtype)
     t = time_interleaved(
-        {"float32": lambda: torch.mm(a32, b32), "bfloat16": lambda: torch.mm(a16, b16)}, rounds=2, min_run_time=0.05
+        {"float32": lambda: torch.mm(a32, b32), "half": lambda: torch.mm(a16, b16)}, rounds=2, min_run_time=0.05
     )
-    return t["bfloat16"].median_s / t["float32"].median_s
+    return t["half"].median_s / t["float32"].median_s
 
 
 def available_cpus() -> int:

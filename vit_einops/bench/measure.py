@@ -50,7 +50,14 @@ def quartiles(times: list[float]) -> tuple[float, float]:
     return percentile(ordered, 0.25), percentile(ordered, 0.75)
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, min_run_time: float) -> dict[str, Timing]:
+def time_interleaved(
+    fns: dict[str, Callable[[], object]],
+    *,
+    rounds: int,
+    min_run_time: float,
+    clock: Callable[[], float] | None = None,
+    flush: Callable[[], object] | None = None,
+) -> dict[str, Timing]:
     """Time each callable with ``Timer.blocked_autorange``, the callables taking turns for ``rounds`` rounds.
 
     Interleaving spreads slow drifts of the machine (other processes, clock, heat) over every path alike, so
@@ -58,14 +65,22 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, min_r
     its own warm-up call (the block-size estimate), and the rounds' blocks are merged before taking the median;
     each round's own median is kept too (``round_s``), for ratios taken round by round.
     The calls run under the caller's grad mode and torch's current thread count.
+
+    ``clock``: the seconds the Timer reads before and after each block (default: torch.utils.benchmark's, which is
+    time.perf_counter; vit_einops.bench.device gives CUDA's events). ``flush``: called before each path's round,
+    outside its timing (the device's cache flush).
     """
     threads = torch.get_num_threads()
+    clock = {} if clock is None else {"timer": clock}
     timers = {
-        name: Timer("fn()", globals={"fn": fn}, num_threads=threads, description=name) for name, fn in fns.items()
+        name: Timer("fn()", globals={"fn": fn}, num_threads=threads, description=name, **clock)
+        for name, fn in fns.items()
     }
     runs: dict[str, list[Measurement]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, timer in timers.items():
+            if flush is not None:
+                flush()
             runs[name].append(timer.blocked_autorange(min_run_time=min_run_time))
     timings = {}
     for name, measurements in runs.items():
@@ -166,11 +181,18 @@ def peak_memory_bytes(fns: dict[str, Callable[[], object]]) -> dict[str, int]:
     return peaks
 
 
-def matmul_ceiling(dtype: torch.dtype, size: int = 2048, min_run_time: float = 1.0) -> dict[str, float]:
-    """The machine's achievable matmul rate: torch.mm of two (size, size) matrices, 2*size^3 FLOPs per call."""
+def matmul_ceiling(
+    dtype: torch.dtype,
+    size: int = 2048,
+    min_run_time: float = 1.0,
+    device: torch.device | str = "cpu",
+    time: Callable[..., dict[str, Timing]] = time_interleaved,
+) -> dict[str, float]:
+    """The achievable matmul rate: torch.mm of two (size, size) matrices on ``device``, 2*size^3 FLOPs per call,
+    timed by ``time`` (that device's: vit_einops.bench.device.Meter.time)."""
     g = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(size, size, generator=g).to(dtype) for _ in range(2))
-    timing = time_interleaved({"mm": lambda: torch.mm(a, b)}, rounds=1, min_run_time=min_run_time)["mm"]
+    a, b = (torch.randn(size, size, generator=g).to(device, dtype) for _ in range(2))
+    timing = time({"mm": lambda: torch.mm(a, b)}, rounds=1, min_run_time=min_run_time)["mm"]
     return dict(
         size=size, median_s=timing.median_s, iqr_s=timing.iqr_s, gflop_per_s=2 * size**3 / timing.median_s / 1e9
     )

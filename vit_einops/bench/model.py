@@ -23,7 +23,7 @@ from ..network.attention import MultiHeadAttention
 from ..network.chunk_plan import default_chunk_elements
 from ..presets import create_vit
 from ..reference import torch_reference_vit
-from .measure import peak_memory_bytes, time_interleaved
+from .device import Meter
 from .noise import LoadProbe
 from .paired import paired_ratios, ratio_fields
 
@@ -58,8 +58,8 @@ class SharedPaths:
     """Every path of one preset on one set of weights: our ViT with its attention impl switched per call
     (einsum, chunked, sdpa), and torch's encoder layers using the same Parameters ("torch")."""
 
-    def __init__(self, preset: str, dtype: torch.dtype, paths, **overrides) -> None:
-        self.model = create_vit(preset, **overrides).to(dtype)
+    def __init__(self, preset: str, dtype: torch.dtype, paths, device: torch.device, **overrides) -> None:
+        self.model = create_vit(preset, **overrides).to(device, dtype)
         self.attention = [m for m in self.model.modules() if isinstance(m, MultiHeadAttention)]
         for m in self.attention:  # the chunked block for this run's thread count, as in the attention grid
             m.attend.chunk_elements = default_chunk_elements()
@@ -139,19 +139,22 @@ def measure_model(
     image_size: int = 224,
     overrides: dict | None = None,
     probe: LoadProbe | None = None,
+    meter: Meter | None = None,
 ) -> list[dict]:
     """One row per (mode, path): images/s, achieved GFLOP/s, peak memory, the time over the "torch" path's of the
     same rounds (vit_einops.bench.paired; below 1: faster than torch's layers), and each path's largest output
     difference from the einsum path on one image (the same function, checked).
 
     ``overrides`` (ViT keywords, e.g. depth=1 for the smoke run) change the preset; the row's model name says so.
+    ``meter``: the device measured on and how (default: the CPU's).
     """
     probe = probe or LoadProbe()  # the run's: the load fallback needs to know how long the run has gone on
+    meter = meter or Meter()
     overrides = dict(overrides or {}, image_size=image_size)
-    shared = SharedPaths(preset, dtype, paths, **overrides)
+    shared = SharedPaths(preset, dtype, paths, meter.device, **overrides)
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, 3, image_size, image_size, generator=g).to(dtype)
-    y = torch.randint(0, 1000, (batch,), generator=g)
+    x = torch.randn(batch, 3, image_size, image_size, generator=g).to(meter.device, dtype)
+    y = torch.randint(0, 1000, (batch,), generator=g).to(meter.device)
     # FLOPs depend on shapes only: count them on the einsum path, whose every product is a plain matmul the
     # counter knows (it may not know a fused attention kernel), built on the meta device, where nothing is
     # initialised or computed (the counts are the same as on real tensors, in a fraction of the time).
@@ -181,9 +184,9 @@ def measure_model(
             context = torch.inference_mode
         with context():
             start = probe.sample()
-            timings = time_interleaved(calls, rounds=rounds, min_run_time=min_run_time)
+            timings = meter.time(calls, rounds=rounds, min_run_time=min_run_time)
             end = probe.sample()
-            peaks = peak_memory_bytes(calls)
+            peaks = meter.peak_bytes(calls)
         ratios = paired_ratios({p: t.round_s for p, t in timings.items()}, "torch") if "torch" in timings else {}
         for path, timing in timings.items():
             gflop = flops[mode] * batch / 1e9

@@ -13,6 +13,8 @@ LAYER_PATHS = ("mha_sdpa", "mha_chunked", "torch_mha")
 MODES = ("forward", "forward_backward")
 MODEL_PATHS = ("einsum", "chunked", "sdpa", "torch")
 MODEL_MODES = ("inference", "train_step")
+# float32 everywhere; float16 and bfloat16 where the device computes them in hardware (vit_einops.bench.device).
+DTYPES = ("float32", "float16", "bfloat16")
 
 # The numeric options and their accepted ranges (inclusive), checked where options enter (BenchOptions and the
 # CLI's argparse types). The upper bounds keep one run within minutes to hours on a CPU and its tensors within

@@ -122,6 +122,7 @@ def header_text(meta: dict, ceiling: dict, noise: dict | None = None) -> str:
             f"BLAS {meta['blas']}  load average at start {meta['load_average']}"
             + (f", at the end {meta['load_average_end']}" if "load_average_end" in meta else "")
             + f"  dtype {meta['dtype']}",
+            *_gpu_text(meta),
             _others_text(meta),
             f"matmul ceiling: torch.mm {ceiling['size']}x{ceiling['size']} {ceiling['gflop_per_s']:.1f} GFLOP/s "
             f"(median {ceiling['median_s'] * 1e3:.1f} ms, IQR {ceiling['iqr_s'] * 1e3:.2f} ms"
@@ -133,6 +134,17 @@ def header_text(meta: dict, ceiling: dict, noise: dict | None = None) -> str:
             ),
         ]
     )
+
+
+def _gpu_text(meta: dict) -> list[str]:
+    """The header's line on the GPU the run measured on (none on a CPU run)."""
+    if "gpu" not in meta:
+        return []
+    return [
+        f"device {meta['device']}: {meta['gpu']} (compute capability {meta['compute_capability']}, "
+        f"{meta['gpu_memory_bytes'] / 2**30:.1f} GiB, L2 {meta['l2_bytes'] / 2**20:.1f} MiB, CUDA {meta['cuda']}); "
+        f"timed with CUDA events, {meta['flush_bytes'] / 2**20:.0f} MiB written before each round to flush L2"
+    ]
 
 
 def _others_text(meta: dict) -> str:

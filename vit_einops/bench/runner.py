@@ -17,10 +17,13 @@ from ..base.text import printable
 from . import plots, report
 from .attention import CompiledPath, grid, measure_point
 from .budget import check_grid
+from .device import Meter, check_device, check_dtype
 from .env import free_cores, machine_info
-from .measure import matmul_ceiling, release_memory
+from .measure import matmul_ceiling
 from .model import measure_model
-from .names import COMPILED_PATHS, CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, RANGES, check_in_range
+from .names import (
+    COMPILED_PATHS, CORE_PATHS, DTYPES, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, RANGES, check_in_range,
+)  # fmt: skip
 from .noise import LoadProbe, machine_verdict, noise_score, summary
 
 
@@ -47,7 +50,8 @@ class BenchOptions:
     min_run_time: float = 0.1  # seconds per blocked_autorange round
     ceiling_size: int = 2048
     ceiling_run_time: float = 1.0  # seconds of each matmul ceiling: the window whose CPU time says who else ran
-    dtype: str = "float32"
+    dtype: str = "float32"  # of DTYPES; a half dtype only where the device has hardware for it (device.check_dtype)
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     out: Path = field(default_factory=lambda: Path("bench-results"))
     retries: int = 0  # measure a grid point again (at most this often) while any of its rows is noisy
     threads: int | None = None  # torch threads; None: as many as the cores free at the start (env.free_cores)
@@ -76,8 +80,9 @@ class BenchOptions:
                 )
         if self.threads is not None:
             check_threads("threads", self.threads)
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype {self.dtype!r} is not float32 or bfloat16")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        self.device = str(check_device(self.device))  # CUDA where there is none: refused here, saying what is missing
 
 
 GRIDS: dict[str, BenchOptions] = {
@@ -171,6 +176,8 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
     the tables."""
     out = check_out(options.out, options.force)  # before anything is measured
     check_grid(options)
+    meter = Meter(options.device)
+    check_dtype(options.dtype, meter.device)
     before = torch.get_num_threads()
     if options.threads is None:
         threads, how = free_cores()
@@ -179,23 +186,23 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
         threads, source = options.threads, "--threads"
     torch.set_num_threads(threads)
     try:
-        return _run(options, out, stdout or sys.stdout, probe or LoadProbe(), source)
+        return _run(options, out, stdout or sys.stdout, probe or LoadProbe(), source, meter)
     finally:
         torch.set_num_threads(before)
 
 
-def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_source: str) -> dict:
+def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_source: str, meter: Meter) -> dict:
     dtype = getattr(torch, options.dtype)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    meta = {**machine_info(), "threads_source": threads_source, "dtype": options.dtype}
+    meta = {**machine_info(), **meter.describe(), "threads_source": threads_source, "dtype": options.dtype}
     meta["options"] = _jsonable(asdict(options))
     threads = torch.get_num_threads()
     # The matmul ceilings at the start and at the end are the run's own check of the machine: windows of busy
     # threads with no compiling in them (inductor compiles in worker processes, which would read as others), whose
     # CPU time says whether other processes were running; without /proc/stat, the load at the run's start and end.
     before = probe.sample()
-    start_ceiling = matmul_ceiling(dtype, options.ceiling_size, options.ceiling_run_time)
+    start_ceiling = matmul_ceiling(dtype, options.ceiling_size, options.ceiling_run_time, meter.device, meter.time)
     after = probe.sample()
     start_cpu = probe.cpu_use(before, after)
     meta["others_cores"] = None if start_cpu is None else round(start_cpu.others_cores, 2)
@@ -241,6 +248,7 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_sou
                     options.rounds,
                     options.min_run_time,
                     probe,
+                    meter,
                 ),
                 options.retries,
             )
@@ -262,7 +270,7 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_sou
                 lambda what=what: measure_model(
                     what, options.model_batch, dtype, options.model_paths, options.model_modes,
                     options.rounds, options.min_run_time, options.image_size,
-                    options.model_overrides, probe,
+                    options.model_overrides, probe, meter,
                 ),
                 options.retries,
             )  # fmt: skip
@@ -270,11 +278,11 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_sou
         if noisy and not announced:  # above the progress bar, long before the tables
             progress.write(report.early_noise_text([f"{_row_name(noisy[0])}: {noisy[0]['noise']}"]), file=stdout)
             announced = True
-        release_memory()
+        meter.release()
     # Measured again at the end: other processes on the machine lower a single measurement, never raise it,
     # so the better of the two is the ceiling every row is a fraction of.
     before = probe.sample()
-    end_ceiling = matmul_ceiling(dtype, options.ceiling_size, options.ceiling_run_time)
+    end_ceiling = matmul_ceiling(dtype, options.ceiling_size, options.ceiling_run_time, meter.device, meter.time)
     end_cpu = probe.cpu_use(before, probe.sample())
     ceiling = dict(
         max(start_ceiling, end_ceiling, key=lambda c: c["gflop_per_s"]),

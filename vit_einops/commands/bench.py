@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
-from ..bench.names import CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, check_in_range
+from ..bench.names import CORE_PATHS, DTYPES, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, check_in_range
 from ..presets import list_presets
-
-DTYPES = ("float32", "bfloat16")
 
 
 def _checked(name: str, kind: type, value: str):
@@ -94,7 +91,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--force", action="store_true", help="replace the result files of an earlier run in --out (other files stay)"
     )
     parser.add_argument(
-        "--dtype", choices=DTYPES, help="float32 (default); bfloat16 only where the CPU has bf16 hardware"
+        "--device",
+        help="cpu (default), cuda or cuda:N: CUDA events time the rounds, L2 is flushed between them",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="float32 (default); float16 and bfloat16 on a CPU with that dtype's matmul hardware, on CUDA "
+        "float16 anywhere and bfloat16 from compute capability 8.0",
     )
     a = parser.add_argument_group("attention grid (comma-separated lists replace the grid's)")
     a.add_argument("--batches", type=_list_of(int, name="batches"), help="batch sizes (default 1)")
@@ -133,22 +137,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _check_bf16() -> str | None:
-    """Why bf16 should not be benchmarked here, or None when the hardware runs it at least as fast as float32."""
-    from ..bench.env import BF16_FLAGS, bf16_slowdown, cpu_flags
-
-    if not any(flag in cpu_flags() for flag in BF16_FLAGS):
-        return f"this CPU has none of {', '.join(BF16_FLAGS)}: torch emulates bf16, far slower than float32"
-    slowdown = bf16_slowdown()
-    if slowdown > 1.0:
-        return f"a bf16 matmul measured {slowdown:.1f}x slower than float32 here"
-    print(f"bf16: a 512x512 matmul measured {1 / slowdown:.1f}x faster than float32 here", file=sys.stderr)
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     from ..base.io import output_lock
     from ..bench.budget import check_grid
+    from ..bench.device import check_device, check_dtype
     from ..bench.runner import check_out, with_overrides
     from ..bench.runner import run as run_bench
 
@@ -159,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         args.grid,
         threads=args.threads,
         out=args.out,
+        device=args.device,
         dtype=args.dtype,
         batches=args.batches,
         tokens=args.tokens,
@@ -178,13 +171,11 @@ def run(args: argparse.Namespace) -> int:
         retries=args.retries,
         force=args.force or None,
     )
-    check_out(options.out, options.force)  # a bad --out fails here, before any measuring (the bf16 check too)
-    check_grid(options)  # and a grid past the memory budget
-    if args.dtype == "bfloat16":
-        reason = _check_bf16()
-        if reason:
-            print(f"vit-einops bench: not running bfloat16: {reason}; use --dtype float32", file=sys.stderr)
-            return 2
+    # Refused here, before the lock creates --out: a device without CUDA (when options were made), a bad --out, a
+    # grid past the memory budget, a dtype the device has no hardware for (the matmul it measures is kept).
+    check_out(options.out, options.force)
+    check_grid(options)
+    check_dtype(options.dtype, check_device(options.device))
     out = Path(options.out)
     # A second bench into --out fails at once, naming this one; the lock records this run's temporaries, and taking
     # it removes those of an earlier killed run.

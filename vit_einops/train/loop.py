@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from ..base.checks import check_nonnegative_float, check_positive_int
+from ..base.device import resolve_device
 from ..base.io import atomic_write_bytes
 from ..base.text import printable
 from ..network.model import ViT
@@ -154,23 +155,6 @@ TIMING_FIELDS = ("seconds", "elapsed", "time_to_97")  # the record fields that v
 
 class TrainingDivergedError(ValueError):
     """The training loss or the weights became NaN or infinite; nothing of the failing epoch was saved."""
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """ "auto" -> CUDA when available, else CPU; "cpu", "cuda", "cuda:1" or a torch.device as given."""
-    if isinstance(device, torch.device):
-        return device
-    if not isinstance(device, str):
-        raise TypeError(f"device must be 'auto', a device string or a torch.device, got {type(device).__name__}")
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError as err:
-        raise ValueError(f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'") from err
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for CUDA, which this torch build or machine does not have")
-    return resolved
 
 
 @dataclass
