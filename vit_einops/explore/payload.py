@@ -223,10 +223,13 @@ def pane_memory(config: ViTConfig, b: int, *, classes: int, target: bool, budget
     # The classes' gradients come from one differentiable pass, the target's from another.
     grad_pass = maps + forward_bytes(config, b, kept=depth, grad=True)
     grads = [grad_pass + 3 * k * maps for k in (classes, int(target)) if k]
+    # explain_all, before the recorded pass: the rollout's own recording (its maps and their copy, three l b n^2
+    # matrices), and where there is something to explain the gradient methods' passes (three copies of the maps).
+    methods = [record + 3 * depth * b * n * n * 4, *([grad_pass + 3 * maps] if classes or target else [])]
     queries, mean = attention_rows(b, depth, heads, n, config.num_prefix_tokens, budget)
     stored = b * depth * (heads * queries * n + (n * n if mean else 0)) + b * n * n * 2 * (1 + classes + int(target))
     stored += b * n * config.dim * 2
-    return max(record, analysis, *grads), stored * 4 // 3
+    return max(record, analysis, *grads, *methods), stored * 4 // 3
 
 
 def _left_out(b: int, depth: int, heads: int, n: int, prefix: int, queries: int, mean: bool, budget: int) -> list[str]:
@@ -299,6 +302,13 @@ def build_payload(
     prefix tokens in token order, then the patches of the input's grid in row-major order.
     """
     weights = "check the model's weights (non-finite or huge values); the explorer shows recorded numbers only"
+    if target is not None and not isinstance(target, BACKBONE_TARGETS):
+        raise TypeError(f"the explorer's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
+    method_params = dict(method_params or {})
+    # Every method on the grid; the gradient ones explain the target, else the top class. First, so that the
+    # methods' own passes never hold their maps beside the recorded pass's.
+    method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
+    check_finite_outputs("explanation maps", torch.stack(list(method_maps.values())), weights)
     # The encoder's layers only: an attention-pooling head has an Attend too, which the recorder leaves out.
     run = record_pass(model, images)
     logits, maps, layout = run.output, run.maps, run.layout
@@ -310,22 +320,16 @@ def build_payload(
     check_finite_outputs("final tokens", run.tokens, weights)
     classifier = model.num_classes > 0
     k = min(top_k, logits.shape[-1]) if classifier else 0
-    method_params = dict(method_params or {})
     start_layer = METHODS["relevance"].resolve(method_params.get("relevance", {}))["start_layer"]
     if classifier:
         top = logits.double().softmax(dim=-1).topk(k, dim=-1)
         relevance = attention_relevance(model, images, top.indices, preprocessed=True, start_layer=start_layer)
         check_finite_outputs("relevance maps", relevance, f"the gradients overflowed; {weights}")
     if target is not None:
-        if not isinstance(target, BACKBONE_TARGETS):
-            raise TypeError(f"the explorer's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
         _, target_maps, target_grads, scores = attention_gradients(model, images, target)
         target_relevance = relevance_from_gradients(target_maps, target_grads, start_layer)[0]  # (b, n, n)
         del target_maps, target_grads
         check_finite_outputs("relevance maps", target_relevance, f"the gradients overflowed; {weights}")
-    # Every method on the grid; the gradient ones explain the target, else the top class.
-    method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
-    check_finite_outputs("explanation maps", torch.stack(list(method_maps.values())), weights)
     patch_size = tuple(model.config.patch_size)
     stats = _by_layer(maps, layout, patch_size)  # each (l, b, h), prefix_share (.., p), fused (l, b, n, n)
     fused = stats.pop("fused")  # (l, b, n, n), float64

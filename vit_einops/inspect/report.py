@@ -65,15 +65,18 @@ def report_memory(config: ViTConfig, b: int, *, target: bool) -> int:
     """The memory :func:`write_report` works in on ``b`` images of ``config``'s size, from the sizes alone: the
     recorded pass (:func:`~vit_einops.sizes.forward_bytes` keeping every layer's maps, and their copy), then beside
     the float32 maps (l b h n^2) the rollout's matrices (l b n^2, three of them) and one layer's float64 copies, a
-    target's differentiable pass with its gradients (three copies of the maps), and at the end ``arrays.npz``'s
+    target's or a method's differentiable pass with its gradients (three copies of the maps), the explanation
+    methods (:func:`~vit_einops.inspect.explain_all`, run before the recorded pass), and at the end ``arrays.npz``'s
     buffer (a copy of the maps and the rest) beside the figures."""
     n, depth, heads = config.num_tokens, config.depth, config.heads
     maps = depth * b * heads * n * n * 4
     record = forward_bytes(config, b, kept=depth) + maps
     analysis = maps + 3 * depth * b * n * n * 4 + 4 * b * heads * n * n * 8
-    grads = maps + forward_bytes(config, b, kept=depth, grad=True) + 3 * maps if target else 0
+    grad_pass = maps + forward_bytes(config, b, kept=depth, grad=True)
+    grads = grad_pass + 3 * maps if target or config.num_classes else 0  # a target's relevance; explain_all's
+    methods = record + 3 * depth * b * n * n * 4  # explain_all's rollout, which records the maps again
     written = 2 * maps + 2 * depth * b * n * n * 4 + FIGURE_BYTES
-    return max(record, analysis, grads, written)
+    return max(record, analysis, grads, methods, written)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -160,18 +163,19 @@ def write_report(
     layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
     model.eval()
     out = Path(out_dir)
-    run = record_pass(model, images)  # the one pass every array below reads
+    method_params = dict(method_params or {})
+    # The methods first, so that their own passes never hold their maps beside the recorded pass's.
+    method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
+    run = record_pass(model, images)  # the one pass every other array below reads
     logits, maps, layout = run.output, run.maps, run.layout  # maps (l, b, h, n, n)
     check_finite_logits(images, logits)
     has_class = CLASS_TOKEN in layout.prefix
     # Without a class token, the attention each patch receives from the patches is the map there is to draw.
     token_map = class_attention_grid if has_class else patch_attention_grid
     heads = token_map(maps[layer], layout)  # (b, h, gh, gw)
-    method_params = dict(method_params or {})
     rollout_params = METHODS["rollout"].resolve(method_params.get("rollout", {}))
     rollout = attention_rollout(maps, **rollout_params, kept=class_index(layout))
     rollout_grid = token_map(rollout, layout)
-    method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
     labels = {name: METHODS[name].label(method_params.get(name), every=True) for name in method_maps}
     titles = titles or [f"image {i}" for i in range(len(images))]
     if model.num_classes:  # a model without a classifier outputs features: it predicts nothing
