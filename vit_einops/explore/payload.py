@@ -307,8 +307,14 @@ def build_payload(
     method_params = dict(method_params or {})
     # Every method on the grid; the gradient ones explain the target, else the top class. First, so that the
     # methods' own passes never hold their maps beside the recorded pass's.
-    method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
-    check_finite_outputs("explanation maps", torch.stack(list(method_maps.values())), weights)
+    try:
+        method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
+    except ValueError:
+        # A method met non-finite numbers: the recorded pass names the cause where it is the model's own.
+        run = record_pass(model, images)
+        check_finite_outputs("model's logits", run.output, weights)
+        check_finite_outputs("attention maps", run.maps, weights)
+        raise
     # The encoder's layers only: an attention-pooling head has an Attend too, which the recorder leaves out.
     run = record_pass(model, images)
     logits, maps, layout = run.output, run.maps, run.layout
@@ -318,6 +324,7 @@ def build_payload(
     norms = run.norms  # (l, b, n)
     check_finite_outputs("token norms", norms, weights)
     check_finite_outputs("final tokens", run.tokens, weights)
+    check_finite_outputs("explanation maps", torch.stack(list(method_maps.values())), weights)  # after the model's
     classifier = model.num_classes > 0
     k = min(top_k, logits.shape[-1]) if classifier else 0
     start_layer = METHODS["relevance"].resolve(method_params.get("relevance", {}))["start_layer"]

@@ -165,7 +165,12 @@ def write_report(
     out = Path(out_dir)
     method_params = dict(method_params or {})
     # The methods first, so that their own passes never hold their maps beside the recorded pass's.
-    method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
+    try:
+        method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
+    except ValueError:
+        # A method met non-finite numbers: the model's own outputs say why, if they are the cause.
+        check_finite_logits(images, record_pass(model, images).output)
+        raise
     run = record_pass(model, images)  # the one pass every other array below reads
     logits, maps, layout = run.output, run.maps, run.layout  # maps (l, b, h, n, n)
     check_finite_logits(images, logits)
