@@ -8,6 +8,8 @@ In CI (CI=true) a missing browser, driver or selenium is a failure, so the test 
 developer machine it is skipped with the reason and the install command.
 """
 
+import itertools
+import json
 import os
 import re
 import shutil
@@ -20,6 +22,7 @@ from _interop import perturbed
 from _tiny import TINY_RGB16, tiny_vit
 from test_explore_stats import HOSTILE, class_sink
 
+from vit_einops import ViT
 from vit_einops.explore import write_explorer
 from vit_einops.inspect import (
     METHODS,
@@ -544,4 +547,56 @@ def test_the_patch_pca_view_draws_each_models_own_colours_side_by_side(browser, 
         note = browser.find_element("css selector", f"#pane-{i} .view-note").text
         assert "this model's own patch tokens" in note and "dinov2 issue #469" in note
         assert browser.find_element("css selector", f"#pane-{i} .colour-scale").is_displayed() is False
+    assert _console_errors(browser) == []
+
+
+def test_a_page_over_its_budget_side_by_side_shared_scale_token_chart_and_notes(browser, tmp_path):
+    """The path a 518 px DINOv2 page takes, on tiny models: registers (over its attention budget: the mean of heads
+    and the prefix rows kept) beside a SigLIP-like tower (no prefix token, all of it kept). A head's row of a patch
+    query is named as left out; the mean of heads draws the recorded mean within its stated step; one colour scale
+    for both takes the larger top; the token chart's names do not overlap; the similarity view draws the clicked
+    patch's cosines; and the rollout note of a model without a class token does not ask for one."""
+    from test_explore_models import register_vit
+
+    torch.manual_seed(0)
+    small = dict(image_size=32, patch_size=8, dim=32, depth=2, heads=2, mlp_dim=64, num_classes=3)
+    models = [register_vit(), ViT(**small, class_token=False, pool="map").eval()]
+    images = torch.rand(1, 3, 32, 32)
+    page = write_explorer(models, images, tmp_path / "b.html", names=["reg", "siglip"], top_k=1,
+                          attention_budget=2 * (2 * 5 * 21 + 21 * 21))  # fmt: skip
+    _open(browser, page)
+    text = lambda selector: browser.find_element("css selector", selector).get_attribute("textContent")  # noqa: E731
+    scale = lambda i: browser.find_element("css selector", f"#pane-{i} .colour-scale")  # noqa: E731
+    top = lambda i: float(scale(i).get_attribute("data-max"))  # noqa: E731
+    assert text("#pane-0 .left-out").startswith("left out: each head's attention rows of the 16 patch queries")
+    assert text("#pane-1 .left-out") == ""
+    _hover_patch(browser, 10, click=True, pane=0, prefix=5)  # patch (row 1, col 1)
+    _select(browser, "head-select", 1)
+    assert text("#pane-0 .query-line") == (
+        "nothing: head 1's row of token 10 (patch row 1, col 1) was left out of this page (see the note above the map)"
+    )
+    assert "keeps each head's rows of the prefix tokens and the mean of heads for every query" in text(
+        "#pane-0 .view-note"
+    )
+    _select(browser, "head-select", "mean")
+    maps = [record_attention(model, images)[1][0, 0].double() for model in models]  # layer 0: (h, n, n)
+    mean = maps[0].mean(0)[10]
+    step = mean.max().item() / 255  # the mean's own row, quantised on its own maximum
+    assert abs(top(0) - mean[5:].max().item()) <= step / 2 + 1e-9
+    own = [top(0), top(1)]
+    browser.find_element("id", "shared-scale").click()
+    assert top(0) == top(1) == max(own) and "one scale for both" in text("#pane-0 .scale-line")
+    labels = json.loads(browser.find_element("css selector", "#pane-0 .token-chart").get_attribute("data-labels"))
+    assert len(labels) == 6  # cls, reg1..reg4 and the patches' range
+    for a, b in itertools.combinations(labels, 2):
+        assert a[1] <= b[0] or b[1] <= a[0] or a[3] <= b[2] or b[3] <= a[2], (a, b)
+    browser.find_element("id", "shared-scale").click()
+    _select(browser, "view-select", "similarity")
+    tokens = models[1].forward_features(images)[0].detach().double()
+    cosines = torch.nn.functional.cosine_similarity(tokens, tokens[5][None], dim=-1)  # patch (1, 1) of siglip's grid
+    assert abs(top(1) - cosines.max().item()) <= 2**-9 and cosines.max().item() == pytest.approx(1)
+    _select(browser, "view-select", "rollout")
+    note = text("#pane-1 .view-note")
+    assert "This model has no class token" in note and "click the class token" not in note
+    assert "click the class token" in text("#pane-0 .view-note")
     assert _console_errors(browser) == []

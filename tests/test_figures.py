@@ -278,8 +278,13 @@ def test_position_similarity_takes_the_similarity_not_the_model():
         plot_position_similarity(model)
     with pytest.raises(ValueError, match=r"takes similarity \(gh, gw, gh, gw\).* got shape \(4, 4, 16\)"):
         plot_position_similarity(model_position_similarity(model).flatten(2))
-    tiles = image_axes(plot_position_similarity(model_position_similarity(model)))
-    assert len(tiles) == 16  # the 4x4 grid's tiles
+    similarity = model_position_similarity(model)  # (4, 4, 4, 4)
+    [panel] = image_axes(plot_position_similarity(similarity))
+    drawn = np.ma.filled(panel.get_images()[0].get_array(), np.nan)  # one picture of the 4x4 grid's tiles
+    assert drawn.shape == (19, 19) and np.isnan(drawn[4::5]).all() and np.isnan(drawn[:, 4::5]).all()
+    for r in range(4):
+        for c in range(4):  # tile (r, c), between the blank separators, is that patch's similarity map
+            np.testing.assert_array_equal(drawn[5 * r : 5 * r + 4, 5 * c : 5 * c + 4], similarity[r, c].float().numpy())
 
 
 @pytest.mark.parametrize("inches, pixels", [(4.0, 600), (2.5, 600), (6.4, 768)])

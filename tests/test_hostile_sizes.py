@@ -266,7 +266,9 @@ def test_inspect_and_explore_refuse_a_forward_past_the_budget(tmp_path, capsys, 
     extra = [str(image) if e == "IMG" else str(tmp_path / e) if e.endswith(".html") else e for e in extra]
     code, err = run_cli(capsys, command, str(path), *extra, "--preprocessing", "plain", "--max-memory", "8MiB")
     assert (code, err.count("\n")) == (2, 1), err
-    assert f"error: a forward pass of {images} images at 1025 tokens keeping every layer's attention needs about" in err
+    # The whole run is refused at its peak, before any forward pass: every layer's attention, the arrays, the page.
+    what = "inspect of" if command == "inspect" else "an explorer page of 1 model on"
+    assert f"error: {what} {images} images at 1,025 tokens, with the " in err and "this process holds now, needs" in err
     assert "over the max-memory limit of 8.0 MiB" in err
     assert list(tmp_path.iterdir()) == [path, image] or sorted(tmp_path.iterdir()) == sorted([path, image])
 

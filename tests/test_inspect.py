@@ -276,8 +276,8 @@ def test_report_runs_the_model_once_when_distance_images_are_the_drawn_ones(tmp_
     model = tiny_vit()
     images = torch.rand(3, 1, 8, 8)
     distance_images = {None: None, "same": images, "equal": images.clone()}[same]
-    calls = []
-    model.register_forward_pre_hook(lambda module, args: calls.append(len(args[0])))
+    calls = []  # every pass embeds its patches, whichever entry point (model(x), forward_features) it takes
+    model.patch_embed.register_forward_pre_hook(lambda module, args: calls.append(len(args[0])))
     write_report(model, images, tmp_path, distance_images=distance_images, titles=["a", "b", "c"])
     report_calls = list(calls)
     calls.clear()

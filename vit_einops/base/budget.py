@@ -223,6 +223,30 @@ def check_memory(estimate: float, what: str) -> None:
     )
 
 
+def resident_bytes() -> int:
+    """The memory this process holds now (its resident set, from /proc/self/statm on Linux); 0 where that cannot be
+    read."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0
+
+
+def check_peak_memory(work: float, what: str) -> float:
+    """Refuse (as :func:`check_memory`) a run whose process would peak over the memory limit: what it holds now
+    (:func:`resident_bytes`: the interpreter, the libraries, the models loaded) plus ``work`` bytes more. Against
+    the machine's available memory, which already leaves out what the process holds, ``work`` alone is judged.
+    Returns the estimated peak."""
+    held = resident_bytes()
+    peak = held + work
+    if memory_limit()[1].startswith("this"):
+        check_memory(work, what)
+    else:
+        check_memory(peak, f"{what}, with the {format_bytes(held)} this process holds now,")
+    return peak
+
+
 def _round_up(size: float) -> str:
     """A round size at or above ``size`` to suggest as a limit: whole MiB below 1 GiB, whole GiB below 1 TiB, else
     whole TiB."""

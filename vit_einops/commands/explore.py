@@ -30,6 +30,13 @@ from ._model import (
 DIGIT_IMAGES = 4  # test digits 0..3: a small model, a small page
 
 
+def _size(text: str) -> int:
+    """argparse type of --attention-budget: a size such as 24MB or 8MiB."""
+    from ..base.budget import parse_bytes
+
+    return parse_bytes(text, "--attention-budget")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "models",
@@ -51,6 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=8,
         help="bits per stored attention weight, 2..8: fewer make a smaller, coarser page (default %(default)s)",
     )
+    parser.add_argument(
+        "--attention-budget",
+        type=_size,
+        metavar="SIZE",
+        help="bytes of attention codes each model's pane may hold, e.g. 8MB (default 24MB): where every "
+        "head's row of every query does not fit, the page keeps the mean of heads and the prefix tokens' rows, and "
+        "says what it left out",
+    )
     add_target_arguments(parser)
     add_method_arguments(parser)
 
@@ -68,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _explore(args: argparse.Namespace) -> int:
     from ..base.io import check_file_output
-    from ..explore.page import explorer_pane, write_panes
+    from ..explore.page import check_explorer_memory, explorer_pane, write_panes
+    from ..explore.payload import DEFAULT_ATTENTION_BUDGET
     from ..images import to_uint8
-    from ..sizes import check_forward_memory
 
     check_file_output(args.out, args.force, "pass --force to replace it")  # before the work; again at the commit
     target = target_from_args(args)  # a bad target file is refused before any model loads
@@ -83,8 +98,13 @@ def _explore(args: argparse.Namespace) -> int:
         )
     chosen = [default_images(model, args.image, DIGIT_IMAGES) for model in models]
     titles = chosen[0]["titles"]
-    for model in models:  # the page holds every layer's attention of every image, quantised from a float64 copy
-        check_forward_memory(model.config, len(titles), kept=model.config.depth, itemsize=8)
+    budget = args.attention_budget or DEFAULT_ATTENTION_BUDGET
+    check_explorer_memory(  # the whole run's peak, before any pane is built
+        [(model, len(images["inputs"]), images["inputs"].shape[-2:]) for model, images in zip(models, chosen)],
+        top_k=args.top_k,
+        target=target,
+        budget=budget,
+    )
     panes = []
     for path, model, images in zip(args.models, models, chosen, strict=True):
         panes.append(
@@ -99,9 +119,13 @@ def _explore(args: argparse.Namespace) -> int:
                 bits=args.bits,
                 target=target,
                 method_params=method_params,
+                attention_budget=budget,
             )
         )
     path = write_panes(panes, args.out, titles=titles, bits=args.bits, overwrite=args.force)
     both = ", 2 models side by side" if len(models) == 2 else ""
-    print(f"explorer: {printable(path)} ({path.stat().st_size / 1e6:.2f} MB, {len(titles)} images{both})")
+    over = "; some attention rows left out (over --attention-budget), as the page says" if any(
+        pane["left_out"] for pane in panes
+    ) else ""
+    print(f"explorer: {printable(path)} ({path.stat().st_size / 1e6:.2f} MB, {len(titles)} images{both}{over})")
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from ._model import (
@@ -92,8 +93,8 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     from ..base.io import check_directory_output
     from ..base.text import printable
     from ..inspect import write_report
-    from ..inspect.report import REPORT_FILES
-    from ..sizes import check_forward_memory
+    from ..base.budget import check_peak_memory
+    from ..inspect.report import REPORT_FILES, report_memory
 
     check_directory_output(out, REPORT_FILES, args.force)  # before the work; checked again at the commit
     target = target_from_args(args)  # a bad target file is refused before any model loads
@@ -103,8 +104,13 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     if not -depth <= args.layer < depth:
         raise ValueError(f"--layer {args.layer} is out of range for a model of {depth} layers (0..{depth - 1}, or -1)")
     images = default_images(model, args.image, args.num_images, args.distance_images)
-    # Every layer's attention of every image is recorded at once: (depth, b, h, n, n).
-    check_forward_memory(model.config, len(images["inputs"]), kept=depth)
+    # Every layer's attention of every image is recorded at once, (depth, b, h, n, n): the run's peak, before it.
+    b = len(images["inputs"])
+    config = replace(model.config, image_size=tuple(images["inputs"].shape[-2:]))
+    check_peak_memory(
+        report_memory(config, b, target=target is not None),
+        f"inspect of {b} image{'s' * (b > 1)} at {config.num_tokens:,} tokens",
+    )
     paths = write_report(
         model,
         images["inputs"],

@@ -15,7 +15,7 @@ const $ = (id) => document.getElementById(id);
 // width), so that each pane finds its own token there whatever its grid.
 const state = {
   image: 0,
-  view: "attention", // attention | dino | rollout | relevance | norms | pca | method
+  view: "attention", // attention | dino | rollout | relevance | norms | similarity | pca | method
   layer: 0,
   head: "mean", // "mean" or a head index
   classRank: 0, // which of the image's relevance entries (its top classes, then the target) the relevance is for
@@ -24,6 +24,7 @@ const state = {
   hover: null, // the key under the pointer, as the query is said
   mask: true, // draw DINO's mask in the DINO view
   method: null, // the explanation method's name in the method view (pane.data.methods[k].name)
+  shared: false, // side by side: one colour scale for both panes (the larger top)
 };
 
 const PREFIX_KIND = { cls: "class token", dist: "distillation token" };
@@ -73,11 +74,26 @@ function loadPicture(png) {
   });
 }
 
-async function decodeImage(page) {
+// A pass's final tokens (N, D) as float16 times a scale -> unit rows (N * D): the similarity view's cosines.
+function unitRows(bytes, scale, dim) {
+  const rows = halfMatrix(bytes, scale);
+  for (let t = 0; t < rows.length / dim; t++) {
+    let norm = 0;
+    for (let i = 0; i < dim; i++) norm += rows[t * dim + i] ** 2;
+    norm = Math.sqrt(norm) || 1;
+    for (let i = 0; i < dim; i++) rows[t * dim + i] /= norm;
+  }
+  return rows;
+}
+
+async function decodeImage(page, dim) {
   const pca = await loadPicture(page.pca); // one pixel per patch: its PCA colour (uint8 RGB)
   return {
-    attention: await inflate(page.attention), // uint8 codes (layer, head, query, key)
+    attention: await inflate(page.attention), // uint8 codes (layer, head, query, key), the first Q queries
     rowmax: float32Array(await inflate(page.attention_rowmax)), // (layer, head, query)
+    mean: page.attention_mean === null ? null : await inflate(page.attention_mean), // (layer, query, key) or none
+    meanRowmax: page.attention_mean === null ? null : float32Array(await inflate(page.attention_mean_rowmax)),
+    tokens: unitRows(await inflate(page.tokens), page.tokens_scale, dim), // (token, dim), each of norm 1
     rollout: halfMatrix(await inflate(page.rollout), page.rollout_scale), // (query, key)
     relevance: await Promise.all(
       entries(page).map(async (c) => halfMatrix(await inflate(c.relevance), c.relevance_scale)),
@@ -170,9 +186,17 @@ function tokenName(pane, token) {
 
 // ---- the row being drawn: values over all N keys, and each value's error bound ------------------------
 
+// Whether this pane's page holds the attention row asked for: each head's rows of the first Q queries (every
+// query, or the prefix tokens' alone where the page left the rest out), and the mean of heads where it was kept.
+function attentionStored(pane, head, query) {
+  if (head === "mean" && pane.decoded[state.image].mean !== null) return true;
+  return query < pane.data.attention_queries;
+}
+
 // The selected matrix's row for this pane: {values, bounds, name, digits}. bounds[j] is how far values[j] may
 // be from the number the model computed (the quantisation of the stored arrays, see the footer). null where the
-// pane has nothing to draw (the DINO view of a model without a class token).
+// pane has nothing to draw (missingReason says why: the DINO view of a model without a class token, or a row the
+// page left out).
 function currentRow(pane) {
   const N = pane.N;
   const d = pane.decoded[state.image];
@@ -184,17 +208,41 @@ function currentRow(pane) {
   if (state.view === "attention" || state.view === "dino") {
     if (query < 0) return null;
     const head = paneHead(pane);
+    if (!attentionStored(pane, head, query)) return null;
+    const named = head === "mean" ? "mean of heads" : `head ${head}`;
+    const name = `attention A, layer ${layer}, ${named}`;
+    if (head === "mean" && d.mean !== null) {
+      // The mean of the heads, stored as its own row (quantised on its own maximum).
+      const rowIndex = layer * N + query;
+      const step = d.meanRowmax[rowIndex] / DATA.attention_levels;
+      for (let j = 0; j < N; j++) {
+        values[j] = d.mean[rowIndex * N + j] * step;
+        bounds[j] = step / 2;
+      }
+      return { values, bounds, name, digits: "fixed" };
+    }
+    const Q = pane.data.attention_queries;
     const heads = head === "mean" ? [...Array(pane.data.heads).keys()] : [head];
     for (const h of heads) {
-      const rowIndex = (layer * pane.data.heads + h) * N + query;
+      const rowIndex = (layer * pane.data.heads + h) * Q + query;
       const step = d.rowmax[rowIndex] / DATA.attention_levels; // one uint8 step of this row
       for (let j = 0; j < N; j++) {
         values[j] += (d.attention[rowIndex * N + j] * step) / heads.length;
         bounds[j] += step / 2 / heads.length; // rounding to the nearest step: half a step
       }
     }
-    const named = head === "mean" ? "mean of heads" : `head ${head}`;
-    return { values, bounds, name: `attention A, layer ${layer}, ${named}`, digits: "fixed" };
+    return { values, bounds, name, digits: "fixed" };
+  }
+  if (state.view === "similarity") {
+    // cos(z_q, z_j) of the final tokens: unit rows of float16 tokens, each cosine within 2^-9 (see the footer).
+    const dim = pane.data.token_dim;
+    for (let j = 0; j < N; j++) {
+      let dot = 0;
+      for (let i = 0; i < dim; i++) dot += d.tokens[query * dim + i] * d.tokens[j * dim + i];
+      values[j] = dot;
+      bounds[j] = DATA.cosine_bound;
+    }
+    return { values, bounds, name: "cosine similarity of the final tokens", digits: "fixed" };
   }
   if (state.view === "method") {
     // A map over the patches alone (gh, gw): the prefix tokens hold nothing here (drawPrefix says so).
@@ -271,7 +319,13 @@ function dinoMask(pane) {
   return { mask: dino.masks[k], kept: dino.kept[k] };
 }
 
-function drawImage(pane, row) {
+// The heat map's top: this row's largest patch value, or with one scale for both panes the larger of theirs.
+function scaleTop(pane, row, rows) {
+  if (!state.shared || panes.length < 2) return patchPeak(pane, row);
+  return Math.max(...panes.map((other, i) => (rows[i] === null ? 0 : patchPeak(other, rows[i]))));
+}
+
+function drawImage(pane, row, peak) {
   const canvas = pane.el("image-canvas");
   const ctx = canvas.getContext("2d");
   const d = pane.decoded[state.image];
@@ -288,9 +342,8 @@ function drawImage(pane, row) {
     drawScale(pane, null, 0);
     return;
   }
-  // Heat map over the patches, linear from 0 to this row's largest patch value (the prefix tokens are listed
-  // beside it, on the same scale, clipped).
-  const peak = patchPeak(pane, row);
+  // Heat map over the patches, linear from 0 to ``peak`` (scaleTop: this row's largest patch value, or both
+  // panes'); the prefix tokens are listed beside it, on the same scale, clipped.
   const scaled = (v) => (peak > 0 ? Math.min(Math.max(v / peak, 0), 1) : 0);
   for (let j = P; j < N; j++) {
     const p = j - P;
@@ -379,6 +432,8 @@ function drawPrefix(pane, row, scaled, query, hover) {
       " (each row of A sums to 1)";
   } else if (state.view === "norms") {
     line.textContent = pane.P ? "norms of the prefix tokens, on the map's scale (clipped at its top)" : "";
+  } else if (state.view === "similarity") {
+    line.textContent = pane.P ? "the prefix tokens' cosines to the query's token, on the map's scale" : "";
   } else {
     line.textContent =
       `this row on the prefix tokens ${prefixSum.toPrecision(4)}, on the patches ${patches.toPrecision(4)}`;
@@ -413,9 +468,11 @@ function drawScale(pane, row, peak) {
   }
   const above = pane.prefix.filter((_, t) => peak > 0 && row.values[t] > peak);
   const clipped = above.length ? `; above the scale, drawn at its top: ${above.join(", ")}` : "";
+  const negative = row.values.some((v) => v < 0) ? "; below 0, drawn as 0" : "";
+  const whose = state.shared && panes.length > 1 ? " of either model (one scale for both)" : "";
   pane.el("scale-line").textContent =
     `colour: linear from 0 (dark blue) to ${peak.toPrecision(4)} (yellow), the largest value on a patch in ` +
-    `this ${state.view === "norms" ? "layer" : "row"}${clipped}`;
+    `this ${state.view === "norms" ? "layer" : "row"}${whose}${clipped}${negative}`;
 }
 
 function line(ctx, x0, y0, x1, y1) {
@@ -436,9 +493,19 @@ function outline(ctx, pane, token, cellW, cellH, style, dash) {
 }
 
 // Which row is drawn, said the same way in the line under the picture and in the footer.
+// Why a pane draws no row: DINO's view of a model without a class token, or a row this page left out.
+function missingReason(pane) {
+  if (state.view === "dino" && paneQuery(pane) < 0) {
+    return "nothing: this model has no class token, whose attention DINO's view shows";
+  }
+  const head = paneHead(pane);
+  return `nothing: ${head === "mean" ? "the mean of heads' row" : `head ${head}'s row`} of ` +
+    `${tokenName(pane, paneQuery(pane))} was left out of this page (see the note above the map)`;
+}
+
 function rowName(pane, row) {
   if (row === null && state.view === "method") return `nothing: ${state.method} was not computed for this model`;
-  if (row === null) return "nothing: this model has no class token, whose attention DINO's view shows";
+  if (row === null) return missingReason(pane);
   if (state.view === "norms") return `${row.name} (every token; no query row)`;
   if (state.view === "method") return `${row.name} (the patch grid; no query row)`;
   const q = paneQuery(pane);
@@ -459,11 +526,13 @@ function drawLegend(pane) {
   const named = head === "mean" ? "mean of heads (all blue)" : `head ${head}`;
   const used = { attention: "", dino: "", rollout: "; the rollout uses every head",
     relevance: "; relevance uses every head", norms: "; token norms have no heads",
+    similarity: "; the similarity reads the final tokens, not a head",
     method: "; the method's map is its own (its parameters in its name)" }[state.view];
   pane.el("legend-head").textContent = `selected head (charts: blue dots, the others grey): ${named}${used}`;
   const layers = ["rollout", "relevance"].includes(state.view)
     ? `; the ${state.view} combines every layer`
-    : state.view === "method" ? "; the method reads the layers its parameters name" : "";
+    : state.view === "method" ? "; the method reads the layers its parameters name"
+    : state.view === "similarity" ? "; the similarity reads the final tokens (after the last layer)" : "";
   pane.el("legend-layer").textContent =
     `selected layer (yellow column in the charts): layer ${paneLayer(pane)}${layers}`;
 }
@@ -494,9 +563,15 @@ function viewNote(pane, row) {
   const cls = entries(pane.data.images[state.image])[state.classRank];
   if (row === null && state.view === "method") {
     notes.push(`${state.method} explains a class or a target: this model has no classifier and the page no target.`);
-  } else if (row === null) {
+  } else if (row === null && state.view === "dino") {
     notes.push("This model has no class token (no \"cls\" among its prefix tokens), so it has no class-token " +
       "attention for DINO's view; the attention view shows any query's row.");
+  } else if (row === null) {
+    notes.push(`At ${pane.N.toLocaleString("en")} tokens this page keeps ` +
+      (pane.data.attention_queries ? "each head's rows of the prefix tokens" : "no head's rows") +
+      (pane.decoded[state.image].mean !== null ? " and the mean of heads for every query" : "") +
+      ": choose " + (pane.decoded[state.image].mean !== null ? "the mean of heads or " : "") +
+      (pane.P ? "a prefix token as the query" : "another view") + ".");
   } else if (state.view === "relevance" && cls.relevance_identity && cls.index === undefined) {
     notes.push("Relevance is the identity matrix for this target: its score does not depend on the attention.");
   } else if (state.view === "relevance" && cls.relevance_identity) {
@@ -516,8 +591,13 @@ function viewNote(pane, row) {
   }
   const q = paneQuery(pane);
   if (["rollout", "relevance"].includes(state.view) && q >= pane.P) {
-    notes.push(`Shown: row ${q}, the clicked patch's. The class token's row (what the classifier ` +
-      "reads) is the usual map: click the class token beside the map to show it.");
+    const which =
+      state.query.point !== undefined ? "the clicked patch's" : "the centre patch's, while no patch is clicked";
+    notes.push(pane.prefix.includes("cls")
+      ? `Shown: row ${q}, ${which}. The class token's row (what the classifier reads) is the usual map: click ` +
+        "the class token beside the map to show it."
+      : `Shown: row ${q}, ${which}. This model has no class token: its output pools the patch tokens (attention ` +
+        "pooling or their mean), so no single row is what it reads; click any patch to show its row.");
   }
   return notes.join(" ");
 }
@@ -569,7 +649,7 @@ function drawReadout(pane, row) {
     return;
   }
   const what = { attention: "weight", dino: "weight", rollout: "weight", relevance: "relevance", norms: "norm",
-    method: "value" }[state.view];
+    similarity: "cosine", method: "value" }[state.view];
   const query = ["norms", "method"].includes(state.view) ? "" : `query ${paneQuery(pane)} · `;
   pane.el("readout").textContent =
     `${query}key ${key} · ${what} ${formatValue(row.values[key], row.bounds[key], row.digits)} · ` +
@@ -625,8 +705,11 @@ function drawPca(pane) {
 
 // ---- the selected layer's token norms, token by token: prefix tokens marked, the patches' outliers named ------
 
-const TOKEN_CHART = { left: 52, right: 8, top: 8, bottom: 20 };
+const TOKEN_CHART = { left: 52, right: 8, top: 8, bottom: 20, slot: 30, gap: 8 };
 
+// Each prefix token has a slot of its own at the left, wide enough for its bar and its name under it; the patches
+// share the rest, a bar each (at 1,369 patches several to a pixel). data-labels holds each name's box [left,
+// right, top, bottom] in canvas pixels, so that a test can see that no two overlap.
 function drawTokenChart(pane) {
   const canvas = pane.el("token-chart");
   const ctx = canvas.getContext("2d");
@@ -636,7 +719,10 @@ function drawTokenChart(pane) {
   const high = Math.max(...norms);
   const low = Math.min(0, ...norms);
   const pad = TOKEN_CHART;
-  const x = (t) => pad.left + ((t + 0.5) / N) * (canvas.width - pad.left - pad.right);
+  const patchLeft = pad.left + (P ? P * pad.slot + pad.gap : 0);
+  const patchWidth = (canvas.width - patchLeft - pad.right) / (N - P);
+  const x = (t) => (t < P ? pad.left + (t + 0.5) * pad.slot : patchLeft + (t - P + 0.5) * patchWidth);
+  const width = (t) => (t < P ? pad.slot - 8 : Math.max(1, Math.min(2, patchWidth)));
   const plotH = canvas.height - pad.top - pad.bottom;
   const y = (v) => canvas.height - pad.bottom - ((v - low) / (high - low || 1)) * plotH;
   ctx.clearRect(0, 0, canvas.width, canvas.height);
@@ -646,12 +732,24 @@ function drawTokenChart(pane) {
   ctx.fillText(low.toPrecision(4), 2, canvas.height - pad.bottom);
   norms.forEach((v, t) => {
     ctx.fillStyle = t < P ? prefixColour(pane.prefix[t]) : "rgba(40, 90, 160, 0.8)";
-    ctx.fillRect(x(t) - 1, y(v), 2, canvas.height - pad.bottom - y(v));
+    ctx.fillRect(x(t) - width(t) / 2, y(v), width(t), canvas.height - pad.bottom - y(v));
   });
-  pane.prefix.forEach((name, t) => {
+  const labels = pane.prefix.map((name, t) => {
+    // Names wider than a slot (none of cls, dist, reg1..reg99 at this font) take turns on two lines.
+    const w = ctx.measureText(name).width;
+    const row = w > pad.slot - 2 ? t % 2 : 0;
+    const [left, base] = [x(t) - w / 2, canvas.height - 6 - row * 10];
     ctx.fillStyle = prefixColour(name);
-    ctx.fillText(name, x(t) - 4, canvas.height - 6 - (t % 2) * 9);
+    ctx.fillText(name, left, base);
+    return [left, left + w, base - 9, base];
   });
+  if (N > P) {
+    ctx.fillStyle = "#333";
+    ctx.fillText(`patches ${P}..${N - 1}`, patchLeft, canvas.height - 6);
+    labels.push([patchLeft, patchLeft + ctx.measureText(`patches ${P}..${N - 1}`).width, canvas.height - 15,
+      canvas.height - 6]);
+  }
+  canvas.dataset.labels = JSON.stringify(labels);
   // The patches' median and their highest norms: the register paper's artifact is a few patches far above it.
   const patches = norms.slice(P).map((v, p) => [v, p]).sort((a, b) => b[0] - a[0]);
   const median = patches[Math.floor(patches.length / 2)][0];
@@ -894,16 +992,20 @@ function update(changes) {
   $("method-select").disabled = state.view !== "method";
   $("relevance-option").disabled = !relevanceShown();
   $("mask-toggle").checked = state.mask;
+  $("shared-scale").checked = state.shared;
   fillClasses();
-  for (const pane of panes) {
+  const rows = panes.map((pane) => (state.view === "pca" ? null : currentRow(pane)));
+  panes.forEach((pane, i) => {
     pane.el("colour-scale").style.display = state.view === "pca" ? "none" : "";
+    pane.el("left-out").textContent = pane.data.left_out.join("; ");
     if (state.view === "pca") {
       drawPca(pane);
     } else {
-      const row = currentRow(pane);
-      drawImage(pane, row);
-      drawReadout(pane, row);
+      drawImage(pane, rows[i], rows[i] === null ? 0 : scaleTop(pane, rows[i], rows));
+      drawReadout(pane, rows[i]);
     }
+  });
+  for (const pane of panes) {
     drawTokenChart(pane);
     CHARTS.forEach((chart) => drawChart(pane, chart, pane.el(`chart-${chart.key}`)));
     pane.el("chart-note").textContent = undefinedDistances(pane);
@@ -972,6 +1074,8 @@ function wireControls() {
     update({ head: e.target.value === "mean" ? "mean" : Number(e.target.value) }));
   $("class-select").addEventListener("change", (e) => update({ classRank: Number(e.target.value) }));
   $("mask-toggle").addEventListener("change", (e) => update({ mask: e.target.checked }));
+  $("shared-scale").addEventListener("change", (e) => update({ shared: e.target.checked }));
+  $("shared-scale-label").hidden = panes.length < 2;
   $("opacity").addEventListener("input", (e) => update({ opacity: Number(e.target.value) / 100 }));
   panes.forEach(wirePane);
 }
@@ -1026,7 +1130,8 @@ function describe() {
     `Stated precision. Attention weights are stored as ${DATA.attention_bits}-bit integers scaled by each row's ` +
     `maximum: each weight ` +
     `is within ± (row maximum)/${2 * DATA.attention_levels} of the recorded A, the bound printed beside it ` +
-    `(for the mean of heads, the mean of the heads' bounds). Rollout and relevance are stored as float16 ` +
+    `(for the mean of heads, the mean of the heads' bounds, or where the page stores the mean of heads as its own ` +
+    `row, that row's own bound). Rollout and relevance are stored as float16 ` +
     `(relative error ≤ 2^-11, plus 2^-25 of the matrix scale for tiny values); token norms to 4 decimals. ` +
     `Every "±" printed on this page includes the rounding of the printed digits. ` +
     `Relevance: Chefer, Gur and Wolf (2021), R = I; R ← R + mean_h((∂y_c/∂A ⊙ A)⁺) R over the layers; ` +
@@ -1034,7 +1139,9 @@ function describe() {
       ? "y_c is the logit of the chosen class, or the chosen target's score (a cosine similarity). "
       : "y_c is the chosen target's score (a cosine similarity; this model has no classifier). ") +
     `Rollout: Abnar and Zuidema (2020), ${methodLabel("rollout")}; relevance: ${methodLabel("relevance")}. ` +
-    `Both draw the query's row of R (the class token's until a patch is clicked), named above. ` +
+    `Both draw the query's row of R (until a patch is clicked, the class token's, or the centre patch's for a ` +
+    `model without one), named above. Patch similarity: the cosine of each final token (forward_features, ` +
+    `stored as float16) to the query's, within ± ${DATA.cosine_bound.toPrecision(3)}. ` +
     `Mean attention distance: over patch-to-patch attention, weighted by the mass it gets; ${NOT_DEFINED} ` +
     `where a head's patches put no weight on patches. DINO's view (Caron et al. 2021): the last layer's ` +
     `class-token attention over the patches, per head, normalised to sum 1; the mask keeps the highest patches ` +
@@ -1067,7 +1174,7 @@ async function main() {
     }
     DATA.panes.forEach((data, i) => panes.push(makePane(data, i)));
     for (const pane of panes) {
-      for (const page of pane.data.images) pane.decoded.push(await decodeImage(page));
+      for (const page of pane.data.images) pane.decoded.push(await decodeImage(page, pane.data.token_dim));
     }
     describe();
     wireControls();

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from string import Template
@@ -14,10 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..base.budget import check_peak_memory
+from ..base.checks import check_positive_int
 from ..base.io import check_file_output, write_file
 from ..images import to_uint8
 from ..inputs import model_inputs, model_inputs_and_pictures
-from .payload import DEFAULT_BITS, build_payload, check_bits, page_payload
+from .payload import DEFAULT_ATTENTION_BUDGET, DEFAULT_BITS, build_payload, check_bits, page_payload, pane_memory
 
 
 def _asset(name: str) -> str:
@@ -38,7 +41,7 @@ def _picture(picture: Any, index: int) -> np.ndarray:
 # Characters that mean something to the HTML parser inside a <script> element ("</script", "<!--" with "<script",
 # which switch it into states where the element no longer ends where the JSON does), or to a JavaScript parser
 # that is not JSON's (U+2028, U+2029), written as the JSON escapes that stand for the same characters.
-_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+_SCRIPT_SAFE = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
 def embed_json(payload: dict[str, Any]) -> str:
@@ -52,7 +55,9 @@ def embed_json(payload: dict[str, Any]) -> str:
         raise ValueError(
             f"the explorer's data hold a non-finite number (nan or inf) where a value was expected: {err}"
         ) from err
-    return text.translate(_SCRIPT_SAFE)
+    for char, escape in _SCRIPT_SAFE.items():  # str.replace runs in C: translate() takes seconds on a 100 MB page
+        text = text.replace(char, escape)
+    return text
 
 
 def render_page(payload: dict[str, Any], title: str) -> str:
@@ -61,6 +66,28 @@ def render_page(payload: dict[str, Any], title: str) -> str:
     return Template(_asset("explorer.html")).substitute(
         title=html.escape(title), css=_asset("explorer.css"), js=_asset("explorer.js"), data=embed_json(payload)
     )
+
+
+def check_explorer_memory(
+    panes: Sequence[tuple[torch.nn.Module, int, tuple[int, int]]], *, top_k: int, target: Any, budget: int
+) -> float:
+    """Refuse, before any pane is built, a page whose process would peak over the memory limit
+    (:func:`~vit_einops.base.budget.check_peak_memory`); ``panes`` gives each model with its number of images and
+    their size. The panes are built one after the other: the peak is the largest pane's working memory
+    (:func:`~vit_einops.explore.payload.pane_memory`) beside the panes kept before it, or the page's assembly,
+    four copies of its text (the JSON, its escaping, the HTML, its bytes). Returns the estimated peak."""
+    kept = work = 0
+    for model, b, size in panes:
+        config = replace(model.config, image_size=tuple(size))
+        classes = min(top_k, model.num_classes)
+        pane_work, pane_kept = pane_memory(config, b, classes=classes, target=target is not None, budget=budget)
+        work = max(work, kept + pane_work)
+        kept += pane_kept
+    b = panes[0][1]
+    tokens = " and ".join(f"{replace(m.config, image_size=tuple(size)).num_tokens:,}" for m, _, size in panes)
+    models = f"{len(panes)} model{'s' * (len(panes) > 1)}"
+    what = f"an explorer page of {models} on {b} image{'s' * (b > 1)} at {tokens} tokens"
+    return check_peak_memory(max(work, 4 * kept), what)
 
 
 def check_page_path(path: str | Path, overwrite: bool) -> Path:
@@ -73,6 +100,16 @@ def check_page_path(path: str | Path, overwrite: bool) -> Path:
     if not path.parent.is_dir():
         raise FileNotFoundError(f"the directory {path.parent} does not exist")
     return path
+
+
+def _check_model(model: Any) -> None:
+    if not hasattr(model, "config") or not hasattr(model, "blocks"):
+        raise TypeError(f"write_explorer needs a vit-einops ViT, got {type(model).__name__}")
+
+
+def _check_top_k(top_k: Any) -> None:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
 
 
 def explorer_pane(
@@ -88,11 +125,11 @@ def explorer_pane(
     bits: int = DEFAULT_BITS,
     target: Any = None,
     method_params: Mapping[str, Mapping[str, Any]] | None = None,
+    attention_budget: int = DEFAULT_ATTENTION_BUDGET,
 ) -> dict[str, Any]:
     """One model's pane of the page (:func:`~vit_einops.explore.payload.build_payload`), its arguments as
     :func:`write_explorer` takes them; ``titles`` only count the images."""
-    if not hasattr(model, "config") or not hasattr(model, "blocks"):
-        raise TypeError(f"write_explorer needs a vit-einops ViT, got {type(model).__name__}")
+    _check_model(model)
     if not isinstance(name, str):
         raise TypeError(f"a model's name must be a str, got {type(name).__name__}")
     if pictures is None:
@@ -101,9 +138,9 @@ def explorer_pane(
         images, seen = model_inputs(model, images, preprocessed=preprocessed), None
     if not torch.isfinite(images).all():
         raise ValueError("images contain non-finite values (nan or inf); the explorer needs real inputs")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+    _check_top_k(top_k)
     check_bits(bits)
+    attention_budget = check_positive_int("attention_budget", attention_budget)
     b = len(images)
     if titles is not None and len(titles) != b:
         raise ValueError(f"got {len(titles)} titles for {b} images")
@@ -119,7 +156,15 @@ def explorer_pane(
     model.eval()
     try:
         return build_payload(
-            model, images, name=name, class_names=class_names, pictures=shown, top_k=top_k, bits=bits, target=target,
+            model,
+            images,
+            name=name,
+            class_names=class_names,
+            pictures=shown,
+            top_k=top_k,
+            bits=bits,
+            target=target,
+            attention_budget=attention_budget,
             method_params=method_params,
         )
     finally:
@@ -155,6 +200,7 @@ def write_explorer(
     bits: int = DEFAULT_BITS,
     target: Any = None,
     method_params: Mapping[str, Mapping[str, Any]] | None = None,
+    attention_budget: int = DEFAULT_ATTENTION_BUDGET,
     overwrite: bool = False,
 ) -> Path:
     """Write the attention explorer for ``model`` on ``images`` to ``path`` (one HTML file); returns the path.
@@ -184,10 +230,15 @@ def write_explorer(
             "rollout" and "relevance" methods' parameters.
         bits: bits per stored attention weight, 2..8; each weight is within 1 / (2 (2^bits - 1)) of its row's
             maximum of the recorded A (the page states it).
+        attention_budget: the bytes of attention codes each model's pane may hold (one byte per stored weight,
+            before compression). Where every row of every head does not fit (ViT-S/14 at 518 px: 136 million
+            weights per image), the pane keeps the mean of the heads for every query and each head's rows of the
+            prefix tokens, or those rows alone (:func:`~vit_einops.explore.payload.attention_rows`), and the page
+            says what it left out.
         overwrite: replace an existing regular file at ``path`` (keeping its permissions); otherwise an existing
             file is a FileExistsError, also one that appears while the page is built.
 
-    The page holds A of every layer and head for every image (quantised: see
+    The page holds A of every layer and head for every image where the budget allows (quantised: see
     :mod:`vit_einops.explore.payload`), so keep to a handful of images: ViT-B/16 costs a few MB per image.
     """
     models = list(model) if isinstance(model, (list, tuple)) else [model]
@@ -201,6 +252,17 @@ def write_explorer(
     if class_names is not None and len(models) > 1:
         raise ValueError("with two models, each names its classes itself (model.class_names); class_names is for one")
     path = check_page_path(path, overwrite)
+    for m in models:
+        _check_model(m)
+    _check_top_k(top_k)
+    attention_budget = check_positive_int("attention_budget", attention_budget)
+    shapes = [model_inputs(m, images, preprocessed=preprocessed).shape for m in models]  # before any pane's work
+    check_explorer_memory(
+        [(m, shape[0], shape[-2:]) for m, shape in zip(models, shapes, strict=True)],
+        top_k=top_k,
+        target=target,
+        budget=attention_budget,
+    )
     panes = [
         explorer_pane(
             m,
@@ -214,6 +276,7 @@ def write_explorer(
             bits=bits,
             target=target,
             method_params=method_params,
+            attention_budget=attention_budget,
         )
         for m, name in zip(models, names, strict=True)
     ]

@@ -15,7 +15,10 @@ levels) scaled by the row's own maximum,
     q_ij = round(L * A_ij / max_j A_ij),    A_ij ~ q_ij * max_j A_ij / L,
 
 so every weight is within half a step, ``max_j A_ij / (2 L)`` (1/510 of the row maximum at 8 bits), of the
-recorded value; the page shows that bound beside each weight. Fewer bits make a smaller page: the compressed
+recorded value; the page shows that bound beside each weight. A pane keeps the rows that fit its budget of codes
+(:func:`attention_rows`): every row of every head; else the mean of the heads for every query, quantised on its
+own row maxima the same way, beside each head's rows of the prefix tokens; else those prefix rows alone. Its
+``left_out`` says in words what it did not keep. Fewer bits make a smaller page: the compressed
 size follows the codes' entropy, and near-uniform rows (an untrained model) are the costly case (a random-weight
 ViT-B/16 on 2 photos: 13.0 MB at 8 bits, 8.6 MB at 6, 4.9 MB at 4). The row maxima are kept exactly (float32).
 Rollout and relevance (one n x n matrix per image and class), and each explanation method's map on the patch grid
@@ -37,6 +40,14 @@ A model without a classifier (``num_classes`` 0: its output is pooled features) 
 Relevance is then for the ``target`` given (:mod:`vit_einops.inspect.targets`), one entry per image with its score,
 or absent (null) without one; a classifier's page adds the target's entry beside its classes.
 
+The final tokens (``forward_features``, b n D) are stored as float16 after the same division by a power of two, for
+the similarity view's cosines: each element is within 2^-11 of itself relatively (and subnormals within 2^-25 of
+the scale, at most max|z|), so each token moves by at most about 2^-11 of its norm and the cosine of two by at most
+twice that, within ``COSINE_BOUND`` = 2^-9 with room for the subnormals and the browser's float64 sums.
+
+Every array is computed from one recorded pass (:func:`~vit_einops.inspect.record_pass`); the float64 work (the
+statistics, the heads' mean, the quantisation) runs one layer at a time, so its memory is one layer's maps, not all.
+
 The patch PCA view (DINOv2's picture, :func:`~vit_einops.inspect.patch_feature_pca` with its defaults) is fitted
 on each pane's own tokens, jointly over the page's images; each image carries its ``rgb`` (gh, gw, 3) as uint8,
 ``round(255 c)`` (to nearest, ties to even: within 1/510 of the colour c in [0, 1]), written as a PNG of one
@@ -54,6 +65,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from einops import reduce
 
 from ..base.checks import check_int_in_range
 from ..inspect import (
@@ -65,27 +77,34 @@ from ..inspect import (
     class_attention_grid,
     dino_mask,
     explain_all,
+    fit_patch_pca,
     head_statistics,
     patch_distances,
-    patch_feature_pca,
-    record_attention,
     relevance_from_gradients,
-    token_norms,
 )
 from ..inspect.methods import class_index
+from ..inspect.recorded import record_pass
 from ..inspect.targets import BACKBONE_TARGETS, TARGET_KINDS, target_name
 from ..network.patch_embed import ClassToken, TokenLayout
+from ..network.config import ViTConfig
 from ..prediction import check_finite_outputs, class_name
+from ..sizes import forward_bytes
 
 DEFAULT_BITS = 8
+# The bytes of attention codes a pane may hold (one per stored weight, before compression): every row of every head
+# of ViT-B/16 at 224 px for 4 images (22 MB); at DINOv2's 518 px (1,374 tokens) one image's mean of heads (23 MB).
+DEFAULT_ATTENTION_BUDGET = 24_000_000
 HALF_RELATIVE = 2.0**-11  # float16: 10 stored mantissa bits, rounding to nearest
 HALF_SUBNORMAL = 2.0**-25  # half the spacing of float16's subnormals (2^-24), relative to the stored scale
+# How far a cosine of two float16-stored tokens may be from the recorded tokens' (module docstring).
+COSINE_BOUND = 2.0**-9
 
 
 def pack(array: np.ndarray) -> str:
-    """Little-endian bytes of ``array``, zlib-compressed (level 9), base64 text."""
+    """Little-endian bytes of ``array``, zlib-compressed (level 6: within 1% of level 9's size at a third of its time
+    on attention codes), base64 text."""
     data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-    return base64.b64encode(zlib.compress(data, 9)).decode("ascii")
+    return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
 
 
 def check_bits(bits: Any) -> int:
@@ -173,6 +192,93 @@ def _method_entry(grid: torch.Tensor) -> dict[str, Any]:
     return {"map": pack(values), "scale": scale}
 
 
+def attention_rows(b: int, depth: int, heads: int, n: int, prefix: int, budget: int) -> tuple[int, bool]:
+    """Which rows of A a pane stores, its codes (one byte each) within ``budget`` bytes: (Q, mean) where each
+    head's rows of the first Q queries are kept (n: every query; ``prefix``: the prefix tokens' rows alone) and
+    ``mean`` says whether the mean of the heads is kept for every query. Every row of every head where it fits,
+    else the mean of heads for every query beside each head's prefix rows, else the prefix rows alone (kept
+    whatever the budget: b l h P n codes, a few hundred KB at 1,374 tokens)."""
+    if b * depth * heads * n * n <= budget:
+        return n, False
+    if b * depth * (heads * prefix * n + n * n) <= budget:
+        return prefix, True
+    return prefix, False
+
+
+def pane_memory(config: ViTConfig, b: int, *, classes: int, target: bool, budget: int) -> tuple[int, int]:
+    """(the memory :func:`build_payload` works in, the bytes of the pane it keeps for the page) for a model of
+    ``config`` (its ``image_size`` the inputs') on ``b`` images with relevance for ``classes`` classes and a
+    ``target`` or not, from the sizes alone.
+
+    Working: the recorded pass (:func:`~vit_einops.sizes.forward_bytes` keeping every layer's maps, and their one
+    copy), then beside the float32 maps (l b h n^2) the float64 copies of one layer at a time, the heads' mean of
+    every layer and the rollout's matrices (l b n^2 each), or a differentiable pass for relevance with its
+    gradients (three float32 copies of the maps per class: the gradients, their stack and the weighted product).
+    Kept: the pane's stored arrays (:func:`attention_rows`, float16 rollout, relevance and tokens) as base64 text,
+    4/3 of their bytes (compression only shrinks them)."""
+    n, depth, heads = config.num_tokens, config.depth, config.heads
+    maps = depth * b * heads * n * n * 4
+    record = forward_bytes(config, b, kept=depth) + maps
+    analysis = maps + 6 * b * heads * n * n * 8 + 3 * depth * b * n * n * 8
+    # The classes' gradients come from one differentiable pass, the target's from another.
+    grad_pass = maps + forward_bytes(config, b, kept=depth, grad=True)
+    grads = [grad_pass + 3 * k * maps for k in (classes, int(target)) if k]
+    # explain_all, before the recorded pass: the rollout's own recording (its maps and their copy, three l b n^2
+    # matrices), and where there is something to explain the gradient methods' passes (three copies of the maps).
+    methods = [record + 3 * depth * b * n * n * 4, *([grad_pass + 3 * maps] if classes or target else [])]
+    queries, mean = attention_rows(b, depth, heads, n, config.num_prefix_tokens, budget)
+    stored = b * depth * (heads * queries * n + (n * n if mean else 0)) + b * n * n * 2 * (1 + classes + int(target))
+    stored += b * n * config.dim * 2
+    return max(record, analysis, *grads, *methods), stored * 4 // 3
+
+
+def _left_out(b: int, depth: int, heads: int, n: int, prefix: int, queries: int, mean: bool, budget: int) -> list[str]:
+    """What a pane's attention leaves out (:func:`attention_rows`), in words for the page; empty when nothing."""
+    if queries == n:
+        return []
+    full = b * depth * heads * n * n
+    over = f"every head's row of every query would be {full / 1e6:.1f} MB of codes, over the budget of "
+    over += f"{budget / 1e6:.1f} MB"
+    kept = "no head's rows (there are no prefix tokens)"
+    if prefix:
+        kept = f"each head's rows of the {prefix} prefix token{'s' * (prefix > 1)}"
+    notes = [f"left out: each head's attention rows of the {n - prefix:,} patch queries ({over}); kept: {kept}"]
+    if mean:
+        notes[0] += ", and the mean of the heads' rows for every query"
+    else:
+        notes.append("left out: the mean of the heads' rows of the patch queries (it does not fit the budget either)")
+    return notes
+
+
+def _pack_rows(maps: torch.Tensor, queries: int, bits: int) -> tuple[str, str]:
+    """Rows of A (l, h, n, n) of one image: the first ``queries`` rows of every layer and head quantised
+    (:func:`quantise_rows`), one layer at a time in float64; packed (codes, row maxima)."""
+    codes = np.empty((*maps.shape[:2], queries, maps.shape[-1]), dtype=np.uint8)
+    rowmax = np.empty(codes.shape[:-1], dtype=np.float32)
+    for layer in range(len(maps)):
+        codes[layer], rowmax[layer] = quantise_rows(maps[layer, :, :queries].double().numpy(), bits)
+    return pack(codes), pack(rowmax)
+
+
+def _pack_mean(fused: torch.Tensor, bits: int) -> tuple[str, str]:
+    """The mean of the heads' rows of one image, (l, n, n) float64, quantised as the rows are; packed."""
+    codes, rowmax = quantise_rows(fused.numpy(), bits)
+    return pack(codes), pack(rowmax)
+
+
+def _by_layer(maps: torch.Tensor, layout: TokenLayout, patch_size: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """:func:`head_statistics` and the mean of the heads of maps (l, b, h, n, n), one layer at a time in float64:
+    the float64 copy of one layer's maps, never of all."""
+    stats, fused = [], []
+    for layer in maps:
+        layer = layer.double()[None]
+        stats.append(head_statistics(layer, layout, patch_size))
+        fused.append(layer.mean(dim=2))
+    out = {key: torch.cat([s[key] for s in stats]) for key in stats[0]}
+    out["fused"] = torch.cat(fused)  # (l, b, n, n)
+    return out
+
+
 def build_payload(
     model: torch.nn.Module,
     images: torch.Tensor,
@@ -184,52 +290,75 @@ def build_payload(
     bits: int = DEFAULT_BITS,
     target: Any = None,
     method_params: Mapping[str, Mapping[str, Any]] | None = None,
+    attention_budget: int = DEFAULT_ATTENTION_BUDGET,
 ) -> dict[str, Any]:
     """Everything one pane of the page draws, for ``model`` (in eval mode) on ``images`` (b, C, H, W); see the
     module docstring. ``method_params``: the explanation methods' parameters by name (the rollout and relevance
-    views use the "rollout" and "relevance" methods' too).
+    views use the "rollout" and "relevance" methods' too). The model runs once for the attention, the token norms,
+    the PCA and the tokens of the similarity view (:func:`~vit_einops.inspect.recorded.record_pass`), and again
+    with gradients where there is relevance to compute (and in the explanation methods).
 
     Layers, heads, tokens and classes are numbered from 0. The tokens are those of the input's ``layout``: the
     prefix tokens in token order, then the patches of the input's grid in row-major order.
     """
     weights = "check the model's weights (non-finite or huge values); the explorer shows recorded numbers only"
-    # The encoder's layers only (the first len(blocks) Attend modules): an attention-pooling head has one too.
-    logits, maps, layout = record_attention(model, images, range(len(model.blocks)), preprocessed=True)
+    if target is not None and not isinstance(target, BACKBONE_TARGETS):
+        raise TypeError(f"the explorer's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
+    method_params = dict(method_params or {})
+    # Every method on the grid; the gradient ones explain the target, else the top class. First, so that the
+    # methods' own passes never hold their maps beside the recorded pass's.
+    try:
+        method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
+    except ValueError:
+        # A method met non-finite numbers: the recorded pass names the cause where it is the model's own.
+        run = record_pass(model, images)
+        check_finite_outputs("model's logits", run.output, weights)
+        check_finite_outputs("attention maps", run.maps, weights)
+        raise
+    # The encoder's layers only: an attention-pooling head has an Attend too, which the recorder leaves out.
+    run = record_pass(model, images)
+    logits, maps, layout = run.output, run.maps, run.layout
     check_finite_outputs("model's logits", logits, weights)
     check_finite_outputs("attention maps", maps, weights)  # (l, b, h, n, n)
     depth, b, heads, n, _ = maps.shape
-    norms = token_norms(model, images).norms  # (l, b, n)
+    norms = run.norms  # (l, b, n)
     check_finite_outputs("token norms", norms, weights)
+    check_finite_outputs("final tokens", run.tokens, weights)
+    check_finite_outputs("explanation maps", torch.stack(list(method_maps.values())), weights)  # after the model's
     classifier = model.num_classes > 0
     k = min(top_k, logits.shape[-1]) if classifier else 0
-    method_params = dict(method_params or {})
     start_layer = METHODS["relevance"].resolve(method_params.get("relevance", {}))["start_layer"]
     if classifier:
         top = logits.double().softmax(dim=-1).topk(k, dim=-1)
         relevance = attention_relevance(model, images, top.indices, preprocessed=True, start_layer=start_layer)
         check_finite_outputs("relevance maps", relevance, f"the gradients overflowed; {weights}")
     if target is not None:
-        if not isinstance(target, BACKBONE_TARGETS):
-            raise TypeError(f"the explorer's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
         _, target_maps, target_grads, scores = attention_gradients(model, images, target)
         target_relevance = relevance_from_gradients(target_maps, target_grads, start_layer)[0]  # (b, n, n)
+        del target_maps, target_grads
         check_finite_outputs("relevance maps", target_relevance, f"the gradients overflowed; {weights}")
-    rollout_params = METHODS["rollout"].resolve(method_params.get("rollout", {}))
-    rollout = attention_rollout(maps.double(), **rollout_params, kept=class_index(layout))  # (b, n, n)
-    # Every method on the grid; the gradient ones explain the target, else the top class.
-    method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
-    check_finite_outputs("explanation maps", torch.stack(list(method_maps.values())), weights)
     patch_size = tuple(model.config.patch_size)
-    stats = head_statistics(maps.double(), layout, patch_size)  # each (l, b, h), prefix_share (.., p)
+    stats = _by_layer(maps, layout, patch_size)  # each (l, b, h), prefix_share (.., p), fused (l, b, n, n)
+    fused = stats.pop("fused")  # (l, b, n, n), float64
+    rollout_params = dict(METHODS["rollout"].resolve(method_params.get("rollout", {})))
+    fusion = rollout_params.pop("head_fusion")  # the heads are fused here, a layer at a time in float64
+    if fusion != "mean":
+        fused_heads = torch.stack([reduce(layer.double(), "b h i j -> b i j", fusion) for layer in maps])
+    else:
+        fused_heads = fused
+    rollout = attention_rollout(fused_heads[:, :, None], **rollout_params, kept=class_index(layout))  # (b, n, n)
+    del fused_heads
     dino = dino_view(maps, layout)
-    pca = patch_feature_pca(model, images, min(3, model.num_features, b * layout.num_patches), preprocessed=True)
+    pca = fit_patch_pca(run.tokens, layout, min(3, run.tokens.shape[-1], b * layout.num_patches))
     pca_codes = pca_colours(pca.rgb)  # (b, gh, gw, 3)
-    maps64 = maps.detach().double().cpu().numpy()
+    queries, mean = attention_rows(b, depth, heads, n, layout.num_prefix, attention_budget)
 
     pages = []
     for i in range(b):
-        codes, rowmax = quantise_rows(maps64[:, i], bits)  # (l, h, n, n), (l, h, n)
+        codes, rowmax = _pack_rows(maps[:, i], queries, bits)  # (l, h, queries, n), (l, h, queries)
+        mean_codes, mean_rowmax = _pack_mean(fused[:, i], bits) if mean else (None, None)
         rollout16, rollout_scale = to_half(rollout[i].detach().cpu().numpy())
+        tokens16, tokens_scale = to_half(run.tokens[i].detach().double().cpu().numpy())
         classes = [
             _relevance_entry(
                 relevance[i, c],
@@ -247,11 +376,15 @@ def build_payload(
             {
                 "png": png_base64(pictures[i]),
                 "pca": png_base64(pca_codes[i]),
-                "attention": pack(codes),
-                "attention_rowmax": pack(rowmax),
+                "attention": codes,
+                "attention_rowmax": rowmax,
+                "attention_mean": mean_codes,
+                "attention_mean_rowmax": mean_rowmax,
                 "rollout": pack(rollout16),
                 "rollout_scale": rollout_scale,
                 "methods": [_method_entry(grid[i]) for grid in method_maps.values()],
+                "tokens": pack(tokens16),
+                "tokens_scale": tokens_scale,
                 "top": classes,
                 "target": chosen,
                 "stats": {
@@ -275,6 +408,10 @@ def build_payload(
         "patch": list(patch_size),
         "input_size": list(images.shape[-2:]),
         "in_channels": int(images.shape[-3]),
+        "token_dim": int(run.tokens.shape[-1]),
+        "attention_queries": queries,
+        "attention_budget": attention_budget,
+        "left_out": _left_out(b, depth, heads, n, layout.num_prefix, queries, mean, attention_budget),
         "uniform_entropy": math.log(n),
         "uniform_distance": patch_distances(layout.grid, patch_size).mean().item(),
         "dino_keep": DINO_KEEP,
@@ -298,5 +435,6 @@ def page_payload(panes: Sequence[dict[str, Any]], titles: Sequence[str], bits: i
         "attention_levels": 2**bits - 1,
         "half_relative": HALF_RELATIVE,
         "half_subnormal": HALF_SUBNORMAL,
+        "cosine_bound": COSINE_BOUND,
         "panes": list(panes),
     }

@@ -24,13 +24,15 @@ from .figures import (
     plot_methods,
     plot_position_similarity,
     plot_prefix_share,
+    plot_target_relevance,
     plot_token_norms,
     show_attention,
 )
 from .methods import METHODS, Method, explain, explain_all, token_grid
 from .gradcam import grad_cam
-from .pca import PatchPCA, patch_feature_pca, plot_patch_pca
+from .pca import PatchPCA, fit_patch_pca, patch_feature_pca, plot_patch_pca
 from .record import AttentionRecorder, attention_matrix, record_attention
+from .recorded import RecordedPass, record_pass
 from .relevance import attention_gradients, attention_relevance, relevance_from_gradients
 from .report import write_report
 from .targets import EmbeddingTarget, ImageTarget, PatchTarget, load_embedding, patch_similarity
@@ -55,6 +57,7 @@ __all__ = [
     "PatchTarget",
     "DinoView",
     "PatchPCA",
+    "RecordedPass",
     "TokenNorms",
     "attention_entropy",
     "attention_gradients",
@@ -68,6 +71,7 @@ __all__ = [
     "explain",
     "explain_all",
     "faithfulness",
+    "fit_patch_pca",
     "grad_cam",
     "gradient_rollout",
     "head_statistics",
@@ -87,10 +91,12 @@ __all__ = [
     "plot_patch_pca",
     "plot_position_similarity",
     "plot_prefix_share",
+    "plot_target_relevance",
     "plot_token_norms",
     "position_similarity",
     "prefix_token_share",
     "record_attention",
+    "record_pass",
     "relevance_from_gradients",
     "save_figure",
     "show_attention",

@@ -387,9 +387,18 @@ def plot_attention_distance(
     return fig
 
 
+def position_mosaic(similarity: torch.Tensor) -> torch.Tensor:
+    """(gh, gw, gh, gw) -> one (gh (gh + 1) - 1, gw (gw + 1) - 1) picture: tile (r, c) at rows r (gh + 1) ..,
+    columns c (gw + 1) .., a row and column of nan (drawn blank) between tiles."""
+    gh, gw = similarity.shape[:2]
+    padded = F.pad(similarity.float().cpu(), (0, 1, 0, 1), value=math.nan)  # (gh, gw, gh + 1, gw + 1)
+    return padded.permute(0, 2, 1, 3).reshape(gh * (gh + 1), gw * (gw + 1))[:-1, :-1]
+
+
 def plot_position_similarity(similarity: torch.Tensor):
     """The grid of grids of Figure 7 (centre): tile (r, c) shows cos(E_pos[r, c], E_pos[., .]) over the patch
-    grid; patch rows and columns numbered from 0. Shapes: similarity (gh, gw, gh, gw), what
+    grid; patch rows and columns numbered from 0. The tiles are one picture (:func:`position_mosaic`), so that
+    DINOv2's 37 x 37 grid draws in a second rather than as 1,369 panels. Shapes: similarity (gh, gw, gh, gw), what
     :func:`~vit_einops.inspect.model_position_similarity` returns for a model. Returns a Figure."""
     check_dense_tensor("similarity", similarity)
     if similarity.ndim != 4 or similarity.shape[:2] != similarity.shape[2:]:
@@ -398,21 +407,58 @@ def plot_position_similarity(similarity: torch.Tensor):
             f"returns it, got shape {tuple(similarity.shape)}"
         )
     gh, gw = similarity.shape[:2]
-    fig = new_figure(figsize=(0.75 * gw + 1.4, 0.75 * gh + 0.8))
-    axes = fig.subplots(gh, gw, squeeze=False)
-    values = similarity.detach().float().cpu()
-    for r in range(gh):
-        for c in range(gw):
-            image = axes[r, c].imshow(values[r, c].numpy(), cmap="viridis", vmin=-1, vmax=1)
-            axes[r, c].set_xticks([])
-            axes[r, c].set_yticks([])
-        axes[r, 0].set_ylabel(str(r), fontsize=7)
-    for c in range(gw):
-        axes[-1, c].set_xlabel(str(c), fontsize=7)
-    fig.colorbar(image, ax=axes, shrink=0.8, label="cosine similarity")
-    fig.supxlabel("input patch column", fontsize=8)
-    fig.supylabel("input patch row", fontsize=8)
-    fig.suptitle("Position embedding similarity", fontsize=10)
+    side = min(12.0, 0.5 * max(gh, gw) + 2.5)  # 12 in at 120 dpi: at least 2 px per patch of a 37 x 37 grid
+    fig = new_figure(figsize=(side + 1.2, side * gh / gw + 0.8))
+    ax = fig.subplots()
+    image = ax.imshow(position_mosaic(similarity).numpy(), cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
+    step_r, step_c = math.ceil(gh / 16), math.ceil(gw / 16)  # at most 16 labels a side
+    ax.set_yticks([r * (gh + 1) + (gh - 1) / 2 for r in range(0, gh, step_r)], [str(r) for r in range(0, gh, step_r)])
+    ax.set_xticks([c * (gw + 1) + (gw - 1) / 2 for c in range(0, gw, step_c)], [str(c) for c in range(0, gw, step_c)])
+    ax.tick_params(labelsize=7, length=0)
+    ax.set(xlabel="input patch column", ylabel="input patch row", title="Position embedding similarity")
+    fig.colorbar(image, ax=ax, shrink=0.8, label="cosine similarity")
+    return fig
+
+
+def plot_target_relevance(
+    images: torch.Tensor,
+    relevance: torch.Tensor,
+    name: str,
+    titles: list[str] | None = None,
+    *,
+    similarity: torch.Tensor | None = None,
+    patch: tuple[int, int] | None = None,
+):
+    """A backbone target's explanation, one column per image: the image, its relevance map for the target over it
+    (Chefer et al.'s R, the row :func:`~vit_einops.inspect.report.write_report` names, scaled to its maximum), and
+    for a patch target the similarity map cos(z_j, z_p) on [-1, 1] with the chosen patch p outlined.
+
+    Shapes: images (b, C, H, W); relevance (b, gh, gw); similarity (b, gh, gw) or None; patch (row, col) of the
+    grid. ``name`` says what the target's score is. Returns a Figure.
+    """
+    from matplotlib.patches import Rectangle
+
+    b = len(images)
+    rows = 3 if similarity is not None else 2
+    fig = new_figure(figsize=(max(MIN_WIDTH_INCHES, 2.4 * b), 2.4 * rows + 0.6))
+    axes = fig.subplots(rows, b, squeeze=False)
+    size = tuple(images.shape[-2:])
+    for i in range(b):
+        _show_image(axes[0, i], images[i])
+        axes[0, i].set_title(printable_lines(titles[i] if titles else f"image {i}"), fontsize=8, parse_math=False)
+        _show_image(axes[1, i], images[i])
+        axes[1, i].imshow(_upsample(relevance[i], size).numpy(), cmap=ATTENTION_CMAP, alpha=0.6, vmin=0, vmax=1)
+        axes[1, i].set_title(f"relevance, max {relevance[i].max().item():.3g}", fontsize=8)
+        if similarity is not None:
+            shown = axes[2, i].imshow(similarity[i].float().cpu().numpy(), cmap="viridis", vmin=-1, vmax=1)
+            axes[2, i].set(xticks=[], yticks=[])
+            axes[2, i].set_title("cosine to the patch", fontsize=8)
+            if patch is not None:
+                axes[2, i].add_patch(Rectangle((patch[1] - 0.5, patch[0] - 0.5), 1, 1, fill=False, color="red"))
+    _attention_colorbar(fig, axes[1])
+    if similarity is not None:
+        fig.colorbar(shown, ax=axes[2], shrink=0.8, label="cosine similarity")
+    fig.suptitle(printable_lines(f"Relevance for the target: {name}"), fontsize=10, parse_math=False)
     return fig
 
 

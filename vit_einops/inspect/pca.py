@@ -134,15 +134,25 @@ def patch_feature_pca(
 
     Returns a :class:`PatchPCA`; its ``rgb`` is the picture :func:`plot_patch_pca` draws.
     """
-    dim = model.num_features
-    n_components = check_positive_int("n_components", n_components)
-    if n_components > dim:
-        raise ValueError(f"n_components {n_components} exceeds the token width D = {dim}")
-    if foreground is not None:
-        foreground = check_real("foreground", foreground, "a float threshold on the first component")
     features, layout = _patch_features(model, images, layer, preprocessed)
     if not torch.isfinite(features).all():
         raise ValueError(f"the patch features of layer {layer} hold non-finite values (nan or inf)")
+    return fit_patch_pca(features, layout, n_components, foreground=foreground)
+
+
+def fit_patch_pca(
+    features: torch.Tensor, layout: TokenLayout, n_components: int = 3, *, foreground: float | None = None
+) -> PatchPCA:
+    """:func:`patch_feature_pca` on tokens already computed: ``features`` (b, n, D), a pass's tokens in the order
+    of ``layout`` (``forward_features``' for the default layer: the prefix tokens are dropped here), or the patch
+    tokens alone on the grid (b, gh, gw, D)."""
+    n_components = check_positive_int("n_components", n_components)
+    if n_components > features.shape[-1]:
+        raise ValueError(f"n_components {n_components} exceeds the token width D = {features.shape[-1]}")
+    if foreground is not None:
+        foreground = check_real("foreground", foreground, "a float threshold on the first component")
+    if features.ndim == 3:
+        features = layout.split(features, dim=-2)[1]  # (b, gh, gw, D)
     tokens = features.detach().cpu().double().flatten(0, 2)  # (b gh gw, d)
     grid = features.shape[:3]
     if foreground is None:

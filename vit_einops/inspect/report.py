@@ -12,9 +12,11 @@ import numpy as np
 import torch
 
 from ..base.checks import check_index
-from ..base.io import atomic_write_bytes, staged_directory
+from ..base.io import atomic_write_chunks, staged_directory
 from ..base.plot import save_figure
+from ..network.config import ViTConfig
 from ..network.model import ViT
+from ..sizes import forward_bytes
 from ..prediction import check_finite_logits, check_finite_outputs, class_name
 from .dino import DINO_KEEP, dino_view
 from .distance import distance_sums, mean_attention_distance, patch_distances, ratio_or_nan
@@ -26,15 +28,17 @@ from .figures import (
     plot_methods,
     plot_position_similarity,
     plot_prefix_share,
+    plot_target_relevance,
     plot_token_norms,
 )
 from .methods import METHODS, class_index, explain_all
-from .pca import patch_feature_pca, plot_patch_pca
+from .pca import fit_patch_pca, plot_patch_pca
 from .record import AttentionRecorder
+from .recorded import record_pass
 from .relevance import attention_gradients, relevance_from_gradients
 from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
-from .stats import prefix_token_share, recording_token_norms
-from .targets import BACKBONE_TARGETS, TARGET_KINDS, PatchTarget, patch_similarity
+from .stats import prefix_token_share
+from .targets import BACKBONE_TARGETS, TARGET_KINDS, PatchTarget, target_name
 from .tokens import CLASS_TOKEN
 
 FIGURES = (
@@ -47,8 +51,32 @@ FIGURES = (
     "token_norms",
     "patch_pca",
 )
+TARGET_FIGURE = "target"  # drawn only for a backbone target
 # Everything write_report puts in its folder: the only names a folder it replaces may hold.
-REPORT_FILES = frozenset((*(f"{name}.png" for name in FIGURES), "arrays.npz"))
+REPORT_FILES = frozenset((*(f"{name}.png" for name in (*FIGURES, TARGET_FIGURE)), "arrays.npz"))
+
+
+# An allowance for matplotlib's figures, their rendering and the libraries it loads, beside the arrays; the whole
+# estimate against the measured peak is benchmarks/native_size.py's.
+FIGURE_BYTES = 256 * 2**20
+
+
+def report_memory(config: ViTConfig, b: int, *, target: bool) -> int:
+    """The memory :func:`write_report` works in on ``b`` images of ``config``'s size, from the sizes alone: the
+    recorded pass (:func:`~vit_einops.sizes.forward_bytes` keeping every layer's maps, and their copy), then beside
+    the float32 maps (l b h n^2) the rollout's matrices (l b n^2, three of them) and one layer's float64 copies, a
+    target's or a method's differentiable pass with its gradients (three copies of the maps), the explanation
+    methods (:func:`~vit_einops.inspect.explain_all`, run before the recorded pass), and at the end ``arrays.npz``'s
+    buffer (a copy of the maps and the rest) beside the figures."""
+    n, depth, heads = config.num_tokens, config.depth, config.heads
+    maps = depth * b * heads * n * n * 4
+    record = forward_bytes(config, b, kept=depth) + maps
+    analysis = maps + 3 * depth * b * n * n * 4 + 4 * b * heads * n * n * 8
+    grad_pass = maps + forward_bytes(config, b, kept=depth, grad=True)
+    grads = grad_pass + 3 * maps if target or config.num_classes else 0  # a target's relevance; explain_all's
+    methods = record + 3 * depth * b * n * n * 4  # explain_all's rollout, which records the maps again
+    written = 2 * maps + 2 * depth * b * n * n * 4 + FIGURE_BYTES
+    return max(record, analysis, grads, methods, written)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -112,12 +140,18 @@ def write_report(
     ``patch_pca.png`` is DINOv2's PCA picture: the first three components of one PCA over the drawn images' final
     patch tokens as RGB (:func:`~vit_einops.inspect.patch_feature_pca`).
 
-    Returns the written paths by name: attention, methods, attention_distance, position_similarity,
-    embedding_filters, prefix_share, token_norms, patch_pca (each ``<name>.png``, written atomically), arrays
-    (``arrays.npz``: the
-    recorded maps, the drawn ``class_attention`` (or ``patch_attention``) of layer ``class_attention_layer``,
-    rollout, distances, similarities, filters, ``prefix_tokens`` (their names), ``prefix_share`` (l, b, h, p),
-    ``token_norms`` (l, b, n), ``dino_attention`` and ``dino_mask`` (b, h, gh, gw): DINO's view of the drawn
+    With a ``target``, ``target.png`` draws its relevance over each image (the class token's row of R, or the mean
+    of the patch rows for a model without one) and, for a patch target, the similarity map with the patch outlined
+    (:func:`~vit_einops.inspect.plot_target_relevance`).
+
+    The model runs once for everything drawn (:func:`~vit_einops.inspect.record_pass`), again only with gradients
+    for a target's relevance and for ``distance_images`` other than ``images``.
+
+    Returns the written paths by name (``target`` too when there is one): attention, methods, attention_distance,
+    position_similarity, embedding_filters, prefix_share, token_norms, patch_pca (each ``<name>.png``, written
+    atomically), arrays (``arrays.npz``: the recorded maps, the drawn ``class_attention`` (or ``patch_attention``)
+    of layer ``class_attention_layer``, rollout, distances, similarities, filters, ``prefix_tokens`` (their names),
+    ``prefix_share`` (l, b, h, p), ``token_norms`` (l, b, n), ``dino_attention`` and ``dino_mask`` (b, h, gh, gw): DINO's view of the drawn
     layer, ``patch_pca`` (b, gh, gw, k) and ``patch_pca_components`` (k, D): the PCA's projections and
     components, k = 3 or fewer where D or the patches are fewer; ``method_<name>`` (b, gh, gw) for each method drawn,
     ``-`` in its name written ``_``, and ``method_labels``, their titles).
@@ -129,19 +163,24 @@ def write_report(
     layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
     model.eval()
     out = Path(out_dir)
-    with AttentionRecorder(model) as recorder, recording_token_norms(model) as norm_records:
-        logits = model(images)
+    method_params = dict(method_params or {})
+    # The methods first, so that their own passes never hold their maps beside the recorded pass's.
+    try:
+        method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
+    except ValueError:
+        # A method met non-finite numbers: the model's own outputs say why, if they are the cause.
+        check_finite_logits(images, record_pass(model, images).output)
+        raise
+    run = record_pass(model, images)  # the one pass every other array below reads
+    logits, maps, layout = run.output, run.maps, run.layout  # maps (l, b, h, n, n)
     check_finite_logits(images, logits)
-    maps, layout = recorder.maps, recorder.layout  # maps (l, b, h, n, n)
     has_class = CLASS_TOKEN in layout.prefix
     # Without a class token, the attention each patch receives from the patches is the map there is to draw.
     token_map = class_attention_grid if has_class else patch_attention_grid
     heads = token_map(maps[layer], layout)  # (b, h, gh, gw)
-    method_params = dict(method_params or {})
     rollout_params = METHODS["rollout"].resolve(method_params.get("rollout", {}))
     rollout = attention_rollout(maps, **rollout_params, kept=class_index(layout))
     rollout_grid = token_map(rollout, layout)
-    method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
     labels = {name: METHODS[name].label(method_params.get(name), every=True) for name in method_maps}
     titles = titles or [f"image {i}" for i in range(len(images))]
     if model.num_classes:  # a model without a classifier outputs features: it predicts nothing
@@ -149,7 +188,8 @@ def write_report(
         titles = [f"{title}\npredicted {name}" for title, name in zip(titles, predicted, strict=True)]
 
     if distance_images is None or _same(distance_images, images):
-        distance = mean_attention_distance(maps, layout, cfg.patch_size)  # recorded above already
+        # Recorded above already; one layer at a time, so that the float64 sums never copy every layer's maps.
+        distance = torch.cat([mean_attention_distance(m[None], layout, cfg.patch_size) for m in maps])
         distance_grid = layout.grid
     else:
         # The distance is a ratio of sums over images (see distance_sums): batches add their sums.
@@ -168,10 +208,9 @@ def write_report(
 
     similarity = model_position_similarity(model)
     components, explained = embedding_filter_components(model)
-    share = prefix_token_share(maps, layout)  # (l, b, h, p)
-    norms = torch.stack(norm_records)  # (l, b, n)
-    pca_components = min(3, model.num_features, len(images) * layout.num_patches)
-    pca = patch_feature_pca(model, images, pca_components, preprocessed=True)
+    share = torch.cat([prefix_token_share(m[None], layout) for m in maps])  # (l, b, h, p), a layer at a time
+    norms = run.norms  # (l, b, n)
+    pca = fit_patch_pca(run.tokens, layout, min(3, run.tokens.shape[-1], len(images) * layout.num_patches))
 
     arrays = {
         "images": images,
@@ -195,7 +234,7 @@ def write_report(
         arrays["target_relevance"] = relevance_from_gradients(target_maps, target_grads)[0]  # (b, n, n)
         arrays["target_score"] = scores[:, 0]
         if isinstance(target, PatchTarget):
-            arrays["target_similarity"] = patch_similarity(model, images, target, preprocessed=True)
+            arrays["target_similarity"] = target.similarity(run.tokens, layout)
     method_titles = titles  # what the gradient methods explain (the predicted class), without DINO's note
     masks = None
     if has_class:  # DINO's view of the drawn layer: its maps outlined where they hold 60% of the mass
@@ -221,6 +260,15 @@ def write_report(
         "token_norms": plot_token_norms(norms, layout),
         "patch_pca": plot_patch_pca(pca, shown),
     }
+    if target is not None:
+        figures[TARGET_FIGURE] = plot_target_relevance(
+            shown,
+            token_map(arrays["target_relevance"], layout),
+            target_name(target),
+            titles,
+            similarity=arrays.get("target_similarity"),
+            patch=(target.row, target.col) if isinstance(target, PatchTarget) else None,
+        )
     buf = io.BytesIO()
     np.savez(
         buf,
@@ -231,7 +279,7 @@ def write_report(
     with staged_directory(out, owned=REPORT_FILES, replace=overwrite) as staging:
         for name, fig in figures.items():
             save_figure(fig, staging / f"{name}.png")
-        atomic_write_bytes(staging / "arrays.npz", buf.getvalue(), replace=False)
+        atomic_write_chunks(staging / "arrays.npz", (buf.getbuffer(),), replace=False)  # no copy of the buffer
     paths = {name: out / f"{name}.png" for name in figures}
     paths["arrays"] = out / "arrays.npz"
     return paths
