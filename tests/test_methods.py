@@ -206,3 +206,7 @@ def test_refusals_name_the_value_and_what_is_expected():
         grad_cam(model, images, [[0, 1], [1, 2]], preprocessed=True)
     with pytest.raises(ValueError, match="one target per image.*shape \\(2, 2\\)"):
         explain(model, images, "relevance", torch.zeros(2, 2, dtype=torch.long), preprocessed=True)
+    for name, who in (("relevance", "relevance"), ("gradient-rollout", "gradient rollout")):
+        # Two classes per image as nested lists reach the method itself, which explains one: refused, not the first.
+        with pytest.raises(ValueError, match=f"^{who} explains one class per image: an int or \\(b,\\), got 2$"):
+            explain(model, images, name, [[0, 1], [1, 2]], preprocessed=True)

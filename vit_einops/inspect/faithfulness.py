@@ -60,7 +60,7 @@ from ..inputs import model_inputs
 from ..prediction import check_finite_outputs
 from ..sizes import check_forward_memory
 from .methods import METHODS, explain
-from .targets import BACKBONE_TARGETS, EmbeddingTarget, class_targets, resolve_target, target_scores
+from .targets import BACKBONE_TARGETS, EmbeddingTarget, class_targets, one_class_each, resolve_target, target_scores
 
 PERTURBATION_STEPS = 10  # Chefer et al.'s 0%, 10%, ..., 90%
 RANDOM = "random"  # the method every other is read against, scored whether asked for or not
@@ -279,10 +279,7 @@ class _Scorer:
         else:
             with torch.no_grad():
                 logits = torch.cat([model(chunk) for chunk in images.split(batch_size)])
-            classes = class_targets(target, logits)
-            if classes.shape[1] != 1:
-                raise ValueError(f"faithfulness follows one class per image, got {classes.shape[1]} per image")
-            self.target = classes[:, 0]
+            self.target = one_class_each(class_targets(target, logits), "faithfulness")
             self.description = "softmax probability of the class (positive and negative: top-1 hit)"
 
     def for_images(self, index: torch.Tensor) -> Any:

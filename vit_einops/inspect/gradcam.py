@@ -26,7 +26,7 @@ from torch import nn
 
 from ..base.checks import check_index
 from ..inputs import model_inputs
-from .targets import BACKBONE_TARGETS, class_targets, resolve_target, target_scores
+from .targets import BACKBONE_TARGETS, class_targets, one_class_each, resolve_target, target_scores
 
 
 def grad_cam(
@@ -58,10 +58,8 @@ def grad_cam(
                 scores = target_scores(model, x, target)[1]
             else:
                 logits = model(x)
-                classes = class_targets(target, logits.detach())
-                if classes.shape[1] != 1:
-                    raise ValueError(f"grad_cam explains one class per image: an int or (b,), got {classes.shape[1]}")
-                scores = logits.gather(1, classes)[:, 0]
+                classes = one_class_each(class_targets(target, logits.detach()), "grad_cam")
+                scores = logits.gather(1, classes[:, None])[:, 0]
             (grads,) = torch.autograd.grad(scores.sum(), kept[0])  # images do not interact: one sum serves all
     finally:
         handle.remove()

@@ -26,6 +26,7 @@ from .gradcam import grad_cam
 from .record import AttentionRecorder
 from .relevance import attention_gradients, relevance_from_gradients
 from .rollout import HEAD_FUSIONS, attention_rollout, class_attention_grid, gradient_rollout, patch_attention_grid
+from .targets import one_class_each
 from .tokens import CLASS_TOKEN
 
 
@@ -58,13 +59,15 @@ def _rollout(
 
 
 def _gradient_rollout(model: nn.Module, images: torch.Tensor, target: Any, *, discard_ratio: float) -> torch.Tensor:
-    _, maps, grads, _ = attention_gradients(model, images, target)
+    _, maps, grads, targets = attention_gradients(model, images, target)
+    one_class_each(targets, "gradient rollout")
     layout = model.patch_embed.layout(images.shape[-2:])
     return token_grid(gradient_rollout(maps, grads[0], discard_ratio, class_index(layout)), layout)
 
 
 def _relevance(model: nn.Module, images: torch.Tensor, target: Any, *, start_layer: int) -> torch.Tensor:
-    _, maps, grads, _ = attention_gradients(model, images, target)
+    _, maps, grads, targets = attention_gradients(model, images, target)
+    one_class_each(targets, "relevance")
     layout = model.patch_embed.layout(images.shape[-2:])
     return token_grid(relevance_from_gradients(maps, grads[:1], start_layer)[0], layout)
 

@@ -168,6 +168,14 @@ def class_targets(target: Any, logits: torch.Tensor) -> torch.Tensor:
     return t.long().to(logits.device)
 
 
+def one_class_each(targets: torch.Tensor, who: str) -> torch.Tensor:
+    """(b, k) targets (class indices from :func:`class_targets`, or a backbone target's scores) -> (b,), for a tool
+    that explains one class per image; a ValueError naming ``who`` for k above 1."""
+    if targets.shape[1] != 1:
+        raise ValueError(f"{who} explains one class per image: an int or (b,), got {targets.shape[1]}")
+    return targets[:, 0]
+
+
 def resolve_target(model: torch.nn.Module, target: Any) -> Any:
     """``target`` as a gradient method differentiates it: a backbone target (an :class:`ImageTarget` resolved to
     its image's :class:`EmbeddingTarget` through ``model``), or class indices unchanged; a model without a
