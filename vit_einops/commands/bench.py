@@ -88,7 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch threads, 1 to the CPU count (default: the cores free at the start, at least 1)",
     )
     parser.add_argument(
-        "--force", action="store_true", help="replace the result files of an earlier run in --out (other files stay)"
+        "--force",
+        action="store_true",
+        help="replace an --out that holds an earlier run's files (one holding any other file is never replaced)",
     )
     parser.add_argument(
         "--device",
