@@ -6,6 +6,9 @@ row of the full table, on tiny shapes): every row within its dtype's tolerance. 
 unless --force. benchmarks/contention.py on tiny shapes, quiet and beside one busy process: a row with its paired
 ratios per condition and shape, and no busy process left running. benchmarks/compare.py on two hand-made
 runs: the change of each ratio, and how many stayed within 25%.
+
+Hostile inputs (tests/test_hostile_*.py's style): compare.py on files that are not a bench run's results, and
+contention.py on bad options, a missing output folder and SIGTERM; each with its exit status and its error line.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -154,3 +159,128 @@ def test_compare_counts_the_ratios_that_stayed_within_the_bound(tmp_path, capsys
         "1 of 2 ratios within 25% of the first run's; the most moved: attention core forward einsum 1 12 197 64 "
         "2.00 -> 3.00 (+50.0%)"
     )
+
+
+def compare_script():
+    return load_script(SCRIPT.with_name("compare.py"))
+
+
+def results_of(ratios: dict[str, object]) -> dict:
+    """A bench run's results as compare.py reads them: the reference row, then a row per path with its ratio."""
+    point = dict(section="core", mode="forward", batch=1, heads=12, tokens=197, head_dim=64)
+    rows = [dict(point, path="sdpa", time_ratio=1.0, time_ratio_low=1.0, time_ratio_high=1.0)]
+    rows += [dict(point, path=p, time_ratio=r, time_ratio_low=None, time_ratio_high=None) for p, r in ratios.items()]
+    meta = dict(threads=1, others_cores=0.0, others_cores_end=None, wall_s=10.0)
+    return dict(meta=meta, attention=rows, model=[])
+
+
+QUIET = results_of({"chunked": 1.0, "einsum": 1.0})
+# name -> (the file's text, what the error line says after "compare.py: error: NAME.json")
+BAD_RESULTS = {
+    "list": ("[]", ": the file holds a list; expected a bench run's results (a JSON object)"),
+    "null": ("null", ": the file holds null; expected a bench run's results (a JSON object)"),
+    "number": ("1.5", ": the file holds a number (1.5); expected a bench run's results (a JSON object)"),
+    "string": ('"fast"', ": the file holds a string ('fast'); expected a bench run's results (a JSON object)"),
+    "attention_object": (json.dumps(dict(QUIET, attention={})), ": attention is an object; expected a list of rows"),
+    "model_missing": (
+        json.dumps({k: v for k, v in QUIET.items() if k != "model"}), ": model is missing; expected a list of rows"
+    ),
+    "meta_list": (json.dumps(dict(QUIET, meta=[])), ": meta is a list; expected an object"),
+    "threads_bool": (
+        json.dumps(dict(QUIET, meta=dict(QUIET["meta"], threads=True))),
+        ": meta.threads is true (a boolean); expected a positive int",
+    ),
+    "wall_nan": (
+        json.dumps(dict(QUIET, meta=dict(QUIET["meta"], wall_s=float("nan")))),
+        ": meta.wall_s is NaN; expected a finite number >= 0",
+    ),
+    "row_list": (json.dumps(dict(QUIET, model=[[]])), ": model[0] is a list; expected a row (a JSON object)"),
+    "tokens_string": (
+        json.dumps(dict(QUIET, attention=[dict(QUIET["attention"][1], tokens="197")])),
+        ": attention[0].tokens is a string ('197'); expected a positive int",
+    ),
+    "ratio_zero": (
+        json.dumps(results_of({"chunked": 0, "einsum": 1.0})),
+        ": attention[1].time_ratio is 0; expected a time ratio: a finite number from 1e-06 to 1e+06, or null",
+    ),
+    "ratio_negative": (
+        json.dumps(results_of({"chunked": -2.0, "einsum": 1.0})),
+        ": attention[1].time_ratio is -2.0; expected a time ratio: a finite number from 1e-06 to 1e+06, or null",
+    ),
+    "ratio_string": (
+        json.dumps(results_of({"chunked": "fast", "einsum": 1.0})),
+        ": attention[1].time_ratio is a string ('fast'); expected a time ratio: a finite number from 1e-06 to "
+        "1e+06, or null",
+    ),
+    "ratio_tiny": (
+        json.dumps(results_of({"chunked": 5e-324, "einsum": 1.0})),
+        ": attention[1].time_ratio is 5e-324; expected a time ratio: a finite number from 1e-06 to 1e+06, or null",
+    ),
+    # NaN beside a row that moved +300%: refused, never ranked as the row that moved most
+    "ratio_nan": (
+        json.dumps(results_of({"chunked": float("nan"), "einsum": 4.0})),
+        ": attention[1].time_ratio is NaN; expected a time ratio: a finite number from 1e-06 to 1e+06, or null",
+    ),
+    "ratio_infinity": (
+        json.dumps(results_of({"chunked": float("inf"), "einsum": 1.0})),
+        ": attention[1].time_ratio is Infinity; expected a time ratio: a finite number from 1e-06 to 1e+06, or null",
+    ),
+    "low_nan": (
+        json.dumps(dict(QUIET, attention=[dict(QUIET["attention"][1], time_ratio_low=float("nan"))])),
+        ": attention[0].time_ratio_low is NaN; expected a time ratio: a finite number from 1e-06 to 1e+06, or null",
+    ),
+    "nested": ("[" * 100_000 + "]" * 100_000, " nests JSON 100000 levels deep, over the 32 this reader accepts"),
+    "not_json": (
+        "{",
+        " is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+    ),
+}
+
+
+def compare_refuses(capsys, *argv) -> str:
+    """compare.py's error line for ``argv`` after "PROG: error: " (argparse names PROG after sys.argv[0]), once
+    checked that it exits with status 2 and prints no traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        compare_script().main([str(a) for a in argv])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    prog, error, message = captured.err.rstrip("\n").splitlines()[-1].partition(": error: ")
+    assert error, captured.err
+    return message
+
+
+@pytest.mark.parametrize("case", BAD_RESULTS)
+def test_compare_refuses_what_is_not_a_bench_runs_results_naming_the_file(case, tmp_path, capsys):
+    text, words = BAD_RESULTS[case]
+    quiet, bad = tmp_path / "quiet.json", tmp_path / f"{case}.json"
+    quiet.write_text(json.dumps(QUIET))
+    bad.write_text(text)
+    assert compare_refuses(capsys, quiet, bad) == f"{bad}{words}"
+    assert compare_refuses(capsys, bad, quiet) == f"{bad}{words}"  # either side
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "missing"])
+def test_compare_refuses_a_fifo_or_directory_without_reading_it(kind, tmp_path, capsys):
+    """A FIFO is refused from its stat, never opened (an open would wait for a writer forever): the call runs in a
+    thread that must end within seconds, so that a regression fails here instead of hanging the suite."""
+    quiet, path = tmp_path / "quiet.json", tmp_path / "results.json"
+    quiet.write_text(json.dumps(QUIET))
+    {"fifo": os.mkfifo, "directory": os.mkdir, "missing": lambda p: None}[kind](path)
+    line = []
+    worker = threading.Thread(target=lambda: line.append(compare_refuses(capsys, quiet, path)), daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), f"compare.py still reading the {kind} after 30 s"
+    expected = {"fifo": "a FIFO; expected a", "directory": "a directory; expected a", "missing": "no such"}[kind]
+    assert line == [f"{path}: {expected} bench results file"]
+
+
+def test_compare_escapes_the_names_it_prints(tmp_path, capsys):
+    """Path names are data from the file: an ESC in one is printed escaped, never sent to the terminal."""
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(results_of({"chunked\x1b[2J": 1.0})))
+    second.write_text(json.dumps(results_of({"chunked\x1b[2J": 2.0})))
+    assert compare_script().main([str(first), str(second)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "chunked\\x1b[2J" in out
