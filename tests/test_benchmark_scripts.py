@@ -17,11 +17,18 @@ import importlib.util
 import json
 import math
 import os
-import threading
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from _fork import fork
+from _hostile import bounded
 
 from vit_einops import ATTN_IMPLS
 
@@ -87,7 +94,7 @@ def test_contention_benchmark_smoke_pairs_every_path_and_stops_its_busy_processe
     script = load_script(CONTENTION)
     started = []
     start_busy = script.start_busy
-    script.start_busy = lambda count, limit: started.extend(start_busy(count, limit)) or started[-count:]
+    script.start_busy = lambda count, limit: started.extend(start_busy(count, limit)) or started[len(started) - count :]
     out = tmp_path / "contention.json"
     argv = ["--batches", "2", "--tokens", "9", "--heads", "3", "--head-dim", "4", "--busy", "0,1", "--cycles", "2"]
     argv += ["--rounds", "2", "--window", "0.001", "--busy-limit", "30", "--in-turn", "--out", str(out)]
@@ -262,18 +269,15 @@ def test_compare_refuses_what_is_not_a_bench_runs_results_naming_the_file(case, 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "missing"])
 def test_compare_refuses_a_fifo_or_directory_without_reading_it(kind, tmp_path, capsys):
-    """A FIFO is refused from its stat, never opened (an open would wait for a writer forever): the call runs in a
-    thread that must end within seconds, so that a regression fails here instead of hanging the suite."""
+    """A FIFO is refused from its stat, never opened (an open would wait for a writer forever); bounded, so that a
+    regression fails here instead of hanging the suite."""
     quiet, path = tmp_path / "quiet.json", tmp_path / "results.json"
     quiet.write_text(json.dumps(QUIET))
     {"fifo": os.mkfifo, "directory": os.mkdir, "missing": lambda p: None}[kind](path)
-    line = []
-    worker = threading.Thread(target=lambda: line.append(compare_refuses(capsys, quiet, path)), daemon=True)
-    worker.start()
-    worker.join(timeout=30)
-    assert not worker.is_alive(), f"compare.py still reading the {kind} after 30 s"
+    with bounded(30):
+        line = compare_refuses(capsys, quiet, path)
     expected = {"fifo": "a FIFO; expected a", "directory": "a directory; expected a", "missing": "no such"}[kind]
-    assert line == [f"{path}: {expected} bench results file"]
+    assert line == f"{path}: {expected} bench results file"
 
 
 def test_compare_escapes_the_names_it_prints(tmp_path, capsys):
@@ -284,3 +288,132 @@ def test_compare_escapes_the_names_it_prints(tmp_path, capsys):
     assert compare_script().main([str(first), str(second)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "chunked\\x1b[2J" in out
+
+
+CONTENTION_TINY = ["--batches", "2", "--tokens", "9", "--heads", "3", "--head-dim", "4", "--window", "0.001"]
+# argv -> the error line after "PROG: error: ": the option, the value and the range it is refused for
+CONTENTION_OPTIONS = {
+    "--window nan": "argument --window: window must be a finite float in [0.0001, 60], got nan",  # hung for ever
+    "--window inf": "argument --window: window must be a finite float in [0.0001, 60], got inf",
+    "--window 0": "argument --window: window must be a finite float in [0.0001, 60], got 0.0",
+    "--busy-limit nan": "argument --busy-limit: busy_limit must be a finite float in [1, 86400], got nan",
+    "--busy-limit 0.5": "argument --busy-limit: busy_limit must be a finite float in [1, 86400], got 0.5",
+    "--rounds 0": "argument --rounds: rounds must be an int in [1, 1000], got 0",  # was an IndexError at the end
+    "--cycles 0": "argument --cycles: cycles must be an int in [1, 1000], got 0",
+    "--busy -1": "argument --busy: busy must be an int in [0, 256], got -1",
+    "--busy ,": "argument --busy: expected a comma-separated list, got ','",
+    "--batches 1,0": "argument --batches: batches must be an int in [1, 4096], got 0",
+    "--tokens 2.5": "argument --tokens: expected an integer, got '2.5'",
+    "--heads 0": "argument --heads: heads must be an int in [1, 1024], got 0",
+    "--head-dim nan": "argument --head-dim: expected an integer, got 'nan'",
+    "--head-dim 0": "argument --head-dim: head_dim must be an int in [1, 4096], got 0",
+}
+
+
+def contention_refuses(capsys, argv: list[str], script=None) -> str:
+    """contention.py's error line for ``argv`` after "PROG: error: ", once checked that it exits with status 2
+    before measuring anything (nothing on stdout) and prints no traceback; bounded, as a bad value used to hang."""
+    with bounded(30), pytest.raises(SystemExit) as exit_info:
+        (script or load_script(CONTENTION)).main(argv)
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    prog, error, message = captured.err.rstrip("\n").splitlines()[-1].partition(": error: ")
+    assert error, captured.err
+    return message
+
+
+@pytest.mark.parametrize("argv", CONTENTION_OPTIONS)
+def test_contention_refuses_bad_options_by_name_before_measuring(argv, capsys):
+    assert contention_refuses(capsys, [*CONTENTION_TINY, *argv.split()]) == CONTENTION_OPTIONS[argv]
+
+
+@pytest.mark.parametrize("kind", ["missing folder", "existing file", "fifo", "directory"])
+def test_contention_checks_its_output_before_measuring(kind, tmp_path, capsys):
+    """--out in a folder that does not exist, over a file without --force, or at a FIFO or directory even with
+    --force: refused before the first measurement, with what is there left as it was."""
+    out = tmp_path / ("missing" if kind == "missing folder" else "") / "contention.json"
+    {"existing file": lambda: out.write_text("mine\n"), "fifo": lambda: os.mkfifo(out), "directory": out.mkdir}.get(
+        kind, lambda: None
+    )()
+    argv = [*CONTENTION_TINY, "--busy", "0", "--out", str(out), *(["--force"] if kind in ("fifo", "directory") else [])]
+    expected = {
+        "missing folder": f"the directory {out.parent} does not exist",
+        "existing file": f"{out} already exists; pass --force to replace it",
+        "fifo": f"{out} is a FIFO, not a regular file; it is never replaced, even with --force",
+        "directory": f"{out} is a directory, not a regular file; it is never replaced, even with --force",
+    }[kind]
+    assert contention_refuses(capsys, argv) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if kind == "missing folder" else ["contention.json"])
+    assert kind != "existing file" or out.read_text() == "mine\n"
+
+
+def test_contention_refuses_a_condition_whose_busy_process_ended_early(tmp_path, capsys):
+    """A busy process that is gone before its condition ends (a --busy-limit shorter than the condition) would label
+    an idle measurement "busy 1": the run is refused, saying so, and nothing is written."""
+    script = load_script(CONTENTION)
+
+    def ended(count, limit):
+        processes = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(count)]
+        for process in processes:
+            process.wait()
+        return processes
+
+    script.start_busy = ended
+    out = tmp_path / "contention.json"
+    line = contention_refuses(capsys, [*CONTENTION_TINY, "--busy", "1", "--rounds", "1", "--out", str(out)], script)
+    assert re.fullmatch(
+        r"1 of 1 busy processes ended before their condition did \(after [0-9.]+ s; --busy-limit 600 s\): raise "
+        r"--busy-limit past the time one condition takes",
+        line,
+    ), line
+    assert list(tmp_path.iterdir()) == []
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, ended but not yet reaped by its new parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads the busy process's state from /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_contention_busy_processes_end_with_the_script(signum):
+    """contention.py (in a forked child: it shares this process's imports) beside one busy process, measuring for
+    minutes, gets SIGTERM: it stops its busy process and exits with 143, saying so; or SIGKILL, which no handler
+    sees: the busy process notices its parent is gone and ends by itself. Each wait is bounded: a busy process that
+    outlives its script fails the test within seconds, instead of spinning for its 600 s limit."""
+    script = load_script(CONTENTION)
+    read, write = os.pipe()
+    start_busy = script.start_busy
+
+    def reporting(count, limit):
+        processes = start_busy(count, limit)
+        os.write(write, "".join(f"{p.pid}\n" for p in processes).encode())
+        return processes
+
+    script.start_busy = reporting
+    argv = [*CONTENTION_TINY, "--busy", "1", "--cycles", "1000", "--rounds", "1000"]
+    child = fork(lambda: os._exit(script.main(argv)))
+    os.close(write)
+    try:
+        assert select.select([read], [], [], 60)[0], "no busy process started within 60 s"
+        busy = int(os.read(read, 64).split()[0])
+        os.kill(child, signum)
+        deadline = time.monotonic() + 30
+        while (waited := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert waited[0] == child, "contention.py still running 30 s after the signal"
+        assert os.waitstatus_to_exitcode(waited[1]) == (143 if signum == signal.SIGTERM else -signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while alive(busy) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(busy), f"the busy process outlived contention.py by 10 s ({signal.Signals(signum).name})"
+    finally:
+        os.close(read)
+        for pid in (child, locals().get("busy")):
+            if pid is not None and alive(pid):
+                os.kill(pid, signal.SIGKILL)
