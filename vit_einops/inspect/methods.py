@@ -22,6 +22,7 @@ from torch import nn
 from ..base.checks import check_choice, check_int, check_probability, check_real_in_range
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
+from ..prediction import check_finite_logits
 from .gradcam import grad_cam
 from .record import AttentionRecorder
 from .relevance import attention_gradients, relevance_from_gradients
@@ -160,6 +161,9 @@ def explain(
         target: for a gradient method, what it explains: None (the predicted class), a class index or one per
             image (b,), or a backbone target (see :func:`~vit_einops.inspect.attention_gradients`).
         params: the method's own parameters (``METHODS[method].params``).
+
+    Maps that are not finite (nan or inf: from the model's weights, where its activations or gradients overflow) are
+    refused with a ValueError naming the method, the first such image and the likely cause.
     """
     check_choice("method", method, METHODS)
     chosen = METHODS[method]
@@ -171,9 +175,12 @@ def explain(
     was_training = model.training
     model.eval()
     try:
-        return chosen.compute(model, batch, target, **resolved)
+        maps = chosen.compute(model, batch, target, **resolved)
     finally:
         model.train(was_training)
+    # Every method's maps leave through here: nan or inf would rank, draw and score as if they meant something.
+    check_finite_logits(batch, maps, f"maps of method {method!r}")
+    return maps
 
 
 def explain_all(
