@@ -96,7 +96,7 @@ def integrated_gradients(
     alphas, weights = quadrature_points(steps, quadrature)
     x = model_inputs(model, images, preprocessed=preprocessed)
     start = baseline_input(model, x, baseline)
-    target = resolve_target(model, target)
+    target = resolve_target(model, target, len(x))
 
     def scores(inputs: torch.Tensor, classes: torch.Tensor | None) -> torch.Tensor:
         if classes is None:
