@@ -370,6 +370,29 @@ def test_sizes_round_down_to_whole_bytes(text, size):
     assert parse_bytes(text) == size
 
 
+@pytest.mark.parametrize(
+    "text, size", [("9223372036854775807", 2**63 - 1), (2**63 - 1, 2**63 - 1), ("8388607.99999TiB", 2**63 - 10995117)]
+)
+def test_the_largest_max_memory_is_read_exactly_and_taken(text, size):
+    """The reported 9223372036854775807 was refused although the message promised 8 EiB: it was read as a float,
+    which rounds it up to 2**63."""
+    assert parse_bytes(text) == size
+    result = run_cli("summary", "vit_ti_16", f"--max-memory={text}")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+@pytest.mark.parametrize("text", ["9223372036854775808", 2**63, "8388608TiB", "8388607.9999999999999999999TiB"])
+def test_one_byte_past_the_largest_max_memory_is_refused_naming_the_limit(text):
+    with pytest.raises(ValueError) as caught:
+        parse_bytes(text)
+    assert str(caught.value) == f"max_memory must be {ACCEPTED}, got {text!r}"
+    assert "2**63 - 1 bytes" in ACCEPTED
+    result = run_cli("summary", "vit_ti_16", f"--max-memory={text}")
+    assert result.returncode == 2 and result.stderr.splitlines()[-1] == (
+        f"vit-einops summary: error: argument --max-memory: --max-memory must be {ACCEPTED}, got {str(text)!r}"
+    )
+
+
 @pytest.mark.parametrize("text", ["0", "0.0001", "-1s", "nan", "2 years", "400000h", "1e3"])
 def test_a_build_time_that_is_no_time_is_named_as_given(text):
     result = run_cli("summary", "vit_ti_16", f"--max-build-time={text}")
