@@ -308,6 +308,25 @@ def test_a_drip_ends_at_the_deadline_the_environment_sets_and_leaves_nothing(sit
     assert_loads(model)
 
 
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_drip_under_the_default_deadline_ends_once_it_falls_behind_the_minimum_rate(site, monkeypatch, tmp_path,
+                                                                                    bodies, route):
+    """The reported drip of a real name's file would have run to its deadline, 45 minutes for vit_b_16. Here the
+    base is 0.5 s and the rate 1 KiB/s, so the file's deadline is minutes away: the drip of a byte every 0.2 s ends
+    once it falls behind, at about 0.5 s."""
+    monkeypatch.setattr(_download, "DEADLINE_BASE_S", 0.5)
+    monkeypatch.setattr(_download, "MIN_RATE", 1024)
+    path = publish(site, monkeypatch, route, bodies[route])
+    site.drip[path] = 0.2
+    size = len(bodies[route])
+    slow = (rf".*: [1-9] bytes in [\d.]+ s, behind 1 KiB/s after the first 0\.5 s: at that rate it would not be "
+            rf"complete within {0.5 + size / 1024:.1f} s, the time allowed for {size:,} bytes "
+            r"\(VIT_EINOPS_DOWNLOAD_DEADLINE sets another\)\. Without network")
+    with bounded(3), pytest.raises(DownloadError, match=refused() + slow):
+        create_vit(NAME, pretrained=True)
+    assert written(tmp_path) == [] and len(site.requests) == 1
+
+
 @pytest.mark.parametrize("deadline", ["0", "abc", "inf", "2 years"])
 def test_a_deadline_that_is_no_time_is_refused_before_any_request(site, monkeypatch, tmp_path, bodies, deadline):
     monkeypatch.setenv("VIT_EINOPS_DOWNLOAD_DEADLINE", deadline)

@@ -13,6 +13,9 @@ files). For every download:
   :data:`MIN_RATE`, or the time given as ``deadline`` or in ``$VIT_EINOPS_DOWNLOAD_DEADLINE`` (seconds, or "90s",
   "2min", "1h"). A watchdog closes the connection when it passes, so neither a drip of the headers nor of the body
   outlives it; each read also waits at most ``timeout`` seconds (:data:`TIMEOUT_S`), less when less time is left.
+  Under the default deadline a body that falls behind :data:`MIN_RATE` once :data:`DEADLINE_BASE_S` have passed is
+  given up then: at its average rate so far it would miss the deadline (at a steady rate, these are exactly the
+  downloads that would), and a drip of a large file's body ends in about a minute, not at its deadline.
 - Encoding: ``Accept-Encoding: identity`` is sent and a body with any other Content-Encoding is refused: nothing is
   ever decompressed.
 - Redirects: at most :data:`MAX_REDIRECTS`, to http or https URLs only.
@@ -282,6 +285,19 @@ class _Deadline:
     def expired(self) -> bool:
         return self._fired or time.monotonic() >= self.at
 
+    def behind(self, received: int) -> bool:
+        """Under the default deadline, whether ``received`` bytes are behind :data:`MIN_RATE` after the first
+        :data:`DEADLINE_BASE_S` (module docstring)."""
+        return self.allowed is None and time.monotonic() - self.start > DEADLINE_BASE_S + received / MIN_RATE
+
+    def slow(self, url: str, received: int) -> DownloadError:
+        return DownloadError(
+            f"could not download {printable(url)}: {received:,} bytes in {time.monotonic() - self.start:.1f} s, "
+            f"behind {MIN_RATE / 1024:g} KiB/s after the first {DEADLINE_BASE_S:g} s: at that rate it would not be "
+            f"complete within {self.at - self.start:.1f} s, the time allowed for {self.size:,} bytes ({DEADLINE_ENV} "
+            f"sets another)"
+        )
+
     def timeout(self, per_read: float) -> float:
         """The socket timeout of the next operation: ``per_read``, or less if less time is left."""
         return max(0.001, min(per_read, self.at - time.monotonic()))
@@ -522,6 +538,8 @@ def _save(
             if received > bound:
                 limit = f"the {length:,} it declared" if length is not None else f"{max_bytes:,}, {_MOST}"
                 raise DownloadError(f"refused {printable(url)}: it sent more bytes than {limit}")
+            if deadline.behind(received):
+                raise deadline.slow(url, received)
             digest.update(chunk)
             yield chunk
 
