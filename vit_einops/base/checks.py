@@ -54,8 +54,8 @@ def check_nonnegative_int(name: str, value: Any) -> int:
 
 
 def show_int(value: int) -> str:
-    """``value`` for a message; one too long to print (Python refuses past 4300 digits; a line would not hold 100) by
-    its length in bits."""
+    """``value`` for a message; one too long for a message line (over 256 bits, 78 digits; Python refuses to print
+    past 4300) by its length in bits."""
     return str(value) if value.bit_length() <= 256 else f"an int of {value.bit_length():,} bits"
 
 

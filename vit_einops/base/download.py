@@ -58,7 +58,7 @@ from .text import printable
 CHUNK = 1 << 20
 TIMEOUT_S = 60.0  # per blocking read: a stalled connection fails instead of hanging
 DEADLINE_BASE_S = 60.0  # the whole download's allowance beside its size: connecting, the headers, a slow start
-MIN_RATE = 128 * 1024  # bytes/s (1 Mbit/s): a download slower than this on average is given up at its deadline
+MIN_RATE = 128 * 1024  # bytes/s (1 Mbit/s): a download that falls behind this rate is given up (module docstring)
 DEADLINE_ENV = "VIT_EINOPS_DOWNLOAD_DEADLINE"  # a time that replaces every download's default deadline
 ATTEMPTS = 2  # a body cut short is fetched once more, from its start
 MAX_REDIRECTS = 5
