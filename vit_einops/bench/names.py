@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base.checks import check_int_in_range, check_real_in_range
+from ..base.checks import check_int, check_real_in_range
 
 CORE_PATHS = (
     "einsum", "chunked", "sdpa", "einsum_compiled", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
@@ -37,5 +37,5 @@ RANGES: dict[str, tuple[float, float]] = {
 def check_in_range(name: str, value, kind: type, bounds: tuple[float, float] | None = None) -> int | float:
     """``value`` as an int (``kind`` int) or a finite float within ``bounds`` (default RANGES[name]); else an error
     naming both."""
-    check = check_int_in_range if kind is int else check_real_in_range
+    check = check_int if kind is int else check_real_in_range
     return check(name, value, *(RANGES[name] if bounds is None else bounds))

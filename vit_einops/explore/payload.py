@@ -67,7 +67,7 @@ import numpy as np
 import torch
 from einops import reduce
 
-from ..base.checks import check_int_in_range
+from ..base.checks import check_int
 from ..inspect import (
     DINO_KEEP,
     METHODS,
@@ -109,7 +109,7 @@ def pack(array: np.ndarray) -> str:
 
 def check_bits(bits: Any) -> int:
     """Bits per stored attention weight: 2 to 8, each code one uint8."""
-    return check_int_in_range("bits", bits, 2, 8)
+    return check_int("bits", bits, 2, 8)
 
 
 def quantise_rows(maps: np.ndarray, bits: int = DEFAULT_BITS) -> tuple[np.ndarray, np.ndarray]:

@@ -54,7 +54,7 @@ from einops import repeat
 from torch import nn
 
 from ..base.bootstrap import bootstrap_interval
-from ..base.checks import check_choice, check_int, check_int_in_range, check_positive_int
+from ..base.checks import INT64_MIN, check_choice, check_int, check_positive_int
 from ..base.plot import new_figure
 from ..inputs import model_inputs
 from ..prediction import check_finite_outputs
@@ -324,7 +324,9 @@ def _maps(model: nn.Module, images: torch.Tensor, name: str, params: dict[str, A
     maps = []
     for start in range(0, len(images), size):
         index = torch.arange(start, min(start + size, len(images)))
-        chunk_params = {**params, "seed": params["seed"] + seed + start} if seeded else params
+        chunk_params = params
+        if seeded:  # the sum wrapped into int64, the seeds' range: two valid seeds make one, whatever their values
+            chunk_params = {**params, "seed": (params["seed"] + seed + start - INT64_MIN) % 2**64 + INT64_MIN}
         maps.append(explain(model, images[index], name, scorer.for_images(index), preprocessed=True, **chunk_params))
     return torch.cat(maps)  # finite: explain refuses maps that are not
 
@@ -370,7 +372,7 @@ def faithfulness(
     layout = model.patch_embed.layout(images.shape[-2:])
     (gh, gw), (height, width) = layout.grid, images.shape[-2:]
     patches = gh * gw
-    steps = patches if steps is None else check_int_in_range("steps", steps, 1, patches)
+    steps = patches if steps is None else check_int("steps", steps, 1, patches)
     points = {m: curve_points(m, patches, steps) for m in METRICS}
     check_forward_memory(model.config, min(batch_size, len(images) * sum(len(k) for _, k in points.values())))
     was_training = model.training

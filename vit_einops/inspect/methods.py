@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..base.checks import check_choice, check_int, check_int_in_range, check_probability, check_real_in_range
+from ..base.checks import check_choice, check_int, check_probability, check_real_in_range
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
 from ..prediction import check_finite_logits
@@ -157,7 +157,7 @@ METHODS: dict[str, Method] = {
             params={"baseline": "black", "steps": 50, "quadrature": "gausslegendre"},
             checks={
                 "baseline": lambda v: check_choice("baseline", v, BASELINES),
-                "steps": lambda v: check_int_in_range("steps", v, 1, MAX_STEPS),
+                "steps": lambda v: check_int("steps", v, 1, MAX_STEPS),
                 "quadrature": lambda v: check_choice("quadrature", v, QUADRATURES),
             },
         ),

@@ -37,7 +37,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from ..base.checks import check_nonnegative_float, check_positive_int
+from ..base.checks import INT64_MAX, check_nonnegative_float, check_positive_int
 from ..base.device import resolve_device
 from ..base.io import atomic_write_bytes
 from ..base.text import printable
@@ -95,10 +95,12 @@ class Distributed:
 
 def init_distributed() -> Distributed:
     """Join the process group torchrun describes in the environment (gloo on CPU, nccl on GPU), if any."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = _environ_int("WORLD_SIZE", "1", 1, INT64_MAX, "a positive integer")
     if world_size == 1:
         return Distributed(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    ranks = f"an integer in [0, {world_size - 1}] (WORLD_SIZE is {world_size})"
+    _environ_int("RANK", None, 0, world_size - 1, ranks)  # read by init_process_group, whose errors name no value
+    local_rank = _environ_int("LOCAL_RANK", "0", 0, world_size - 1, ranks)
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
         device, backend = torch.device("cuda", local_rank), "nccl"
@@ -107,6 +109,19 @@ def init_distributed() -> Distributed:
     if not dist.is_initialized():
         dist.init_process_group(backend)
     return Distributed(dist.get_rank(), dist.get_world_size(), device)
+
+
+def _environ_int(name: str, default: str | None, low: int, high: int, expected: str) -> int:
+    """The integer torchrun set in the variable ``name`` (``default`` when unset; None: it must be set), in [low,
+    high]; else a ValueError naming the variable, its value and ``expected``. Digits only: int() would also take
+    " 2", "+2" and "1_0"."""
+    text = os.environ.get(name, default)
+    if text is None:
+        raise ValueError(f"{name} is not set; expected {expected}, as torchrun sets it")
+    value = int(text) if text.isascii() and text.isdigit() and len(text) <= 19 else None
+    if value is None or not low <= value <= high:
+        raise ValueError(f"{name}={text[:100]!r} is not {expected}")
+    return value
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
