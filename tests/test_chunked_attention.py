@@ -275,6 +275,34 @@ def test_masks_crossing_blocks_match_sdpa_float64(mask_kind):
     assert_matches(chunked, reference, F64_TOL, mask_kind)
 
 
+@pytest.mark.parametrize(
+    "mask, error, message",
+    [
+        (torch.ones(5, 4), TypeError, "mask must be a bool tensor (True = may attend), got torch.float32"),
+        ([[True] * 4] * 5, TypeError, "mask must be a bool tensor (True = may attend), got list"),
+        (
+            torch.ones(4, 4, dtype=torch.bool),
+            ValueError,
+            "mask of shape (4, 4) does not broadcast to (b, h, n, m) = (1, 2, 5, 4)",
+        ),
+        (
+            torch.ones(1, 1, 1, 5, 4, dtype=torch.bool),
+            ValueError,
+            "mask of shape (1, 1, 1, 5, 4) does not broadcast to (b, h, n, m) = (1, 2, 5, 4)",
+        ),
+    ],
+    ids=["float", "list", "wrong shape", "five axes"],
+)
+def test_a_mask_not_bool_or_not_broadcasting_to_the_scores_is_refused(mask, error, message):
+    """The einsum and SDPA paths' contract, which MultiHeadAttention checks: a float mask once failed deep inside
+    with "~ (operator.invert) is only implemented on integer and Boolean-type tensors", another shape with
+    expand's RuntimeError."""
+    q, k, v = qkv(1, 2, 5, 3, m=4)
+    with pytest.raises(error) as caught:
+        chunked_attention(q, k, v, mask, scale=0.5)
+    assert str(caught.value) == message
+
+
 @pytest.mark.parametrize("budget", [17 * 5, 2**30], ids=["blocks of query rows", "one block"])
 def test_transposed_inputs_match_sdpa_float64(budget):
     """q, k, v stored (b, h, d, n) and transposed: (b h) merges but (b h n) does not, so the path must not write
