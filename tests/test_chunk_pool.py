@@ -7,6 +7,7 @@ a deadline (``bounded``), so a hang fails the test instead of blocking the suite
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -197,12 +198,15 @@ def test_a_signal_in_the_callers_wait_is_raised_there_and_no_task_starts_after_i
 
     def task(i):
         started.append(i)
-        both_running.wait(timeout=10)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_running.wait(timeout=10)
         release.wait(timeout=10)
 
-    def interrupt():
-        both_running.wait(timeout=10)
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+    def interrupt():  # sends the signal whatever happens, so that the test's own thread cannot wait for ever
+        try:
+            both_running.wait(timeout=10)
+        finally:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
 
     previous = signal.signal(signal.SIGUSR1, handler)
     threading.Thread(target=interrupt, daemon=True).start()
