@@ -115,8 +115,8 @@ os.register_at_fork(after_in_child=_forget_pool)
 
 
 def workers() -> int:
-    """How many worker threads the pool runs: the largest thread count a call has asked for (none before the
-    first), whatever the number of calls."""
+    """How many worker threads the pool runs, whatever the number of calls: the largest thread count a call has
+    asked for (0 before the first), fewer after a failed start until a later call starts the rest."""
     return _POOL.size
 
 
