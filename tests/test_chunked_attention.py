@@ -16,7 +16,9 @@ tests/_equiv.py: float64 at rtol 1e-9 / atol 1e-10 (the paths differ only in sum
 from __future__ import annotations
 
 import multiprocessing
+import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -38,6 +40,7 @@ from vit_einops.network.chunk_plan import (
     plan_for,
     task_plan,
 )
+from vit_einops.network.chunk_pool import workers
 from vit_einops.network.chunked import chunked_attention
 
 
@@ -272,6 +275,34 @@ def test_masks_crossing_blocks_match_sdpa_float64(mask_kind):
     assert_matches(chunked, reference, F64_TOL, mask_kind)
 
 
+@pytest.mark.parametrize(
+    "mask, error, message",
+    [
+        (torch.ones(5, 4), TypeError, "mask must be a bool tensor (True = may attend), got torch.float32"),
+        ([[True] * 4] * 5, TypeError, "mask must be a bool tensor (True = may attend), got list"),
+        (
+            torch.ones(4, 4, dtype=torch.bool),
+            ValueError,
+            "mask of shape (4, 4) does not broadcast to (b, h, n, m) = (1, 2, 5, 4)",
+        ),
+        (
+            torch.ones(1, 1, 1, 5, 4, dtype=torch.bool),
+            ValueError,
+            "mask of shape (1, 1, 1, 5, 4) does not broadcast to (b, h, n, m) = (1, 2, 5, 4)",
+        ),
+    ],
+    ids=["float", "list", "wrong shape", "five axes"],
+)
+def test_a_mask_not_bool_or_not_broadcasting_to_the_scores_is_refused(mask, error, message):
+    """The einsum and SDPA paths' contract, which MultiHeadAttention checks: a float mask once failed deep inside
+    with "~ (operator.invert) is only implemented on integer and Boolean-type tensors", another shape with
+    expand's RuntimeError."""
+    q, k, v = qkv(1, 2, 5, 3, m=4)
+    with pytest.raises(error) as caught:
+        chunked_attention(q, k, v, mask, scale=0.5)
+    assert str(caught.value) == message
+
+
 @pytest.mark.parametrize("budget", [17 * 5, 2**30], ids=["blocks of query rows", "one block"])
 def test_transposed_inputs_match_sdpa_float64(budget):
     """q, k, v stored (b, h, d, n) and transposed: (b h) merges but (b h n) does not, so the path must not write
@@ -444,6 +475,47 @@ def test_callers_on_several_threads_at_once_each_get_their_own_result(restore_th
         thread.join()
     for i in range(2):
         assert len(results[i]) == 3 and all(torch.equal(out, expected[i]) for out in results[i])
+
+
+def test_callers_of_different_thread_counts_at_once_all_return_on_the_same_workers(restore_threads):
+    """Callers that each set their own thread count (2, 3 or 4), while the main thread changes its own, all return
+    with their exact result, and the same workers serve every round: a call that asks for more workers adds them,
+    none stops the workers another call holds. (Rebuilding the pool per thread count stopped workers under callers
+    whose jobs then waited for ever: about half of 240 such calls hung, and 800 calls built 545 pools.) A tiny GIL
+    switch interval makes the threads interleave inside the pool's bookkeeping, where the race lies; each round's
+    callers are joined with a deadline, so a hang fails the test."""
+    q, k, v, mask = threaded_case()
+    torch.set_num_threads(2)
+    expected = chunked_attention(q, k, v, mask, scale=0.25)
+    rounds, callers, calls = 4, 6, 3
+    outs: list[torch.Tensor] = []
+    pools: list[set[int]] = []
+    interval = sys.getswitchinterval()
+
+    def call(i):
+        torch.get_num_threads()  # a thread's first query takes the process-wide count, which would undo a setting
+        for j in range(calls):
+            torch.set_num_threads(2 + (i + j) % 3)
+            outs.append(chunked_attention(q, k, v, mask, scale=0.25))
+
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(rounds):
+            threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(callers)]
+            for thread in threads:
+                thread.start()
+            for count in (3, 4, 2):
+                torch.set_num_threads(count)
+            deadline = time.monotonic() + 20
+            for thread in threads:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            hung = sum(thread.is_alive() for thread in threads)
+            assert hung == 0, f"{hung} of {callers} callers never returned"
+            pools.append({t.ident for t in threading.enumerate() if t.name.startswith("vit-einops-chunked-")})
+    finally:
+        sys.setswitchinterval(interval)
+    assert len(outs) == rounds * callers * calls and all(torch.equal(out, expected) for out in outs)
+    assert pools == [pools[0]] * rounds and len(pools[0]) == workers() >= 4
 
 
 def test_a_dispatch_mode_and_the_profiler_see_every_product(restore_threads):

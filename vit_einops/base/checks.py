@@ -189,6 +189,25 @@ def check_dense_tensor(name: str, value: Any, *, values: bool = True) -> None:
         )
 
 
+def check_attention_mask(mask: Any, shape: tuple[int, ...], axes: str) -> Any:
+    """``mask`` if it is a bool tensor (True = may attend) that broadcasts to the scores' ``shape`` (their axes
+    named by ``axes``, such as "(b, h, n, m)"): a TypeError naming its dtype, or a ValueError naming its shape,
+    otherwise. Attention kernels fill the scores where the mask is False, which a float mask (an additive bias
+    in torch's SDPA) or another shape would turn into a wrong result or an error from inside the kernel."""
+    import torch
+
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a bool tensor (True = may attend), got {got}")
+    try:
+        fits = mask.ndim <= len(shape) and torch.broadcast_shapes(mask.shape, shape) == tuple(shape)
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to {axes} = {tuple(shape)}")
+    return mask
+
+
 def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
     choices = tuple(choices)
     if not isinstance(value, str) or value not in choices:

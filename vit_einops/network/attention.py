@@ -24,7 +24,14 @@ from einops import einsum
 from einops.layers.torch import Rearrange
 from torch import nn
 
-from ..base.checks import check_bool, check_choice, check_heads, check_positive_int, check_probability
+from ..base.checks import (
+    check_attention_mask,
+    check_bool,
+    check_choice,
+    check_heads,
+    check_positive_int,
+    check_probability,
+)
 from .chunk_plan import CHUNK_ELEMENTS
 from .chunked import chunked_attention
 from .config import ATTN_IMPLS, ViTConfig, check_config, check_float32, check_qkv_bias
@@ -241,17 +248,9 @@ class MultiHeadAttention(nn.Module):
         return self.dropout(self.proj(self.merge_heads(self.attend(q, k, v, mask))))
 
     def _check_mask(self, mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise TypeError(f"mask must be a bool tensor (True = may attend), got {got}")
         b, n = x.shape[:2]
         full = (b, self.heads, n, n)
-        try:
-            ok = mask.ndim <= 4 and torch.broadcast_shapes(mask.shape, full) == full
-        except RuntimeError:
-            ok = False
-        if not ok:
-            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to (b, h, n, n) = {full}")
+        check_attention_mask(mask, full, "(b, h, n, n)")
         if not mask.expand(full).any(dim=-1).all():
             # softmax over an all -inf row is NaN on the einsum path and silently 0 or NaN in SDPA kernels.
             raise ValueError("mask leaves at least one query row with no key to attend to")

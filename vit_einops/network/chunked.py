@@ -30,6 +30,7 @@ import threading
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..base.checks import check_attention_mask
 from .chunk_plan import CHUNK_ELEMENTS, BlockPlan, plan_for, task_plan
 from .chunk_pool import run_tasks
 
@@ -246,12 +247,13 @@ def chunked_attention(
     no images, or no heads) the output is empty; with no keys it is zeros, as on the einsum and SDPA paths.
 
     Shapes: q (b, h, n, d), k (b, h, m, d), v (b, h, m, e); mask None or bool broadcastable to (b, h, n, m),
-    True = may attend; output (b, h, n, e).
+    True = may attend (a TypeError for another dtype, a ValueError for another shape); output (b, h, n, e).
     """
     b, h, n, _ = q.shape
     m = k.shape[2]
     if mask is not None:
-        mask = mask.expand(b, h, n, m)  # a view: blocks of it are sliced like the queries
+        # A view: blocks of it are sliced like the queries.
+        mask = check_attention_mask(mask, (b, h, n, m), "(b, h, n, m)").expand(b, h, n, m)
     seed = int(torch.randint(2**62, ())) if dropout_p else 0
     plan = plan_for(q, m, max_elements)
     tasks = _tasks(q, m, max_elements, dropout_p)
