@@ -67,3 +67,44 @@ def test_an_output_inside_a_hugging_face_folder_is_refused(tmp_path, hub_cache):
         message = rf"the output {re.escape(str(out))} lies inside the input {re.escape(str(folder))};"
         assert_user_error(run_cli(*argv), message)
     assert tree(tmp_path / "hub") == before
+
+
+@pytest.mark.parametrize("kept", ["figures", "full", "none"])
+def test_inspect_says_how_large_its_arrays_are_and_keeps_the_maps_only_when_asked(tmp_path, unrendered, kept):
+    """Every layer's attention maps (l, b, h, n, n) are most of a full arrays.npz (540 MB for one image of DINOv2-S
+    at 518 px): the default keeps the arrays the figures draw, --arrays full adds the maps, --arrays none writes no
+    file; the output line gives the file's size and what --arrays full would add."""
+    from vit_einops.modelfile import save_vit
+
+    save_vit(tiny_model(), tmp_path / "m.safetensors")
+    out = tmp_path / "r"
+    result = run_cli("inspect", tmp_path / "m.safetensors", "--image", grey_png(tmp_path / "g.png"), "--out", out,
+                     "--arrays", kept, *INSPECT)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    line = [line for line in result.stdout.splitlines() if line.lstrip().startswith("arrays:")]
+    maps = 2 * 1 * 2 * 17 * 17 * 4  # layers x images x heads x tokens^2 x float32
+    if kept == "none":
+        assert not (out / "arrays.npz").exists()
+        assert line == ["              arrays: none written (--arrays none)"]
+        return
+    import numpy as np
+
+    size = (out / "arrays.npz").stat().st_size
+    stored = np.load(out / "arrays.npz")
+    assert ("attention" in stored) == (kept == "full")
+    assert stored["class_attention"].shape == (1, 2, 4, 4)  # what attention.png draws is there either way
+    adds = f"; --arrays full adds every layer's attention maps, {maps / 1024:.1f} KiB" if kept == "figures" else ""
+    assert line == [f"              arrays: {out / 'arrays.npz'} ({size / 1024:.1f} KiB{adds})"]
+
+
+def test_the_maps_left_out_by_default_are_counted_from_the_sizes():
+    """The maps --arrays full adds, for DINOv2-S at 518 px (1 + 37 x 37 tokens, 12 layers of 6 heads), and the
+    memory estimate counting their copy into arrays.npz only when they are written."""
+    from vit_einops.inspect.report import attention_maps_bytes, report_memory
+    from vit_einops.network.config import ViTConfig
+
+    config = ViTConfig(image_size=518, patch_size=14, dim=384, depth=12, heads=6, mlp_dim=1536, num_classes=0)
+    assert attention_maps_bytes(config, 1) == 12 * 6 * 1370**2 * 4  # 540,561,600 bytes
+    full = report_memory(config, 1, target=False, arrays="full")
+    assert full >= 2 * attention_maps_bytes(config, 1)  # the maps and their copy in the file's buffer
+    assert report_memory(config, 1, target=False, arrays="figures") <= full

@@ -52,6 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--force", action="store_true", help="replace an earlier report in --out (a folder holding other files never)"
     )
+    parser.add_argument(
+        "--arrays",
+        choices=("figures", "full", "none"),
+        default="figures",
+        help="what arrays.npz holds: figures, the arrays the figures draw (default; small); full, also every "
+        "layer's attention maps, float32 (layers x images x heads x tokens^2 x 4 bytes: 540 MB for one image of "
+        "DINOv2-S at 518 px); none, no arrays.npz",
+    )
     add_target_arguments(parser)
     add_method_arguments(parser)
 
@@ -93,8 +101,8 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     from ..base.io import check_directory_output
     from ..base.text import printable
     from ..inspect import write_report
-    from ..base.budget import check_peak_memory
-    from ..inspect.report import REPORT_FILES, report_memory
+    from ..base.budget import check_peak_memory, format_bytes
+    from ..inspect.report import REPORT_FILES, attention_maps_bytes, report_memory
 
     check_directory_output(out, REPORT_FILES, args.force)  # before the work; checked again at the commit
     target = target_from_args(args)  # a bad target file is refused before any model loads
@@ -108,7 +116,7 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     b = len(images["inputs"])
     config = replace(model.config, image_size=tuple(images["inputs"].shape[-2:]))
     check_peak_memory(
-        report_memory(config, b, target=target is not None),
+        report_memory(config, b, target=target is not None, arrays=args.arrays),
         f"inspect of {b} image{'s' * (b > 1)} at {config.num_tokens:,} tokens",
     )
     paths = write_report(
@@ -123,7 +131,15 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
         overwrite=args.force,
         target=target,
         method_params=method_params,
+        arrays=args.arrays,
     )
+    # arrays.npz can be the largest file by far: its size is said, and what --arrays would change.
+    notes = {}
+    if "arrays" in paths:
+        left_out = f"; --arrays full adds every layer's attention maps, {format_bytes(attention_maps_bytes(config, b))}"
+        notes["arrays"] = f" ({format_bytes(paths['arrays'].stat().st_size)}{left_out * (args.arrays != 'full')})"
     for name, path in paths.items():
-        print(f"{name:>20}: {printable(path)}")
+        print(f"{name:>20}: {printable(path)}{notes.get(name, '')}")
+    if "arrays" not in paths:
+        print(f"{'arrays':>20}: none written (--arrays none)")
     return 0
