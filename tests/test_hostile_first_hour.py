@@ -108,3 +108,24 @@ def test_the_maps_left_out_by_default_are_counted_from_the_sizes():
     full = report_memory(config, 1, target=False, arrays="full")
     assert full >= 2 * attention_maps_bytes(config, 1)  # the maps and their copy in the file's buffer
     assert report_memory(config, 1, target=False, arrays="figures") <= full
+
+
+@pytest.mark.parametrize("saved", ["model", "wrapped"])
+def test_a_whole_pickled_model_is_refused_in_our_words_saying_to_save_the_state_dict(tmp_path, saved):
+    """torch.save(model) pickles the object, not its weights: refused in one line of our own that says what the file
+    holds and how to save weights instead; none of torch's text (terminal escapes, advice to unpickle anyway)."""
+    import torch
+
+    model = tiny_model()
+    torch.save(model if saved == "model" else {"model": model}, tmp_path / "m.pth")
+    result = run_cli("predict", tmp_path / "m.pth", grey_png(tmp_path / "g.png"))
+    assert_user_error(
+        result,
+        re.escape(
+            f"{tmp_path / 'm.pth'}: holds a pickled object (vit_einops.network.model.ViT), not weights; objects are "
+            "never unpickled here (that could run code): save the weights instead, with "
+            "torch.save(model.state_dict(), PATH) where the model was made (or vit_einops.save_vit(model, PATH) for "
+            "a vit-einops ViT)"
+        ) + "$",
+    )
+    assert "weights_only" not in result.stderr and "\x1b" not in result.stderr and "\\x1b" not in result.stderr
