@@ -284,7 +284,7 @@ def write_report(
             shown,
             token_map(saved["target_relevance"], layout),
             target_name(target),
-            titles,
+            method_titles,  # no DINO outline is drawn there
             similarity=saved.get("target_similarity"),
             patch=(target.row, target.col) if isinstance(target, PatchTarget) else None,
         )
