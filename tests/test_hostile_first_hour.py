@@ -110,6 +110,48 @@ def test_the_maps_left_out_by_default_are_counted_from_the_sizes():
     assert report_memory(config, 1, target=False, arrays="figures") <= full
 
 
+def _texts(fig) -> list[str]:
+    """Every text a figure draws (titles, labels, notes), each on one line."""
+    from matplotlib.text import Text
+
+    return [t.get_text().replace("\n", " ") for t in fig.findobj(Text) if t.get_text()]
+
+
+@pytest.mark.parametrize("classes", [0, 3])
+def test_a_headless_model_without_a_target_says_why_methods_png_lacks_the_gradient_methods(
+    tmp_path, monkeypatch, classes
+):
+    """A SigLIP-like tower (no class token, no registers, attention pooling) without a classifier nor a target:
+    methods.png names the gradient methods it leaves out and the flags that give them a target, and
+    prefix_share.png says that the model has no prefix tokens instead of drawing an empty chart. With a
+    classifier the gradient methods are drawn, and no note is."""
+    import torch
+
+    import vit_einops.inspect.report as report_module
+    from vit_einops.inspect import write_report
+
+    drawn = {}
+    for name in dir(report_module):  # the two figures under test drawn, the others skipped (most of the time)
+        if name.startswith("plot_") and name not in ("plot_methods", "plot_prefix_share"):
+            monkeypatch.setattr(report_module, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr(report_module, "save_figure", lambda fig, path: drawn.setdefault(Path(path).stem, fig))
+    tower = tiny_vit(TINY_RGB16, num_classes=classes, class_token=False, pool="map")
+    write_report(tower, torch.rand(1, 3, 16, 16), tmp_path / "r", arrays="none")
+    note = (
+        "Not drawn: gradient-rollout, relevance, grad-cam; they need a target: this model has no classifier; pass "
+        "--target-embedding FILE, --target-image PATH or --target-patch ROW,COL (target= in Python)."
+    )
+    texts = _texts(drawn["methods"])
+    assert (note in texts) == (classes == 0)
+    assert any(t.startswith("grad-cam") for t in texts) == (classes > 0)  # a column heading
+    (chart,) = drawn["prefix_share"].axes
+    assert [t.get_text() for t in chart.texts] == [
+        "This model has no prefix tokens (no class token, no registers):\nno token before the patches takes any of "
+        "their attention."
+    ]
+    assert len(chart.lines) == 0 and not chart.axison  # no chart drawn
+
+
 @pytest.mark.parametrize("saved", ["model", "wrapped"])
 def test_a_whole_pickled_model_is_refused_in_our_words_saying_to_save_the_state_dict(tmp_path, saved):
     """torch.save(model) pickles the object, not its weights: refused in one line of our own that says what the file
@@ -129,3 +171,28 @@ def test_a_whole_pickled_model_is_refused_in_our_words_saying_to_save_the_state_
         ) + "$",
     )
     assert "weights_only" not in result.stderr and "\x1b" not in result.stderr and "\\x1b" not in result.stderr
+
+
+@pytest.mark.parametrize("target", [None, "patch"])
+def test_the_explorer_page_says_why_it_holds_no_gradient_method(target):
+    """The page's data carries the same reason methods.png prints (the page lists it, disabled, among the methods:
+    tests/test_explore_browser.py); a target, or a classifier, makes the gradient methods and leaves no note."""
+    import torch
+
+    from vit_einops.explore.page import explorer_pane
+    from vit_einops.inspect import PatchTarget
+
+    tower = tiny_vit(TINY_RGB16, num_classes=0, class_token=False, pool="map")
+    pane = explorer_pane(tower, torch.rand(1, 3, 16, 16), name="tower", preprocessed=True,
+                         target=None if target is None else PatchTarget(1, 1))  # fmt: skip
+    methods = [m["name"] for m in pane["methods"]]
+    if target is None:
+        assert methods == ["attention", "rollout", "random"]
+        assert pane["methods_note"] == (
+            "gradient-rollout, relevance, grad-cam: not on this page; they need a target: this model has no "
+            "classifier; pass --target-embedding FILE, --target-image PATH or --target-patch ROW,COL (target= in "
+            "Python)"
+        )
+    else:
+        assert methods == ["attention", "rollout", "gradient-rollout", "relevance", "grad-cam", "random"]
+        assert pane["methods_note"] == ""

@@ -35,6 +35,10 @@ TITLE_LINE_INCHES = 0.125  # one line of a panel's 8 pt title
 MIN_WIDTH_INCHES = 6.4  # matplotlib's default width: 640 px at its 100 dpi, room for the colour bar's whole label
 ATTENTION_CMAP = "inferno"
 MASK_COLOUR = "cyan"  # DINO's mask outline: visible over inferno's dark and bright ends
+NO_PREFIX_TOKENS = (
+    "This model has no prefix tokens (no class token, no registers):\nno token before the patches takes any of "
+    "their attention."
+)
 RELEVANCE_LABEL = "relevance / panel maximum"  # target.png's maps are Chefer et al.'s R, not attention
 
 
@@ -174,11 +178,14 @@ def plot_attention_overlays(
     return fig
 
 
-def plot_methods(images: torch.Tensor, maps: Mapping[str, torch.Tensor], titles: list[str] | None = None):
+def plot_methods(
+    images: torch.Tensor, maps: Mapping[str, torch.Tensor], titles: list[str] | None = None, *, note: str = ""
+):
     """Each explanation method's map over each image (:func:`~vit_einops.inspect.explain_all`): one row per image,
     the input then one panel per method under a column heading of its label (name, then its parameters), each
     panel's map scaled to its own maximum and laid over the input. The panels are one picture (a single image
-    drawn once), so a report of many images and methods stays quick to draw.
+    drawn once), so a report of many images and methods stays quick to draw. ``note``, when given, is printed
+    under the panels: why methods are missing (e.g. the gradient methods without a target).
 
     Shapes: images (b, C, H, W); maps {label: (b, gh, gw)}. Returns a Figure.
     """
@@ -210,6 +217,9 @@ def plot_methods(images: torch.Tensor, maps: Mapping[str, torch.Tensor], titles:
         spine.set_visible(False)
     _attention_colorbar(fig, ax, "map / its own maximum")
     fig.suptitle("Explanation methods", fontsize=10)
+    if note:
+        width = fig.get_figwidth()
+        fig.supxlabel(textwrap.fill(printable_lines(note), max(20, int(14 * width))), fontsize=7, parse_math=False)
     return fig
 
 
@@ -267,8 +277,8 @@ def plot_token_norms(norms: torch.Tensor, layout: TokenLayout, *, layer: int = -
 def plot_prefix_share(share: torch.Tensor, layout: TokenLayout):
     """The share of the patches' attention that lands on each prefix token (:func:`prefix_token_share`), by layer:
     one line per prefix token of ``layout`` (the mean over images and heads), a dot per head, and the patches' own
-    share (the rest). A register or class token near 1 is an attention sink. Shapes: share (l, b, h, p). Returns
-    a Figure."""
+    share (the rest). A register or class token near 1 is an attention sink. A model without prefix tokens (p = 0)
+    gets a figure saying so instead of an empty chart. Shapes: share (l, b, h, p). Returns a Figure."""
     from matplotlib import colormaps
 
     check_dense_tensor("share", share)
@@ -280,12 +290,17 @@ def plot_prefix_share(share: torch.Tensor, layout: TokenLayout):
             f"{len(names)} prefix tokens {layout.shown()} for {share.shape[-1]} prefix-token columns of share (shape "
             f"{tuple(share.shape)}); expected one column per prefix token"
         )
+    fig = new_figure(figsize=(5.6, 3.8))
+    ax = fig.subplots()
+    if not names:  # SigLIP's layout: attention pooling, no class token, no registers
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, NO_PREFIX_TOKENS, ha="center", va="center", wrap=True, fontsize=9, transform=ax.transAxes)
+        ax.set_title("Attention on prefix tokens")
+        return fig
     values = share.detach().double().cpu()
     layers = values.shape[0]
     per_head = values.mean(dim=1)  # (l, h, p)
     colours = colormaps["tab10"]
-    fig = new_figure(figsize=(5.6, 3.8))
-    ax = fig.subplots()
     x = torch.arange(layers).double()
     for p, name in enumerate(names):
         ax.scatter(x.repeat_interleave(per_head.shape[1]).numpy(), per_head[..., p].flatten().numpy(), s=8,

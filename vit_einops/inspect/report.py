@@ -31,7 +31,7 @@ from .figures import (
     plot_target_relevance,
     plot_token_norms,
 )
-from .methods import METHODS, class_index, explain_all
+from .methods import METHODS, TARGET_NEEDED, class_index, explain_all, unexplained
 from .pca import fit_patch_pca, plot_patch_pca
 from .record import AttentionRecorder
 from .recorded import record_pass
@@ -152,7 +152,8 @@ def write_report(
     (:func:`~vit_einops.inspect.patch_attention_grid`) instead of the class token's, and no mask.
     ``methods.png`` draws every explanation method of :data:`~vit_einops.inspect.METHODS` over each image, titled
     with its parameters (:func:`~vit_einops.inspect.explain_all`): the gradient methods explain the predicted
-    class, or ``target``, and are left out for a model without a classifier and no target.
+    class, or ``target``, and are left out for a model without a classifier and no target (the figure says so and
+    names the flags that give one).
     ``patch_pca.png`` is DINOv2's PCA picture: the first three components of one PCA over the drawn images' final
     patch tokens as RGB (:func:`~vit_einops.inspect.patch_feature_pca`).
 
@@ -201,6 +202,8 @@ def write_report(
     rollout = attention_rollout(maps, **rollout_params, kept=class_index(layout))
     rollout_grid = token_map(rollout, layout)
     labels = {name: METHODS[name].label(method_params.get(name), every=True) for name in method_maps}
+    unexplained_methods = unexplained(model, target)
+    left_out = f"Not drawn: {', '.join(unexplained_methods)}; they {TARGET_NEEDED}." if unexplained_methods else ""
     titles = titles or [f"image {i}" for i in range(len(images))]
     if model.num_classes:  # a model without a classifier outputs features: it predicts nothing
         predicted = [class_name(p, classes) for p in logits.argmax(-1).tolist()]
@@ -271,7 +274,9 @@ def write_report(
     shown = images if display_images is None else display_images
     figures = {
         "attention": plot_attention_overlays(shown, heads, rollout_grid, titles, layer=layer, masks=masks),
-        "methods": plot_methods(shown, {labels[name]: value for name, value in method_maps.items()}, method_titles),
+        "methods": plot_methods(
+            shown, {labels[name]: value for name, value in method_maps.items()}, method_titles, note=left_out
+        ),
         "attention_distance": plot_attention_distance(distance, uniform, layout),
         "position_similarity": plot_position_similarity(similarity),
         "embedding_filters": plot_filters(components, explained),
