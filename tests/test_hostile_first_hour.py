@@ -196,3 +196,36 @@ def test_the_explorer_page_says_why_it_holds_no_gradient_method(target):
     else:
         assert methods == ["attention", "rollout", "gradient-rollout", "relevance", "grad-cam", "random"]
         assert pane["methods_note"] == ""
+
+
+
+def test_inspect_and_explore_take_a_folder_of_images_as_faithfulness_does(tmp_path, unrendered):
+    """--images DIR, as faithfulness reads it (its image files in name order, hidden and other files skipped): inspect
+    draws them after any --image, at most --num-images, titled by file name; explore shows them; a folder without
+    images is refused by name in both."""
+    import numpy as np
+    from test_explore import embedded
+
+    from vit_einops.modelfile import save_vit
+
+    save_vit(tiny_model(), tmp_path / "m.safetensors")
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for name in ("b.png", "a.png", ".hidden.png", "c.png"):
+        grey_png(folder / name)
+    (folder / "notes.txt").write_text("not an image")
+    one = grey_png(tmp_path / "first.png")
+    result = run_cli("inspect", tmp_path / "m.safetensors", "--image", one, "--images", folder, "--num-images", "2",
+                     "--out", tmp_path / "r", "--distance-images", "2")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert np.load(tmp_path / "r" / "arrays.npz")["images"].shape == (3, 1, 8, 8)  # first.png, a.png, b.png
+    result = run_cli("explore", tmp_path / "m.safetensors", "--images", folder, "--out", tmp_path / "p.html")
+    assert result.returncode == 0, result.stderr
+    assert embedded(tmp_path / "p.html")["titles"] == ["a.png", "b.png", "c.png"]
+    (tmp_path / "empty").mkdir()
+    suffixes = ".png, .jpg, .jpeg, .bmp, .gif, .tif, .tiff, .webp"
+    for command, flags in (("inspect", ["--out", tmp_path / "r2"]), ("explore", ["--out", tmp_path / "e.html"])):
+        assert_user_error(
+            run_cli(command, tmp_path / "m.safetensors", "--images", tmp_path / "empty", *flags),
+            re.escape(f"--images {str(tmp_path / 'empty')!r} holds no image files ({suffixes})"),
+        )

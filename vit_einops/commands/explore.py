@@ -6,7 +6,7 @@ statistics), or two models' side by side on the same images.
 MODEL is read as every command reads it (a model file, a training run, or with --from a torchvision/timm/HF
 model; the reading and preprocessing flags apply to both models); images go through each model's own
 preprocessing, and each pane shows them as its model saw them (resized and cropped, not normalised). Without
---image: test digits for a model trained on the digits, else scikit-learn's two photos.
+--image FILE or --images DIR: test digits for a model trained on the digits, else scikit-learn's two photos.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from pathlib import Path
 
 from ..base.text import printable
 from ._model import (
+    add_images_argument,
     add_method_arguments,
     add_model_arguments,
     add_target_arguments,
     default_images,
+    image_files,
     is_digits_model,
     load_model_from_args,
     method_params_from_args,
@@ -47,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_model_arguments(parser, positional=False)
     parser.add_argument("--image", action="append", metavar="FILE", help="an image to explore (repeatable)")
+    add_images_argument(parser, "explored after any --image")
     parser.add_argument("--out", required=True, metavar="HTML", help="the page to write, e.g. explore.html")
     parser.add_argument("--force", action="store_true", help="replace --out if it exists")
     parser.add_argument(
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if len(args.models) > 2:
         raise ValueError(f"explore shows one MODEL or two side by side, got {len(args.models)}")
     inputs = [path for model in args.models for path in model_inputs(model, args.source)]
-    check_output(args.out, [*inputs, *(args.image or ())])
+    check_output(args.out, [*inputs, *(args.image or ()), *([args.images] if args.images else [])])
     with output_lock(args.out):  # held from the first check to the commit: a second writer fails at once
         return _explore(args)
 
@@ -88,15 +91,16 @@ def _explore(args: argparse.Namespace) -> int:
     from ..images import to_uint8
 
     check_file_output(args.out, args.force, "pass --force to replace it")  # before the work; again at the commit
+    files = [*(args.image or ()), *(image_files(args.images) if args.images else ())]
     target = target_from_args(args)  # a bad target file is refused before any model loads
     method_params = method_params_from_args(args)
     models = [load_model_from_args(args, path).eval() for path in args.models]
-    if not args.image and len({is_digits_model(model) for model in models}) > 1:
+    if not files and len({is_digits_model(model) for model in models}) > 1:
         raise ValueError(
             f"{args.models[0]} and {args.models[1]} have different default images (test digits for a digits model, "
-            "sample photos otherwise): give --image FILE to explore both on the same images"
+            "sample photos otherwise): give --image FILE or --images DIR to explore both on the same images"
         )
-    chosen = [default_images(model, args.image, DIGIT_IMAGES) for model in models]
+    chosen = [default_images(model, files, DIGIT_IMAGES) for model in models]
     titles = chosen[0]["titles"]
     budget = args.attention_budget or DEFAULT_ATTENTION_BUDGET
     check_explorer_memory(  # the whole run's peak, before any pane is built

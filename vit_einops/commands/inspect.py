@@ -5,8 +5,8 @@ distance, position similarity, embedding filters, the prefix tokens' attention s
 run, or with --from a torchvision/timm/HF model), class, distillation and register tokens named, as PNG figures and
 raw arrays.
 
-Images go through the model's own preprocessing; no training data is read when images are given. Without
---image, a model trained on the digits is shown test digits, and any other model scikit-learn's two photos.
+Images (--image FILE, --images DIR) go through the model's own preprocessing; no training data is read when images
+are given. Without them, a model trained on the digits is shown test digits, and any other model scikit-learn's two photos.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from ._model import (
+    add_images_argument,
     add_method_arguments,
     add_model_arguments,
     add_target_arguments,
     default_images,
+    image_files,
     load_model_from_args,
     method_params_from_args,
     model_inputs,
@@ -33,9 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, optional=True)
     parser.add_argument("--checkpoint", metavar="CKPT", help="same as MODEL (the older spelling)")
     parser.add_argument("--image", action="append", metavar="FILE", help="an image to draw attention for (repeatable)")
+    add_images_argument(parser, "drawn after any --image, at most --num-images of them")
     parser.add_argument("--layer", type=int, default=-1, help="the layer whose heads are drawn (default: the last)")
     parser.add_argument(
-        "--num-images", type=int, default=6, help="test digits drawn when no --image is given (default %(default)s)"
+        "--num-images",
+        type=int,
+        default=6,
+        help="images drawn from --images DIR, or test digits when no image is given (default %(default)s)",
     )
     parser.add_argument(
         "--distance-images",
@@ -87,8 +93,9 @@ def run(args: argparse.Namespace) -> int:
     check_positive_int("--num-images", args.num_images)
     check_positive_int("--distance-images", args.distance_images)
     out = Path(args.out) if args.out else default_out(path, args.source)
+    folder = [args.images] if args.images else []
     try:
-        check_output(out, [*model_inputs(path, args.source), *(args.image or ())])
+        check_output(out, [*model_inputs(path, args.source), *(args.image or ()), *folder])
     except ValueError as err:
         if args.out:
             raise
@@ -105,13 +112,14 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     from ..inspect.report import REPORT_FILES, attention_maps_bytes, report_memory
 
     check_directory_output(out, REPORT_FILES, args.force)  # before the work; checked again at the commit
+    files = [*(args.image or ()), *(image_files(args.images)[: args.num_images] if args.images else ())]
     target = target_from_args(args)  # a bad target file is refused before any model loads
     method_params = method_params_from_args(args)
     model = load_model_from_args(args, str(path))
     depth = model.config.depth
     if not -depth <= args.layer < depth:
         raise ValueError(f"--layer {args.layer} is out of range for a model of {depth} layers (0..{depth - 1}, or -1)")
-    images = default_images(model, args.image, args.num_images, args.distance_images)
+    images = default_images(model, files, args.num_images, args.distance_images)
     # Every layer's attention of every image is recorded at once, (depth, b, h, n, n): the run's peak, before it.
     b = len(images["inputs"])
     config = replace(model.config, image_size=tuple(images["inputs"].shape[-2:]))
