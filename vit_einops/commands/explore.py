@@ -90,6 +90,9 @@ def _explore(args: argparse.Namespace) -> int:
     from ..explore.payload import DEFAULT_ATTENTION_BUDGET
     from ..images import to_uint8
 
+    if Path(args.out).is_dir():  # inspect's --out is a folder; explore's is the one page it writes
+        page = Path(args.out) / "explore.html"
+        raise ValueError(f"--out {args.out} is a folder; explore writes one HTML page: name it, e.g. --out {page}")
     check_file_output(args.out, args.force, "pass --force to replace it")  # before the work; again at the commit
     files = [*(args.image or ()), *(image_files(args.images) if args.images else ())]
     target = target_from_args(args)  # a bad target file is refused before any model loads
