@@ -229,3 +229,23 @@ def test_inspect_and_explore_take_a_folder_of_images_as_faithfulness_does(tmp_pa
             run_cli(command, tmp_path / "m.safetensors", "--images", tmp_path / "empty", *flags),
             re.escape(f"--images {str(tmp_path / 'empty')!r} holds no image files ({suffixes})"),
         )
+
+
+def test_the_explorer_titles_a_training_runs_pane_by_the_run(tmp_path):
+    """MODEL given as a run's model file (or its checkpoint/): the pane is titled by the run's folder, not by
+    "model.safetensors" or "checkpoint", names every run shares; any other model by its file's name, as before."""
+    from test_explore import embedded
+
+    from vit_einops.modelfile import save_vit
+
+    run = tmp_path / "digits-lr3e-4"
+    (run / "checkpoint").mkdir(parents=True)  # what makes a folder a training run (training_run)
+    save_vit(tiny_model(), run / "model.safetensors")
+    save_vit(tiny_model(), tmp_path / "other.safetensors")
+    other = tmp_path / "other.safetensors"
+    for model, name in ((run / "model.safetensors", "digits-lr3e-4"), (other, "other.safetensors")):
+        page = tmp_path / f"{name}.html"
+        result = run_cli("explore", model, "--image", grey_png(tmp_path / "g.png"), "--out", page)
+        assert result.returncode == 0, result.stderr
+        assert [pane["name"] for pane in embedded(page)["panes"]] == [name]
+

@@ -12,6 +12,7 @@ preprocessing, and each pane shows them as its model saw them (resized and cropp
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from ..base.text import printable
@@ -27,6 +28,7 @@ from ._model import (
     method_params_from_args,
     model_inputs,
     target_from_args,
+    training_run,
 )
 
 DIGIT_IMAGES = 4  # test digits 0..3: a small model, a small page
@@ -84,6 +86,13 @@ def run(args: argparse.Namespace) -> int:
         return _explore(args)
 
 
+def pane_name(path: str, source: str | None) -> str:
+    """What a pane is titled: a training run's folder name (MODEL being the run, its checkpoint/ or its model file,
+    whose own names are the same for every run), else MODEL's file or folder name."""
+    run = training_run(path, source)
+    return (run or Path(os.path.abspath(path))).name  # "." named by the folder it is
+
+
 def _explore(args: argparse.Namespace) -> int:
     from ..base.io import check_file_output
     from ..explore.page import check_explorer_memory, explorer_pane, write_panes
@@ -118,7 +127,7 @@ def _explore(args: argparse.Namespace) -> int:
             explorer_pane(
                 model,
                 images["inputs"],
-                name=Path(path).name,
+                name=pane_name(path, args.source),
                 preprocessed=True,
                 class_names=model.class_names,
                 pictures=[to_uint8(picture) for picture in images["display"]],
