@@ -198,7 +198,6 @@ def test_the_explorer_page_says_why_it_holds_no_gradient_method(target):
         assert pane["methods_note"] == ""
 
 
-
 def test_inspect_and_explore_take_a_folder_of_images_as_faithfulness_does(tmp_path, unrendered):
     """--images DIR, as faithfulness reads it (its image files in name order, hidden and other files skipped): inspect
     draws them after any --image, at most --num-images, titled by file name; explore shows them; a folder without
@@ -231,6 +230,29 @@ def test_inspect_and_explore_take_a_folder_of_images_as_faithfulness_does(tmp_pa
         )
 
 
+def test_patch_pca_png_names_each_image_by_its_file_literally(tmp_path, monkeypatch):
+    """patch_pca.png titles each image as the other figures do, by its file's name (with the prediction), as
+    literal text: "$x$" stays dollars, a control character is escaped."""
+    import vit_einops.inspect.report as report_module
+
+    drawn = {}
+    for name in dir(report_module):
+        if name.startswith("plot_") and name != "plot_patch_pca":
+            monkeypatch.setattr(report_module, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr(report_module, "save_figure", lambda fig, path: drawn.setdefault(Path(path).stem, fig))
+    from vit_einops.modelfile import save_vit
+
+    save_vit(tiny_model(), tmp_path / "m.safetensors")
+    files = [grey_png(tmp_path / "cost $x$.png"), grey_png(tmp_path / "bell\x07.png")]
+    result = run_cli("inspect", tmp_path / "m.safetensors", *sum((["--image", f] for f in files), []),
+                     "--out", tmp_path / "r", "--arrays", "none", *INSPECT)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    titles = [ax.get_title() for ax in drawn["patch_pca"].axes[:2]]
+    assert [t.splitlines()[0] for t in titles] == ["cost $x$.png", "bell\\x07.png"]
+    assert all(t.splitlines()[1].startswith("predicted ") for t in titles)
+    assert all(not ax.title.get_parse_math() for ax in drawn["patch_pca"].axes[:2])
+
+
 def test_the_explorer_titles_a_training_runs_pane_by_the_run(tmp_path):
     """MODEL given as a run's model file (or its checkpoint/): the pane is titled by the run's folder, not by
     "model.safetensors" or "checkpoint", names every run shares; any other model by its file's name, as before."""
@@ -248,4 +270,3 @@ def test_the_explorer_titles_a_training_runs_pane_by_the_run(tmp_path):
         result = run_cli("explore", model, "--image", grey_png(tmp_path / "g.png"), "--out", page)
         assert result.returncode == 0, result.stderr
         assert [pane["name"] for pane in embedded(page)["panes"]] == [name]
-

@@ -282,7 +282,7 @@ def write_report(
         "embedding_filters": plot_filters(components, explained),
         "prefix_share": plot_prefix_share(share, layout),
         "token_norms": plot_token_norms(norms, layout),
-        "patch_pca": plot_patch_pca(pca, shown),
+        "patch_pca": plot_patch_pca(pca, shown, method_titles),
     }
     if target is not None:
         figures[TARGET_FIGURE] = plot_target_relevance(
