@@ -617,9 +617,10 @@ def test_a_siglip_like_tower_without_a_target_says_why_dino_and_the_gradient_met
     assert dino.get_attribute("disabled") and dino.text.endswith("(none: this model has no class token)")
     options = browser.find_elements("css selector", "#method-select option")
     offered = [o.get_attribute("value") for o in options if not o.get_attribute("disabled")]
-    assert offered == ["attention", "rollout", "random"]
+    assert offered == [name for name, method in METHODS.items() if not method.gradient]
+    gradient = ", ".join(name for name, method in METHODS.items() if method.gradient)
     assert options[-1].get_attribute("disabled") and options[-1].text == (
-        "gradient-rollout, relevance, grad-cam: not on this page; they need a target: this model has no classifier; "
-        "pass --target-embedding FILE, --target-image PATH or --target-patch ROW,COL (target= in Python)"
+        f"{gradient}: not on this page; they need a target: this model has no classifier; pass --target-embedding "
+        "FILE, --target-image PATH or --target-patch ROW,COL (target= in Python)"
     )
     assert _console_errors(browser) == []

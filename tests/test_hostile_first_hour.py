@@ -137,9 +137,12 @@ def test_a_headless_model_without_a_target_says_why_methods_png_lacks_the_gradie
     monkeypatch.setattr(report_module, "save_figure", lambda fig, path: drawn.setdefault(Path(path).stem, fig))
     tower = tiny_vit(TINY_RGB16, num_classes=classes, class_token=False, pool="map")
     write_report(tower, torch.rand(1, 3, 16, 16), tmp_path / "r", arrays="none")
+    from vit_einops.inspect import METHODS
+
+    gradient = ", ".join(name for name, method in METHODS.items() if method.gradient)
     note = (
-        "Not drawn: gradient-rollout, relevance, grad-cam; they need a target: this model has no classifier; pass "
-        "--target-embedding FILE, --target-image PATH or --target-patch ROW,COL (target= in Python)."
+        f"Not drawn: {gradient}; they need a target: this model has no classifier; pass --target-embedding FILE, "
+        "--target-image PATH or --target-patch ROW,COL (target= in Python)."
     )
     texts = _texts(drawn["methods"])
     assert (note in texts) == (classes == 0)
@@ -180,21 +183,21 @@ def test_the_explorer_page_says_why_it_holds_no_gradient_method(target):
     import torch
 
     from vit_einops.explore.page import explorer_pane
-    from vit_einops.inspect import PatchTarget
+    from vit_einops.inspect import METHODS, PatchTarget
 
     tower = tiny_vit(TINY_RGB16, num_classes=0, class_token=False, pool="map")
     pane = explorer_pane(tower, torch.rand(1, 3, 16, 16), name="tower", preprocessed=True,
                          target=None if target is None else PatchTarget(1, 1))  # fmt: skip
     methods = [m["name"] for m in pane["methods"]]
     if target is None:
-        assert methods == ["attention", "rollout", "random"]
+        assert methods == [name for name, method in METHODS.items() if not method.gradient]
+        gradient = ", ".join(name for name, method in METHODS.items() if method.gradient)
         assert pane["methods_note"] == (
-            "gradient-rollout, relevance, grad-cam: not on this page; they need a target: this model has no "
-            "classifier; pass --target-embedding FILE, --target-image PATH or --target-patch ROW,COL (target= in "
-            "Python)"
+            f"{gradient}: not on this page; they need a target: this model has no classifier; pass "
+            "--target-embedding FILE, --target-image PATH or --target-patch ROW,COL (target= in Python)"
         )
     else:
-        assert methods == ["attention", "rollout", "gradient-rollout", "relevance", "grad-cam", "random"]
+        assert methods == list(METHODS)
         assert pane["methods_note"] == ""
 
 

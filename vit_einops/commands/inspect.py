@@ -6,7 +6,8 @@ run, or with --from a torchvision/timm/HF model), class, distillation and regist
 raw arrays.
 
 Images (--image FILE, --images DIR) go through the model's own preprocessing; no training data is read when images
-are given. Without them, a model trained on the digits is shown test digits, and any other model scikit-learn's two photos.
+are given. Without them, a model trained on the digits is shown test digits, and any other model scikit-learn's two
+photos.
 """
 
 from __future__ import annotations

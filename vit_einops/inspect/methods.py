@@ -200,7 +200,8 @@ def explain_all(
 
     ``params`` maps a method's name to its parameters (the others take their defaults); ``target`` is what the
     gradient methods explain. A model without a classifier has nothing for them to explain unless ``target`` is a
-    backbone target: they are left out then (:func:`unexplained` names them, :data:`TARGET_NEEDED` says why). Label a map with ``METHODS[name].label(params[name], every=True)``.
+    backbone target: they are left out then (:func:`unexplained` names them, :data:`TARGET_NEEDED` says
+    why). Label a map with ``METHODS[name].label(params[name], every=True)``.
     """
     params = dict(params or {})
     unknown = sorted(set(params) - set(METHODS))
