@@ -17,8 +17,7 @@ from PIL import Image
 
 from vit_einops import ViT
 from vit_einops.commands.cli import main
-from vit_einops.commands._model import image_files
-from vit_einops.commands.faithfulness import parse_method
+from vit_einops.commands.faithfulness import image_files, parse_method
 from vit_einops.inspect import METHODS, METRICS, Method, PatchTarget, faithfulness
 from vit_einops.inspect.faithfulness import patch_ranks
 from vit_einops.inspect.targets import target_scores
