@@ -12,6 +12,7 @@ from _hostile import assert_user_error, grey_png, run_cli, tiny_model
 from _tiny import TINY_RGB16, tiny_vit
 from test_hostile_writes import INSPECT, REPORT, tree
 
+from vit_einops.inspect.report import ARRAYS
 from vit_einops.interop import save_hf, save_state_dict_file, to_timm
 
 
@@ -69,7 +70,7 @@ def test_an_output_inside_a_hugging_face_folder_is_refused(tmp_path, hub_cache):
     assert tree(tmp_path / "hub") == before
 
 
-@pytest.mark.parametrize("kept", ["figures", "full", "none"])
+@pytest.mark.parametrize("kept", list(ARRAYS))  # every choice write_report knows is one --arrays takes
 def test_inspect_says_how_large_its_arrays_are_and_keeps_the_maps_only_when_asked(tmp_path, unrendered, kept):
     """Every layer's attention maps (l, b, h, n, n) are most of a full arrays.npz (540 MB for one image of DINOv2-S
     at 518 px): the default keeps the arrays the figures draw, --arrays full adds the maps, --arrays none writes no
@@ -273,3 +274,30 @@ def test_the_explorer_titles_a_training_runs_pane_by_the_run(tmp_path):
         result = run_cli("explore", model, "--image", grey_png(tmp_path / "g.png"), "--out", page)
         assert result.returncode == 0, result.stderr
         assert [pane["name"] for pane in embedded(page)["panes"]] == [name]
+
+
+def test_inspect_lists_why_methods_and_prefix_share_hold_less_for_a_siglip_like_tower(tmp_path, unrendered):
+    """The lines that list the written files say what the figures say: the gradient methods missing for want of a
+    target (naming the flags), and prefix_share.png holding only a note for a model without prefix tokens."""
+    from vit_einops.inspect import METHODS
+    from vit_einops.modelfile import save_vit
+    from vit_einops.preprocess import Preprocessing
+
+    tower = tiny_vit(TINY_RGB16, num_classes=0, class_token=False, pool="map")
+    tower.preprocessing = Preprocessing.plain(16, 3)
+    save_vit(tower, tmp_path / "tower.safetensors")
+    out = tmp_path / "r"
+    result = run_cli("inspect", tmp_path / "tower.safetensors", "--image", grey_png(tmp_path / "g.png"),
+                     "--out", out, *INSPECT)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = {line.split(":")[0].strip(): line for line in result.stdout.splitlines()}
+    gradient = ", ".join(name for name, method in METHODS.items() if method.gradient)
+    assert lines["methods"] == (
+        f"             methods: {out / 'methods.png'} (without {gradient}: they need a target: this model has no "
+        "classifier; pass --target-embedding FILE, --target-image PATH or --target-patch ROW,COL (target= in Python))"
+    )
+    assert lines["prefix_share"] == (
+        f"        prefix_share: {out / 'prefix_share.png'} (a note only: this model has no prefix tokens, no class "
+        "token nor registers)"
+    )
+    assert lines["attention"] == f"           attention: {out / 'attention.png'}"  # nothing to say of the others

@@ -110,6 +110,7 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     from ..base.text import printable
     from ..inspect import write_report
     from ..base.budget import check_peak_memory, format_bytes
+    from ..inspect.methods import TARGET_NEEDED, unexplained
     from ..inspect.report import REPORT_FILES, attention_maps_bytes, report_memory
 
     check_directory_output(out, REPORT_FILES, args.force)  # before the work; checked again at the commit
@@ -142,8 +143,14 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
         method_params=method_params,
         arrays=args.arrays,
     )
-    # arrays.npz can be the largest file by far: its size is said, and what --arrays would change.
+    # What a figure leaves out is said where the files are listed, as the figure says it. arrays.npz can be the
+    # largest file by far: its size is said, and what --arrays would change.
     notes = {}
+    left_out = unexplained(model, target)
+    if left_out:
+        notes["methods"] = f" (without {', '.join(left_out)}: they {TARGET_NEEDED})"
+    if not model.patch_embed.layout(config.image_size).prefix:
+        notes["prefix_share"] = " (a note only: this model has no prefix tokens, no class token nor registers)"
     if "arrays" in paths:
         left_out = f"; --arrays full adds every layer's attention maps, {format_bytes(attention_maps_bytes(config, b))}"
         notes["arrays"] = f" ({format_bytes(paths['arrays'].stat().st_size)}{left_out * (args.arrays != 'full')})"
