@@ -24,8 +24,8 @@ ViT-B/16 on 2 photos: 13.0 MB at 8 bits, 8.6 MB at 6, 4.9 MB at 4). The row maxi
 Rollout and relevance (one n x n matrix per image and class), and each explanation method's map on the patch grid
 (one per method of :data:`~vit_einops.inspect.METHODS` and image, labelled with the method's parameters; the gradient
 methods explain the target when one is given, else the top class, and are absent for a model without a classifier
-and no target) are stored as float16 after division by a power of two that brings their largest magnitude into
-(1/2, 1]: a relative error of at most 2^-11, or 2^-25 of that power of two for values too small for a normal
+and no target, ``methods_note`` saying why) are stored as float16 after division by a power of two that brings
+their largest magnitude into (1/2, 1]: a relative error of at most 2^-11, or 2^-25 of that power of two for values too small for a normal
 float16. Every binary array is compressed with zlib (the page inflates it with the browser's own
 DecompressionStream) and written as base64.
 
@@ -82,7 +82,7 @@ from ..inspect import (
     patch_distances,
     relevance_from_gradients,
 )
-from ..inspect.methods import class_index
+from ..inspect.methods import TARGET_NEEDED, class_index, unexplained
 from ..inspect.recorded import record_pass
 from ..inspect.targets import BACKBONE_TARGETS, TARGET_KINDS, target_name
 from ..network.patch_embed import ClassToken, TokenLayout
@@ -421,8 +421,15 @@ def build_payload(
              "reference": METHODS[name].reference, "gradient": METHODS[name].gradient}
             for name in method_maps
         ],  # fmt: skip
+        "methods_note": _methods_note(model, target),
         "images": pages,
     }
+
+
+def _methods_note(model: Any, target: Any) -> str:
+    """Why the page holds no gradient method (:func:`~vit_einops.inspect.methods.unexplained`), or ""."""
+    left_out = unexplained(model, target)
+    return f"{', '.join(left_out)}: not on this page; they {TARGET_NEEDED}" if left_out else ""
 
 
 def page_payload(panes: Sequence[dict[str, Any]], titles: Sequence[str], bits: int) -> dict[str, Any]:

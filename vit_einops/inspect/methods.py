@@ -203,6 +203,22 @@ def explain(
     return maps
 
 
+# Why explain_all leaves the gradient methods out, for the figure and the page that would have drawn them; the
+# flags are the study commands' (inspect, explore, faithfulness), the keyword the Python functions'.
+TARGET_NEEDED = (
+    "need a target: this model has no classifier; pass --target-embedding FILE, --target-image PATH or "
+    "--target-patch ROW,COL (target= in Python)"
+)
+
+
+def unexplained(model: nn.Module, target: Any) -> list[str]:
+    """The gradient methods of :data:`METHODS` :func:`explain_all` leaves out for ``model`` and ``target``: every
+    one for a model without a classifier and no target (nothing for them to differentiate), else none."""
+    if target is not None or getattr(model, "num_classes", None) != 0:
+        return []
+    return [name for name, method in METHODS.items() if method.gradient]
+
+
 def explain_all(
     model: nn.Module, images: Any, target: Any = None, params: Mapping[str, Mapping[str, Any]] | None = None, *,
     preprocessed: bool | None = None,
@@ -211,7 +227,8 @@ def explain_all(
 
     ``params`` maps a method's name to its parameters (the others take their defaults); ``target`` is what the
     gradient methods explain. A model without a classifier has nothing for them to explain unless ``target`` is a
-    backbone target: they are left out then. Label a map with ``METHODS[name].label(params[name], every=True)``.
+    backbone target: they are left out then (:func:`unexplained` names them, :data:`TARGET_NEEDED` says
+    why). Label a map with ``METHODS[name].label(params[name], every=True)``.
     """
     params = dict(params or {})
     unknown = sorted(set(params) - set(METHODS))
@@ -219,9 +236,9 @@ def explain_all(
         known = ", ".join(map(repr, METHODS))
         raise ValueError(f"unknown method {', '.join(map(repr, unknown))} in params; expected some of {known}")
     batch = model_inputs(model, images, preprocessed=preprocessed)
-    explained = target is not None or getattr(model, "num_classes", None) != 0
+    left_out = unexplained(model, target)
     return {
         name: explain(model, batch, name, target, preprocessed=True, **params.get(name, {}))
-        for name, method in METHODS.items()
-        if explained or not method.gradient
+        for name in METHODS
+        if name not in left_out
     }

@@ -331,10 +331,16 @@ def train(
                 file=sys.stderr,
             )
         if capped and ctx.is_main:  # said once the checkpoint, if any, is known to continue
+            # "asked" only for a value that is not the default: most users never set warmup_epochs.
+            default = TrainConfig.__dataclass_fields__["warmup_epochs"].default
+            instead = (
+                f"the default warm-up of {default} epochs (warmup_epochs, --warmup-epochs)"
+                if config.warmup_epochs == default
+                else f"the {config.warmup_epochs} epochs asked (warmup_epochs)"
+            )
             print(
                 f"note: warm-up capped at {warmup} steps ({warmup / batches.steps:.3g} epochs), "
-                f"{MAX_WARMUP_FRACTION:.0%} of the run, instead of the {config.warmup_epochs} epochs asked "
-                "(warmup_epochs), so that the learning rate still decays",
+                f"{MAX_WARMUP_FRACTION:.0%} of the run, instead of {instead}, so that the learning rate still decays",
                 file=sys.stderr,
             )
         if run_dir is not None and run_dir.removed:
