@@ -26,7 +26,7 @@ from .gradcam import grad_cam
 from .record import AttentionRecorder
 from .relevance import attention_gradients, relevance_from_gradients
 from .rollout import HEAD_FUSIONS, attention_rollout, class_attention_grid, gradient_rollout, patch_attention_grid
-from .targets import one_class_each
+from .targets import has_classifier, one_class_each
 from .tokens import CLASS_TOKEN
 
 
@@ -192,7 +192,7 @@ def explain_all(
         known = ", ".join(map(repr, METHODS))
         raise ValueError(f"unknown method {', '.join(map(repr, unknown))} in params; expected some of {known}")
     batch = model_inputs(model, images, preprocessed=preprocessed)
-    explained = target is not None or getattr(model, "num_classes", None) != 0
+    explained = target is not None or has_classifier(model)
     return {
         name: explain(model, batch, name, target, preprocessed=True, **params.get(name, {}))
         for name, method in METHODS.items()
