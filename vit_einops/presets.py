@@ -258,12 +258,16 @@ def list_presets(*, timm_names: bool = False) -> list[str]:
 
 
 def preset_config(name: str, **overrides: Any) -> dict[str, Any]:
-    """The keyword arguments of preset ``name`` (ours, or timm's, "name" or "name.tag") with ``overrides`` applied."""
+    """The keyword arguments of preset ``name`` (ours, or timm's, "name" or "name.tag") with ``overrides`` applied;
+    ``num_classes`` there is a new classifier, not the tag's projection (unless ``embedding`` says so too)."""
     if not isinstance(name, str):
         raise TypeError(f"a preset name is a str, got {name!r} of type {type(name).__name__}")
     if name in PRESETS:
         return {**PRESETS[name], **overrides}
-    return {**timm_arch(name), **overrides}
+    fields = timm_arch(name)
+    if "num_classes" in overrides:
+        fields.pop("embedding", None)
+    return {**fields, **overrides}
 
 
 def _listing(base: str) -> Family:
