@@ -240,12 +240,14 @@ HF_PROCESSORS: dict[str, str] = {arch: proc for family in FAMILIES.values() for 
 
 def family_table() -> str:
     """The registry as the Markdown table docs/models.md holds (a test keeps the two equal): each family, its paper,
-    timm names, pretrained tags (timm's default first), eval normalisation and crop, and the transformers classes."""
+    timm names, pretrained tags (timm's default first; in italics those whose head is an embedding projection),
+    eval normalisation and crop, and the transformers classes."""
     norms = {_IMAGENET: "ImageNet", _CLIP: "CLIP", _HALF: "0.5"}
     rows = ["| family | paper | timm names | tags | mean/std, crop_pct | Hugging Face |", "|---|---|---|---|---|---|"]
     for f in FAMILIES.values():
         names = ", ".join(f"`{n}`" for n in f.members) or f"tags of {', '.join(f'`{n}`' for n in f.tags)}"
-        tags = ", ".join(dict.fromkeys(t for tags in f.tags.values() for t in tags))
+        listed = dict.fromkeys(t for tags in f.tags.values() for t in tags)
+        tags = ", ".join(f"*{t}*" if t in f.projections else t for t in listed)
         hf = ", ".join(f"`{a}`" for a in f.hf) or "none"
         rows.append(f"| {f.name} | {f.cite} | {names} | {tags} | {norms[f.norm]}, {f.crop_pct:g} | {hf} |")
     return "\n".join(rows)
