@@ -7,25 +7,27 @@ A row is a (section, mode, path, batch, heads, tokens, head dim) of the attentio
 the models, present and timed in both runs; the reference paths (ratio 1 by definition) are left out. Its change is
 the second run's time ratio over the first's, less 1. The summary counts the rows whose change is within
 ``--within`` (default 0.25: "stays within 25%") and names the worst; each run's threads and the other processes'
-cores at its start and end say what the two runs were measured under.
+cores at its start and end say what the two runs were measured under. Each file is checked first
+(vit_einops.bench.results): anything but a bench run's results, a ratio that is not a finite positive number
+included, is one error line naming the file and the field.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-ATTENTION_KEY = ("section", "mode", "path", "batch", "heads", "tokens", "head_dim")
-MODEL_KEY = ("model", "mode", "path")
+from vit_einops.base.text import printable
+from vit_einops.bench.results import ROW_KEYS, read_results
 
 
 def ratios(results: dict) -> dict[tuple, float]:
-    """Every timed row's time ratio, by its key; not the reference paths' (ratio 1 with the interval [1, 1])."""
+    """Every timed row's time ratio, by its key; not the reference paths' (ratio 1 with the interval [1, 1]).
+    ``results`` is checked (vit_einops.bench.results): each ratio is null or a finite positive number."""
     rows = {}
-    for section, key in (("attention", ATTENTION_KEY), ("model", MODEL_KEY)):
-        for row in results.get(section, []):
+    for section, key in ROW_KEYS.items():
+        for row in results[section]:
             ratio = row.get("time_ratio")
             if ratio is not None and not (row.get("time_ratio_low") == row.get("time_ratio_high") == ratio == 1.0):
                 rows[(section, *(row[k] for k in key))] = ratio
@@ -72,20 +74,25 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.within < 10:
         parser.error(f"--within {args.within} is not a fraction between 0 and 10")
     try:
-        first, second = (json.loads(path.read_text()) for path in (args.first, args.second))
+        # a missing file, a FIFO, not JSON, not a bench run's results: one line naming the file and what is wrong
+        first, second = (read_results(path) for path in (args.first, args.second))
         result = compare(first, second, args.within)
-    except (OSError, ValueError, KeyError) as error:  # a missing file, not JSON, not a bench run's results
-        parser.error(f"{type(error).__name__}: {error}")
+    except (OSError, ValueError) as error:
+        parser.error(printable(error))
     if not args.quiet:
         for r in result["rows"]:
-            print(f"{r['row']:<55} {r['first']:6.2f} -> {r['second']:6.2f}  {r['change']:+7.1%}")
+            print(f"{printable(r['row']):<55} {r['first']:6.2f} -> {r['second']:6.2f}  {r['change']:+7.1%}")
     for name, run in zip((args.first, args.second), result["runs"], strict=True):
         others = ", ".join("-" if c is None else f"{c:.2f}" for c in run["others_cores"])
-        print(f"{name}: {run['threads']} threads, others {others} cores (start, end), wall {run['wall_s']:.0f} s")
+        print(
+            f"{printable(name)}: {run['threads']} threads, others {others} cores (start, end), "
+            f"wall {run['wall_s']:.0f} s"
+        )
     worst = result["worst"]
     print(
         f"{result['rows_within']} of {len(result['rows'])} ratios within {result['within']:.0%} of the first run's; "
-        f"the most moved: {worst['row']} {worst['first']:.2f} -> {worst['second']:.2f} ({worst['change']:+.1%})"
+        f"the most moved: {printable(worst['row'])} {worst['first']:.2f} -> {worst['second']:.2f} "
+        f"({worst['change']:+.1%})"
     )
     return 0
 

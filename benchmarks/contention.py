@@ -4,7 +4,9 @@
     python benchmarks/contention.py --busy 0,1 --cycles 3 --rounds 8 --out contention.json
 
 Busy processes are Python loops (``while True: pass``) that this script starts for each condition and kills after
-it; each also ends by itself after --busy-limit seconds, so none outlives a killed run. The conditions take turns
+it (on SIGTERM and Ctrl-C too); each also ends by itself once this script is gone or after --busy-limit seconds, so
+none outlives a killed run. A busy process that ended before its condition did (--busy-limit too short) is an
+error: that condition was not measured beside it. The conditions take turns
 --cycles times (quiet, one busy, two busy, quiet, ...), so that whatever else the machine does while the script
 runs falls on every condition alike.
 
@@ -22,30 +24,60 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from vit_einops.base.io import atomic_write_bytes
+from vit_einops.base.io import check_file_output, output_lock, write_file
+from vit_einops.base.text import printable
 from vit_einops.bench.env import machine_info
+from vit_einops.bench.names import RANGES
 from vit_einops.bench.paired import paired_ratio
+from vit_einops.commands.bench import list_arg, number_arg
 from vit_einops.network.chunk_plan import CHUNK_ELEMENTS, plan_for
 from vit_einops.network.chunked import _chunked_forward, chunked_attention
 
-BUSY_LOOP = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    pass\n"
+# Spins until --busy-limit seconds have passed or its parent is gone (reparented: killed with no chance to stop it),
+# looking every 100,000 empty iterations (milliseconds) so that the loop itself stays pure Python.
+BUSY_LOOP = """import os, time
+parent, end = {parent}, time.monotonic() + {limit}
+while time.monotonic() < end and os.getppid() == parent:
+    for _ in range(100_000):
+        pass
+"""
+MAX_BUSY = 256  # busy processes per condition: past a few per core it measures the scheduler, not the paths
+BUSY_LIMIT_S = (1.0, 86_400.0)  # a busy process must outlive a condition (seconds at least), a day at most
 
 
-def ints(text: str) -> tuple[int, ...]:
-    return tuple(int(s) for s in text.split(",") if s.strip())
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so that every ``finally`` on the way out stops the busy loops."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated(signal.Signals(signum).name)
 
 
 def start_busy(count: int, limit: float) -> list[subprocess.Popen]:
-    """``count`` processes that each keep one core busy for ``limit`` seconds at most."""
-    return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP.format(limit=limit)]) for _ in range(count)]
+    """``count`` processes that each keep one core busy for ``limit`` seconds at most, and end once this process is
+    gone."""
+    loop = BUSY_LOOP.format(parent=os.getpid(), limit=limit)
+    return [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(count)]
+
+
+def check_busy(processes: list[subprocess.Popen], limit: float, seconds: float) -> None:
+    """ValueError if a busy process ended before the condition did: the condition was measured without it."""
+    ended = [p for p in processes if p.poll() is not None]
+    if ended:
+        raise ValueError(
+            f"{len(ended)} of {len(processes)} busy processes ended before their condition did (after {seconds:.1f} "
+            f"s; --busy-limit {limit:g} s): raise --busy-limit past the time one condition takes"
+        )
 
 
 def stop(processes: list[subprocess.Popen]) -> None:
@@ -105,21 +137,60 @@ def summary(times: dict[str, list[float]]) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=ints, default=(1, 8))
-    parser.add_argument("--tokens", type=ints, default=(577, 1025))
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--busy", type=ints, default=(0, 1, 2), help="busy processes beside the run, per condition")
-    parser.add_argument("--cycles", type=int, default=2, help="times the conditions take turns")
-    parser.add_argument("--rounds", type=int, default=6, help="rounds per (condition, b, N) in each cycle")
-    parser.add_argument("--window", type=float, default=0.05, help="seconds each path is timed for per round")
-    parser.add_argument("--busy-limit", type=float, default=600.0, help="seconds a busy process lives at most")
+    parser.add_argument("--batches", type=list_arg(int, name="batches"), default=(1, 8))
+    parser.add_argument("--tokens", type=list_arg(int, name="tokens"), default=(577, 1025))
+    parser.add_argument("--heads", type=number_arg("heads", int), default=12)
+    parser.add_argument("--head-dim", type=number_arg("head_dim", int, RANGES["head_dims"]), default=64)
+    parser.add_argument(
+        "--busy",
+        type=list_arg(int, name="busy", bounds=(0, MAX_BUSY)),
+        default=(0, 1, 2),
+        help="busy processes beside the run, per condition",
+    )
+    parser.add_argument(
+        "--cycles", type=number_arg("cycles", int, (1, 1000)), default=2, help="times the conditions take turns"
+    )
+    parser.add_argument(
+        "--rounds", type=number_arg("rounds", int), default=6, help="rounds per (condition, b, N) in each cycle"
+    )
+    parser.add_argument(
+        "--window",
+        type=number_arg("window", float, RANGES["min_run_time"]),
+        default=0.05,
+        help="seconds each path is timed for per round",
+    )
+    parser.add_argument(
+        "--busy-limit",
+        type=number_arg("busy_limit", float, BUSY_LIMIT_S),
+        default=600.0,
+        help="seconds a busy process lives at most",
+    )
     parser.add_argument("--in-turn", action="store_true", help="also time the blocks in turn, ops on all threads")
     parser.add_argument("--out", type=Path, default=None, help="JSON file for every number")
     parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)
-    if args.out and (args.out.exists() or args.out.is_symlink()) and not args.force:
-        parser.error(f"--out {args.out} already exists; pass --force to replace it")
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        # The output is checked before anything is measured and written under its lock: a missing folder, a FIFO or
+        # an existing file (without --force) is refused at once, not after the whole run.
+        with output_lock(args.out) if args.out else nullcontext():
+            if args.out:
+                check_file_output(args.out, args.force, "pass --force to replace it")
+            record = measure(args)
+            if args.out:
+                write_file(args.out, (json.dumps(record, indent=1) + "\n").encode(), replace=args.force)
+    except (OSError, ValueError) as error:
+        parser.error(printable(error))
+    except Terminated as signal_name:  # the busy processes were stopped on the way here
+        print(f"{parser.prog}: stopped by {signal_name}; its busy processes were ended", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Every condition, cycle and shape as ``args`` say; prints the table and returns the record of every number."""
     info = machine_info()
     print(f"{info['cpu_model']}  threads {info['threads']}  torch {info['torch']}  load {os.getloadavg()}", flush=True)
     g = torch.Generator().manual_seed(0)
@@ -130,6 +201,7 @@ def main(argv=None) -> int:
     with torch.inference_mode():
         for _ in range(args.cycles):
             for busy in args.busy:
+                started = time.monotonic()
                 processes = start_busy(busy, args.busy_limit)
                 try:
                     if busy:
@@ -140,6 +212,7 @@ def main(argv=None) -> int:
                         for name, ts in run.items():
                             times.setdefault((busy, shape), {}).setdefault(name, []).extend(ts)
                         loads.setdefault((busy, shape), []).append((round(before, 2), round(os.getloadavg()[0], 2)))
+                    check_busy(processes, args.busy_limit, time.monotonic() - started)
                 finally:
                     stop(processes)
     rows = []
@@ -154,10 +227,7 @@ def main(argv=None) -> int:
             if name != "sdpa"
         )
         print(f"{busy:>4}{b:>3}{n:>6}{row['sdpa_ms']:>9.1f}  {cells}  load {row['loads']}", flush=True)
-    if args.out:
-        record = {"meta": info, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
-        atomic_write_bytes(args.out, (json.dumps(record, indent=1) + "\n").encode())
-    return 0
+    return {"meta": info, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
 
 
 if __name__ == "__main__":

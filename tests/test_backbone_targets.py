@@ -412,7 +412,7 @@ def test_predict_refuses_an_embedding_head(clip_file, tmp_path, capsys):
 
 
 def test_an_embedding_head_takes_backbone_targets_and_refuses_classes(clip):
-    from vit_einops.inspect import METHODS, explain_all, grad_cam
+    from vit_einops.inspect import METHODS, explain_all, grad_cam, integrated_gradients
 
     x = torch.rand(2, 3, 16, 16, dtype=torch.float64)
     e = torch.randn(12, dtype=torch.float64)
@@ -420,7 +420,7 @@ def test_an_embedding_head_takes_backbone_targets_and_refuses_classes(clip):
     got = attention_relevance(clip, x, EmbeddingTarget(e), preprocessed=True)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
     for target, what in ((None, "there is no predicted class"), (3, "target 3 names no class")):
-        for tool in (attention_relevance, grad_cam):
+        for tool in (attention_relevance, grad_cam, integrated_gradients):
             with pytest.raises(ValueError) as err:
                 tool(clip, x, target, preprocessed=True)
             assert str(err.value) == NO_CLASSES.format(what)

@@ -6,6 +6,9 @@ row of the full table, on tiny shapes): every row within its dtype's tolerance. 
 unless --force. benchmarks/contention.py on tiny shapes, quiet and beside one busy process: a row with its paired
 ratios per condition and shape, and no busy process left running. benchmarks/compare.py on two hand-made
 runs: the change of each ratio, and how many stayed within 25%.
+
+Hostile inputs (tests/test_hostile_*.py's style): compare.py on files that are not a bench run's results, and
+contention.py on bad options, a missing output folder and SIGTERM; each with its exit status and its error line.
 """
 
 from __future__ import annotations
@@ -13,10 +16,19 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from _fork import fork
+from _hostile import bounded
 
 from vit_einops import ATTN_IMPLS
 
@@ -82,7 +94,7 @@ def test_contention_benchmark_smoke_pairs_every_path_and_stops_its_busy_processe
     script = load_script(CONTENTION)
     started = []
     start_busy = script.start_busy
-    script.start_busy = lambda count, limit: started.extend(start_busy(count, limit)) or started[-count:]
+    script.start_busy = lambda count, limit: started.extend(start_busy(count, limit)) or started[len(started) - count :]
     out = tmp_path / "contention.json"
     argv = ["--batches", "2", "--tokens", "9", "--heads", "3", "--head-dim", "4", "--busy", "0,1", "--cycles", "2"]
     argv += ["--rounds", "2", "--window", "0.001", "--busy-limit", "30", "--in-turn", "--out", str(out)]
@@ -154,3 +166,254 @@ def test_compare_counts_the_ratios_that_stayed_within_the_bound(tmp_path, capsys
         "1 of 2 ratios within 25% of the first run's; the most moved: attention core forward einsum 1 12 197 64 "
         "2.00 -> 3.00 (+50.0%)"
     )
+
+
+def compare_script():
+    return load_script(SCRIPT.with_name("compare.py"))
+
+
+def results_of(ratios: dict[str, object]) -> dict:
+    """A bench run's results as compare.py reads them: the reference row, then a row per path with its ratio."""
+    point = dict(section="core", mode="forward", batch=1, heads=12, tokens=197, head_dim=64)
+    rows = [dict(point, path="sdpa", time_ratio=1.0, time_ratio_low=1.0, time_ratio_high=1.0)]
+    rows += [dict(point, path=p, time_ratio=r, time_ratio_low=None, time_ratio_high=None) for p, r in ratios.items()]
+    meta = dict(threads=1, others_cores=0.0, others_cores_end=None, wall_s=10.0)
+    return dict(meta=meta, attention=rows, model=[])
+
+
+QUIET = results_of({"chunked": 1.0, "einsum": 1.0})
+# name -> (the file's text, what the error line says after "compare.py: error: NAME.json")
+BAD_RESULTS = {
+    "list": ("[]", ": the file holds a list; expected a bench run's results (a JSON object)"),
+    "null": ("null", ": the file holds null; expected a bench run's results (a JSON object)"),
+    "number": ("1.5", ": the file holds a number (1.5); expected a bench run's results (a JSON object)"),
+    "string": ('"fast"', ": the file holds a string ('fast'); expected a bench run's results (a JSON object)"),
+    "attention_object": (json.dumps(dict(QUIET, attention={})), ": attention is an object; expected a list of rows"),
+    "model_missing": (
+        json.dumps({k: v for k, v in QUIET.items() if k != "model"}), ": model is missing; expected a list of rows"
+    ),
+    "meta_list": (json.dumps(dict(QUIET, meta=[])), ": meta is a list; expected an object"),
+    "threads_bool": (
+        json.dumps(dict(QUIET, meta=dict(QUIET["meta"], threads=True))),
+        ": meta.threads is true (a boolean); expected a positive int",
+    ),
+    "wall_nan": (
+        json.dumps(dict(QUIET, meta=dict(QUIET["meta"], wall_s=float("nan")))),
+        ": meta.wall_s is NaN; expected a finite number >= 0",
+    ),
+    "row_list": (json.dumps(dict(QUIET, model=[[]])), ": model[0] is a list; expected a row (a JSON object)"),
+    "tokens_string": (
+        json.dumps(dict(QUIET, attention=[dict(QUIET["attention"][1], tokens="197")])),
+        ": attention[0].tokens is a string ('197'); expected a positive int",
+    ),
+    "ratio_zero": (
+        json.dumps(results_of({"chunked": 0, "einsum": 1.0})),
+        ": attention[1].time_ratio is 0; expected a time ratio: a finite number from 1e-06 to 1e+06, or null",
+    ),
+    "ratio_negative": (
+        json.dumps(results_of({"chunked": -2.0, "einsum": 1.0})),
+        ": attention[1].time_ratio is -2.0; expected a time ratio: a finite number from 1e-06 to 1e+06, or null",
+    ),
+    "ratio_string": (
+        json.dumps(results_of({"chunked": "fast", "einsum": 1.0})),
+        ": attention[1].time_ratio is a string ('fast'); expected a time ratio: a finite number from 1e-06 to "
+        "1e+06, or null",
+    ),
+    "ratio_tiny": (
+        json.dumps(results_of({"chunked": 5e-324, "einsum": 1.0})),
+        ": attention[1].time_ratio is 5e-324; expected a time ratio: a finite number from 1e-06 to 1e+06, or null",
+    ),
+    # NaN beside a row that moved +300%: refused, never ranked as the row that moved most
+    "ratio_nan": (
+        json.dumps(results_of({"chunked": float("nan"), "einsum": 4.0})),
+        ": attention[1].time_ratio is NaN; expected a time ratio: a finite number from 1e-06 to 1e+06, or null",
+    ),
+    "ratio_infinity": (
+        json.dumps(results_of({"chunked": float("inf"), "einsum": 1.0})),
+        ": attention[1].time_ratio is Infinity; expected a time ratio: a finite number from 1e-06 to 1e+06, or null",
+    ),
+    "low_nan": (
+        json.dumps(dict(QUIET, attention=[dict(QUIET["attention"][1], time_ratio_low=float("nan"))])),
+        ": attention[0].time_ratio_low is NaN; expected a time ratio: a finite number from 1e-06 to 1e+06, or null",
+    ),
+    "nested": ("[" * 100_000 + "]" * 100_000, " nests JSON 100000 levels deep, over the 32 this reader accepts"),
+    "not_json": (
+        "{",
+        " is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+    ),
+}
+
+
+def compare_refuses(capsys, *argv) -> str:
+    """compare.py's error line for ``argv`` after "PROG: error: " (argparse names PROG after sys.argv[0]), once
+    checked that it exits with status 2 and prints no traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        compare_script().main([str(a) for a in argv])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    prog, error, message = captured.err.rstrip("\n").splitlines()[-1].partition(": error: ")
+    assert error, captured.err
+    return message
+
+
+@pytest.mark.parametrize("case", BAD_RESULTS)
+def test_compare_refuses_what_is_not_a_bench_runs_results_naming_the_file(case, tmp_path, capsys):
+    text, words = BAD_RESULTS[case]
+    quiet, bad = tmp_path / "quiet.json", tmp_path / f"{case}.json"
+    quiet.write_text(json.dumps(QUIET))
+    bad.write_text(text)
+    assert compare_refuses(capsys, quiet, bad) == f"{bad}{words}"
+    assert compare_refuses(capsys, bad, quiet) == f"{bad}{words}"  # either side
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "missing"])
+def test_compare_refuses_a_fifo_or_directory_without_reading_it(kind, tmp_path, capsys):
+    """A FIFO is refused from its stat, never opened (an open would wait for a writer forever); bounded, so that a
+    regression fails here instead of hanging the suite."""
+    quiet, path = tmp_path / "quiet.json", tmp_path / "results.json"
+    quiet.write_text(json.dumps(QUIET))
+    {"fifo": os.mkfifo, "directory": os.mkdir, "missing": lambda p: None}[kind](path)
+    with bounded(30):
+        line = compare_refuses(capsys, quiet, path)
+    expected = {"fifo": "a FIFO; expected a", "directory": "a directory; expected a", "missing": "no such"}[kind]
+    assert line == f"{path}: {expected} bench results file"
+
+
+def test_compare_escapes_the_names_it_prints(tmp_path, capsys):
+    """Path names are data from the file: an ESC in one is printed escaped, never sent to the terminal."""
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(results_of({"chunked\x1b[2J": 1.0})))
+    second.write_text(json.dumps(results_of({"chunked\x1b[2J": 2.0})))
+    assert compare_script().main([str(first), str(second)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "chunked\\x1b[2J" in out
+
+
+CONTENTION_TINY = ["--batches", "2", "--tokens", "9", "--heads", "3", "--head-dim", "4", "--window", "0.001"]
+# argv -> the error line after "PROG: error: ": the option, the value and the range it is refused for
+CONTENTION_OPTIONS = {
+    "--window nan": "argument --window: window must be a finite float in [0.0001, 60], got nan",  # hung for ever
+    "--window inf": "argument --window: window must be a finite float in [0.0001, 60], got inf",
+    "--window 0": "argument --window: window must be a finite float in [0.0001, 60], got 0.0",
+    "--busy-limit nan": "argument --busy-limit: busy_limit must be a finite float in [1, 86400], got nan",
+    "--busy-limit 0.5": "argument --busy-limit: busy_limit must be a finite float in [1, 86400], got 0.5",
+    "--rounds 0": "argument --rounds: rounds must be an int in [1, 1000], got 0",  # was an IndexError at the end
+    "--cycles 0": "argument --cycles: cycles must be an int in [1, 1000], got 0",
+    "--busy -1": "argument --busy: busy must be an int in [0, 256], got -1",
+    "--busy ,": "argument --busy: expected a comma-separated list, got ','",
+    "--batches 1,0": "argument --batches: batches must be an int in [1, 4096], got 0",
+    "--tokens 2.5": "argument --tokens: expected an integer, got '2.5'",
+    "--heads 0": "argument --heads: heads must be an int in [1, 1024], got 0",
+    "--head-dim nan": "argument --head-dim: expected an integer, got 'nan'",
+    "--head-dim 0": "argument --head-dim: head_dim must be an int in [1, 4096], got 0",
+}
+
+
+def contention_refuses(capsys, argv: list[str], script=None) -> str:
+    """contention.py's error line for ``argv`` after "PROG: error: ", once checked that it exits with status 2
+    before measuring anything (nothing on stdout) and prints no traceback; bounded, as a bad value used to hang."""
+    with bounded(30), pytest.raises(SystemExit) as exit_info:
+        (script or load_script(CONTENTION)).main(argv)
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    prog, error, message = captured.err.rstrip("\n").splitlines()[-1].partition(": error: ")
+    assert error, captured.err
+    return message
+
+
+@pytest.mark.parametrize("argv", CONTENTION_OPTIONS)
+def test_contention_refuses_bad_options_by_name_before_measuring(argv, capsys):
+    assert contention_refuses(capsys, [*CONTENTION_TINY, *argv.split()]) == CONTENTION_OPTIONS[argv]
+
+
+@pytest.mark.parametrize("kind", ["missing folder", "existing file", "fifo", "directory"])
+def test_contention_checks_its_output_before_measuring(kind, tmp_path, capsys):
+    """--out in a folder that does not exist, over a file without --force, or at a FIFO or directory even with
+    --force: refused before the first measurement, with what is there left as it was."""
+    out = tmp_path / ("missing" if kind == "missing folder" else "") / "contention.json"
+    {"existing file": lambda: out.write_text("mine\n"), "fifo": lambda: os.mkfifo(out), "directory": out.mkdir}.get(
+        kind, lambda: None
+    )()
+    argv = [*CONTENTION_TINY, "--busy", "0", "--out", str(out), *(["--force"] if kind in ("fifo", "directory") else [])]
+    expected = {
+        "missing folder": f"the directory {out.parent} does not exist",
+        "existing file": f"{out} already exists; pass --force to replace it",
+        "fifo": f"{out} is a FIFO, not a regular file; it is never replaced, even with --force",
+        "directory": f"{out} is a directory, not a regular file; it is never replaced, even with --force",
+    }[kind]
+    assert contention_refuses(capsys, argv) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if kind == "missing folder" else ["contention.json"])
+    assert kind != "existing file" or out.read_text() == "mine\n"
+
+
+def test_contention_refuses_a_condition_whose_busy_process_ended_early(tmp_path, capsys):
+    """A busy process that is gone before its condition ends (a --busy-limit shorter than the condition) would label
+    an idle measurement "busy 1": the run is refused, saying so, and nothing is written."""
+    script = load_script(CONTENTION)
+
+    def ended(count, limit):
+        processes = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(count)]
+        for process in processes:
+            process.wait()
+        return processes
+
+    script.start_busy = ended
+    out = tmp_path / "contention.json"
+    line = contention_refuses(capsys, [*CONTENTION_TINY, "--busy", "1", "--rounds", "1", "--out", str(out)], script)
+    assert re.fullmatch(
+        r"1 of 1 busy processes ended before their condition did \(after [0-9.]+ s; --busy-limit 600 s\): raise "
+        r"--busy-limit past the time one condition takes",
+        line,
+    ), line
+    assert list(tmp_path.iterdir()) == []
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, ended but not yet reaped by its new parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads the busy process's state from /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_contention_busy_processes_end_with_the_script(signum):
+    """contention.py (in a forked child: it shares this process's imports) beside one busy process, measuring for
+    minutes, gets SIGTERM: it stops its busy process and exits with 143, saying so; or SIGKILL, which no handler
+    sees: the busy process notices its parent is gone and ends by itself. Each wait is bounded: a busy process that
+    outlives its script fails the test within seconds, instead of spinning for its 600 s limit."""
+    script = load_script(CONTENTION)
+    read, write = os.pipe()
+    start_busy = script.start_busy
+
+    def reporting(count, limit):
+        processes = start_busy(count, limit)
+        os.write(write, "".join(f"{p.pid}\n" for p in processes).encode())
+        return processes
+
+    script.start_busy = reporting
+    argv = [*CONTENTION_TINY, "--busy", "1", "--cycles", "1000", "--rounds", "1000"]
+    child = fork(lambda: os._exit(script.main(argv)))
+    os.close(write)
+    try:
+        assert select.select([read], [], [], 60)[0], "no busy process started within 60 s"
+        busy = int(os.read(read, 64).split()[0])
+        os.kill(child, signum)
+        deadline = time.monotonic() + 30
+        while (waited := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert waited[0] == child, "contention.py still running 30 s after the signal"
+        assert os.waitstatus_to_exitcode(waited[1]) == (143 if signum == signal.SIGTERM else -signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while alive(busy) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(busy), f"the busy process outlived contention.py by 10 s ({signal.Signals(signum).name})"
+    finally:
+        os.close(read)
+        for pid in (child, locals().get("busy")):
+            if pid is not None and alive(pid):
+                os.kill(pid, signal.SIGKILL)

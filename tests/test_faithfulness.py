@@ -18,8 +18,10 @@ from PIL import Image
 from vit_einops import ViT
 from vit_einops.commands.cli import main
 from vit_einops.commands.faithfulness import image_files, parse_method
-from vit_einops.inspect import METHODS, METRICS, Method, PatchTarget, faithfulness
-from vit_einops.inspect.faithfulness import patch_ranks
+from vit_einops.inspect import (
+    METHODS, METRICS, EmbeddingTarget, ImageTarget, Method, PatchTarget, explain, faithfulness,
+)
+from vit_einops.inspect.faithfulness import chosen_methods, patch_ranks
 from vit_einops.inspect.targets import target_scores
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing
@@ -205,6 +207,110 @@ def test_a_backbone_is_scored_by_its_targets_score_and_refused_without_one():
     assert {ax.get_ylabel() for ax in result.plot().axes} == {"the target's score"}
 
 
+
+def test_a_mapping_of_methods_hands_each_its_parameters(vit, monkeypatch):
+    """{name: params}, as explain_all takes them: the parameters reach the method, and change what is scored."""
+    model, images = vit
+    seen = []
+
+    def spy(model, images, target, *, scale):
+        seen.append(scale)
+        return torch.arange(16.0, dtype=torch.float64).view(1, 4, 4).expand(len(images), 4, 4) * scale
+
+    monkeypatch.setitem(METHODS, "spy", Method("spy", spy, False, "a ramp times scale", params={"scale": 1.0}))
+    result = faithfulness(model, images, {"spy": {"scale": -1.0}}, preprocessed=True, steps=2)
+    assert seen == [-1.0]
+    assert result.methods == {"spy (scale -1)": ("spy", {"scale": -1.0}), "random": ("random", {"seed": 0})}
+    turned, ramp = result.curves["spy (scale -1)"], faithfulness(model, images, {"spy": {}}, preprocessed=True,
+                                                                 steps=2).curves["spy"]
+    # The sign turned: most relevant first is the ramp's least relevant first (no ties), and deletion differs.
+    assert torch.equal(turned["positive"], ramp["negative"]) and torch.equal(turned["negative"], ramp["positive"])
+    assert not torch.equal(turned["deletion"], ramp["deletion"])
+    given = {"rollout": {"head_fusion": "max"}, "relevance": {}}
+    assert chosen_methods(given) == chosen_methods([("rollout", {"head_fusion": "max"}), "relevance"])
+    assert list(chosen_methods(given)) == ["rollout (head_fusion max)", "relevance", "random"]
+
+
+@pytest.mark.parametrize(
+    "methods, labels",
+    [
+        ("random", ["random"]),
+        (["random"], ["random"]),
+        ([("random", {})], ["random"]),
+        ({"random": {}}, ["random"]),
+        ([("random", {"seed": 3}), "relevance"], ["random (seed 3)", "relevance"]),
+        ({"relevance": {}}, ["relevance", "random"]),
+        ([], ["random"]),
+    ],
+)
+def test_the_random_map_is_given_once_however_it_is_named(methods, labels):
+    assert list(chosen_methods(methods)) == labels
+
+
+@pytest.mark.parametrize(
+    "methods, error, message",
+    [
+        ([("rollout", {}, 1)], TypeError, "each method must be a name or a (name, params) pair, got tuple "
+         "('rollout', {}, 1)"),
+        ({"rollout": None}, TypeError, "the parameters of method 'rollout' must be a mapping, got NoneType"),
+        ({"rollout": {"seed": 1}}, TypeError, "method 'rollout' takes no parameter seed (its parameters: residual, "
+         "head_fusion, discard_ratio)"),
+        ({"gradcam": {}}, ValueError, UNKNOWN),
+        (3, TypeError, "methods must be None, a method name, a list of names or (name, params) pairs, or a mapping "
+         "name -> params, got int"),
+    ],
+)  # fmt: skip
+def test_methods_that_are_neither_names_pairs_nor_a_mapping_are_refused(methods, error, message):
+    with pytest.raises(error) as refused:
+        chosen_methods(methods)
+    assert str(refused.value) == message
+
+
+def _embedding_rows(rows: int) -> EmbeddingTarget:
+    return EmbeddingTarget(torch.linspace(-1, 1, rows * 16, dtype=torch.float64).view(rows, 16) + 0.1)
+
+
+COUNT = "one for every image, or one per image"
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: _embedding_rows(5), f"the target embedding holds 5 vectors for 3 images; expected (16,) or (3, 16): "
+         f"{COUNT}"),
+        (lambda: _embedding_rows(2), f"the target embedding holds 2 vectors for 3 images; expected (16,) or (3, 16): "
+         f"{COUNT}"),
+        (lambda: ImageTarget(torch.rand(2, 1, 8, 8, dtype=torch.float64), preprocessed=True),
+         f"the target image holds 2 images for 3 images; expected 1 or 3: {COUNT}"),
+    ],
+)  # fmt: skip
+def test_a_backbone_target_serves_every_image_or_one_each(make, message):
+    """A (5, D) target for 3 images is refused, as explain refuses it, not cut to its first 3 rows; (2, D) and a
+    2-image ImageTarget are refused naming both counts (an IndexError from deep inside before)."""
+    torch.manual_seed(0)
+    model = tiny_vit(num_classes=0).double()
+    images = torch.rand(3, 1, 8, 8, dtype=torch.float64)
+    for method in ("relevance", "grad-cam"):
+        with pytest.raises(ValueError) as refused:
+            faithfulness(model, images, [method], make(), preprocessed=True, steps=2)
+        assert str(refused.value) == message
+        with pytest.raises(ValueError) as refused:
+            explain(model, images, method, make(), preprocessed=True)
+        assert str(refused.value) == message
+
+
+def test_one_target_embedding_per_image_scores_each_image_by_its_own():
+    """(3, D) for 3 images: image i's curves start at cos(y_i, e_i), its copies scored against its own row."""
+    torch.manual_seed(0)
+    model = tiny_vit(num_classes=0).double()
+    images = torch.rand(3, 1, 8, 8, dtype=torch.float64)
+    target = _embedding_rows(3)
+    result = faithfulness(model, images, ["relevance"], target, preprocessed=True, steps=2)
+    with torch.no_grad():
+        expected = torch.nn.functional.cosine_similarity(model(images), target.vector, dim=-1)
+    torch.testing.assert_close(result.curves["relevance"]["deletion"][:, 0], expected)
+
+
 # --- the command ------------------------------------------------------------------------------------------------
 
 
@@ -286,6 +392,39 @@ def test_cli_refusals(digits_model, capsys, args, message):
 def test_methods_and_their_parameters_from_the_command_line():
     assert parse_method("rollout:head_fusion=max,residual=0.25") == ("rollout", {"head_fusion": "max", "residual": 0.25})
     assert parse_method("random:seed=3") == ("random", {"seed": 3}) and parse_method("relevance") == ("relevance", {})
+
+
+
+def _model_file(tmp_path, **overrides):
+    """A tiny untrained model file with the plain preprocessing of `vit-einops train`."""
+    torch.manual_seed(0)
+    model = tiny_vit(**overrides)
+    model.preprocessing = Preprocessing.plain(8, 1)
+    save_vit(model, tmp_path / "model.safetensors")
+    return str(tmp_path / "model.safetensors")
+
+
+def test_cli_scores_the_random_map_alone_or_with_its_own_seed(tmp_path, capsys):
+    """--methods random was refused as given twice: the command's (name, params) pairs went unseen."""
+    assert main(["faithfulness", _model_file(tmp_path), "--num-images", "2", "--steps", "2", "--methods", "random",
+                 "--out", "scores", "--no-progress"]) == 0, capsys.readouterr().err
+    assert list(json.loads(Path("scores/faithfulness.json").read_text())["methods"]) == ["random"]
+    chosen = chosen_methods([parse_method(text) for text in ("random:seed=3", "relevance")])
+    assert chosen == {"random (seed 3)": ("random", {"seed": 3}), "relevance": ("relevance", {"start_layer": 0})}
+
+
+@pytest.mark.parametrize("rows", [5, 2])
+def test_cli_refuses_a_target_embedding_for_another_number_of_images(tmp_path, capsys, rows):
+    path = _model_file(tmp_path, num_classes=0)
+    (tmp_path / "images").mkdir()
+    for i in range(3):
+        Image.fromarray(np.full((8, 8), 40 * i, np.uint8)).save(tmp_path / "images" / f"{i}.png")
+    torch.save(_embedding_rows(rows).vector.float(), tmp_path / "target.pt")
+    assert main(["faithfulness", path, "--images", str(tmp_path / "images"), "--target-embedding",
+                 str(tmp_path / "target.pt"), "--methods", "relevance", "--out", "scores", "--no-progress"]) == 2
+    message = f"the target embedding holds {rows} vectors for 3 images; expected (16,) or (3, 16): {COUNT}"
+    assert capsys.readouterr().err == f"vit-einops faithfulness: error: {message}\n"
+    assert not Path("scores").exists()
 
 
 def test_an_image_folders_images_are_its_image_files_in_name_order(tmp_path):

@@ -3,13 +3,15 @@ weights, or the preprocessing's mean and std), and a std that would send pixels 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from _hostile import assert_user_error, grey_png, run_cli, tiny_model
 
 import vit_einops.inspect.report as report
+from vit_einops.inspect import METHODS, explain, write_report
 from vit_einops.prediction import predict
-from vit_einops.inspect import write_report
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing
 
@@ -97,4 +99,51 @@ def test_inspect_writes_nothing_when_any_array_is_not_finite(tmp_path, monkeypat
     monkeypatch.setattr(report, name, with_nan)
     with pytest.raises(ValueError, match=rf"the {array} hold \d+ non-finite values \(nan or inf\) of \d+: nothing was"):
         write_report(tiny_model(), torch.rand(2, 1, 8, 8), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def nan_weights():
+    """The tiny model with every weight nan: each of its activations, attention maps and gradients is nan."""
+    model = tiny_model()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.fill_(float("nan"))
+    return model
+
+
+# Rollout's check of its input meets the nan attention before any map exists, and names the attention.
+ATTENTION_FIRST = {"rollout", "gradient-rollout"}
+# The random map reads no model: on a model of nan weights it is the map it is on any other.
+MODEL_FREE = {"random"}
+NAN_MAPS = (
+    "the maps of method {!r} hold 48 non-finite values (nan or inf) of 48: in image 0 (and 2 more), whose "
+    "preprocessed pixels are finite, so the model's weights are the likely cause: huge values that overflow (float32 "
+    "ends near 3.4e38), or a model that is not a trained ViT"
+)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_no_method_returns_maps_of_nan_from_a_model_of_nan_weights(name):
+    """Every method of the registry, a new one included: relevance, Grad-CAM and attention returned maps all nan
+    without a word."""
+    images = torch.rand(3, 1, 8, 8)
+    if name in MODEL_FREE:
+        expected = explain(tiny_model(), images, name, preprocessed=True)
+        assert torch.equal(explain(nan_weights(), images, name, preprocessed=True), expected)
+        return
+    with pytest.raises(ValueError) as refused:
+        explain(nan_weights(), images, name, preprocessed=True)
+    message = "the attention maps hold non-finite values (nan or inf)" if name in ATTENTION_FIRST else NAN_MAPS
+    assert str(refused.value) == message.format(name)
+
+
+def test_faithfulness_on_a_model_whose_weights_overflow_names_the_method_and_writes_nothing(tmp_path):
+    """(A model file of nan weights is refused where it loads.)"""
+    save_vit(huge(*HUGE[0]), tmp_path / "m.safetensors")
+    (tmp_path / "images").mkdir()
+    grey_png(tmp_path / "images" / "x.png")
+    result = run_cli("faithfulness", tmp_path / "m.safetensors", "--images", tmp_path / "images", "--methods",
+                     "relevance", "--out", tmp_path / "out", "--no-progress")
+    maps = NAN_MAPS.format("relevance").replace("48", "16").replace(" (and 2 more)", "")
+    assert_user_error(result, re.escape(maps))
     assert not (tmp_path / "out").exists()

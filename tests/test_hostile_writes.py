@@ -262,23 +262,28 @@ def test_a_second_bench_into_one_folder_fails_before_measuring(tmp_path, capsys)
     assert os.listdir(tmp_path) == []  # nothing made, the holder's lock file gone with it
 
 
-def test_bench_keeps_a_result_file_that_appears_during_its_run_and_a_file_named_like_its_temporary(
+def test_bench_keeps_a_result_file_that_appears_during_its_run_and_a_folder_named_like_its_staging(
     tmp_path, monkeypatch, capsys
 ):
+    """The results folder is staged beside --out and swapped in whole: a file that appears in --out while the run
+    measures is refused at the commit (without --force) and kept; a folder beside it named like the run's staging
+    directory, which no lock records, is never removed; the run's own staging directory and lock are gone."""
     import vit_einops.bench.report as report
 
     out = tmp_path / "b"
     out.mkdir()
-    (out / ".results.json.abcd1234.tmp").write_text("half")  # named like ours, but no lock records it
+    (tmp_path / ".b.abcd1234.staging").mkdir()  # named like ours, but no lock records it
+    (tmp_path / ".b.abcd1234.staging" / "results.json").write_text("half")
     appearing(monkeypatch, report, "write_json", lambda: (out / "results.json").write_text("theirs"))
     one_point = ["--threads", "1", "--batches", "1", "--tokens", "9", "--modes", "forward", "--skip-layer"]
     code = main(["bench", "--smoke", "--out", str(out), "--skip-model", *one_point])
     err = capsys.readouterr().err  # the progress bar's lines, then the error's
     assert code == 2 and "Traceback" not in err
-    says = f"vit-einops bench: error: {out}/results.json already exists at the commit; it was left as it is"
+    says = f"vit-einops bench: error: {out} already holds results.json; pass --force to replace them"
     assert err.splitlines()[-1] == says
-    assert (out / "results.json").read_text() == "theirs" and (out / ".results.json.abcd1234.tmp").read_text() == "half"
-    assert sorted(os.listdir(out)) == [".results.json.abcd1234.tmp", "results.json", "table.txt"]
+    assert sorted(tree(tmp_path)) == [".b.abcd1234.staging", ".b.abcd1234.staging/results.json", "b", "b/results.json"]
+    assert (out / "results.json").read_text() == "theirs"
+    assert (tmp_path / ".b.abcd1234.staging" / "results.json").read_text() == "half"
 
 
 def test_two_creating_writes_of_one_file_one_wins(tmp_path):

@@ -189,7 +189,7 @@ def test_every_method_keeps_the_models_mode_and_labels_its_changed_parameters():
 
 def test_refusals_name_the_value_and_what_is_expected():
     model, images = tiny_vit(TINY), torch.rand(2, 1, 8, 8)
-    names = "'attention', 'rollout', 'gradient-rollout', 'relevance', 'grad-cam', 'random'"
+    names = ", ".join(map(repr, METHODS))  # every method of the registry, in its order
     with pytest.raises(ValueError, match=f"unknown method 'gradcam'; expected one of {names}"):
         explain(model, images, "gradcam", preprocessed=True)
     with pytest.raises(TypeError, match="method 'rollout' takes no parameter seed \\(its parameters: residual, head"):

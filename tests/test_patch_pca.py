@@ -16,7 +16,7 @@ from _tiny import TINY_RGB16, tiny_vit
 from PIL import Image
 
 from vit_einops.base.plot import save_figure
-from vit_einops.inspect import PatchPCA, patch_feature_pca, plot_patch_pca, write_report
+from vit_einops.inspect import PatchPCA, fit_patch_pca, patch_feature_pca, plot_patch_pca, write_report
 
 RTOL = 1e-5
 R = 3  # registers: not 1 or 4, so that an off-by-one or a hard-coded 4 shows
@@ -248,6 +248,32 @@ def test_bad_arguments_are_refused_by_name():
         model.head.norm.bias[0] = float("nan")
     with pytest.raises(ValueError, match="the patch features of layer -1 hold non-finite values"):
         patch_feature_pca(model, x, preprocessed=True)
+
+
+
+SHAPES = "the features must be tokens (b, n, D) in the order of the layout or patch tokens on the grid (b, gh, gw, D)"
+
+
+@pytest.mark.parametrize(
+    "features, error, message",
+    [
+        (torch.rand(17, 32), ValueError, f"{SHAPES}, got shape (17, 32)"),
+        (torch.rand(32), ValueError, f"{SHAPES}, got shape (32,)"),
+        (torch.rand(1, 1, 4, 4, 32), ValueError, f"{SHAPES}, got shape (1, 1, 4, 4, 32)"),
+        (torch.full((2, 17, 32), float("nan")), ValueError, "the features hold non-finite values (nan or inf)"),
+        (torch.rand(2, 4, 4, 32).index_put((torch.tensor(1),), torch.tensor(float("inf"))), ValueError,
+         "the features hold non-finite values (nan or inf)"),
+        (torch.ones(2, 17, 32, dtype=torch.long), TypeError, "the features must be floating point tokens, got dtype "
+         "torch.int64"),
+        ([[0.0] * 32] * 17, TypeError, "the features must be a torch.Tensor, got list"),
+    ],
+)  # fmt: skip
+def test_fit_patch_pca_refuses_features_of_another_rank_or_not_finite(features, error, message):
+    """A 2-D input ended in an IndexError, nan tokens in linalg's failure to converge."""
+    layout = tiny_vit(TINY_RGB16).patch_embed.layout((16, 16))  # a class token and a 4x4 grid: 17 tokens
+    with pytest.raises(error) as refused:
+        fit_patch_pca(features, layout)
+    assert str(refused.value) == message
 
 
 def test_tokens_all_equal_have_zero_projections_and_ratios_not_nan(monkeypatch):

@@ -43,9 +43,10 @@ def check_finite_outputs(name: str, values: torch.Tensor, cause: str) -> None:
         raise ValueError(f"the {name} hold {count}: {cause}")
 
 
-def check_finite_logits(inputs: torch.Tensor, logits: torch.Tensor) -> None:
-    """:func:`check_finite_outputs` of a batch's logits, naming the first image whose logits are not finite and the
-    likely cause: its inputs when they are already non-finite (the preprocessing's mean and std), else the weights."""
+def check_finite_logits(inputs: torch.Tensor, logits: torch.Tensor, name: str = "model's outputs") -> None:
+    """:func:`check_finite_outputs` of a batch's logits (or another of the model's per-image results, ``name``: an
+    explanation method's maps), naming the first image whose values are not finite and the likely cause: its inputs
+    when they are already non-finite (the preprocessing's mean and std), else the weights."""
     bad = (~torch.isfinite(logits.reshape(len(logits), -1))).any(-1).nonzero().flatten().tolist()
     if not bad:
         return
@@ -56,7 +57,7 @@ def check_finite_logits(inputs: torch.Tensor, logits: torch.Tensor) -> None:
         else "finite, so the model's weights are the likely cause: huge values that overflow (float32 ends near "
         "3.4e38), or a model that is not a trained ViT"
     )
-    check_finite_outputs("model's outputs", logits, f"in {which}, whose preprocessed pixels are {pixels}")
+    check_finite_outputs(name, logits, f"in {which}, whose preprocessed pixels are {pixels}")
 
 
 @torch.no_grad()

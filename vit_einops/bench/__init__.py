@@ -7,6 +7,7 @@
 - :mod:`.paired`: each ratio as the median of per-round ratios, with a bootstrap 95% interval.
 - :mod:`.noise`: whether a row's timing is trustworthy (load average, IQR/median) and the run's verdict.
 - :mod:`.report`: the table, results.json and the CSV files (their schema).
+- :mod:`.results`: the reader of results.json, which checks what its readers rely on (no torch).
 - :mod:`.plots`: the plots, as matplotlib Figures (one N or many; bars from zero).
 - :mod:`.run`: the named grids (default, quick, smoke) and one run from options to files.
 

@@ -34,7 +34,8 @@ RANGES: dict[str, tuple[float, float]] = {
 }
 
 
-def check_in_range(name: str, value, kind: type) -> int | float:
-    """``value`` as an int (``kind`` int) or a finite float within RANGES[name]; else an error naming both."""
+def check_in_range(name: str, value, kind: type, bounds: tuple[float, float] | None = None) -> int | float:
+    """``value`` as an int (``kind`` int) or a finite float within ``bounds`` (default RANGES[name]); else an error
+    naming both."""
     check = check_int_in_range if kind is int else check_real_in_range
-    return check(name, value, *RANGES[name])
+    return check(name, value, *(RANGES[name] if bounds is None else bounds))

@@ -1,7 +1,8 @@
 """Where results go: a table on stdout, results.json, attention.csv / model.csv (the plots: :mod:`.plots`).
 
-The field lists below are the documented schema (benchmarks/README.md); every file is written atomically
-(vit_einops.base.io), so a crashed run never leaves half a file.
+The field lists below are the documented schema (benchmarks/README.md); :mod:`.results` reads it back, checked. The
+run writes these files into a staging folder that replaces --out whole (vit_einops.base.io.staged_directory), so a
+crashed run never leaves half a file, nor new files beside old ones.
 """
 
 from __future__ import annotations

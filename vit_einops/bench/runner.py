@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from ..base.budget import check_threads
+from ..base.io import check_directory_output, staged_directory
 from ..base.text import printable
 from . import plots, report
 from .attention import CompiledPath, grid, measure_point
@@ -55,7 +56,7 @@ class BenchOptions:
     out: Path = field(default_factory=lambda: Path("bench-results"))
     retries: int = 0  # measure a grid point again (at most this often) while any of its rows is noisy
     threads: int | None = None  # torch threads; None: as many as the cores free at the start (env.free_cores)
-    force: bool = False  # replace the result files of an earlier run in ``out``
+    force: bool = False  # replace ``out`` when it holds an earlier run's files (and nothing else)
 
     def __post_init__(self) -> None:
         """Every numeric option finite and in RANGES, every name known: errors name the option and the value."""
@@ -117,36 +118,28 @@ GRIDS: dict[str, BenchOptions] = {
 
 
 def result_files() -> tuple[str, ...]:
-    """The files a run writes into ``out``: the only files it may replace (and only with ``force``)."""
+    """The files a run writes into ``out``: an ``out`` that holds anything else is never replaced."""
     return ("table.txt", "results.json", "attention.csv", "model.csv", *plots.PLOTS)
 
 
 def check_out(out: Path, force: bool) -> Path:
-    """Check the output directory before anything is measured (nothing is created or changed here).
+    """Check the output directory before anything is measured (nothing is created or changed here): what the
+    commit checks again (:func:`vit_einops.base.io.staged_directory`), and that it can be created.
 
-    Refused: ``out`` exists and is not a directory (a file, a FIFO); it holds result files of an earlier run (or
-    files with their names) unless ``force``; such a name is not a regular file (a directory called
-    results.json), even with ``force``. Other files in ``out`` are never touched.
+    Refused: ``out`` is a link or not a directory (a file, a FIFO); it holds files of an earlier run unless
+    ``force``; it holds anything but a run's files (of :func:`result_files`), even with ``force``, as the whole
+    folder is replaced; it lies under a file or in a directory that cannot be written.
     """
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"output {out} exists and is not a directory; pass --out a directory (new or existing)")
-    existing = [name for name in result_files() if (out / name).exists() or (out / name).is_symlink()]
-    odd = [name for name in existing if not (out / name).is_file() or (out / name).is_symlink()]
-    if odd:
-        raise ValueError(
-            f"output {out} holds {', '.join(odd)} that is not a regular file; remove it or choose another --out"
-        )
-    if existing and not force:
-        raise ValueError(
-            f"output {out} already holds {', '.join(existing)} from an earlier run; pass --force to replace them, "
-            "or choose another --out"
-        )
-    parent = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if out.name in ("", os.pardir):  # ".", "..", "/": the folder is swapped whole, so it needs a name in its parent
+        raise ValueError(f"output {out} names no directory of its own; give --out a directory's name, e.g. results")
+    # the staging directory and the lock go beside ``out``: its parent (or the first that exists) must take them
+    parent = next((p for p in out.parents if p.exists()), Path("."))
     if not parent.is_dir():
         raise ValueError(f"output {out} cannot be created: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PermissionError(f"output {out} cannot be written: {parent} is not writable")
+    check_directory_output(out, result_files(), force)
     return out
 
 
@@ -193,7 +186,6 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
 
 def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_source: str, meter: Meter) -> dict:
     dtype = getattr(torch, options.dtype)
-    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     meta = {**machine_info(), **meter.describe(), "threads_source": threads_source, "dtype": options.dtype}
     meta["options"] = _jsonable(asdict(options))
@@ -336,16 +328,17 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_sou
     print(body, file=stdout)  # the header was printed before the progress bar
     # table.txt: the header as it stands at the end (the better ceiling, the load at the end), then the body.
     table = report.header_text(meta, ceiling, noise) + "\n" + body
-    # Without force, a result file that appeared during the run is refused at its commit, never replaced.
-    replace = options.force
-    report.write_text(out / "table.txt", table + "\n", replace=replace)
-    report.write_json(out / "results.json", results, replace=replace)
-    if attention_rows:
-        report.write_csv(out / "attention.csv", attention_rows, report.ATTENTION_FIELDS, replace=replace)
-    if model_rows:
-        report.write_csv(out / "model.csv", model_rows, report.MODEL_FIELDS, replace=replace)
-    written_plots = plots.save_figures(out, plots.figures(attention_rows, model_rows), replace=replace)
-    written = ", ".join(sorted(name for name in result_files() if (out / name).exists()))
+    # Written as one unit: a run that fails part-way (a full disk) leaves the earlier run's folder as it was, or no
+    # folder; what is at ``out`` is checked again at the commit (a link, a file or foreign files are never replaced).
+    with staged_directory(out, owned=result_files(), replace=options.force) as staging:
+        report.write_text(staging / "table.txt", table + "\n", replace=False)
+        report.write_json(staging / "results.json", results, replace=False)
+        if attention_rows:
+            report.write_csv(staging / "attention.csv", attention_rows, report.ATTENTION_FIELDS, replace=False)
+        if model_rows:
+            report.write_csv(staging / "model.csv", model_rows, report.MODEL_FIELDS, replace=False)
+        written_plots = plots.save_figures(staging, plots.figures(attention_rows, model_rows), replace=False)
+        written = ", ".join(sorted(entry.name for entry in staging.iterdir()))
     if noise["noisy"]:
         print("\n" + report.noise_text(noise), file=stdout)
     line = f"wrote {written} to {printable(out)}/ (wall {meta['wall_s']:.0f} s, {len(written_plots)} plots)"

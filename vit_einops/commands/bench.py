@@ -13,8 +13,9 @@ from ..bench.names import CORE_PATHS, DTYPES, LAYER_PATHS, MODEL_MODES, MODEL_PA
 from ..presets import list_presets
 
 
-def _checked(name: str, kind: type, value: str):
-    """Parse ``value`` as ``kind`` and check it against RANGES[name] (finite, in range); argparse's error if not."""
+def _checked(name: str, kind: type, value: str, bounds: tuple[float, float] | None = None):
+    """Parse ``value`` as ``kind`` and check it is finite and within ``bounds`` (default RANGES[name]); argparse's
+    error naming ``name`` and the value if not."""
     try:
         number = kind(value)
     except ValueError:
@@ -22,21 +23,22 @@ def _checked(name: str, kind: type, value: str):
             f"expected {'an integer' if kind is int else 'a number'}, got {value!r}"
         ) from None
     try:
-        check_in_range(name, number, kind)
+        check_in_range(name, number, kind, bounds)
     except (TypeError, ValueError) as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return number
 
 
-def _list_of(kind, choices=None, name: str | None = None):
-    """argparse type: a comma-separated list of ints in RANGES[name] (kind=int) or of names from ``choices``."""
+def list_arg(kind, choices=None, name: str | None = None, bounds: tuple[float, float] | None = None):
+    """argparse type: a comma-separated list of ints within ``bounds`` (default RANGES[name]; kind=int) or of names
+    from ``choices``. The benchmarks/ scripts use it too."""
 
     def parse(text: str) -> tuple:
         items = [s.strip() for s in text.split(",") if s.strip()]
         if not items:
             raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
         if kind is int:
-            return tuple(_checked(name, int, s) for s in items)
+            return tuple(_checked(name, int, s, bounds) for s in items)
         unknown = [s for s in items if s not in choices]
         if unknown:
             raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; expected some of {', '.join(choices)}")
@@ -45,9 +47,10 @@ def _list_of(kind, choices=None, name: str | None = None):
     return parse
 
 
-def _number(name: str, kind: type):
-    """argparse type: one ``kind`` checked against RANGES[name]."""
-    return lambda text: _checked(name, kind, text)
+def number_arg(name: str, kind: type, bounds: tuple[float, float] | None = None):
+    """argparse type: one ``kind`` within ``bounds`` (default RANGES[name]), finite. The benchmarks/ scripts use it
+    too."""
+    return lambda text: _checked(name, kind, text, bounds)
 
 
 def _threads(text: str) -> int:
@@ -88,7 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch threads, 1 to the CPU count (default: the cores free at the start, at least 1)",
     )
     parser.add_argument(
-        "--force", action="store_true", help="replace the result files of an earlier run in --out (other files stay)"
+        "--force",
+        action="store_true",
+        help="replace an --out that holds an earlier run's files (one holding any other file is never replaced)",
     )
     parser.add_argument(
         "--device",
@@ -101,38 +106,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "float16 anywhere and bfloat16 from compute capability 8.0",
     )
     a = parser.add_argument_group("attention grid (comma-separated lists replace the grid's)")
-    a.add_argument("--batches", type=_list_of(int, name="batches"), help="batch sizes (default 1)")
-    a.add_argument("--tokens", type=_list_of(int, name="tokens"), help="tokens N (default 50,197,577,1025)")
-    a.add_argument("--heads", type=_list_of(int, name="heads"), help="heads h (default 12)")
-    a.add_argument("--head-dims", type=_list_of(int, name="head_dims"), help="head sizes D_h (default 64)")
-    a.add_argument("--modes", type=_list_of(str, MODES), help=f"of {', '.join(MODES)}")
+    a.add_argument("--batches", type=list_arg(int, name="batches"), help="batch sizes (default 1)")
+    a.add_argument("--tokens", type=list_arg(int, name="tokens"), help="tokens N (default 50,197,577,1025)")
+    a.add_argument("--heads", type=list_arg(int, name="heads"), help="heads h (default 12)")
+    a.add_argument("--head-dims", type=list_arg(int, name="head_dims"), help="head sizes D_h (default 64)")
+    a.add_argument("--modes", type=list_arg(str, MODES), help=f"of {', '.join(MODES)}")
     a.add_argument(
-        "--paths", dest="core_paths", type=_list_of(str, CORE_PATHS), help=f"core paths, of {', '.join(CORE_PATHS)}"
+        "--paths", dest="core_paths", type=list_arg(str, CORE_PATHS), help=f"core paths, of {', '.join(CORE_PATHS)}"
     )
-    a.add_argument("--layer-paths", type=_list_of(str, LAYER_PATHS), help=f"layer paths, of {', '.join(LAYER_PATHS)}")
+    a.add_argument("--layer-paths", type=list_arg(str, LAYER_PATHS), help=f"layer paths, of {', '.join(LAYER_PATHS)}")
     a.add_argument(
         "--skip-layer", action="store_true", help="only the core section (no projections, no nn.MultiheadAttention)"
     )
     a.add_argument("--no-compile", action="store_true", help="do not torch.compile (the einsum path, flex_attention)")
     a.add_argument("--skip-attention", action="store_true", help="no attention grid")
     m = parser.add_argument_group("whole models")
-    m.add_argument("--models", type=_list_of(str, list_presets()), help="presets (default vit_ti_16,vit_s_16,vit_b_16)")
+    m.add_argument("--models", type=list_arg(str, list_presets()), help="presets (default vit_ti_16,vit_s_16,vit_b_16)")
     m.add_argument(
-        "--model-batch", type=_number("model_batch", int), help="images per call (default 1; 32 is slow on 2 cores)"
+        "--model-batch", type=number_arg("model_batch", int), help="images per call (default 1; 32 is slow on 2 cores)"
     )
-    m.add_argument("--model-modes", type=_list_of(str, MODEL_MODES), help=f"of {', '.join(MODEL_MODES)}")
-    m.add_argument("--model-paths", type=_list_of(str, MODEL_PATHS), help=f"of {', '.join(MODEL_PATHS)}")
+    m.add_argument("--model-modes", type=list_arg(str, MODEL_MODES), help=f"of {', '.join(MODEL_MODES)}")
+    m.add_argument("--model-paths", type=list_arg(str, MODEL_PATHS), help=f"of {', '.join(MODEL_PATHS)}")
     m.add_argument("--skip-model", action="store_true", help="no whole-model benchmark")
     t = parser.add_argument_group("timing")
     t.add_argument(
-        "--rounds", type=_number("rounds", int), help="interleaved rounds of blocked_autorange per path (default 3)"
+        "--rounds", type=number_arg("rounds", int), help="interleaved rounds of blocked_autorange per path (default 3)"
     )
     t.add_argument(
-        "--min-run-time", type=_number("min_run_time", float), help="seconds per round and path, up to 60 (default 0.1)"
+        "--min-run-time",
+        type=number_arg("min_run_time", float),
+        help="seconds per round and path, up to 60 (default 0.1)",
     )
     t.add_argument(
         "--retries",
-        type=_number("retries", int),
+        type=number_arg("retries", int),
         help="measure a grid point again, up to this often, while any of its rows is noisy (default 0)",
     )
 

@@ -30,6 +30,7 @@ from .figures import (
 )
 from .methods import METHODS, Method, explain, explain_all, token_grid
 from .gradcam import grad_cam
+from .integrated_gradients import Attributions, integrated_gradients
 from .pca import PatchPCA, fit_patch_pca, patch_feature_pca, plot_patch_pca
 from .record import AttentionRecorder, attention_matrix, record_attention
 from .recorded import RecordedPass, record_pass
@@ -50,6 +51,7 @@ __all__ = [
     "METHODS",
     "Method",
     "AttentionRecorder",
+    "Attributions",
     "EmbeddingTarget",
     "Faithfulness",
     "METRICS",
@@ -75,6 +77,7 @@ __all__ = [
     "grad_cam",
     "gradient_rollout",
     "head_statistics",
+    "integrated_gradients",
     "load_embedding",
     "mean_attention_distance",
     "model_position_similarity",

@@ -244,26 +244,39 @@ def _cell(mean: float, low: float | None, high: float | None) -> str:
 
 
 def chosen_methods(methods: Any) -> dict[str, tuple[str, dict[str, Any]]]:
-    """``methods`` (None: all; a name; names or (name, params) pairs) -> label -> (name, checked params); the
-    random map always among them."""
+    """``methods`` (None: all; a name; names or (name, params) pairs; a mapping name -> params) -> label -> (name,
+    checked params); the random map always among them, with its default seed unless ``methods`` gives its own."""
     if methods is None:
         methods = list(METHODS)
     elif isinstance(methods, str):
         methods = [methods]
+    elif isinstance(methods, Mapping):
+        methods = list(methods.items())
     elif not isinstance(methods, Iterable):
-        raise TypeError(f"methods must be None, a method name or a list of names or (name, params) pairs, got "
-                        f"{type(methods).__name__}")
+        raise TypeError(f"methods must be None, a method name, a list of names or (name, params) pairs, or a mapping "
+                        f"name -> params, got {type(methods).__name__}")
+    pairs = [_method_pair(item) for item in methods]
     chosen: dict[str, tuple[str, dict[str, Any]]] = {}
-    for item in [*methods, *([] if RANDOM in methods else [RANDOM])]:
-        name, params = (item, {}) if isinstance(item, str) else tuple(item)
-        check_choice("method", name, METHODS)
-        if not isinstance(params, Mapping):
-            raise TypeError(f"the parameters of method {name!r} must be a mapping, got {type(params).__name__}")
+    for name, params in [*pairs, *([] if any(name == RANDOM for name, _ in pairs) else [(RANDOM, {})])]:
         label = METHODS[name].label(params)
         if label in chosen:
             raise ValueError(f"method {label!r} is given twice")
         chosen[label] = (name, METHODS[name].resolve(params))
     return chosen
+
+
+def _method_pair(item: Any) -> tuple[str, Mapping[str, Any]]:
+    """A name or a (name, params) pair -> (a method's name, its parameters), each checked."""
+    if isinstance(item, str):
+        name, params = item, {}
+    elif isinstance(item, (tuple, list)) and len(item) == 2:
+        name, params = item
+    else:
+        raise TypeError(f"each method must be a name or a (name, params) pair, got {type(item).__name__} {item!r:.60}")
+    check_choice("method", name, METHODS)
+    if not isinstance(params, Mapping):
+        raise TypeError(f"the parameters of method {name!r} must be a mapping, got {type(params).__name__}")
+    return name, params
 
 
 class _Scorer:
@@ -273,7 +286,7 @@ class _Scorer:
     def __init__(self, model: nn.Module, images: torch.Tensor, target: Any, batch_size: int) -> None:
         self.model = model
         self.backbone = isinstance(target, BACKBONE_TARGETS)
-        target = resolve_target(model, target)
+        target = resolve_target(model, target, len(images))
         if self.backbone:
             self.target, self.description = target, "the backbone target's score"
         else:
@@ -313,9 +326,7 @@ def _maps(model: nn.Module, images: torch.Tensor, name: str, params: dict[str, A
         index = torch.arange(start, min(start + size, len(images)))
         chunk_params = {**params, "seed": params["seed"] + seed + start} if seeded else params
         maps.append(explain(model, images[index], name, scorer.for_images(index), preprocessed=True, **chunk_params))
-    maps = torch.cat(maps)
-    check_finite_outputs(f"maps of method {name!r}", maps, "they cannot order the patches")
-    return maps
+    return torch.cat(maps)  # finite: explain refuses maps that are not
 
 
 def faithfulness(
@@ -336,8 +347,9 @@ def faithfulness(
     Args:
         images: paths, PIL images, uint8 or float tensors, or a list of them, as :func:`vit_einops.predict` takes
             them (``preprocessed``: how a float tensor is taken).
-        methods: None (every method of :data:`METHODS`), a name, or a list of names and (name, params) pairs, e.g.
-            ``["relevance", ("rollout", {"head_fusion": "max"})]``. The random map is always scored beside them.
+        methods: None (every method of :data:`METHODS`), a name, a list of names and (name, params) pairs, e.g.
+            ``["relevance", ("rollout", {"head_fusion": "max"})]``, or a mapping name -> params, e.g.
+            ``{"relevance": {}, "rollout": {"head_fusion": "max"}}``. The random map is always scored beside them.
         target: None (each image's predicted class), a class index or one per image (b,), or a backbone target
             (:class:`EmbeddingTarget`, :class:`ImageTarget`, :class:`PatchTarget`), which a model with
             ``num_classes`` 0 needs.

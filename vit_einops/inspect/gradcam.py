@@ -48,7 +48,7 @@ def grad_cam(
     depth = len(model.blocks)
     norm = model.blocks[check_index("layer", layer, depth, f"a ViT of depth {depth}")].attn.norm
     images = model_inputs(model, images, preprocessed=preprocessed)
-    target = resolve_target(model, target)
+    target = resolve_target(model, target, len(images))
     kept: list[torch.Tensor] = []
     handle = norm.register_forward_hook(lambda _module, _args, output: kept.append(output))
     try:

@@ -19,10 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..base.checks import check_choice, check_int, check_probability, check_real_in_range
+from ..base.checks import check_choice, check_int, check_int_in_range, check_probability, check_real_in_range
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
+from ..prediction import check_finite_logits
 from .gradcam import grad_cam
+from .integrated_gradients import BASELINES, MAX_STEPS, QUADRATURES, integrated_gradients, patch_sums
 from .record import AttentionRecorder
 from .relevance import attention_gradients, relevance_from_gradients
 from .rollout import HEAD_FUSIONS, attention_rollout, class_attention_grid, gradient_rollout, patch_attention_grid
@@ -74,6 +76,15 @@ def _relevance(model: nn.Module, images: torch.Tensor, target: Any, *, start_lay
 
 def _grad_cam(model: nn.Module, images: torch.Tensor, target: Any, *, layer: int) -> torch.Tensor:
     return grad_cam(model, images, target, layer=layer, preprocessed=True)
+
+
+def _integrated_gradients(
+    model: nn.Module, images: torch.Tensor, target: Any, *, baseline: str, steps: int, quadrature: str
+) -> torch.Tensor:
+    attributions = integrated_gradients(
+        model, images, target, baseline=baseline, steps=steps, quadrature=quadrature, preprocessed=True
+    ).attributions
+    return patch_sums(model, attributions)
 
 
 def _random(model: nn.Module, images: torch.Tensor, target: Any, *, seed: int) -> torch.Tensor:
@@ -141,6 +152,16 @@ METHODS: dict[str, Method] = {
             params={"layer": -1}, checks={"layer": lambda v: check_int("layer", v)},
         ),
         Method(
+            "integrated-gradients", _integrated_gradients, True,
+            "Sundararajan, Taly and Yan 2017, Integrated Gradients in the input space as captum's, summed per patch",
+            params={"baseline": "black", "steps": 50, "quadrature": "gausslegendre"},
+            checks={
+                "baseline": lambda v: check_choice("baseline", v, BASELINES),
+                "steps": lambda v: check_int_in_range("steps", v, 1, MAX_STEPS),
+                "quadrature": lambda v: check_choice("quadrature", v, QUADRATURES),
+            },
+        ),
+        Method(
             "random", _random, False, "uniform noise on the grid, seeded (the baseline every method must beat)",
             params={"seed": 0}, checks={"seed": lambda v: check_int("seed", v)},
         ),
@@ -160,6 +181,9 @@ def explain(
         target: for a gradient method, what it explains: None (the predicted class), a class index or one per
             image (b,), or a backbone target (see :func:`~vit_einops.inspect.attention_gradients`).
         params: the method's own parameters (``METHODS[method].params``).
+
+    Maps that are not finite (nan or inf: from the model's weights, where its activations or gradients overflow) are
+    refused with a ValueError naming the method, the first such image and the likely cause.
     """
     check_choice("method", method, METHODS)
     chosen = METHODS[method]
@@ -171,9 +195,12 @@ def explain(
     was_training = model.training
     model.eval()
     try:
-        return chosen.compute(model, batch, target, **resolved)
+        maps = chosen.compute(model, batch, target, **resolved)
     finally:
         model.train(was_training)
+    # Every method's maps leave through here: nan or inf would rank, draw and score as if they meant something.
+    check_finite_logits(batch, maps, f"maps of method {method!r}")
+    return maps
 
 
 def explain_all(

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import torch
 from einops import rearrange
 
-from ..base.checks import check_index, check_positive_int, check_real
+from ..base.checks import check_dense_tensor, check_index, check_positive_int, check_real
 from ..base.plot import new_figure
 from ..images import to_display
 from ..inputs import model_inputs
@@ -135,9 +135,7 @@ def patch_feature_pca(
     Returns a :class:`PatchPCA`; its ``rgb`` is the picture :func:`plot_patch_pca` draws.
     """
     features, layout = _patch_features(model, images, layer, preprocessed)
-    if not torch.isfinite(features).all():
-        raise ValueError(f"the patch features of layer {layer} hold non-finite values (nan or inf)")
-    return fit_patch_pca(features, layout, n_components, foreground=foreground)
+    return _fit(features, layout, n_components, foreground, f"the patch features of layer {layer}")
 
 
 def fit_patch_pca(
@@ -145,7 +143,22 @@ def fit_patch_pca(
 ) -> PatchPCA:
     """:func:`patch_feature_pca` on tokens already computed: ``features`` (b, n, D), a pass's tokens in the order
     of ``layout`` (``forward_features``' for the default layer: the prefix tokens are dropped here), or the patch
-    tokens alone on the grid (b, gh, gw, D)."""
+    tokens alone on the grid (b, gh, gw, D); float and finite."""
+    return _fit(features, layout, n_components, foreground, "the features")
+
+
+def _fit(
+    features: torch.Tensor, layout: TokenLayout, n_components: int, foreground: float | None, what: str
+) -> PatchPCA:
+    """:func:`fit_patch_pca`, ``what`` naming the features in its refusals."""
+    check_dense_tensor(what, features)
+    if features.ndim not in (3, 4):
+        raise ValueError(f"{what} must be tokens (b, n, D) in the order of the layout or patch tokens on the grid "
+                         f"(b, gh, gw, D), got shape {tuple(features.shape)}")
+    if not features.is_floating_point():
+        raise TypeError(f"{what} must be floating point tokens, got dtype {features.dtype}")
+    if not torch.isfinite(features).all():
+        raise ValueError(f"{what} hold non-finite values (nan or inf)")
     n_components = check_positive_int("n_components", n_components)
     if n_components > features.shape[-1]:
         raise ValueError(f"n_components {n_components} exceeds the token width D = {features.shape[-1]}")

@@ -78,7 +78,7 @@ def attention_gradients(
     ``grads[t, l] = d y_{targets[:, t]} / d A_l``. For a backbone target: (the model's output (b, D_out), maps,
     grads (1, l, b, h, n, n) of the target's score s, the scores s (b, 1)).
     """
-    target = resolve_target(model, target)  # an image's embedding first, outside the recording
+    target = resolve_target(model, target, len(images))  # an image's embedding first, outside the recording
     backbone = isinstance(target, BACKBONE_TARGETS)
     layers = encoder_attends(model)
     maps: list[torch.Tensor] = []

@@ -82,11 +82,24 @@ class EmbeddingTarget:
     def __repr__(self) -> str:
         return f"EmbeddingTarget(shape {tuple(self.vector.shape)})"
 
+    def check_count(self, images: int, *, of_images: bool = False) -> None:
+        """ValueError unless this target serves ``images`` images: one vector for all of them, or one per image.
+        ``of_images``: the vectors are an :class:`ImageTarget`'s outputs, and its images are counted instead."""
+        rows = len(self.vector) if self.vector.ndim == 2 else 1
+        if rows not in (1, images):
+            d = self.vector.shape[-1]
+            given, expected = (
+                (f"the target image holds {rows} images", f"1 or {images}") if of_images
+                else (f"the target embedding holds {rows} vectors", f"({d},) or ({images}, {d})")
+            )
+            raise ValueError(f"{given} for {images} images; expected {expected}: one for every image, or one per image")
+
     def scores(self, output: torch.Tensor) -> torch.Tensor:
         """``output`` (b, D_out), the model's -> s (b,)."""
         b, dim = output.shape
+        self.check_count(b)
         e = self.vector.to(output.device, output.dtype)
-        if e.shape[-1] != dim or (e.ndim == 2 and e.shape[0] not in (1, b)):
+        if e.shape[-1] != dim:
             raise ValueError(
                 f"the target embedding has shape {tuple(e.shape)}; this model's output is {dim} wide, so expected "
                 f"({dim},) or ({b}, {dim}) for {b} images"
@@ -189,15 +202,22 @@ def one_class_each(targets: torch.Tensor, who: str) -> torch.Tensor:
     return targets[:, 0]
 
 
-def resolve_target(model: torch.nn.Module, target: Any) -> Any:
-    """``target`` as a gradient method differentiates it: a backbone target (an :class:`ImageTarget` resolved to
-    its image's :class:`EmbeddingTarget` through ``model``), or class indices unchanged; a model without a
-    classifier (pooled features, or an embedding projection such as CLIP's) refuses class indices and None
+def resolve_target(model: torch.nn.Module, target: Any, images: int) -> Any:
+    """``target`` as a gradient method differentiates it on ``images`` images: a backbone target (an
+    :class:`ImageTarget` resolved to its image's :class:`EmbeddingTarget` through ``model``; an embedding checked to
+    serve every image or one each, :meth:`EmbeddingTarget.check_count`), or class indices unchanged; a model without
+    a classifier (pooled features, or an embedding projection such as CLIP's) refuses class indices and None
     (:func:`no_classifier_error`)."""
     if not isinstance(target, BACKBONE_TARGETS) and not has_classifier(model):
         what = "there is no predicted class" if target is None else f"target {target!r:.60} names no class"
         raise no_classifier_error(what, model)
-    return target.embedding(model) if isinstance(target, ImageTarget) else target
+    if isinstance(target, ImageTarget):
+        resolved = target.embedding(model)
+        resolved.check_count(images, of_images=True)
+        return resolved
+    if isinstance(target, EmbeddingTarget):
+        target.check_count(images)
+    return target
 
 
 def target_scores(
