@@ -297,6 +297,18 @@ def test_cli_preset_on_the_digits_needs_a_fitting_patch_size(tmp_path, capsys):
     assert not (tmp_path / "checkpoint").exists()
 
 
+def test_an_embedding_head_is_not_trained_as_a_classifier():
+    """CLIP's projection (ViTConfig.embedding) outputs no classes: train() refuses it before anything runs."""
+    model = ViT(**{**TINY_DIGITS, "embedding": True})
+    data = TensorDataset(torch.rand(4, 1, 8, 8), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError) as err:
+        train(model, data, config=TrainConfig(epochs=1, batch_size=2), device="cpu", progress=False)
+    assert str(err.value) == (
+        "the model's head is an embedding projection (its 10 outputs are an embedding, not class logits); call "
+        "model.reset_classifier(K) for a classifier of the data's K classes"
+    )
+
+
 def test_cli_preset_takes_its_number_of_classes_from_the_data(tmp_path):
     small = ["--patch-size", "4", "--dim", "16", "--depth", "1", "--heads", "2", "--mlp-dim", "16", "--limit", "32"]
     out = tmp_path / "run"

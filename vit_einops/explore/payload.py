@@ -36,7 +36,8 @@ beside its patch mass 0, and the mass DINO's mask keeps where the class token pu
 whose relevance is exactly the identity (its logit gives no gradient, e.g. a zero-initialised head) is flagged
 ``relevance_identity`` so the page can say why its map is blank.
 
-A model without a classifier (``num_classes`` 0: its output is pooled features) lists no classes: ``top`` is empty.
+A model without a classifier (``num_classes`` 0: its output is pooled features; or an embedding projection, CLIP's:
+``ViTConfig.embedding``) lists no classes: ``top`` is empty.
 Relevance is then for the ``target`` given (:mod:`vit_einops.inspect.targets`), one entry per image with its score,
 or absent (null) without one; a classifier's page adds the target's entry beside its classes.
 
@@ -84,7 +85,7 @@ from ..inspect import (
 )
 from ..inspect.methods import TARGET_NEEDED, class_index, unexplained
 from ..inspect.recorded import record_pass
-from ..inspect.targets import BACKBONE_TARGETS, TARGET_KINDS, target_name
+from ..inspect.targets import BACKBONE_TARGETS, TARGET_KINDS, has_classifier, target_name
 from ..network.patch_embed import ClassToken, TokenLayout
 from ..network.config import ViTConfig
 from ..prediction import check_finite_outputs, class_name
@@ -325,7 +326,7 @@ def build_payload(
     check_finite_outputs("token norms", norms, weights)
     check_finite_outputs("final tokens", run.tokens, weights)
     check_finite_outputs("explanation maps", torch.stack(list(method_maps.values())), weights)  # after the model's
-    classifier = model.num_classes > 0
+    classifier = has_classifier(model)  # not pooled features, not an embedding projection (CLIP's)
     k = min(top_k, logits.shape[-1]) if classifier else 0
     start_layer = METHODS["relevance"].resolve(method_params.get("relevance", {}))["start_layer"]
     if classifier:

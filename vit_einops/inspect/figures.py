@@ -356,7 +356,7 @@ def show_attention(
     head_maps = token_map(maps[layer, 0], layout)  # (h, gh, gw)
     rollout = token_map(attention_rollout(maps)[0], layout)
     title = f"layer {layer} of 0..{depth - 1}"
-    if logits.ndim == 2 and model.num_classes:
+    if logits.ndim == 2 and model.has_classifier:  # pooled features or an embedding predict no class
         index = int(logits[0].argmax())
         name = class_name(index, getattr(model, "class_names", None))
         title += f"; predicted {name} (p {logits[0].softmax(-1)[index].item():.2f})"

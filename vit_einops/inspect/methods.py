@@ -28,7 +28,7 @@ from .integrated_gradients import BASELINES, MAX_STEPS, QUADRATURES, integrated_
 from .record import AttentionRecorder
 from .relevance import attention_gradients, relevance_from_gradients
 from .rollout import HEAD_FUSIONS, attention_rollout, class_attention_grid, gradient_rollout, patch_attention_grid
-from .targets import one_class_each
+from .targets import has_classifier, one_class_each
 from .tokens import CLASS_TOKEN
 
 
@@ -213,8 +213,9 @@ TARGET_NEEDED = (
 
 def unexplained(model: nn.Module, target: Any) -> list[str]:
     """The gradient methods of :data:`METHODS` :func:`explain_all` leaves out for ``model`` and ``target``: every
-    one for a model without a classifier and no target (nothing for them to differentiate), else none."""
-    if target is not None or getattr(model, "num_classes", None) != 0:
+    one for a model without a classifier (pooled features or an embedding head) and no target (nothing for them to
+    differentiate), else none."""
+    if target is not None or has_classifier(model):
         return []
     return [name for name, method in METHODS.items() if method.gradient]
 

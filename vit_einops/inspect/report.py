@@ -86,7 +86,7 @@ def report_memory(config: ViTConfig, b: int, *, target: bool, arrays: str = "fig
     record = forward_bytes(config, b, kept=depth) + maps
     analysis = maps + 3 * depth * b * n * n * 4 + 4 * b * heads * n * n * 8
     grad_pass = maps + forward_bytes(config, b, kept=depth, grad=True)
-    grads = grad_pass + 3 * maps if target or config.num_classes else 0  # a target's relevance; explain_all's
+    grads = grad_pass + 3 * maps if target or config.has_classifier else 0  # a target's relevance; explain_all's
     methods = record + 3 * depth * b * n * n * 4  # explain_all's rollout, which records the maps again
     written = 2 * maps * (arrays == "full") + 2 * depth * b * n * n * 4 + FIGURE_BYTES
     return max(record, analysis, grads, methods, written)
@@ -205,7 +205,7 @@ def write_report(
     unexplained_methods = unexplained(model, target)
     left_out = f"Not drawn: {', '.join(unexplained_methods)}; they {TARGET_NEEDED}." if unexplained_methods else ""
     titles = titles or [f"image {i}" for i in range(len(images))]
-    if model.num_classes:  # a model without a classifier outputs features: it predicts nothing
+    if model.has_classifier:  # pooled features or an embedding (CLIP's projection) predict nothing
         predicted = [class_name(p, classes) for p in logits.argmax(-1).tolist()]
         titles = [f"{title}\npredicted {name}" for title, name in zip(titles, predicted, strict=True)]
 

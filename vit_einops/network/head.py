@@ -129,6 +129,7 @@ class ClassificationHead(Sequential):
         if config.distill_token:
             stages.append(("fc_dist", nn.Linear(features, k, bias=bias) if k else nn.Identity()))
         super().__init__(OrderedDict(stages))
+        self.embedding = config.embedding  # fc projects into an embedding (CLIP's); a new fc is a classifier
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classify(self.pool_features(x))
@@ -219,6 +220,7 @@ class ClassificationHead(Sequential):
         if isinstance(value, nn.Module) and "_modules" in self.__dict__:
             if name in ("fc", "fc_dist"):
                 value = self.check_classifier(value)
+                self.embedding = False
             elif name not in self._modules:
                 raise TypeError(
                     f"ClassificationHead has no stage {name!r} (its stages are {', '.join(self._modules)}); "

@@ -221,6 +221,13 @@ class ViT(Sequential):
         return self.head.num_classes
 
     @property
+    def has_classifier(self) -> bool:
+        """Whether the outputs are class logits (:attr:`ViTConfig.has_classifier`): False for pooled features
+        (num_classes 0) and for an embedding projection (CLIP's image embedding). Read off the head, as
+        :attr:`num_classes`, so that a model no config describes can still say it."""
+        return self.head.num_classes > 0 and not self.head.embedding
+
+    @property
     def num_features(self) -> int:
         """D, the width of the tokens :meth:`forward_features` returns (timm's ``num_features``)."""
         return self.head.dim
@@ -506,7 +513,8 @@ def _one(name: str, values: dict[str, Any]) -> Any:
 def read_config(model: ViT) -> ViTConfig:
     """The ViTConfig of ``model`` as it is now: what rebuilds the same structure and keys.
 
-    That is the config it was built from, with what changes on a built model: ``num_classes`` (a classifier swap),
+    That is the config it was built from, with what changes on a built model: ``num_classes`` and ``embedding`` (a
+    classifier swap),
     ``pool`` (``reset_classifier``), ``representation_size`` (``del model.head.pre_logits``: the paper's fine-tuning
     drops the tanh layer), ``depth`` (blocks cut off, as timm's ``prune_intermediate_layers`` does) and the dropout
     rates (set on its nn.Dropout modules). A model changed into something no ViTConfig describes (a stage added, a
@@ -534,6 +542,7 @@ def read_config(model: ViT) -> ViTConfig:
         model._built_config,
         num_classes=head.num_classes,
         head_bias=fc.bias is not None if isinstance(fc, nn.Linear) else model._built_config.head_bias,
+        embedding=head.embedding,
         pool=head.pool.mode,
         representation_size=head.pre_logits.fc.out_features if "pre_logits" in head._modules else None,
         depth=len(blocks),

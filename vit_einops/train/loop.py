@@ -289,6 +289,11 @@ def train(
     check_nonnegative_float("save_interval", save_interval)
     ctx = _context(ctx, device)
     _check_model(model)
+    if model.config.embedding:  # cross-entropy on an embedding's dimensions would train fake classes
+        raise ValueError(
+            f"the model's head is an embedding projection (its {model.config.num_classes} outputs are an embedding, "
+            f"not class logits); call model.reset_classifier(K) for a classifier of the data's K classes"
+        )
     classes = class_names_of(train_data)
     if classes is not None and len(classes) != model.config.num_classes:
         raise ValueError(
