@@ -47,7 +47,7 @@ _EXPORTS = {
     "list_presets": "presets",
     "max_build_time": "base.budget",
     "max_memory": "base.budget",
-    "parameter_count": "sizes",
+    "parameter_count": "network.sizes",
 }
 
 __all__ = sorted(_EXPORTS)

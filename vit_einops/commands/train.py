@@ -158,7 +158,7 @@ def _check_run_arguments(args: argparse.Namespace) -> Path:
     from ..base.budget import check_memory, check_threads
     from ..base.checks import check_nonnegative_float, check_positive_int
     from ..network.config import ViTConfig
-    from ..sizes import check_build_time, check_forward_memory
+    from ..network.sizes import check_build_time, check_forward_memory
     from ..train.config import TrainConfig
     from ..train.rundir import check_out_dir
 

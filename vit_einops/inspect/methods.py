@@ -22,6 +22,7 @@ from torch import nn
 from ..base.checks import check_choice, check_int, check_probability, check_real_in_range
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
+from ..network.sizes import check_model_forward
 from .gradcam import grad_cam
 from .record import AttentionRecorder
 from .relevance import attention_gradients, relevance_from_gradients
@@ -168,6 +169,7 @@ def explain(
                          f"{tuple(target.shape)}")
     resolved = chosen.resolve(params)
     batch = model_inputs(model, images, preprocessed=preprocessed)
+    check_model_forward(model, batch, kept=len(model.blocks), grad=chosen.gradient)
     was_training = model.training
     model.eval()
     try:

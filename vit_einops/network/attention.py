@@ -25,7 +25,6 @@ from einops.layers.torch import Rearrange
 from torch import nn
 
 from ..base.checks import check_bool, check_choice, check_heads, check_positive_int, check_probability
-from .chunk_plan import CHUNK_ELEMENTS
 from .chunked import chunked_attention
 from .config import ATTN_IMPLS, ViTConfig, check_config, check_float32, check_qkv_bias
 from .rope import RopeTable, apply_rope
@@ -94,22 +93,23 @@ class Attend(nn.Module):
         dropout: dropout on A (attention dropout, ``ViTConfig.attn_dropout``), active in training only.
         impl: "einsum" (written out here), "chunked" (the same einsums over blocks of queries, see
             :func:`chunked_attention`) or "sdpa" (torch.nn.functional.scaled_dot_product_attention).
-        chunk_elements: on the "chunked" path, the most scores held at once (one block of A); a plain
-            attribute that may be changed after construction.
+        chunk_elements: on the "chunked" path, the most scores held at once (one block of A), None for the
+            machine's default (:func:`~vit_einops.network.chunk_plan.chunk_elements`, planned on first use); a
+            plain attribute that may be changed after construction.
 
     Shapes: q, k, v (b, h, n, d); mask None or bool broadcastable to (b, h, n, n), True = may attend;
     output (b, h, n, d).
     """
 
     def __init__(
-        self, head_dim: int, dropout: float = 0.0, impl: str = "einsum", chunk_elements: int = CHUNK_ELEMENTS
+        self, head_dim: int, dropout: float = 0.0, impl: str = "einsum", chunk_elements: int | None = None
     ) -> None:
         super().__init__()
         self.scale = check_positive_int("head_dim", head_dim) ** -0.5
         self.softmax = nn.Softmax(dim=-1)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
         self.impl = impl
-        self.chunk_elements = check_positive_int("chunk_elements", chunk_elements)
+        self.chunk_elements = None if chunk_elements is None else check_positive_int("chunk_elements", chunk_elements)
         self._warned_hook = False  # warn_skipped_softmax_hook once per layer, not on every forward
 
     @property
@@ -119,6 +119,11 @@ class Attend(nn.Module):
     @impl.setter
     def impl(self, value: str) -> None:
         self._impl = check_attn_impl(value)
+
+    @property
+    def forms_attention(self) -> bool:
+        """True when the kernel holds the whole (b, h, n, n) matrix A, which the memory estimate counts."""
+        return self._impl == "einsum"
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
@@ -137,7 +142,7 @@ class Attend(nn.Module):
         return einsum(attn, v, "b h i j, b h j d -> b h i d")
 
     def extra_repr(self) -> str:
-        chunks = f", chunk_elements={self.chunk_elements}" if self._impl == "chunked" else ""
+        chunks = f", chunk_elements={self.chunk_elements}" if self._impl == "chunked" and self.chunk_elements else ""
         return f"impl={self._impl!r}, scale={self.scale:.6g}{chunks}"
 
 

@@ -30,7 +30,7 @@ import threading
 import torch
 from torch.autograd.function import once_differentiable
 
-from .chunk_plan import CHUNK_ELEMENTS, BlockPlan, plan_for, task_plan
+from .chunk_plan import BlockPlan, chunk_elements, plan_for, task_plan
 from .chunk_pool import run_tasks
 
 
@@ -231,13 +231,13 @@ def chunked_attention(
     *,
     scale: float,
     dropout_p: float = 0.0,
-    max_elements: int = CHUNK_ELEMENTS,
+    max_elements: int | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v (Eqs. 6-7) computed over blocks of at most ``max_elements`` scores.
 
-    ``max_elements`` defaults to CHUNK_ELEMENTS (four L2 caches of scores per thread). A block never holds more
-    scores than q holds numbers or CHUNK_ELEMENTS, whichever is larger, so the scores alive at once (a block and, in
-    backward, its gradient) stay within twice the output or two cache-sized blocks: peak memory O(b h n d) plus a
+    ``max_elements`` None is :func:`~vit_einops.network.chunk_plan.chunk_elements` (four L2 caches of scores per
+    thread). A block never holds more scores than q holds numbers or that default, whichever is larger, so the
+    scores alive at once (a block and, in backward, its gradient) stay within twice the output or two cache-sized blocks: peak memory O(b h n d) plus a
     constant, whatever n is. The forward handed to worker threads (module docstring) holds one block per thread, each
     within ``max_elements`` and one L2 cache of float32 scores, and its output is the same to the bit whatever
     torch's thread count. Equal to the full-matrix einsum up to float rounding, in values and gradients; dropout
@@ -253,6 +253,7 @@ def chunked_attention(
     if mask is not None:
         mask = mask.expand(b, h, n, m)  # a view: blocks of it are sliced like the queries
     seed = int(torch.randint(2**62, ())) if dropout_p else 0
+    max_elements = chunk_elements() if max_elements is None else max_elements
     plan = plan_for(q, m, max_elements)
     tasks = _tasks(q, m, max_elements, dropout_p)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):

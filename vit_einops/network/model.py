@@ -16,14 +16,14 @@ from torch import nn
 from ..base.checks import check_choice, check_dense_tensor, check_index, check_nonnegative_int, check_positive_int
 from ..base.init import trunc_normal_
 from ..base.sequential import Sequential
-from .attention import Attend, attn_impl_of, per_layer_impls, set_attn_impl
+from .attention import attn_impl_of, per_layer_impls, set_attn_impl
 from .blocks import TransformerEncoder, TransformerEncoderBlock
 from .config import FIELDS, ViTConfig
 from .head import ClassificationHead, head_swap_help
 from .patch_embed import PatchEmbedding
 from ..preprocess import Preprocessing
 from .rope import RopeTable, RotaryEmbedding
-from ..sizes import check_build_time, check_forward_memory, check_model_memory
+from .sizes import check_build_time, check_model_memory
 
 # timm's default for every Linear in the encoder and head; the embeddings have their own init.
 LINEAR_INIT_STD = 0.02
@@ -52,10 +52,10 @@ class ViT(Sequential):
     A batch of another float dtype is cast to the model's when the cast is exact (float16 or bfloat16 into a
     float32 model) and refused with a TypeError otherwise (float64 into float32 would round). Non-finite pixels
     are not checked: they make that image's logits non-finite and leave the other images of the batch unchanged.
-    Every forward (``model(x)``, ``forward_features``, ``forward_intermediates``) first estimates its activations
-    and refuses, with a ValueError naming the estimate and the limit, a batch past the memory budget
-    (:func:`vit_einops.sizes.check_forward_memory`); construction refuses a config past the memory or build-time
-    budget (:mod:`vit_einops.base.budget`).
+    The forward pass computes the model and nothing else: the memory a batch needs is checked once by the entry
+    points that take untrusted sizes (:func:`vit_einops.predict`, the study functions, the commands) with
+    :func:`vit_einops.network.sizes.check_model_forward`, which a caller of ``model(x)`` may call too. Construction
+    refuses a config past the memory or build-time budget (:mod:`vit_einops.base.budget`).
     """
 
 
@@ -126,17 +126,17 @@ class ViT(Sequential):
     # -- input -------------------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self._encode(self._admit(x)))
+        return self.head(self._encode(self.check_input(x)))
 
     def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, RopeTable | None]:
-        """Eq. 1's tokens of an admitted batch, and the RoPE table of its patch grid where the model has RoPE."""
+        """Eq. 1's tokens of a checked batch, and the RoPE table of its patch grid where the model has RoPE."""
         if self.rope is None:
             return self.patch_embed(x), None
-        layout = self.patch_embed.layout(x.shape[-2:])
-        return self.patch_embed(x), self.rope(layout.grid, layout.num_prefix, device=x.device)
+        (ph, pw), (h, w) = self.patch_embed.patch_size, x.shape[-2:]
+        return self.patch_embed(x), self.rope((h // ph, w // pw), self.num_prefix_tokens, device=x.device)
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
-        """z_L: the encoder's tokens of an admitted batch."""
+        """z_L: the encoder's tokens of a checked batch."""
         tokens, rope = self._embed(x)
         return self.blocks(tokens, rope=rope)
 
@@ -182,7 +182,7 @@ class ViT(Sequential):
 
     def _check_other_size(self, x: torch.Tensor) -> None:
         """Admit an input of another size than the training one when the model resamples E_pos for it
-        (``dynamic_size``): H and W positive multiples of the patch size (its activations are budgeted by _admit)."""
+        (``dynamic_size``): H and W positive multiples of the patch size."""
         (h, w), (ph, pw) = self.patch_embed.image_size, self.patch_embed.patch_size
         size = tuple(x.shape[2:])
         dynamic = self.patch_embed.pos_embed.dynamic
@@ -198,20 +198,6 @@ class ViT(Sequential):
                 f"height, width {size} are not positive multiples of the patch size ({ph}, {pw}); crop or resize "
                 f"to e.g. {fit}"
             )
-
-    def _admit(self, x: Any) -> torch.Tensor:
-        """``x`` checked (:meth:`check_input`), for a forward pass whose activations fit the memory budget: refused
-        before any of them exists otherwise (:func:`vit_einops.sizes.check_forward_memory`, with the attention path
-        each layer runs, autograd's saved activations when the pass is differentiable, and the attention a recorder
-        keeps). Every forward entry point starts here."""
-        x = self.check_input(x)
-        config = self._built_config
-        if tuple(x.shape[2:]) != config.image_size:
-            config = replace(config, image_size=tuple(x.shape[2:]))
-        fused = all(m.impl != "einsum" for m in self.blocks.modules() if isinstance(m, Attend))
-        grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.blocks.parameters()))
-        check_forward_memory(config, x.shape[0], fused=fused, grad=grad, itemsize=x.element_size())
-        return x
 
     # -- timm's interface ----------------------------------------------------------------------------------
 
@@ -237,7 +223,7 @@ class ViT(Sequential):
         token alone, so the class token's row is exactly y of Eq. 4). A model with ``fc_norm`` norms after the
         pooling instead, so its tokens come out un-normed, as in timm.
         """
-        x = self._encode(self._admit(x))
+        x = self._encode(self.check_input(x))
         return self.head.norm(x) if self.head.token_norm else x
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -348,7 +334,7 @@ class ViT(Sequential):
         take = self._take_indices(indices)
         if norm and not self.head.token_norm:
             raise ValueError("norm=True needs a LayerNorm on every token; this model's (fc_norm=True) follows pooling")
-        x = self._admit(x)
+        x = self.check_input(x)
         layout = self.patch_embed.layout(x.shape[-2:])
         x, rope = self._embed(x)
         blocks = list(self.blocks)[: max(take) + 1] if stop_early else self.blocks

@@ -237,7 +237,16 @@ def resample_pos_embed(
         rows * dim * (4 + 2 * pos_embed.element_size()),
         f"resampling the position embedding to a {new_grid[0]}x{new_grid[1]} grid ({rows:,} rows of {dim})",
     )
-    prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    return _resampled(pos_embed, new_grid, old_grid, num_prefix_tokens, options)
+
+
+def _resampled(
+    pos_embed: torch.Tensor, new_grid: tuple[int, int], old_grid: tuple[int, int], prefix: int, options: dict
+) -> torch.Tensor:
+    """resample_pos_embed's interpolation alone, of arguments already checked: what a forward pass of a
+    ``dynamic_size`` model runs (its E_pos is its own, the grid that of a checked input, budgeted with the rest of
+    its activations by :func:`~vit_einops.network.sizes.check_model_forward`)."""
+    prefix, patches = pos_embed[:, :prefix], pos_embed[:, prefix:]
     grid = rearrange(patches, "1 (h w) d -> 1 d h w", h=old_grid[0], w=old_grid[1])
     compute_dtype = torch.promote_types(grid.dtype, torch.float32)
     grid = F.interpolate(grid.to(compute_dtype), size=new_grid, **options).to(pos_embed.dtype)
@@ -263,7 +272,7 @@ class PositionEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
         if grid is None or grid == self.grid or self.dynamic is None:
             return x + self.weight
-        return x + resample_pos_embed(self.weight, grid, self.grid, num_prefix_tokens=self.prefix, mode=self.dynamic)
+        return x + _resampled(self.weight, grid, self.grid, self.prefix, RESAMPLE_MODES[self.dynamic])
 
     def extra_repr(self) -> str:
         return f"dynamic={self.dynamic!r}" if self.dynamic else ""
