@@ -2,14 +2,14 @@
 
 Axes used throughout: b batch, n tokens (i queries, j keys), h heads, d head size D_h.
 
-Three implementations of the same Eq. 6-7 (``Attend.impl``), chosen at run time (``ViT(attn_impl=...)``,
-:func:`set_attn_impl`), never part of the architecture or its config:
-- "einsum": the paper literally; materialises the whole (b, h, n, n) matrix A.
+Eqs. 6-7 have several kernels (``Attend.impl``), entries of :data:`~vit_einops.network.kernels.KERNELS`, chosen at
+run time (``ViT(attn_impl=...)``, :func:`set_attn_impl`), never part of the architecture or its config:
+- "einsum" (:func:`einsum_attention`): the paper literally; materialises the whole (b, h, n, n) matrix A.
 - "chunked": the same einsums over blocks of queries, each with its exact softmax (a query's row of A needs
   every key, never another query), so only one block of A exists at a time; the backward pass recomputes each
   block instead of storing A, as FlashAttention and SDPA's CPU kernel do. Memory O(b h n d), not O(b h n^2).
   It lives in chunked.py.
-- "sdpa": torch.nn.functional.scaled_dot_product_attention, torch's fused kernel.
+- "sdpa" (:func:`sdpa_attention`): torch.nn.functional.scaled_dot_product_attention, torch's fused kernel.
 """
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ from einops.layers.torch import Rearrange
 from torch import nn
 
 from ..base.checks import check_bool, check_choice, check_heads, check_positive_int, check_probability
-from .chunked import chunked_attention
-from .config import ATTN_IMPLS, ViTConfig, check_config, check_float32, check_qkv_bias
+from .config import ViTConfig, check_config, check_float32, check_qkv_bias
+from .kernels import KERNELS
 from .rope import RopeTable, apply_rope
 
 
 def check_attn_impl(value: Any, name: str = "attn_impl") -> str:
-    """``value`` if it names an attention path (one of ATTN_IMPLS): the one check of an impl, wherever one enters."""
-    return check_choice(name, value, ATTN_IMPLS)
+    """``value`` if it names an attention kernel (an entry of KERNELS): the one check of an impl, wherever one
+    enters."""
+    return check_choice(name, value, KERNELS)
 
 
 def per_layer_impls(value: Any, depth: int) -> tuple[str, ...]:
@@ -41,7 +42,7 @@ def per_layer_impls(value: Any, depth: int) -> tuple[str, ...]:
         return (check_attn_impl(value),) * depth
     if not isinstance(value, Sequence):
         raise TypeError(
-            f"attn_impl must be one of {', '.join(map(repr, ATTN_IMPLS))} or a sequence of them (one per layer), "
+            f"attn_impl must be one of {', '.join(map(repr, KERNELS))} or a sequence of them (one per layer), "
             f"got {value!r} of type {type(value).__name__}"
         )
     impls = tuple(check_attn_impl(v, f"attn_impl[{i}]") for i, v in enumerate(value))
@@ -60,6 +61,19 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch
     if mask is not None:
         energy = energy.masked_fill(~mask, float("-inf"))
     return energy
+
+
+def einsum_attention(attend: Attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
+    """The "einsum" kernel: A = softmax(q k^T / sqrt(D_h)) (Eq. 6) formed whole by ``attend.softmax``, dropout on
+    it, then A v (Eq. 7)."""
+    attn = attend.dropout(attend.softmax(attention_scores(q, k, attend.scale, mask)))
+    return einsum(attn, v, "b h i j, b h j d -> b h i d")
+
+
+def sdpa_attention(attend: Attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
+    """The "sdpa" kernel: torch's fused scaled_dot_product_attention, whose default scale 1/sqrt(q.size(-1)) is
+    1/sqrt(D_h): the same Eq. 6."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attend.dropout_p)
 
 
 def _has_hooks(module: nn.Module) -> bool:
@@ -91,8 +105,8 @@ class Attend(nn.Module):
     Args:
         head_dim: D_h, the size of one head.
         dropout: dropout on A (attention dropout, ``ViTConfig.attn_dropout``), active in training only.
-        impl: "einsum" (written out here), "chunked" (the same einsums over blocks of queries, see
-            :func:`chunked_attention`) or "sdpa" (torch.nn.functional.scaled_dot_product_attention).
+        impl: the kernel, a name of :data:`~vit_einops.network.kernels.KERNELS`: "einsum" (written out here),
+            "chunked" (the same einsums over blocks of queries) or "sdpa" (torch's fused kernel).
         chunk_elements: on the "chunked" path, the most scores held at once (one block of A), None for the
             machine's default (:func:`~vit_einops.network.chunk_plan.chunk_elements`, planned on first use); a
             plain attribute that may be changed after construction.
@@ -119,27 +133,25 @@ class Attend(nn.Module):
     @impl.setter
     def impl(self, value: str) -> None:
         self._impl = check_attn_impl(value)
+        self._kernel = KERNELS[self._impl].fn
 
     @property
     def forms_attention(self) -> bool:
         """True when the kernel holds the whole (b, h, n, n) matrix A, which the memory estimate counts."""
-        return self._impl == "einsum"
+        return KERNELS[self._impl].forms_attention
+
+    @property
+    def dropout_p(self) -> float:
+        """The rate of attention dropout now: ``dropout.p`` in training, 0 in eval."""
+        return self.dropout.p if self.training else 0.0
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        if self._impl != "einsum" and not self._warned_hook and _has_hooks(self.softmax):
+        if not self._warned_hook and _has_hooks(self.softmax) and not self.forms_attention:
             warn_skipped_softmax_hook(self._impl)
             self._warned_hook = True
-        if self._impl == "sdpa":
-            # SDPA's default scale is 1/sqrt(q.size(-1)) = 1/sqrt(D_h): the same Eq. 6.
-            p = self.dropout.p if self.training else 0.0
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        if self._impl == "chunked":
-            p = self.dropout.p if self.training else 0.0
-            return chunked_attention(q, k, v, mask, scale=self.scale, dropout_p=p, max_elements=self.chunk_elements)
-        attn = self.dropout(self.softmax(attention_scores(q, k, self.scale, mask)))
-        return einsum(attn, v, "b h i j, b h j d -> b h i d")
+        return self._kernel(self, q, k, v, mask)
 
     def extra_repr(self) -> str:
         chunks = f", chunk_elements={self.chunk_elements}" if self._impl == "chunked" and self.chunk_elements else ""

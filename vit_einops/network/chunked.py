@@ -223,6 +223,14 @@ class _ChunkedAttention(torch.autograd.Function):
                 grad_v.view(*shape, *v_.shape[1:]), None, None, None, None, None, None)  # fmt: skip
 
 
+def chunked_kernel(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
+    """The "chunked" entry of :data:`~vit_einops.network.kernels.KERNELS`: :func:`chunked_attention` with the
+    calling Attend's scale, attention dropout and block size."""
+    return chunked_attention(
+        q, k, v, mask, scale=attend.scale, dropout_p=attend.dropout_p, max_elements=attend.chunk_elements
+    )
+
+
 def chunked_attention(
     q: torch.Tensor,
     k: torch.Tensor,
