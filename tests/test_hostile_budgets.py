@@ -242,7 +242,7 @@ def test_predict_and_inspect_refuse_the_same_forward_alike(tmp_path, many_regist
 
 def test_the_budget_counts_the_attention_path_each_layer_runs():
     # 4097 tokens, one head: the einsum path holds two (n, n) matrices, 128 MiB; the chunked path one block of them
-    # at a time, at most 2**22 scores (chunk_plan.CHUNK_ELEMENTS on any machine), 32 MiB for two.
+    # at a time, at most 2**22 scores (chunk_plan.chunk_elements() on any machine), 32 MiB for two.
     model = ViT(image_size=128, patch_size=2, dim=8, heads=1, mlp_dim=8, depth=1, num_classes=5)
     x = torch.zeros(1, 3, 128, 128)
     with torch.no_grad(), max_memory("64MiB"):

@@ -20,13 +20,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from einops import einsum
+from einops import einsum, rearrange
 from einops.layers.torch import Rearrange
 from torch import nn
 
 from ..base.checks import check_bool, check_choice, check_heads, check_positive_int, check_probability
 from .config import ViTConfig, check_config, check_float32, check_qkv_bias
 from .kernels import KERNELS
+from .probes import HookPoint
 from .rope import RopeTable, apply_rope
 
 
@@ -111,6 +112,10 @@ class Attend(nn.Module):
             machine's default (:func:`~vit_einops.network.chunk_plan.chunk_elements`, planned on first use); a
             plain attribute that may be changed after construction.
 
+    Probe sites: ``hook_attn_scores`` (the logits of Eq. 6, masked, (b, h, n, n)) and ``hook_pattern`` (A,
+    (b, h, n, n)). While either is probed the layer forms A from its q and k as the einsum kernel does, whichever
+    kernel is chosen, and attends with the (possibly replaced) A; unprobed, the kernel runs alone.
+
     Shapes: q, k, v (b, h, n, d); mask None or bool broadcastable to (b, h, n, n), True = may attend;
     output (b, h, n, d).
     """
@@ -125,6 +130,8 @@ class Attend(nn.Module):
         self.impl = impl
         self.chunk_elements = None if chunk_elements is None else check_positive_int("chunk_elements", chunk_elements)
         self._warned_hook = False  # warn_skipped_softmax_hook once per layer, not on every forward
+        self.hook_attn_scores = HookPoint("(b, h, n, n)")
+        self.hook_pattern = HookPoint("(b, h, n, n)")
 
     @property
     def impl(self) -> str:
@@ -133,7 +140,7 @@ class Attend(nn.Module):
     @impl.setter
     def impl(self, value: str) -> None:
         self._impl = check_attn_impl(value)
-        self._kernel = KERNELS[self._impl].fn
+        self._kernel = KERNELS[self._impl].select()
 
     @property
     def forms_attention(self) -> bool:
@@ -148,10 +155,18 @@ class Attend(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if self.hook_attn_scores.hooks or self.hook_pattern.hooks:
+            return self._probed(q, k, v, mask)
         if not self._warned_hook and _has_hooks(self.softmax) and not self.forms_attention:
             warn_skipped_softmax_hook(self._impl)
             self._warned_hook = True
         return self._kernel(self, q, k, v, mask)
+
+    def _probed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Eqs. 6-7 through the probe sites, with the einsum kernel's arithmetic."""
+        scores = self.hook_attn_scores(attention_scores(q, k, self.scale, mask))
+        attn = self.hook_pattern(self.softmax(scores))
+        return einsum(self.dropout(attn), v, "b h i j, b h j d -> b h i d")
 
     def extra_repr(self) -> str:
         chunks = f", chunk_elements={self.chunk_elements}" if self._impl == "chunked" and self.chunk_elements else ""
@@ -179,6 +194,12 @@ class MultiHeadAttention(nn.Module):
         proj_dropout: dropout after the output projection ``proj`` (Appendix B.1).
         impl: "einsum" (the paper literally), "chunked" or "sdpa": which kernel runs; a plain attribute that may be
             changed at run time, never part of the architecture.
+
+    Probe sites (TransformerLens's names, under ``blocks.{l}.attn.``): ``hook_q``, ``hook_k``, ``hook_v`` (after
+    qk-norm and RoPE, as the kernel takes them), ``hook_z`` (each head's A v), all (b, n, h, d); ``hook_result``
+    (each head's output after its slice of ``proj``, (b, n, h, D), computed only while probed: summed over heads,
+    plus ``proj.bias``, it is the layer's output before dropout); and ``attend``'s ``hook_attn_scores`` and
+    ``hook_pattern``.
 
     Shapes: x (b, n, D); mask None or bool broadcastable to (b, h, n, n), True = may attend; rope None or the
     :class:`~vit_einops.network.rope.RopeTable` of x's tokens, which rotates q and k after the head split (and qk-norm),
@@ -218,6 +239,9 @@ class MultiHeadAttention(nn.Module):
         self.merge_heads = Rearrange("b h n d -> b n (h d)")
         self.proj = nn.Linear(self.dim, self.dim)
         self.dropout = nn.Dropout(proj_dropout)
+        self.hook_q, self.hook_k, self.hook_v, self.hook_z = (HookPoint("(b, n, h, d)", heads_second=True)
+                                                              for _ in range(4))  # fmt: skip
+        self.hook_result = HookPoint("(b, n, h, D)")
 
     @classmethod
     def from_config(cls, config: ViTConfig) -> MultiHeadAttention:
@@ -255,7 +279,17 @@ class MultiHeadAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        return self.dropout(self.proj(self.merge_heads(self.attend(q, k, v, mask))))
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        z = self.hook_z(self.attend(q, k, v, mask))
+        return self.dropout(self._project(z))
+
+    def _project(self, z: torch.Tensor) -> torch.Tensor:
+        """Eq. 8's U_msa on the concatenated heads z (b, h, n, d); head by head while ``hook_result`` is probed."""
+        if not self.hook_result.hooks:
+            return self.proj(self.merge_heads(z))
+        w = rearrange(self.proj.weight, "D (h d) -> h d D", h=self.heads)
+        result = self.hook_result(einsum(z, w, "b h n d, h d D -> b n h D"))
+        return result.sum(dim=2) if self.proj.bias is None else result.sum(dim=2) + self.proj.bias
 
     def _check_mask(self, mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:

@@ -54,9 +54,17 @@ def default_chunk_elements(threads: int | None = None) -> int:
 @functools.cache
 def chunk_elements() -> int:
     """The default block: :func:`default_chunk_elements` for torch's thread count at the first call, planned then
-    (on the first chunked forward, not at import) and kept, since reading sysfs again would change nothing.
+    (when a layer first selects the chunked kernel, see :func:`plan_blocks`, or at the first chunked_attention call;
+    never at import) and kept, since reading sysfs again would change nothing.
     Attend(chunk_elements=...) and chunked_attention(max_elements=...) override it."""
     return default_chunk_elements()
+
+
+def plan_blocks() -> None:
+    """Plan the default block and task sizes now (the "chunked" kernel's preparation, run when a layer selects it),
+    so that no forward pass reads sysfs."""
+    chunk_elements()
+    task_elements()
 
 
 def even_parts(total: int, most: int) -> list[slice]:

@@ -3,7 +3,8 @@
 
 Every list of kernels is derived from :data:`KERNELS`: the choices of ``ViT(attn_impl=...)`` and ``vit-einops train
 --attn-impl`` (:data:`ATTN_IMPLS`), the bench's rows (``vit_einops.bench.names``) and the memory estimate of a
-forward pass (a kernel that never forms A holds one block of it at a time: :func:`vit_einops.network.sizes.forward_bytes`).
+forward pass (a kernel that never forms A holds one block of it at a time:
+:func:`vit_einops.network.sizes.forward_bytes`).
 :class:`~vit_einops.network.attention.Attend` dispatches through it. A new kernel is one file with its function and
 one entry here.
 
@@ -38,6 +39,8 @@ class Kernel:
         devices: the torch device types it runs on.
         dtypes: the dtypes of q, k, v it computes in.
         summary: one line for tables and ``--help``.
+        prepare: "module:attribute" of a function run when a layer selects the kernel (its one-time planning,
+            kept by the function), so that the forward passes read nothing; None when it plans nothing.
     """
 
     name: str
@@ -46,10 +49,12 @@ class Kernel:
     devices: tuple[str, ...]
     dtypes: tuple[str, ...]
     summary: str
+    prepare: str | None = None
 
-    @property
-    def fn(self) -> Callable[..., Any]:
-        """The kernel's function, imported on first use."""
+    def select(self) -> Callable[..., Any]:
+        """The kernel's function, imported on first use, after its planning."""
+        if self.prepare is not None:
+            _load(self.prepare)()
         return _load(self.function)
 
 
@@ -65,7 +70,8 @@ KERNELS: dict[str, Kernel] = {
         Kernel("einsum", ".attention:einsum_attention", True, ("cpu", "cuda", "mps"), FLOAT_DTYPES,
                "the paper literally: A = softmax(q k^T / sqrt(D_h)) formed whole, then A v"),
         Kernel("chunked", ".chunked:chunked_kernel", False, ("cpu", "cuda", "mps"), FLOAT_DTYPES,
-               "the same einsums over blocks of queries, one block of A at a time; backward recomputes A"),
+               "the same einsums over blocks of queries, one block of A at a time; backward recomputes A",
+               prepare=".chunk_plan:plan_blocks"),
         Kernel("sdpa", ".attention:sdpa_attention", False, ("cpu", "cuda", "mps"), FLOAT_DTYPES,
                "torch.nn.functional.scaled_dot_product_attention, torch's fused kernel"),
     )

@@ -21,6 +21,7 @@ from .blocks import TransformerEncoder, TransformerEncoderBlock
 from .config import FIELDS, ViTConfig
 from .head import ClassificationHead, head_swap_help
 from .patch_embed import PatchEmbedding
+from .probes import ActivationCache, Hook, HookPoint, attached, chosen_sites, unknown_site
 from ..preprocess import Preprocessing
 from .rope import RopeTable, RotaryEmbedding
 from .sizes import check_build_time, check_model_memory
@@ -46,7 +47,8 @@ class ViT(Sequential):
 
     timm's interface is here too: ``forward_features``, ``forward_head``, ``reset_classifier``,
     ``get_classifier``, ``num_classes``, ``num_features``, ``no_weight_decay``, ``forward_intermediates``,
-    ``get_intermediate_layers``.
+    ``get_intermediate_layers``. TransformerLens's too: every activation a study reads has a named probe site
+    (:meth:`probe_sites`, docs/probes.md), read with :meth:`run_with_cache` and changed with :meth:`run_with_hooks`.
 
     Shapes: (b, C, H, W) float -> (b, num_classes) logits (or (b, D) pooled features when num_classes is 0).
     A batch of another float dtype is cast to the model's when the cast is exact (float16 or bfloat16 into a
@@ -224,7 +226,7 @@ class ViT(Sequential):
         pooling instead, so its tokens come out un-normed, as in timm.
         """
         x = self._encode(self.check_input(x))
-        return self.head.norm(x) if self.head.token_norm else x
+        return self.head.normed(x) if self.head.token_norm else x
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """The head on :meth:`forward_features`'s tokens: (b, N, D) -> (b, num_classes) logits, or with
@@ -351,7 +353,7 @@ class ViT(Sequential):
             intermediates = list(zip(intermediates, prefix, strict=True))
         if intermediates_only:
             return intermediates
-        return (self.head.norm(x) if self.head.token_norm else x), intermediates
+        return (self.head.normed(x) if self.head.token_norm else x), intermediates
 
     def get_intermediate_layers(
         self,
@@ -387,6 +389,65 @@ class ViT(Sequential):
         if n > depth:
             raise ValueError(f"indices {n} asks for the last {n} blocks of a ViT of depth {depth}")
         return list(range(depth - n, depth))
+
+    # -- probe sites (TransformerLens's names) ----------------------------------------------------------------
+
+    def probe_sites(self) -> dict[str, HookPoint]:
+        """Every probe site by name, in the order a forward pass reaches them (shapes in docs/probes.md):
+        ``hook_embed`` and ``hook_pos_embed`` (the tokens E_pos is added to, and E_pos); per block l,
+        ``blocks.{l}.hook_resid_pre``, ``.attn.hook_q``/``hook_k``/``hook_v``, ``.attn.hook_attn_scores``,
+        ``.attn.hook_pattern``, ``.attn.hook_z``, ``.attn.hook_result``, ``.hook_attn_out``, ``.hook_resid_mid``,
+        ``.mlp.hook_pre``, ``.mlp.hook_post``, ``.hook_mlp_out``, ``.hook_resid_post``; then
+        ``ln_final.hook_normalized`` (the final LayerNorm's output) and ``hook_pooled`` (the pooling's), in the
+        order the head applies them. Each HookPoint's ``hooks`` are the functions attached now (none outside a
+        :meth:`run_with_hooks` or :meth:`run_with_cache` call)."""
+        pos = self.patch_embed.pos_embed
+        sites = {"hook_embed": pos.hook_embed, "hook_pos_embed": pos.hook_pos_embed}
+        for l, block in enumerate(self.blocks):
+            sites.update({f"blocks.{l}.{name}": site for name, site in block.probe_sites().items()})
+        head = {"ln_final.hook_normalized": self.head.hook_normalized, "hook_pooled": self.head.hook_pooled}
+        sites.update(head if self.head.token_norm else dict(reversed(head.items())))
+        for name, site in sites.items():
+            site.name = name
+        return sites
+
+    def run_with_hooks(self, x: torch.Tensor, fwd_hooks: Sequence[tuple[Any, Hook]] = ()) -> torch.Tensor:
+        """``model(x)`` with each ``(name, fn)`` of ``fwd_hooks`` attached for this call only (TransformerLens's
+        ``run_with_hooks``): ``fn(value, hook)`` reads the site's value and returns None to keep it or a tensor of
+        its shape to replace it. ``name`` is a site's name or a callable name -> bool choosing sites. No hook
+        remains after the call, also after an exception. An unknown name is a ValueError naming it and the
+        closest sites."""
+        sites = self.probe_sites()
+        pairs = []
+        for entry in fwd_hooks:
+            if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and callable(entry[1])):
+                raise TypeError(f"fwd_hooks holds (name, fn) pairs with fn(value, hook), got {entry!r}")
+            name, fn = entry
+            names = [n for n in sites if name(n)] if callable(name) else [name]
+            for n in names:
+                if n not in sites:
+                    raise unknown_site(n, list(sites))
+                pairs.append((sites[n], fn))
+        with attached(pairs):
+            return self(x)
+
+    def run_with_cache(
+        self, x: torch.Tensor, names_filter: Any = None, *, detach: bool = True
+    ) -> tuple[torch.Tensor, ActivationCache]:
+        """``(model(x), cache)``: the value of every site ``names_filter`` chooses (None: all; a name, a list of
+        names or a callable name -> bool, as TransformerLens's), by name: ``cache["blocks.3.attn.hook_pattern"]``,
+        or ``cache["pattern", 3]``. ``detach=False`` keeps the cached values in the autograd graph (gradients
+        flow from them to the input and the weights, and ``torch.autograd.grad(out, cache[...])`` works). Only the
+        chosen sites compute anything extra (A on a kernel that never forms it, the per-head result)."""
+        sites = self.probe_sites()
+        values: dict[str, torch.Tensor] = {}
+
+        def keep(value: torch.Tensor, hook: HookPoint) -> None:
+            values[hook.name] = value.detach() if detach else value
+
+        with attached([(sites[name], keep) for name in chosen_sites(names_filter, sites)]):
+            out = self(x)
+        return out, ActivationCache(values, len(self.blocks))
 
     # -- fine-tuning -------------------------------------------------------------------------------------
 

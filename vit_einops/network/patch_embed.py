@@ -26,6 +26,7 @@ from ..base.checks import (
 from ..base.init import trunc_normal_
 from ..base.sequential import Sequential
 from .config import DYNAMIC_SIZES, PATCHIFY, ViTConfig, check_config, check_float32
+from .probes import HookPoint
 
 # What naming one token costs Python ("reg123", its tuple slot), for the budget of a layout's names.
 NAME_BYTES = 72
@@ -259,6 +260,9 @@ class PositionEmbedding(nn.Module):
 
     With ``dynamic`` ("timm" or "hf") an input of another patch grid gets E_pos resampled to it as that library
     does (:func:`resample_pos_embed`); without, the caller (ViT.check_input) admits the training size only.
+
+    Probe sites: ``hook_embed``, the tokens E_pos is added to (b, rows, D), and ``hook_pos_embed``, E_pos as added
+    (1, rows, D), resampled for the input's grid.
     """
 
     def __init__(
@@ -268,11 +272,14 @@ class PositionEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(1, rows, dim))
         trunc_normal_(self.weight, EMBED_INIT_STD)
         self.grid, self.prefix, self.dynamic = grid, prefix, dynamic
+        self.hook_embed = HookPoint("(b, rows, D)")
+        self.hook_pos_embed = HookPoint("(1, rows, D)")
 
     def forward(self, x: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
-        if grid is None or grid == self.grid or self.dynamic is None:
-            return x + self.weight
-        return x + _resampled(self.weight, grid, self.grid, self.prefix, RESAMPLE_MODES[self.dynamic])
+        pos = self.weight
+        if grid is not None and grid != self.grid and self.dynamic is not None:
+            pos = _resampled(pos, grid, self.grid, self.prefix, RESAMPLE_MODES[self.dynamic])
+        return self.hook_embed(x) + self.hook_pos_embed(pos)
 
     def extra_repr(self) -> str:
         return f"dynamic={self.dynamic!r}" if self.dynamic else ""
