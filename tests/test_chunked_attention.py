@@ -16,6 +16,7 @@ tests/_equiv.py: float64 at rtol 1e-9 / atol 1e-10 (the paths differ only in sum
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
 import sys
 import threading
 import time
@@ -30,14 +31,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vit_einops.network.attention import Attend
 from vit_einops.network.chunk_plan import (
-    CHUNK_ELEMENTS,
     FALLBACK_L2_BYTES,
-    TASK_ELEMENTS,
     attention_blocks,
+    chunk_elements,
     default_chunk_elements,
     even_parts,
     l2_cache_bytes,
     plan_for,
+    task_elements,
     task_plan,
 )
 from vit_einops.network.chunk_pool import workers
@@ -64,7 +65,7 @@ def assert_matches(actual, expected, tol, what):
 
 
 # (b, h, n, d, max_elements): each case puts a block boundary somewhere else (images, heads, query rows), and the
-# values must not see it. Budgets below CHUNK_ELEMENTS (at least 2**12) are used as given on every machine.
+# values must not see it. Budgets below the default block (at least 2**12) are used as given on every machine.
 BIG = 2**30
 BOUNDARY_CASES = {
     "n not a multiple of the block (17 rows in blocks of at most 5)": (2, 3, 17, 8, 17 * 5),
@@ -159,11 +160,11 @@ def test_blocks_tile_every_image_head_and_query_exactly_once(b, h, n, m, budget,
     budget=st.sampled_from([2**14, 2**20, BIG]),
 )
 def test_scores_at_once_stay_within_q_or_one_default_block(b, h, n, d, budget):
-    """The memory promise of chunked_attention: no block holds more scores than q holds numbers or CHUNK_ELEMENTS,
+    """The memory promise of chunked_attention: no block holds more scores than q holds numbers or the default block,
     whichever is larger (or one query row, the smallest block). Planned on the meta device: shapes only."""
     q = torch.empty(b, h, n, d, device="meta")
     plan = plan_for(q, n, budget)
-    cap = max(1, min(budget, max(q.numel(), CHUNK_ELEMENTS)))
+    cap = max(1, min(budget, max(q.numel(), chunk_elements())))
     assert all(g * c * n <= cap or c == 1 for g, c in zip(plan.rows, plan.queries, strict=True))
     assert sum(g * c for g, c in zip(plan.rows, plan.queries, strict=True)) == b * h * n  # every query once
 
@@ -181,7 +182,7 @@ def test_task_blocks_cover_every_query_once_within_one_l2(b, h, n, m, budget):
     ``max_elements`` or one L2 of float32 scores (or is one query row), and the tasks cover every query once."""
     tasks = task_plan(torch.empty(b, h, n, 8, device="meta"), m, budget)
     if tasks is not None:
-        cap = max(1, min(budget, TASK_ELEMENTS))
+        cap = max(1, min(budget, task_elements()))
         assert all(g * c * m <= cap or c == 1 for g, c in zip(tasks.rows, tasks.queries, strict=True))
         assert sum(g * c for g, c in zip(tasks.rows, tasks.queries, strict=True)) == b * h * n
 
@@ -431,7 +432,25 @@ def test_default_block_grows_with_threads_within_its_bounds():
     sizes = [default_chunk_elements(threads=t) for t in range(1, 129)]
     assert all(2**12 <= s <= 2**22 for s in sizes)
     assert sizes == sorted(sizes)
-    assert CHUNK_ELEMENTS == default_chunk_elements()  # the default for torch's thread count at import
+    assert chunk_elements() in sizes  # planned for torch's thread count at its first use, then kept
+
+
+def test_the_block_is_planned_on_first_use_not_at_import():
+    """Importing the package and running a chunked forward's modules reads no sysfs file until a chunked block is
+    planned: a fresh interpreter whose file reads fail imports everything, and only the first plan reads."""
+    code = (
+        "import pathlib, torch\n"
+        "reads = []\n"
+        "pathlib.Path.read_text = lambda self, *a, **k: reads.append(str(self)) or '2'\n"
+        "import vit_einops, vit_einops.network.chunked, vit_einops.network.model\n"
+        "from vit_einops.network.chunk_plan import plan_for\n"
+        "before = list(reads)\n"
+        "plan_for(torch.empty(1, 1, 4, 2), 4, 2**20)\n"
+        "print(before, bool(reads))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[]", "True"]
 
 
 def threaded_case():

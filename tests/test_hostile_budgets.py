@@ -26,7 +26,7 @@ from vit_einops import ViT, ViTConfig, max_build_time, max_memory, predict, save
 from vit_einops.base.budget import ENV_VAR, TIME_ENV_VAR, parse_bytes, parse_seconds
 from vit_einops.inspect import attention_relevance, record_attention, show_attention
 from vit_einops.interop import load_hf, save_hf
-from vit_einops.sizes import check_build_time, module_count
+from vit_einops.network.sizes import check_build_time, check_model_forward, module_count
 from vit_einops.sources import load_model
 
 
@@ -194,9 +194,7 @@ OVER = re.escape(", over the max-memory limit of 1.0 GiB; pass --max-memory")
     "entry, message",
     [
         (lambda m, x: predict(m, x, preprocessed=True), FORWARD + " needs about 26.8 GiB" + OVER),
-        (lambda m, x: m(x), FORWARD + " with gradients needs about 26.8 GiB" + OVER),
-        (lambda m, x: m.forward_features(x), FORWARD + " with gradients needs about 26.8 GiB" + OVER),
-        (lambda m, x: m.get_intermediate_layers(x), FORWARD + " with gradients needs about 26.8 GiB" + OVER),
+        (lambda m, x: check_model_forward(m, x), FORWARD + " with gradients needs about 26.8 GiB" + OVER),
         (lambda m, x: record_attention(m, x, preprocessed=True),
          FORWARD + " keeping every layer's attention needs about 40.3 GiB" + OVER),
         (lambda m, x: show_attention(m, x, preprocessed=True),
@@ -208,6 +206,17 @@ OVER = re.escape(", over the max-memory limit of 1.0 GiB; pass --max-memory")
 def test_every_python_entry_point_budgets_its_forward(many_registers, entry, message):
     with max_memory("1GiB"), refused_at_once(message):
         entry(many_registers, torch.zeros(1, 3, 16, 16))
+
+
+def test_the_forward_pass_itself_checks_no_budget():
+    """model(x) computes the model and nothing else: the budget is the entry points' (above), so a forward whose
+    estimate is past the limit still runs when called directly (this one needs well under the estimate's 1 MiB)."""
+    model = ViT(image_size=16, patch_size=8, dim=8, heads=1, mlp_dim=8, depth=1, num_classes=3)
+    x = torch.zeros(1, 3, 16, 16)
+    with max_memory("1B"):
+        with refused_at_once(re.escape("a forward pass of 1 image at 5 tokens with gradients needs about")):
+            check_model_forward(model, x)
+        assert model(x).shape == model.forward_features(x).shape[:1] + (3,)
 
 
 @pytest.mark.parametrize(
@@ -234,13 +243,13 @@ def test_predict_and_inspect_refuse_the_same_forward_alike(tmp_path, many_regist
 
 def test_the_budget_counts_the_attention_path_each_layer_runs():
     # 4097 tokens, one head: the einsum path holds two (n, n) matrices, 128 MiB; the chunked path one block of them
-    # at a time, at most 2**22 scores (chunk_plan.CHUNK_ELEMENTS on any machine), 32 MiB for two.
+    # at a time, at most 2**22 scores (chunk_plan.chunk_elements() on any machine), 32 MiB for two.
     model = ViT(image_size=128, patch_size=2, dim=8, heads=1, mlp_dim=8, depth=1, num_classes=5)
     x = torch.zeros(1, 3, 128, 128)
     with torch.no_grad(), max_memory("64MiB"):
         with refused_at_once(re.escape("a forward pass of 1 image at 4097 tokens needs about 129.2 MiB")):
-            model(x)
-        assert model.set_attn_impl("chunked")(x).shape == (1, 5)
+            check_model_forward(model, x)
+        check_model_forward(model.set_attn_impl("chunked"), x)
 
 
 def test_train_budgets_its_first_step_before_reading_data(tmp_path):

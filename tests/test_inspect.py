@@ -15,7 +15,7 @@ from torch import nn
 
 from vit_einops import TokenLayout, ViT
 from vit_einops.network.attention import MultiHeadAttention, set_attn_impl
-from vit_einops.network.config import ATTN_IMPLS
+from vit_einops.network.kernels import ATTN_IMPLS
 from vit_einops.inspect import (
     AttentionRecorder,
     attention_rollout,

@@ -18,6 +18,7 @@ import torch
 from .base.checks import check_positive_int
 from .inputs import model_inputs
 from .network.model import ViT
+from .network.sizes import check_model_forward
 
 
 class Prediction(NamedTuple):
@@ -92,6 +93,7 @@ def predict(
         )
     top_k = min(top_k, model.config.num_classes)
     batch = model_inputs(model, images, preprocessed=preprocessed)
+    check_model_forward(model, batch[:batch_size])
     was_training = model.training
     model.eval()
     try:

@@ -41,7 +41,7 @@ from .network.config import ViTConfig
 from .preprocess import Preprocessing
 from .presets import create_vit as create_architecture
 from .presets import FAMILIES, PRESETS, default_tag, family_of, preset_config, timm_arch, timm_preprocessing
-from .sizes import parameter_count
+from .network.sizes import parameter_count
 
 if TYPE_CHECKING:
     from .network.model import ViT
@@ -208,7 +208,7 @@ def _offline_hint(name: str, url: str, reason: str, file: str) -> str:
 
 def download_limit(name: str) -> int:
     """The most bytes ``name``'s published weights file can be, from its architecture alone: its parameters
-    (:func:`vit_einops.sizes.parameter_count` at the weights' image size and classes) as float32, and
+    (:func:`vit_einops.network.sizes.parameter_count` at the weights' image size and classes) as float32, and
     :data:`CONTAINER_MARGIN`. No server may declare or send more."""
     published = PRETRAINED[name]
     config = preset_config(name, image_size=published.image_size, num_classes=published.num_classes)

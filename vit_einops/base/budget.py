@@ -12,7 +12,7 @@ for a whole process with the environment variable ``VIT_EINOPS_MAX_MEMORY=64GiB`
 ``--max-memory 64GiB`` (every command). The innermost setting wins: the context, then the variable, then the machine.
 
 Time has a budget where memory does not see the work: building a model costs about the same for each module
-whatever its size (:data:`vit_einops.sizes.MODULE_SECONDS`), so a config of depth 50000 and width 8 takes over a
+whatever its size (:data:`vit_einops.network.sizes.MODULE_SECONDS`), so a config of depth 50000 and width 8 takes over a
 minute of Python while its tensors fit in a few MiB. :func:`check_build_time` refuses a construction whose
 estimate is over the limit: :data:`BUILD_SECONDS` by default (the largest real ViTs build their modules in well
 under a second), else ``VIT_EINOPS_MAX_BUILD_TIME``, ``with vit_einops.max_build_time("2min"): ...`` or
@@ -36,7 +36,7 @@ from .checks import MAX_SIZE, check_int, show_int
 ENV_VAR = "VIT_EINOPS_MAX_MEMORY"
 TIME_ENV_VAR = "VIT_EINOPS_MAX_BUILD_TIME"
 # The default limit on a model's estimated construction time, in seconds: about 7,500 encoder blocks at the rate
-# vit_einops.sizes.MODULE_SECONDS states; ViT-H/14's 32 blocks take 0.04 s.
+# vit_einops.network.sizes.MODULE_SECONDS states; ViT-H/14's 32 blocks take 0.04 s.
 BUILD_SECONDS = 10.0
 # An image larger than this many pixels is refused: before a file is decoded (vit_einops.images.open_image), and
 # when a preprocessing step would resize to more (a 1x60000 PNG whose shorter side goes to 256 would be 256x15360000).

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from ..base.checks import check_int, check_real_in_range
+from ..network.kernels import ATTN_IMPLS, KERNELS
 
-CORE_PATHS = (
-    "einsum", "chunked", "sdpa", "einsum_compiled", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
-    "flex_compiled",
-)  # fmt: skip
 COMPILED_PATHS = ("einsum_compiled", "flex_compiled")  # the core paths torch.compile builds
-LAYER_PATHS = ("mha_sdpa", "mha_chunked", "torch_mha")
+SDPA_BACKEND_PATHS = ("sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")  # sdpa, one torch backend forced
+# Every kernel of the registry, then the bench's own variants of them.
+CORE_PATHS = (*ATTN_IMPLS, COMPILED_PATHS[0], *SDPA_BACKEND_PATHS, COMPILED_PATHS[1])
+# Our MultiHeadAttention on each kernel that never forms A (the einsum one is the core rows' reference), and torch's.
+LAYER_PATHS = (*(f"mha_{name}" for name, kernel in KERNELS.items() if not kernel.forms_attention), "torch_mha")
 MODES = ("forward", "forward_backward")
-MODEL_PATHS = ("einsum", "chunked", "sdpa", "torch")
+MODEL_PATHS = (*ATTN_IMPLS, "torch")
 MODEL_MODES = ("inference", "train_step")
 # float32 everywhere; float16 and bfloat16 where the device computes them in hardware (vit_einops.bench.device).
 DTYPES = ("float32", "float16", "bfloat16")

@@ -89,7 +89,7 @@ from ..inspect.targets import BACKBONE_TARGETS, TARGET_KINDS, has_classifier, ta
 from ..network.patch_embed import ClassToken, TokenLayout
 from ..network.config import ViTConfig
 from ..prediction import check_finite_outputs, class_name
-from ..sizes import forward_bytes
+from ..network.sizes import forward_bytes
 
 DEFAULT_BITS = 8
 # The bytes of attention codes a pane may hold (one per stored weight, before compression): every row of every head
@@ -211,7 +211,7 @@ def pane_memory(config: ViTConfig, b: int, *, classes: int, target: bool, budget
     ``config`` (its ``image_size`` the inputs') on ``b`` images with relevance for ``classes`` classes and a
     ``target`` or not, from the sizes alone.
 
-    Working: the recorded pass (:func:`~vit_einops.sizes.forward_bytes` keeping every layer's maps, and their one
+    Working: the recorded pass (:func:`~vit_einops.network.sizes.forward_bytes` keeping every layer's maps, and their one
     copy), then beside the float32 maps (l b h n^2) the float64 copies of one layer at a time, the heads' mean of
     every layer and the rollout's matrices (l b n^2 each), or a differentiable pass for relevance with its
     gradients (three float32 copies of the maps per class: the gradients, their stack and the weighted product).

@@ -58,7 +58,7 @@ from ..base.checks import INT64_MIN, check_choice, check_int, check_positive_int
 from ..base.plot import new_figure
 from ..inputs import model_inputs
 from ..prediction import check_finite_outputs
-from ..sizes import check_forward_memory
+from ..network.sizes import check_forward_memory
 from .methods import METHODS, explain
 from .targets import BACKBONE_TARGETS, EmbeddingTarget, class_targets, one_class_each, resolve_target, target_scores
 

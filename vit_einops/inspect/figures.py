@@ -24,6 +24,7 @@ from ..base.text import printable_lines
 from ..images import to_display
 from ..inputs import model_inputs_and_pictures
 from ..network.patch_embed import TokenLayout
+from ..network.sizes import check_model_forward
 from ..prediction import class_name
 from .dino import DinoView
 from .record import AttentionRecorder
@@ -342,6 +343,7 @@ def show_attention(
         raise ValueError(f"show_attention draws one image: (C, H, W) or (1, C, H, W), got shape {tuple(inputs.shape)}")
     depth, heads = len(model.blocks), model.config.heads
     layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
+    check_model_forward(model, inputs, kept=depth)
     if head is not None:
         head = check_index("head", head, heads, f"a layer of {heads} heads")
     was_training = model.training

@@ -31,6 +31,7 @@ from torch import nn
 
 from ..base.checks import check_choice, check_int
 from ..inputs import model_inputs
+from ..network.sizes import check_model_forward
 from .targets import BACKBONE_TARGETS, class_targets, one_class_each, resolve_target, target_scores
 
 # What the path starts from, in the model's input space (after its normalisation): "black" is the black image
@@ -95,6 +96,7 @@ def integrated_gradients(
     """
     alphas, weights = quadrature_points(steps, quadrature)
     x = model_inputs(model, images, preprocessed=preprocessed)
+    check_model_forward(model, x, grad=True)
     start = baseline_input(model, x, baseline)
     target = resolve_target(model, target, len(x))
 

@@ -22,6 +22,7 @@ from torch import nn
 from ..base.checks import check_choice, check_int, check_probability, check_real_in_range
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
+from ..network.sizes import check_model_forward
 from ..prediction import check_finite_logits
 from .gradcam import grad_cam
 from .integrated_gradients import BASELINES, MAX_STEPS, QUADRATURES, integrated_gradients, patch_sums
@@ -192,6 +193,7 @@ def explain(
                          f"{tuple(target.shape)}")
     resolved = chosen.resolve(params)
     batch = model_inputs(model, images, preprocessed=preprocessed)
+    check_model_forward(model, batch, kept=len(model.blocks), grad=chosen.gradient)
     was_training = model.training
     model.eval()
     try:

@@ -37,6 +37,7 @@ from ..base.text import printable_lines
 from ..images import to_display
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
+from ..network.sizes import check_model_forward
 from .figures import MIN_WIDTH_INCHES
 
 PANEL_INCHES = 2.5  # one image or PCA panel
@@ -100,6 +101,7 @@ def _patch_features(model: Any, images: Any, layer: int, preprocessed: bool | No
     depth = len(model.blocks)
     layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
     x = model_inputs(model, images, preprocessed=preprocessed)
+    check_model_forward(model, x)
     was_training = model.training
     model.eval()
     try:

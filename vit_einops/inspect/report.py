@@ -16,7 +16,7 @@ from ..base.io import atomic_write_chunks, staged_directory
 from ..base.plot import save_figure
 from ..network.config import ViTConfig
 from ..network.model import ViT
-from ..sizes import forward_bytes
+from ..network.sizes import forward_bytes
 from ..prediction import check_finite_logits, check_finite_outputs, class_name
 from .dino import DINO_KEEP, dino_view
 from .distance import distance_sums, mean_attention_distance, patch_distances, ratio_or_nan
@@ -76,7 +76,7 @@ def attention_maps_bytes(config: ViTConfig, b: int) -> int:
 
 def report_memory(config: ViTConfig, b: int, *, target: bool, arrays: str = "figures") -> int:
     """The memory :func:`write_report` works in on ``b`` images of ``config``'s size, from the sizes alone: the
-    recorded pass (:func:`~vit_einops.sizes.forward_bytes` keeping every layer's maps, and their copy), then beside
+    recorded pass (:func:`~vit_einops.network.sizes.forward_bytes` keeping every layer's maps, and their copy), then beside
     the float32 maps (l b h n^2) the rollout's matrices (l b n^2, three of them) and one layer's float64 copies, a
     target's or a method's differentiable pass with its gradients (three copies of the maps), the explanation
     methods (:func:`~vit_einops.inspect.explain_all`, run before the recorded pass), and at the end ``arrays.npz``'s

@@ -32,6 +32,7 @@ from ..base.checks import check_dense_tensor, check_nonnegative_int
 from ..base.io import read_regular_file
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
+from ..network.sizes import check_model_forward
 
 MAX_EMBEDDING_BYTES = 64 << 20  # an embedding file: a few vectors of a few thousand floats, far below this
 TARGET_KINDS = (
@@ -120,7 +121,9 @@ class ImageTarget:
     @torch.no_grad()
     def embedding(self, model: torch.nn.Module) -> EmbeddingTarget:
         """The other image's output through ``model``, as an :class:`EmbeddingTarget`."""
-        output = model(model_inputs(model, self.image, preprocessed=self.preprocessed, name="the target image"))
+        image = model_inputs(model, self.image, preprocessed=self.preprocessed, name="the target image")
+        check_model_forward(model, image)
+        output = model(image)
         return EmbeddingTarget(output[0] if len(output) == 1 else output)
 
 
@@ -241,6 +244,7 @@ def patch_similarity(model: torch.nn.Module, images: Any, target: PatchTarget, *
     if not isinstance(target, PatchTarget):
         raise TypeError(f"patch_similarity takes a PatchTarget, got {type(target).__name__}")
     images = model_inputs(model, images, preprocessed=preprocessed)
+    check_model_forward(model, images)
     return target.similarity(model.forward_features(images), model.patch_embed.layout(images.shape[-2:]))
 
 

@@ -27,8 +27,6 @@ from ..base.checks import (
     to_pair,
 )
 
-# The attention paths a model can run (runtime state, not architecture: ViT(attn_impl=...), model.set_attn_impl).
-ATTN_IMPLS = ("einsum", "chunked", "sdpa")
 POOLS = ("cls", "mean", "map")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")
 # How a model with dynamic_size resamples E_pos for another input size: the library whose numbers it reproduces.
