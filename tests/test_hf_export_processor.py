@@ -48,7 +48,7 @@ EXPORTS = {
         "CLIPImageProcessor",
     ),
     "CLIPVisionModelWithProjection": (
-        dict(pre_norm=True, patch_bias=False, act="quick_gelu", head_bias=False),
+        dict(pre_norm=True, patch_bias=False, act="quick_gelu", head_bias=False, embedding=True),
         Preprocessing(16, (16, 16), "bicubic", CLIP_MEAN, CLIP_STD, "torch"),
         "CLIPImageProcessor",
     ),

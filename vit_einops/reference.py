@@ -57,6 +57,7 @@ SHARED = (
     "pre_norm",
     "patch_bias",
     "head_bias",
+    "embedding",
     "dynamic_size",
 )
 _QK_NORM = "nn.MultiheadAttention has no LayerNorm on each head's q and k"
