@@ -255,13 +255,3 @@ def _round_up(size: float) -> str:
     if size < 2**40:
         return f"{math.ceil(size / 2**30)}GiB"
     return f"{math.ceil(size / 2**40)}TiB"
-
-
-def check_threads(name: str, value: Any) -> int:
-    """A thread count: 1 to the machine's CPUs (more threads than cores only fight over them, and thousands would
-    exhaust the process's thread limit)."""
-    cpus = os.cpu_count() or 1
-    value = check_int(name, value)
-    if not 1 <= value <= cpus:
-        raise ValueError(f"{name} {value} is out of range: expected 1 to {cpus} (this machine's CPUs)")
-    return value

@@ -12,14 +12,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..base.budget import check_threads
 from ..base.io import check_directory_output, staged_directory
 from ..base.text import printable
+from ..base.threads import ThreadPolicy, check_threads, thread_policy
 from . import plots, report
 from .attention import CompiledPath, grid, measure_point
 from .budget import check_grid
 from .device import Meter, check_device, check_dtype
-from .env import free_cores, machine_info
+from .env import machine_info
 from .measure import matmul_ceiling
 from .model import measure_model
 from .names import (
@@ -55,7 +55,7 @@ class BenchOptions:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     out: Path = field(default_factory=lambda: Path("bench-results"))
     retries: int = 0  # measure a grid point again (at most this often) while any of its rows is noisy
-    threads: int | None = None  # torch threads; None: as many as the cores free at the start (env.free_cores)
+    threads: int | None = None  # torch threads; None: the cores free, followed between jobs (base.threads)
     force: bool = False  # replace ``out`` when it holds an earlier run's files (and nothing else)
 
     def __post_init__(self) -> None:
@@ -162,32 +162,26 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
     """Measure everything ``options`` asks for, print the table (to ``stdout``, default sys.stdout), write the
     files; returns the results dict. ``probe`` samples the machine (default: this one's; tests script it).
 
-    The run uses ``options.threads`` torch threads, or as many as the cores free at its start (on a shared machine
-    a thread more than the free cores waits at every barrier for a core; env.free_cores), and restores torch's
-    thread count at its end. A noisy run says so once before its rows, as soon as it knows (the machine busy during
+    The run uses ``options.threads`` torch threads (else VIT_EINOPS_THREADS), or as many as the cores free at its
+    start, checked again between grid points (on a shared machine a thread more than the free cores waits at every
+    barrier for a core; :mod:`vit_einops.base.threads`), and restores torch's thread count at its end. A noisy run
+    says so once before its rows, as soon as it knows (the machine busy during
     the first ceiling, the first noisy row, or at the latest the run's verdict), and gives the verdict again after
     the tables."""
     out = check_out(options.out, options.force)  # before anything is measured
     check_grid(options)
     meter = Meter(options.device)
     check_dtype(options.dtype, meter.device)
-    before = torch.get_num_threads()
-    if options.threads is None:
-        threads, how = free_cores()
-        source = f"the cores free at the start: {how}; --threads sets it"
-    else:
-        threads, source = options.threads, "--threads"
-    torch.set_num_threads(threads)
-    try:
-        return _run(options, out, stdout or sys.stdout, probe or LoadProbe(), source, meter)
-    finally:
-        torch.set_num_threads(before)
+    with thread_policy(options.threads) as policy:
+        policy.follow()
+        return _run(options, out, stdout or sys.stdout, probe or LoadProbe(), policy, meter)
 
 
-def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_source: str, meter: Meter) -> dict:
+def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, policy: ThreadPolicy, meter: Meter) -> dict:
     dtype = getattr(torch, options.dtype)
     started = time.perf_counter()
-    meta = {**machine_info(), **meter.describe(), "threads_source": threads_source, "dtype": options.dtype}
+    source = policy.source if policy.fixed is not None else f"the cores free: {policy.source}; --threads fixes it"
+    meta = {**machine_info(), **meter.describe(), "threads_source": source, "dtype": options.dtype}
     meta["options"] = _jsonable(asdict(options))
     threads = torch.get_num_threads()
     # The matmul ceilings at the start and at the end are the run's own check of the machine: windows of busy
@@ -271,6 +265,7 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_sou
             progress.write(report.early_noise_text([f"{_row_name(noisy[0])}: {noisy[0]['noise']}"]), file=stdout)
             announced = True
         meter.release()
+        policy.follow()  # between grid points: the cores other processes left free now
     # Measured again at the end: other processes on the machine lower a single measurement, never raise it,
     # so the better of the two is the ceiling every row is a fraction of.
     before = probe.sample()

@@ -53,20 +53,6 @@ def number_arg(name: str, kind: type, bounds: tuple[float, float] | None = None)
     return lambda text: _checked(name, kind, text, bounds)
 
 
-def _threads(text: str) -> int:
-    """--threads: 1 to the number of CPUs (more threads than CPUs only measures the threads fighting)."""
-    from ..base.budget import check_threads
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    try:
-        return check_threads("threads", value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid = parser.add_mutually_exclusive_group()
     grid.add_argument(
@@ -85,11 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.set_defaults(grid="default")
     parser.add_argument("--out", type=Path, help="output directory (default ./bench-results)")
-    parser.add_argument(
-        "--threads",
-        type=_threads,
-        help="torch threads, 1 to the CPU count (default: the cores free at the start, at least 1)",
-    )
     parser.add_argument(
         "--force",
         action="store_true",

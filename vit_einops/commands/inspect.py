@@ -94,6 +94,7 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     from ..base.text import printable
     from ..inspect import write_report
     from ..base.budget import check_peak_memory
+    from ..base.threads import follow_free_cores, threads_summary
     from ..inspect.report import REPORT_FILES, report_memory
 
     check_directory_output(out, REPORT_FILES, args.force)  # before the work; checked again at the commit
@@ -111,6 +112,7 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
         report_memory(config, b, target=target is not None),
         f"inspect of {b} image{'s' * (b > 1)} at {config.num_tokens:,} tokens",
     )
+    follow_free_cores()
     paths = write_report(
         model,
         images["inputs"],
@@ -126,4 +128,5 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     )
     for name, path in paths.items():
         print(f"{name:>20}: {printable(path)}")
+    print(threads_summary())
     return 0

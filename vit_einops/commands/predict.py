@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ._model import add_model_arguments, load_model_from_args
 
@@ -19,11 +20,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..base.checks import check_positive_int
     from ..base.text import printable
+    from ..base.threads import follow_free_cores, threads_summary
     from ..prediction import predict
 
     check_positive_int("--top-k", args.top_k)
     model = load_model_from_args(args)
+    follow_free_cores()
     results = predict(model, args.images, top_k=args.top_k)
+    print(threads_summary(), file=sys.stderr)  # stdout is the predictions (JSON with --json), for scripts
     if args.json:
         print(
             json.dumps(
