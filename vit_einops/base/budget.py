@@ -202,6 +202,14 @@ def _round_up_seconds(seconds: float) -> str:
     return f"{math.ceil(seconds / 60)}min"
 
 
+def limit_text() -> str:
+    """The memory limit in words, for a message: "the 12.0 GiB this machine has available", "the max-memory limit of
+    64.0 GiB"."""
+    limit, source = memory_limit()
+    shown = format_bytes(limit)
+    return f"the {shown} {source}" if source.startswith("this") else f"{source} of {shown}"
+
+
 def check_memory(estimate: float, what: str) -> None:
     """Refuse (ValueError, one line) when ``estimate`` bytes is over the memory limit. ``what`` completes
     "... needs about <estimate> for ...", e.g. "this model needs" / "its weights"; the message names the estimate,
@@ -210,8 +218,7 @@ def check_memory(estimate: float, what: str) -> None:
     if estimate <= limit:
         return
     need = format_bytes(estimate)
-    shown = format_bytes(limit)
-    over = f"the {shown} {source}" if source.startswith("this") else f"{source} of {shown}"
+    over = limit_text()
     if estimate * 1.1 >= 2**63:
         raise ValueError(
             f"{what} needs about {need}, over {over}; no limit allows it (--max-memory takes at most 8 EiB)"

@@ -46,9 +46,17 @@ CPU_MARGIN = 0.2
 
 ADVICE = (
     "the machine is busy or the timings are unstable: compare ratios only, rerun when the machine is idle, "
-    "use --threads 1 (one core stays free for other work, and no thread waits at a barrier for a preempted "
-    "sibling), or --retries 2 to measure the noisy rows again"
+    "or --retries 2 to measure the noisy rows again"
 )
+# Only where the run used more than one thread: after a run on one, it would change nothing.
+THREADS_ADVICE = (
+    "; --threads 1 leaves a core free for other work, and no thread waits at a barrier for a preempted sibling"
+)
+
+
+def advice(threads: int) -> str:
+    """What to do about a noisy run that used at most ``threads`` threads."""
+    return ADVICE + (THREADS_ADVICE if threads > 1 else "")
 
 
 @dataclass
@@ -198,11 +206,13 @@ def summary(
     running_s: Sequence[float] = (0.0, math.inf),
     cpu: CpuUse | None = None,
     at_start: NoiseVerdict | None = None,
+    most_threads: int | None = None,
 ) -> dict:
-    """The run's verdict for results.json: ``noisy`` when the machine was busy around the run (``cpu``: the CPU
-    time of windows at its start and end; without it, the load at its start and end), or busy in its first
-    window alone (``at_start``: the verdict the run printed before its rows), or any row is noisy; with counts,
-    the reasons and the advice."""
+    """The run's verdict for results.json (``most_threads``: the most threads the run used, when the count followed the
+    free cores; the advice names --threads 1 only after a run on more): ``noisy`` when the machine was busy around
+    the run (``cpu``: the CPU time of windows at its start and end; without it, the load at its start and end), or
+    busy in its first window alone (``at_start``: the verdict the run printed before its rows), or any row is noisy;
+    with counts, the reasons and the advice."""
     run_busy = machine_verdict(load, threads, cpu_count, running_s, cpu)
     if at_start is not None and at_start.noisy and not run_busy.noisy:
         run_busy = NoiseVerdict(True, [f"at the start, {reason}" for reason in at_start.reasons])
@@ -219,5 +229,5 @@ def summary(
         iqr_threshold=IQR_THRESHOLD,
         load_margin=LOAD_MARGIN,
         cpu_margin=CPU_MARGIN,
-        advice=ADVICE if noisy else None,
+        advice=advice(most_threads or threads) if noisy else None,
     )

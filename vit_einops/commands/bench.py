@@ -72,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(grid="default")
     parser.add_argument("--out", type=Path, help="output directory (default ./bench-results)")
     parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (none either when stderr is no terminal)"
+    )
+    parser.add_argument(
         "--force",
         action="store_true",
         help="replace an --out that holds an earlier run's files (one holding any other file is never replaced)",
@@ -158,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         min_run_time=args.min_run_time,
         retries=args.retries,
         force=args.force or None,
+        progress=False if args.no_progress else None,
     )
     # Refused here, before the lock creates --out: a device without CUDA (when options were made), a bad --out, a
     # grid past the memory budget, a dtype the device has no hardware for (the matmul it measures is kept).
