@@ -22,12 +22,13 @@ class Machine:
     """A scripted 2-CPU machine: each reading of the clock moves it on ``step_s`` seconds, during which the other
     processes use ``others`` cores (this process none); /proc/stat shows their busy ticks so far."""
 
-    def __init__(self, others: float = 0.0, step_s: float = 2.0):
-        self.others, self.step_s, self.now, self.busy = others, step_s, 0.0, 0.0
+    def __init__(self, others: float = 0.0, step_s: float = 2.0, ends_at: float = float("inf")):
+        """``ends_at``: the other processes end then (their cores free from that clock time on)."""
+        self.others, self.step_s, self.now, self.busy, self.ends_at = others, step_s, 0.0, 0.0, ends_at
 
     def clock(self) -> float:
         self.now += self.step_s
-        self.busy += self.others * self.step_s
+        self.busy += self.others * self.step_s * (self.now <= self.ends_at)
         return self.now
 
     def probe(self) -> LoadProbe:
@@ -63,6 +64,18 @@ def test_the_first_choice_describes_the_busy_cores(two_cpus):
     assert policy.describe() == f"threads: 1 (1 of 2 cores busy with other processes; --threads or {ENV_VAR} fixes it)"
     idle = ThreadPolicy(probe=Machine(0.0).probe(), sleep=lambda s: None)
     assert idle.follow() == 2 and idle.describe().startswith("threads: 2 (all 2 cores free;")
+
+
+def test_without_proc_stat_the_load_average_makes_the_first_choice_only(two_cpus):
+    """The load average counts this process's own threads once they run: read at the start only."""
+    machine = Machine()
+    probe = machine.probe()
+    probe.read_stat = lambda: (_ for _ in ()).throw(OSError("no /proc"))
+    loads = iter([0.3, 0.3, 5.0, 5.0])  # the policy's start, its first choice, the next check
+    probe.load = lambda: next(loads)
+    policy = ThreadPolicy(probe=probe, sleep=lambda s: None)
+    assert [policy.follow(), policy.follow()] == [2, 2]
+    assert policy.describe().startswith("threads: 2 (")
 
 
 def test_a_check_within_a_second_reads_nothing(two_cpus):
@@ -143,6 +156,15 @@ def test_faithfulness_follows_the_free_cores_by_default(digits_file, capsys, two
     code, out = run(capsys, "faithfulness", str(digits_file), *FAITHFULNESS)
     assert code == 0
     assert f"threads: 1 (1 of 2 cores busy with other processes; --threads or {ENV_VAR} fixes it)" in out.out
+
+
+def test_faithfulness_follows_the_cores_while_it_runs(digits_file, capsys, two_cpus, monkeypatch):
+    """Another process ends during the run: the next check between chunks takes its core."""
+    monkeypatch.setattr(threads, "LoadProbe", Machine(1.0, ends_at=8.0).probe)
+    code, out = run(capsys, "faithfulness", str(digits_file), *FAITHFULNESS)
+    assert code == 0
+    assert (f"threads: 1, then 2 (followed the free cores; at the last check all 2 cores free; --threads or {ENV_VAR} "
+            "fixes it)") in out.out  # fmt: skip
 
 
 def test_inspect_prints_its_threads(digits_file, capsys, unrendered):

@@ -262,6 +262,11 @@ class ThreadPolicy:
         if waited < self.window_s:  # the first choice: the window is what remains of the time since the policy began
             self.sleep(self.window_s - waited)
             now = self.probe.sample()
+        if self.used and self.probe.cpu_use(self._last, now) is None:
+            # Without /proc/stat only the load average is left, and while the work runs it counts our own threads:
+            # the first choice stands.
+            self._last = now
+            return self._use(self.used[-1])
         when = "at the last check" if self.used else "at the start"
         free, self.source, self.others = _free_between(self.probe, self._last, now, when)
         self._last = now

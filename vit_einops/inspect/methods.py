@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..base.checks import check_choice, check_int, check_int_in_range, check_probability, check_real_in_range
+from ..base.threads import follow_free_cores
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
 from ..prediction import check_finite_logits
@@ -220,8 +221,9 @@ def explain_all(
         raise ValueError(f"unknown method {', '.join(map(repr, unknown))} in params; expected some of {known}")
     batch = model_inputs(model, images, preprocessed=preprocessed)
     explained = target is not None or getattr(model, "num_classes", None) != 0
-    return {
-        name: explain(model, batch, name, target, preprocessed=True, **params.get(name, {}))
-        for name, method in METHODS.items()
-        if explained or not method.gradient
-    }
+    maps = {}
+    for name, method in METHODS.items():
+        if explained or not method.gradient:
+            follow_free_cores()  # a command's thread policy, between methods (nothing without one)
+            maps[name] = explain(model, batch, name, target, preprocessed=True, **params.get(name, {}))
+    return maps
