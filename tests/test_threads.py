@@ -118,6 +118,14 @@ def test_the_flag_wins_over_the_variable(two_cpus, monkeypatch):
     assert fixed_threads(None) == (None, "")
 
 
+def test_in_python_the_policy_chooses_on_entry(two_cpus, monkeypatch):
+    import vit_einops
+
+    monkeypatch.setattr(threads, "LoadProbe", Machine(1.0).probe)
+    with vit_einops.thread_policy() as policy:
+        assert torch.get_num_threads() == 1 and policy.used == [1]
+
+
 def test_the_policy_puts_torchs_count_back_and_changes_nothing_outside(two_cpus):
     before = torch.get_num_threads()
     assert follow_free_cores() == before  # no policy: library code leaves torch's count alone

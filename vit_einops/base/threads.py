@@ -12,9 +12,9 @@ The count is chosen when the work starts and checked again between batches, roun
 an idle machine and is then shared drops a thread, and takes it back when the other process ends.
 
 ``--threads N`` (every command) and the environment variable ``VIT_EINOPS_THREADS=N`` fix the count instead: the
-flag, then the variable, then the free cores. The policy is applied by the commands (and by ``with
-vit_einops.base.threads.thread_policy(): ...`` in Python): importing this module changes nothing, and leaving the
-block puts torch's count back.
+flag, then the variable, then the free cores. The policy is applied by the commands (and in Python by ``with
+vit_einops.thread_policy(): ...`` around the work): importing this module changes nothing, and leaving the block
+puts torch's count back.
 """
 
 from __future__ import annotations
@@ -302,15 +302,19 @@ _ACTIVE: ContextVar[ThreadPolicy | None] = ContextVar("vit_einops_thread_policy"
 
 
 @contextlib.contextmanager
-def thread_policy(threads: int | None = None, flag: str = "--threads", **options) -> Iterator[ThreadPolicy]:
+def thread_policy(
+    threads: int | None = None, flag: str = "--threads", *, lazy: bool = False, **options
+) -> Iterator[ThreadPolicy]:
     """Within the block, torch's thread count follows the free cores (or is fixed by ``threads``, given as ``flag``,
-    or by VIT_EINOPS_THREADS); the count is first set at the block's first :func:`follow_free_cores` (or the
-    policy's ``follow``), so a block that only checks its arguments never waits for the window. torch's count is
-    put back when the block ends. ``options`` go to :class:`ThreadPolicy` (tests script the probe)."""
+    or by VIT_EINOPS_THREADS), checked again at each :func:`follow_free_cores` in the work (faithfulness's chunks,
+    the explanation methods, training batches); torch's count is put back when the block ends. The free cores are
+    first read on entry, or with ``lazy`` (the commands) at the first :func:`follow_free_cores`, so that a command
+    refusing its arguments never waits for the window. ``options`` go to :class:`ThreadPolicy` (tests script the
+    probe)."""
     fixed, source = fixed_threads(threads, flag)
     before = torch.get_num_threads()
     policy = ThreadPolicy(fixed, source, **options)
-    if fixed is not None:
+    if fixed is not None or not lazy:
         policy.follow()
     token = _ACTIVE.set(policy)
     try:

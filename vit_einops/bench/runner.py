@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..base.budget import limit_text
 from ..base.io import check_directory_output, staged_directory
 from ..base.text import printable
-from ..base.budget import limit_text
 from ..base.threads import ThreadPolicy, check_threads, thread_policy
 from ..network.config import ViTConfig
 from ..presets import preset_config
@@ -257,13 +257,12 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
     start, checked again between grid points (on a shared machine a thread more than the free cores waits at every
     barrier for a core; :mod:`vit_einops.base.threads`), and restores torch's thread count at its end. A noisy run
     says so once before its rows, as soon as it knows (the machine busy during the first ceiling, the first noisy
-    row, or at the latest the run's verdict), and gives the verdict again after the tables."""
+    row, or at the latest the run's noise report), and gives the noise report again after the tables."""
     out = check_out(options.out, options.force)  # before anything is measured
     check_grid(options)
     meter = Meter(options.device)
     check_dtype(options.dtype, meter.device)
     with thread_policy(options.threads) as policy:
-        policy.follow()
         return _run(options, out, stdout or sys.stdout, probe or LoadProbe(), policy, meter)
 
 

@@ -253,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
             # when the command returns (tests and scripts call main in-process).
             from ..base.threads import thread_policy
 
-            with max_memory(args.max_memory), max_build_time(args.max_build_time), thread_policy(args.threads):
-                return importlib.import_module(args._module).run(args)
+            with max_memory(args.max_memory), max_build_time(args.max_build_time):
+                with thread_policy(args.threads, lazy=True):
+                    return importlib.import_module(args._module).run(args)
         except ModuleNotFoundError as err:  # commands that import their extra only when they run
             if not _optional_missing(err, extra):
                 if debug:
