@@ -119,7 +119,7 @@ def forward_loop(q, k, v, budget: int):
 
 def measure(b, n, mode, args, probe: LoadProbe) -> dict:
     h, d = args.heads, args.head_dim
-    block = default_chunk_elements()  # for the --threads set after chunk_plan.py's import fixed CHUNK_ELEMENTS
+    block = default_chunk_elements()  # for the --threads set now, whatever chunk_plan.chunk_elements() planned first
     g = torch.Generator().manual_seed(0)
     backward = mode == "forward_backward"
     q, k, v = (torch.randn(b, h, n, d, generator=g).requires_grad_(backward) for _ in range(3))

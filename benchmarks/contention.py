@@ -40,7 +40,7 @@ from vit_einops.bench.env import machine_info
 from vit_einops.bench.names import RANGES
 from vit_einops.bench.paired import paired_ratio
 from vit_einops.commands.bench import list_arg, number_arg
-from vit_einops.network.chunk_plan import CHUNK_ELEMENTS, plan_for
+from vit_einops.network.chunk_plan import chunk_elements, plan_for
 from vit_einops.network.chunked import _chunked_forward, chunked_attention
 
 # Spins until --busy-limit seconds have passed or its parent is gone (reparented: killed with no chance to stop it),
@@ -95,7 +95,7 @@ def paths(q, k, v, in_turn: bool) -> dict:
         "chunked": lambda: chunked_attention(q, k, v, scale=scale),
     }
     if in_turn:
-        plan = plan_for(q, n, CHUNK_ELEMENTS)
+        plan = plan_for(q, n, chunk_elements())
         q_, k_, v_ = (t.reshape(b * h, n, d) for t in (q, k, v))
         fns["chunked-in-turn"] = lambda: _chunked_forward(q_, k_, v_, None, plan, scale, 0.0, 0)
     return fns

@@ -7,8 +7,10 @@ layer of tools never import each other (what two tools share moves down into the
 
     base      helpers with no model in them: checks, atomic I/O, verified downloads, the JSON reader, the memory
               budget, lazy exports, init, Sequential, plotting, text
-    core      the model and what every tool needs of it: config, layers, ViT, presets, the sizes a config implies,
-              preprocessing, images, predictions, the state-dict checks, the model file and ImageNet-1k's class names
+    core      the model and what every tool needs of it: config, layers, ViT and the sizes a config implies
+              (network/, the bottom of the core, which imports only base, itself and the plain Preprocessing record a
+              model carries), presets, preprocessing, images, predictions, the state-dict checks, the model file and
+              ImageNet-1k's class names
     tools     interop (weights from and to other libraries), train, inspect, bench: each its own unit
     views     explore, the interactive page of what inspect computes
     door      sources: the one front door that loads a model in any form, above the converters and the checkpoints;
@@ -34,7 +36,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "presets",
         "reference",
         "summary",
-        "sizes",
         "preprocess",
         "images",
         "inputs",
@@ -52,6 +53,10 @@ RANK = {layer: i for i, layer in enumerate(LAYERS)}
 # Layers whose units may import each other (the core is one body of code, as is the command line, and pretrained
 # loads through sources; their order is kept by having no cycles).
 SHARED = {"base", "core", "door", "commands"}
+# The network is the core's bottom: what it may import besides base and itself. preprocess is the record of how an
+# image becomes a model's input (it imports only base); nothing the network imports may bring a budget, a file or a
+# tool into the model's code.
+NETWORK_IMPORTS = {"preprocess"}
 
 
 def modules(root: Path = ROOT) -> dict[str, tuple[Path, bool]]:
@@ -169,6 +174,8 @@ def violations(edges: dict[str, set[str]]) -> list[str]:
                 continue
             if RANK[dst_layer] > RANK[src_layer]:
                 found.append(f"{source} ({src_layer}) imports {target} ({dst_layer}): up a layer")
+            elif unit(source) == "network" and dst_layer == "core" and unit(target) not in NETWORK_IMPORTS:
+                found.append(f"{source} imports {target}: network/ imports only base, itself and {NETWORK_IMPORTS}")
             elif dst_layer == src_layer and src_layer not in SHARED:
                 found.append(f"{source} imports {target}: between two {src_layer} units")
     return found

@@ -355,3 +355,61 @@ def test_no_warning_without_a_softmax_hook(impl):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model(torch.randn(1, 3, 8, 8))
+
+
+# --- the kernel registry -------------------------------------------------------------------------------------
+
+
+def doubled_einsum(attend, q, k, v, mask):
+    """A kernel for the registry tests: the einsum kernel's output, doubled, so its use is visible."""
+    from vit_einops.network.attention import einsum_attention
+
+    return 2 * einsum_attention(attend, q, k, v, mask)
+
+
+def test_every_list_of_kernels_is_derived_from_the_registry(capsys):
+    """ATTN_IMPLS, the train command's --attn-impl and the bench's rows all read KERNELS."""
+    from vit_einops.bench.names import CORE_PATHS, LAYER_PATHS, MODEL_PATHS
+    from vit_einops.commands.cli import main
+    from vit_einops.network.kernels import KERNELS
+
+    assert ATTN_IMPLS == tuple(KERNELS) == ("einsum", "chunked", "sdpa")
+    assert CORE_PATHS[: len(KERNELS)] == ATTN_IMPLS and MODEL_PATHS == (*ATTN_IMPLS, "torch")
+    assert LAYER_PATHS == ("mha_chunked", "mha_sdpa", "torch_mha")  # the kernels that never form A, and torch's
+    assert {name: k.forms_attention for name, k in KERNELS.items()} == {"einsum": True, "chunked": False, "sdpa": False}
+    with pytest.raises(SystemExit):
+        main(["train", "--attn-impl", "flash"])
+    assert "invalid choice: 'flash' (choose from 'einsum', 'chunked', 'sdpa')" in capsys.readouterr().err
+
+
+def test_the_memory_estimate_follows_whether_each_kernel_forms_a():
+    """A model whose layers all run kernels that never form A is estimated with one block of A at a time; one
+    layer that forms it makes the whole matrix count."""
+    from vit_einops import max_memory
+    from vit_einops.network.sizes import check_model_forward
+
+    model = ViT(image_size=128, patch_size=2, dim=8, heads=1, mlp_dim=8, depth=2, num_classes=5)
+    x = torch.zeros(1, 3, 128, 128)
+    with torch.no_grad(), max_memory("64MiB"):
+        for impls in (("chunked", "sdpa"), ("sdpa", "sdpa")):
+            check_model_forward(model.set_attn_impl(impls), x)
+        with pytest.raises(ValueError, match="a forward pass of 1 image at 4097 tokens needs about 129.2 MiB"):
+            check_model_forward(model.set_attn_impl(("sdpa", "einsum")), x)
+
+
+def test_a_kernel_is_one_function_and_one_entry(monkeypatch):
+    """An entry added to KERNELS is a choice of every layer at once, and Attend runs its function."""
+    from vit_einops.network.kernels import FLOAT_DTYPES, KERNELS, Kernel
+
+    entry = Kernel("doubled", "test_attention:doubled_einsum", True, ("cpu",), FLOAT_DTYPES, "twice the einsum")
+    monkeypatch.setitem(KERNELS, "doubled", entry)
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 2)
+    q, k, v = torch.randn(3, 2, 2, 5, 8).unbind(0)
+    expected = 2 * mha.attend(q, k, v)
+    mha.impl = "doubled"
+    assert mha.attend.forms_attention
+    torch.testing.assert_close(mha.attend(q, k, v), expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="unknown attn_impl 'tripled'; expected one of 'einsum', 'chunked', 'sdpa', "
+                                         "'doubled'"):  # fmt: skip
+        mha.impl = "tripled"

@@ -1,5 +1,6 @@
-"""A model without a classifier (num_classes 0: DINO, DINOv2, CLIP and SigLIP towers) never shows or uses classes,
-and its relevance is for the targets that fit a backbone: an embedding, another image, a patch.
+"""A model without a classifier (num_classes 0: DINO, DINOv2, CLIP and SigLIP towers; or one whose head projects
+into an embedding, as CLIP's image tower with its projection: ViTConfig.embedding) never shows or uses classes, and
+its relevance is for the targets that fit a backbone: an embedding, another image, a patch. predict refuses it.
 
 Relevance is checked against Chefer et al.'s recipe written apart (the einsum softmax's output and its gradient
 through a tensor hook, as tests/test_relevance.py checks class targets), with the score written by hand here:
@@ -8,6 +9,7 @@ cosine similarities as dot products of unit vectors, in float64 (atol 1e-10)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -280,9 +282,21 @@ def test_cli_targets_reach_the_page_and_the_report(backbone_file, tmp_path, caps
 
 
 def test_a_backbone_report_titles_no_prediction(backbone_file, tmp_path):
-    import matplotlib.figure
-
     from vit_einops.inspect import write_report
+
+    with suptitles() as texts:
+        write_report(tiny_vit(BACKBONE), torch.rand(2, 3, 16, 16), tmp_path / "r", titles=["x", "y"])
+    assert_no_prediction(texts)
+
+
+def assert_no_prediction(titles):
+    assert titles and not any("predicted" in t or "class " in t.replace("class token", "") for t in titles), titles
+
+
+@contextlib.contextmanager
+def suptitles():
+    """The figures' titles, as the report draws them."""
+    import matplotlib.figure
 
     texts = []
     original = matplotlib.figure.SubFigure.suptitle
@@ -293,8 +307,7 @@ def test_a_backbone_report_titles_no_prediction(backbone_file, tmp_path):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(matplotlib.figure.SubFigure, "suptitle", keep)
-        write_report(tiny_vit(BACKBONE), torch.rand(2, 3, 16, 16), tmp_path / "r", titles=["x", "y"])
-    assert texts and not any("predicted" in t or "class " in t.replace("class token", "") for t in texts), texts
+        yield texts
 
 
 @pytest.mark.parametrize(
@@ -329,3 +342,123 @@ def test_cli_refuses_hostile_targets_in_one_line(backbone_file, tmp_path, capsys
         argv = [command[0], str(backbone_file), "--image", str(tmp_path / "a.png"), *command[1:], f"{flag}={value}"]
         assert main(argv) == 2
         assert capsys.readouterr().err == f"vit-einops {command[0]}: error: {message}\n"
+
+
+# ---- an embedding head (CLIP's image tower with its projection) is a backbone, not a classifier ----
+
+# CLIP's image tower at TINY_RGB16's size: pre-norm, no patch bias, a bias-free projection head to a 12-wide
+# embedding (ViTConfig.embedding: what the family registry says of CLIP's openai, laion2b... tags).
+CLIP_PROJECTION = dict(TINY_RGB16, num_classes=12, pre_norm=True, patch_bias=False, head_bias=False,
+                       layer_norm_eps=1e-5, embedding=True)  # fmt: skip
+NO_CLASSES = "this model has no classifier (its head is an embedding projection: its output is a 12-wide embedding, " \
+    "not class logits), so {}; give a target that fits a backbone: " + KINDS  # fmt: skip
+PREDICT_REFUSAL = (
+    "this model outputs a 12-wide embedding (its head is an embedding projection, as CLIP's image tower's), not "
+    "class logits: it has no classes to predict. Compare model(x) with other embeddings, or study it as a backbone: "
+    "vit-einops inspect or explore with --target-embedding FILE or --target-image PATH (vit_einops.inspect's "
+    "EmbeddingTarget, ImageTarget)"
+)
+
+
+@pytest.fixture
+def clip():
+    torch.manual_seed(3)
+    return tiny_vit(CLIP_PROJECTION).double()
+
+
+@pytest.fixture
+def clip_file(tmp_path):
+    from PIL import Image
+
+    from vit_einops.modelfile import save_vit
+    from vit_einops.preprocess import Preprocessing
+
+    torch.manual_seed(4)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    model = tiny_vit(CLIP_PROJECTION)
+    model.preprocessing = Preprocessing.plain((16, 16), channels=3)
+    return save_vit(model, tmp_path / "clip.safetensors")
+
+
+def test_an_embedding_head_survives_its_model_file_and_a_new_classifier_ends_it(clip_file):
+    from torch import nn
+
+    from vit_einops import ViTConfig, load_vit
+
+    model = load_vit(clip_file)
+    assert (model.config.embedding, model.config.has_classifier, model.has_classifier) == (True, False, False)
+    assert model.num_classes == 12  # the embedding's width
+    assert load_vit(clip_file, embedding=False).has_classifier  # no tensor holds it: a loader may be told
+    model.reset_classifier(3)  # a classifier now, fine-tuned from the tower
+    assert (model.config.embedding, model.has_classifier) == (False, True)
+    model = load_vit(clip_file)
+    model.head.fc = nn.Linear(32, 7, bias=False)
+    assert (model.config.embedding, model.has_classifier) == (False, True)
+    with pytest.raises(ValueError) as err:
+        ViTConfig(**{**CLIP_PROJECTION, "num_classes": 0})
+    assert str(err.value) == "embedding True needs the projection's outputs: num_classes is its width, got 0"
+
+
+def test_predict_refuses_an_embedding_head(clip_file, tmp_path, capsys):
+    from vit_einops import load_vit, predict
+    from vit_einops.commands.cli import main
+
+    assert main(["predict", str(clip_file), str(tmp_path / "a.png")]) == 2
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", f"vit-einops predict: error: {PREDICT_REFUSAL}\n")
+    with pytest.raises(ValueError) as err:
+        predict(load_vit(clip_file), torch.rand(1, 3, 16, 16))
+    assert str(err.value) == PREDICT_REFUSAL
+
+
+def test_an_embedding_head_takes_backbone_targets_and_refuses_classes(clip):
+    from vit_einops.inspect import METHODS, explain_all, grad_cam, integrated_gradients
+
+    x = torch.rand(2, 3, 16, 16, dtype=torch.float64)
+    e = torch.randn(12, dtype=torch.float64)
+    expected = chefer_reference(clip, x, embedding_score(e))
+    got = attention_relevance(clip, x, EmbeddingTarget(e), preprocessed=True)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+    for target, what in ((None, "there is no predicted class"), (3, "target 3 names no class")):
+        for tool in (attention_relevance, grad_cam, integrated_gradients):
+            with pytest.raises(ValueError) as err:
+                tool(clip, x, target, preprocessed=True)
+            assert str(err.value) == NO_CLASSES.format(what)
+    # Without a target the gradient methods are left out, as for a backbone without a classifier.
+    backbone = tiny_vit(BACKBONE).double()
+    assert list(explain_all(clip, x, preprocessed=True)) == list(explain_all(backbone, x, preprocessed=True))
+    assert list(explain_all(clip, x, EmbeddingTarget(e), preprocessed=True)) == list(METHODS)
+
+
+def test_an_embedding_head_page_and_report_explain_the_target_embedding_and_list_no_class(clip_file, tmp_path):
+    from vit_einops import load_vit
+    from vit_einops.commands.cli import main
+    from vit_einops.inputs import model_inputs
+    from vit_einops.inspect import explain
+
+    e = torch.randn(12)
+    torch.save(e, tmp_path / "e.pt")
+    base = [str(clip_file), "--image", str(tmp_path / "a.png"), "--target-embedding", str(tmp_path / "e.pt")]
+    assert main(["explore", *base, "--out", str(tmp_path / "e.html")]) == 0
+    with suptitles() as titles:
+        assert main(["inspect", *base, "--out", str(tmp_path / "r")]) == 0
+    assert_no_prediction(titles)
+    model = load_vit(clip_file)
+    x = model_inputs(model, [str(tmp_path / "a.png")])
+    expected = attention_relevance(model, x, EmbeddingTarget(e), preprocessed=True)
+
+    payload = _payload(tmp_path / "e.html")
+    [pane] = payload["panes"]
+    [image] = pane["images"]
+    assert pane["classifier"] is False and image["top"] == []
+    assert not NO_CLASS.search(json.dumps(payload))
+    entry = image["target"]
+    assert entry["name"] == "cosine similarity of the output to the target embedding"
+    stored = np.frombuffer(zlib.decompress(base64.b64decode(entry["relevance"])), "<f2").reshape(17, 17)
+    scale = entry["relevance_scale"]
+    np.testing.assert_allclose(stored * scale, expected[0].numpy(), rtol=2**-11, atol=scale * 2**-25)
+
+    arrays = np.load(tmp_path / "r" / "arrays.npz")
+    np.testing.assert_allclose(arrays["target_relevance"], expected.numpy(), rtol=0, atol=1e-6)
+    relevance = explain(model, x, "relevance", EmbeddingTarget(e), preprocessed=True)
+    np.testing.assert_allclose(arrays["method_relevance"], relevance.numpy(), rtol=0, atol=1e-6)

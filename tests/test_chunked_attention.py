@@ -16,7 +16,10 @@ tests/_equiv.py: float64 at rtol 1e-9 / atol 1e-10 (the paths differ only in sum
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -28,16 +31,17 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vit_einops.network.attention import Attend
 from vit_einops.network.chunk_plan import (
-    CHUNK_ELEMENTS,
     FALLBACK_L2_BYTES,
-    TASK_ELEMENTS,
     attention_blocks,
+    chunk_elements,
     default_chunk_elements,
     even_parts,
     l2_cache_bytes,
     plan_for,
+    task_elements,
     task_plan,
 )
+from vit_einops.network.chunk_pool import workers
 from vit_einops.network.chunked import chunked_attention
 
 
@@ -61,7 +65,7 @@ def assert_matches(actual, expected, tol, what):
 
 
 # (b, h, n, d, max_elements): each case puts a block boundary somewhere else (images, heads, query rows), and the
-# values must not see it. Budgets below CHUNK_ELEMENTS (at least 2**12) are used as given on every machine.
+# values must not see it. Budgets below the default block (at least 2**12) are used as given on every machine.
 BIG = 2**30
 BOUNDARY_CASES = {
     "n not a multiple of the block (17 rows in blocks of at most 5)": (2, 3, 17, 8, 17 * 5),
@@ -156,11 +160,11 @@ def test_blocks_tile_every_image_head_and_query_exactly_once(b, h, n, m, budget,
     budget=st.sampled_from([2**14, 2**20, BIG]),
 )
 def test_scores_at_once_stay_within_q_or_one_default_block(b, h, n, d, budget):
-    """The memory promise of chunked_attention: no block holds more scores than q holds numbers or CHUNK_ELEMENTS,
+    """The memory promise of chunked_attention: no block holds more scores than q holds numbers or the default block,
     whichever is larger (or one query row, the smallest block). Planned on the meta device: shapes only."""
     q = torch.empty(b, h, n, d, device="meta")
     plan = plan_for(q, n, budget)
-    cap = max(1, min(budget, max(q.numel(), CHUNK_ELEMENTS)))
+    cap = max(1, min(budget, max(q.numel(), chunk_elements())))
     assert all(g * c * n <= cap or c == 1 for g, c in zip(plan.rows, plan.queries, strict=True))
     assert sum(g * c for g, c in zip(plan.rows, plan.queries, strict=True)) == b * h * n  # every query once
 
@@ -178,7 +182,7 @@ def test_task_blocks_cover_every_query_once_within_one_l2(b, h, n, m, budget):
     ``max_elements`` or one L2 of float32 scores (or is one query row), and the tasks cover every query once."""
     tasks = task_plan(torch.empty(b, h, n, 8, device="meta"), m, budget)
     if tasks is not None:
-        cap = max(1, min(budget, TASK_ELEMENTS))
+        cap = max(1, min(budget, task_elements()))
         assert all(g * c * m <= cap or c == 1 for g, c in zip(tasks.rows, tasks.queries, strict=True))
         assert sum(g * c for g, c in zip(tasks.rows, tasks.queries, strict=True)) == b * h * n
 
@@ -270,6 +274,34 @@ def test_masks_crossing_blocks_match_sdpa_float64(mask_kind):
     )
     reference = value_and_grads(lambda *t: F.scaled_dot_product_attention(*t, attn_mask=mask), q, k, v, upstream)
     assert_matches(chunked, reference, F64_TOL, mask_kind)
+
+
+@pytest.mark.parametrize(
+    "mask, error, message",
+    [
+        (torch.ones(5, 4), TypeError, "mask must be a bool tensor (True = may attend), got torch.float32"),
+        ([[True] * 4] * 5, TypeError, "mask must be a bool tensor (True = may attend), got list"),
+        (
+            torch.ones(4, 4, dtype=torch.bool),
+            ValueError,
+            "mask of shape (4, 4) does not broadcast to (b, h, n, m) = (1, 2, 5, 4)",
+        ),
+        (
+            torch.ones(1, 1, 1, 5, 4, dtype=torch.bool),
+            ValueError,
+            "mask of shape (1, 1, 1, 5, 4) does not broadcast to (b, h, n, m) = (1, 2, 5, 4)",
+        ),
+    ],
+    ids=["float", "list", "wrong shape", "five axes"],
+)
+def test_a_mask_not_bool_or_not_broadcasting_to_the_scores_is_refused(mask, error, message):
+    """The einsum and SDPA paths' contract, which MultiHeadAttention checks: a float mask once failed deep inside
+    with "~ (operator.invert) is only implemented on integer and Boolean-type tensors", another shape with
+    expand's RuntimeError."""
+    q, k, v = qkv(1, 2, 5, 3, m=4)
+    with pytest.raises(error) as caught:
+        chunked_attention(q, k, v, mask, scale=0.5)
+    assert str(caught.value) == message
 
 
 @pytest.mark.parametrize("budget", [17 * 5, 2**30], ids=["blocks of query rows", "one block"])
@@ -400,7 +432,25 @@ def test_default_block_grows_with_threads_within_its_bounds():
     sizes = [default_chunk_elements(threads=t) for t in range(1, 129)]
     assert all(2**12 <= s <= 2**22 for s in sizes)
     assert sizes == sorted(sizes)
-    assert CHUNK_ELEMENTS == default_chunk_elements()  # the default for torch's thread count at import
+    assert chunk_elements() in sizes  # planned for torch's thread count at its first use, then kept
+
+
+def test_the_block_is_planned_on_first_use_not_at_import():
+    """Importing the package and running a chunked forward's modules reads no sysfs file until a chunked block is
+    planned: a fresh interpreter whose file reads fail imports everything, and only the first plan reads."""
+    code = (
+        "import pathlib, torch\n"
+        "reads = []\n"
+        "pathlib.Path.read_text = lambda self, *a, **k: reads.append(str(self)) or '2'\n"
+        "import vit_einops, vit_einops.network.chunked, vit_einops.network.model\n"
+        "from vit_einops.network.chunk_plan import plan_for\n"
+        "before = list(reads)\n"
+        "plan_for(torch.empty(1, 1, 4, 2), 4, 2**20)\n"
+        "print(before, bool(reads))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[]", "True"]
 
 
 def threaded_case():
@@ -444,6 +494,47 @@ def test_callers_on_several_threads_at_once_each_get_their_own_result(restore_th
         thread.join()
     for i in range(2):
         assert len(results[i]) == 3 and all(torch.equal(out, expected[i]) for out in results[i])
+
+
+def test_callers_of_different_thread_counts_at_once_all_return_on_the_same_workers(restore_threads):
+    """Callers that each set their own thread count (2, 3 or 4), while the main thread changes its own, all return
+    with their exact result, and the same workers serve every round: a call that asks for more workers adds them,
+    none stops the workers another call holds. (Rebuilding the pool per thread count stopped workers under callers
+    whose jobs then waited for ever: about half of 240 such calls hung, and 800 calls built 545 pools.) A tiny GIL
+    switch interval makes the threads interleave inside the pool's bookkeeping, where the race lies; each round's
+    callers are joined with a deadline, so a hang fails the test."""
+    q, k, v, mask = threaded_case()
+    torch.set_num_threads(2)
+    expected = chunked_attention(q, k, v, mask, scale=0.25)
+    rounds, callers, calls = 4, 6, 3
+    outs: list[torch.Tensor] = []
+    pools: list[set[int]] = []
+    interval = sys.getswitchinterval()
+
+    def call(i):
+        torch.get_num_threads()  # a thread's first query takes the process-wide count, which would undo a setting
+        for j in range(calls):
+            torch.set_num_threads(2 + (i + j) % 3)
+            outs.append(chunked_attention(q, k, v, mask, scale=0.25))
+
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(rounds):
+            threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(callers)]
+            for thread in threads:
+                thread.start()
+            for count in (3, 4, 2):
+                torch.set_num_threads(count)
+            deadline = time.monotonic() + 20
+            for thread in threads:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            hung = sum(thread.is_alive() for thread in threads)
+            assert hung == 0, f"{hung} of {callers} callers never returned"
+            pools.append({t.ident for t in threading.enumerate() if t.name.startswith("vit-einops-chunked-")})
+    finally:
+        sys.setswitchinterval(interval)
+    assert len(outs) == rounds * callers * calls and all(torch.equal(out, expected) for out in outs)
+    assert pools == [pools[0]] * rounds and len(pools[0]) == workers() >= 4
 
 
 def test_a_dispatch_mode_and_the_profiler_see_every_product(restore_threads):

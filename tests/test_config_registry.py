@@ -23,7 +23,7 @@ OTHER = {
     "representation_size": 8, "fc_norm": True, "layer_norm_eps": 1e-5, "layer_scale": 0.1, "register_tokens": 2,
     "pos_embed_prefix": False, "class_token": False, "distill_token": True, "pre_norm": True, "patch_bias": False,
     "act": "quick_gelu", "qk_norm": True, "head_bias": False, "qkv_bias": "qv", "ffn": "swiglu", "rope_grid": 4,
-    "dynamic_size": "timm",
+    "dynamic_size": "timm", "embedding": True,
 }  # fmt: skip
 # What each other value needs beside it to be a valid config.
 NEEDS = {"class_token": {"pool": "mean"}, "pool": {}, "fc_norm": {"pool": "mean"}}
@@ -38,7 +38,7 @@ def test_every_field_is_declared_once_with_its_registry_entry():
     assert set(OTHER) == set(FIELDS), "a new field needs an other value here"
     # ViT's keywords are the fields, then attn_impl
     assert list(inspect.signature(ViT).parameters) == [*FIELDS, "attn_impl"]
-    assert FREE_FIELDS == ("dropout", "attn_dropout", "patchify", "layer_norm_eps", "dynamic_size")
+    assert FREE_FIELDS == ("dropout", "attn_dropout", "patchify", "layer_norm_eps", "embedding", "dynamic_size")
 
 
 @pytest.mark.parametrize("name", list(FIELDS))

@@ -68,7 +68,7 @@ def _recorded(model_file, photo) -> torch.Tensor:
 def test_inspect_records_the_attention_with_rope(tiny_eva02, tmp_path, capsys):
     model_file, photo = tiny_eva02
     out = tmp_path / "out"
-    assert main(["inspect", str(model_file), "--image", str(photo), "--out", str(out)]) == 0
+    assert main(["inspect", str(model_file), "--image", str(photo), "--out", str(out), "--arrays", "full"]) == 0
     arrays = np.load(out / "arrays.npz")
     attention = arrays["attention"]
     assert attention.shape == (2, 1, 3, 17, 17)  # (layers, images, heads, 1 + 4 x 4 tokens, the same)

@@ -136,7 +136,8 @@ def test_existing_output_is_refused_unless_overwrite_and_a_failed_run_keeps_it(t
     dangling.unlink()
     fifo = tmp_path / "fifo.html"
     os.mkfifo(fifo)  # never opened: writing would block until a reader came
-    with pytest.raises(FileExistsError):
+    # Refused as what --force would not replace either, rather than offered overwrite=True.
+    with pytest.raises(ValueError, match="fifo.html is a FIFO, not a regular file; it is never replaced, even with"):
         write_explorer(model, images, fifo)
     fifo.unlink()
     bad = images.clone()

@@ -600,3 +600,27 @@ def test_a_page_over_its_budget_side_by_side_shared_scale_token_chart_and_notes(
     assert "This model has no class token" in note and "click the class token" not in note
     assert "click the class token" in text("#pane-0 .view-note")
     assert _console_errors(browser) == []
+
+
+def test_a_siglip_like_tower_without_a_target_says_why_dino_and_the_gradient_methods_are_missing(browser, tmp_path):
+    """No class token (attention pooling) and no classifier nor target: DINO's view is not offered (its option is
+    disabled and says why), and the method list ends with a disabled entry naming the gradient methods and the
+    flags that give them a target, rather than leaving them out unsaid."""
+    from vit_einops import ViT
+    from vit_einops.explore import write_explorer
+
+    torch.manual_seed(0)
+    tower = ViT(image_size=32, patch_size=8, dim=32, depth=2, heads=2, mlp_dim=64, num_classes=0, class_token=False,
+                pool="map").eval()  # fmt: skip
+    _open(browser, write_explorer(tower, torch.rand(1, 3, 32, 32), tmp_path / "p.html", preprocessed=True))
+    dino = browser.find_element("id", "dino-option")
+    assert dino.get_attribute("disabled") and dino.text.endswith("(none: this model has no class token)")
+    options = browser.find_elements("css selector", "#method-select option")
+    offered = [o.get_attribute("value") for o in options if not o.get_attribute("disabled")]
+    assert offered == [name for name, method in METHODS.items() if not method.gradient]
+    gradient = ", ".join(name for name, method in METHODS.items() if method.gradient)
+    assert options[-1].get_attribute("disabled") and options[-1].text == (
+        f"{gradient}: not on this page; they need a target: this model has no classifier; pass --target-embedding "
+        "FILE, --target-image PATH or --target-patch ROW,COL (target= in Python)"
+    )
+    assert _console_errors(browser) == []

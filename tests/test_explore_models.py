@@ -254,7 +254,7 @@ def test_explore_refuses_with_one_line_and_writes_nothing(tmp_path, case):
         "defaults": (
             [files["grey"], files["reg"], "--out", tmp_path / "x.html"],
             f"{files['grey']} and {files['reg']} have different default images (test digits for a digits model, "
-            "sample photos otherwise): give --image FILE to explore both on the same images",
+            "sample photos otherwise): give --image FILE or --images DIR to explore both on the same images",
         ),
     }[case]
     result = run_cli("explore", *args)

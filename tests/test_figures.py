@@ -366,3 +366,24 @@ def test_dino_figure_counts_and_outlines_each_heads_kept_patches():
         assert len(ax.collections) == (0 if (i, h) == (1, 2) else 1)  # the outline's contour set
     suptitles = [sub._suptitle.get_text() for sub in fig.subfigs]
     assert suptitles == ["a\noutlined: 60% of the mass", "b\noutlined: 60% of the mass"]
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_target_figure_panels_line_up_in_columns_and_its_colour_bar_says_relevance(b):
+    """target.png, whatever the number of images: each image's input, relevance and similarity panels share one
+    column (the colour bars sit in a column of their own, not beside one row), no blank column is left beside one
+    image, and the relevance bar names what the map is."""
+    from vit_einops.inspect.figures import plot_target_relevance
+
+    images, grid = torch.rand(b, 3, 16, 16), torch.rand(b, 4, 4)
+    fig = plot_target_relevance(images, grid, "patch (1, 1)", [f"img{i}.png" for i in range(b)],
+                                similarity=grid * 2 - 1, patch=(1, 1))  # fmt: skip
+    fig.draw_without_rendering()
+    bars = [ax for ax in fig.axes if ax.get_ylabel()]
+    panels = [ax for ax in fig.axes if ax.images and ax not in bars]
+    columns = sorted({round(ax.get_position().x0, 3) for ax in panels})
+    assert len(panels) == 3 * b and len(columns) == b  # three rows of panels in b columns, aligned
+    assert [bar.get_ylabel() for bar in bars] == ["relevance / panel maximum", "cosine similarity"]
+    assert min(bar.get_position().x0 for bar in bars) > max(ax.get_position().x1 for ax in panels)
+    assert fig.get_figwidth() == pytest.approx(2.4 * b + 1.2)  # as wide as its panels: no empty column
+    assert [ax.get_title() for ax in panels[:b]] == [f"img{i}.png" for i in range(b)]

@@ -23,7 +23,8 @@ FAMILIES = {
     "Dinov2WithRegistersModel": dict(layer_scale=1e-5, num_classes=0, register_tokens=4, pos_embed_prefix=False),
     "DeiTForImageClassificationWithTeacher": dict(distill_token=True),
     "CLIPVisionModel": dict(pre_norm=True, patch_bias=False, act="quick_gelu", num_classes=0),
-    "CLIPVisionModelWithProjection": dict(pre_norm=True, patch_bias=False, act="quick_gelu", head_bias=False),
+    "CLIPVisionModelWithProjection": dict(pre_norm=True, patch_bias=False, act="quick_gelu", head_bias=False,
+                                          embedding=True),
     "SiglipVisionModel": dict(class_token=False, pool="map", act="gelu_tanh", num_classes=0),
 }
 
@@ -153,6 +154,9 @@ def test_weights_that_do_not_fit_the_family_name_the_keys(tmp_path):
          r"patch_bias True \(CLIPVisionModel has False\)"),
         (dict(pre_norm=True, patch_bias=False), r"CLIPVisionModelWithProjection cannot express this model: it has "
          r"head_bias True \(CLIPVisionModelWithProjection has False\)"),
+        # a CLIP tower with a classifier is no projection: written as one, it would come back an embedding
+        (dict(pre_norm=True, patch_bias=False, head_bias=False), r"CLIPVisionModelWithProjection cannot express this "
+         r"model: it has embedding False \(CLIPVisionModelWithProjection has True\)$"),
     ],
 )  # fmt: skip
 def test_a_model_no_transformers_architecture_holds_is_refused_before_writing(tmp_path, options, message):

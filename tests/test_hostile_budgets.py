@@ -26,7 +26,7 @@ from vit_einops import ViT, ViTConfig, max_build_time, max_memory, predict, save
 from vit_einops.base.budget import ENV_VAR, TIME_ENV_VAR, parse_bytes, parse_seconds
 from vit_einops.inspect import attention_relevance, record_attention, show_attention
 from vit_einops.interop import load_hf, save_hf
-from vit_einops.sizes import check_build_time, module_count
+from vit_einops.network.sizes import check_build_time, check_model_forward, module_count
 from vit_einops.sources import load_model
 
 
@@ -115,7 +115,8 @@ def test_ten_million_registers_are_refused_before_building():
 )  # fmt: skip
 def test_a_size_no_limit_allows_names_its_field_and_suggests_no_limit(fields, message):
     with max_memory("1GiB"), refused_at_once(re.escape(
-        f"{message}, over the max-memory limit of 1.0 GiB; no limit allows it (--max-memory takes at most 8 EiB)"
+        f"{message}, over the max-memory limit of 1.0 GiB; no limit allows it (--max-memory takes at most 2**63 - 1 "
+        "bytes)"
     )):  # fmt: skip
         ViT(**fields)
 
@@ -193,9 +194,7 @@ OVER = re.escape(", over the max-memory limit of 1.0 GiB; pass --max-memory")
     "entry, message",
     [
         (lambda m, x: predict(m, x, preprocessed=True), FORWARD + " needs about 26.8 GiB" + OVER),
-        (lambda m, x: m(x), FORWARD + " with gradients needs about 26.8 GiB" + OVER),
-        (lambda m, x: m.forward_features(x), FORWARD + " with gradients needs about 26.8 GiB" + OVER),
-        (lambda m, x: m.get_intermediate_layers(x), FORWARD + " with gradients needs about 26.8 GiB" + OVER),
+        (lambda m, x: check_model_forward(m, x), FORWARD + " with gradients needs about 26.8 GiB" + OVER),
         (lambda m, x: record_attention(m, x, preprocessed=True),
          FORWARD + " keeping every layer's attention needs about 40.3 GiB" + OVER),
         (lambda m, x: show_attention(m, x, preprocessed=True),
@@ -207,6 +206,17 @@ OVER = re.escape(", over the max-memory limit of 1.0 GiB; pass --max-memory")
 def test_every_python_entry_point_budgets_its_forward(many_registers, entry, message):
     with max_memory("1GiB"), refused_at_once(message):
         entry(many_registers, torch.zeros(1, 3, 16, 16))
+
+
+def test_the_forward_pass_itself_checks_no_budget():
+    """model(x) computes the model and nothing else: the budget is the entry points' (above), so a forward whose
+    estimate is past the limit still runs when called directly (this one needs well under the estimate's 1 MiB)."""
+    model = ViT(image_size=16, patch_size=8, dim=8, heads=1, mlp_dim=8, depth=1, num_classes=3)
+    x = torch.zeros(1, 3, 16, 16)
+    with max_memory("1B"):
+        with refused_at_once(re.escape("a forward pass of 1 image at 5 tokens with gradients needs about")):
+            check_model_forward(model, x)
+        assert model(x).shape == model.forward_features(x).shape[:1] + (3,)
 
 
 @pytest.mark.parametrize(
@@ -233,13 +243,13 @@ def test_predict_and_inspect_refuse_the_same_forward_alike(tmp_path, many_regist
 
 def test_the_budget_counts_the_attention_path_each_layer_runs():
     # 4097 tokens, one head: the einsum path holds two (n, n) matrices, 128 MiB; the chunked path one block of them
-    # at a time, at most 2**22 scores (chunk_plan.CHUNK_ELEMENTS on any machine), 32 MiB for two.
+    # at a time, at most 2**22 scores (chunk_plan.chunk_elements() on any machine), 32 MiB for two.
     model = ViT(image_size=128, patch_size=2, dim=8, heads=1, mlp_dim=8, depth=1, num_classes=5)
     x = torch.zeros(1, 3, 128, 128)
     with torch.no_grad(), max_memory("64MiB"):
         with refused_at_once(re.escape("a forward pass of 1 image at 4097 tokens needs about 129.2 MiB")):
-            model(x)
-        assert model.set_attn_impl("chunked")(x).shape == (1, 5)
+            check_model_forward(model, x)
+        check_model_forward(model.set_attn_impl("chunked"), x)
 
 
 def test_train_budgets_its_first_step_before_reading_data(tmp_path):
@@ -305,8 +315,8 @@ def test_a_model_file_claiming_a_billion_of_anything_is_refused_at_once(tmp_path
                                                   "expected a positive float from 1.401e-45 to 3.403e+38 "
                                                   "(config.json's layerscale_value)"),
         (dict(layer_norm_eps=1e-50), ValueError, "layer_norm_eps 1e-50 is outside float32's range"),
-        (dict(num_hidden_layers=10**30), ValueError, "depth must be at most 2**63 - 1 (torch's sizes are int64), got "
-                                                     "1000000000000000000000000000000 (config.json's "
+        (dict(num_hidden_layers=10**30), ValueError, "depth must be at most 2**63 - 1 (torch's integers are "
+                                                     "int64), got 1000000000000000000000000000000 (config.json's "
                                                      "num_hidden_layers)"),
         (dict(hidden_size=2**63, mlp_ratio=4.0), ValueError, "config.json mlp_ratio 4.0 times hidden_size "
                                                              "9223372036854775808 is too large an MLP"),
@@ -330,9 +340,9 @@ def test_config_json_values_that_overflow_are_refused_by_name(dinov2_registers, 
         (dict(layer_scale=float("inf")), ValueError, "layer_scale must be a positive finite float, got inf"),
         (dict(layer_norm_eps=float("nan")), ValueError, "layer_norm_eps must be a positive finite float, got nan"),
         (dict(layer_norm_eps=1e300), ValueError, "layer_norm_eps 1e+300 is outside float32's range"),
-        (dict(depth=2**63), ValueError, "depth must be at most 2**63 - 1 (torch's sizes are int64), got "
+        (dict(depth=2**63), ValueError, "depth must be at most 2**63 - 1 (torch's integers are int64), got "
                                         "9223372036854775808"),
-        (dict(num_classes=10**5000), ValueError, "num_classes must be at most 2**63 - 1 (torch's sizes are int64), "
+        (dict(num_classes=10**5000), ValueError, "num_classes must be at most 2**63 - 1 (torch's integers are int64), "
                                                  "got an int of 16,610 bits"),
         (dict(image_size=(2**62, 2**62), patch_size=1), ValueError, "the tokens must be at most 2**63 - 1 (torch's "
                                                                     "sizes are int64), got "
@@ -351,8 +361,8 @@ def test_config_values_past_their_dtype_are_refused_by_name(fields, error, messa
 
 # --- the limits' own text ------------------------------------------------------------------------------------------
 
-ACCEPTED = ("a size from 1 byte to 8 EiB such as 64GiB, 500MB, 1.5G or 1000000 (bytes; k/M/G/T are powers of 1000, "
-            "KiB/MiB/GiB/TiB powers of 1024)")  # fmt: skip
+ACCEPTED = ("a size from 1 byte to 2**63 - 1 bytes (8 EiB less one byte) such as 64GiB, 500MB, 1.5G or 1000000 "
+            "(bytes; k/M/G/T are powers of 1000, KiB/MiB/GiB/TiB powers of 1024)")  # fmt: skip
 
 
 @pytest.mark.parametrize("text", ["0.5", "0", "-1", "nan", "inf", "1e9", "1.5 parsecs", "", "9" * 5000])
@@ -367,6 +377,29 @@ def test_a_max_memory_that_is_no_size_is_named_as_given(text):
 @pytest.mark.parametrize("text, size", [("1.5GiB", 3 * 2**29), ("1", 1), ("1.9", 1), (" 2 kib ", 2048)])
 def test_sizes_round_down_to_whole_bytes(text, size):
     assert parse_bytes(text) == size
+
+
+@pytest.mark.parametrize(
+    "text, size", [("9223372036854775807", 2**63 - 1), (2**63 - 1, 2**63 - 1), ("8388607.99999TiB", 2**63 - 10995117)]
+)
+def test_the_largest_max_memory_is_read_exactly_and_taken(text, size):
+    """The reported 9223372036854775807 was refused although the message promised 8 EiB: it was read as a float,
+    which rounds it up to 2**63."""
+    assert parse_bytes(text) == size
+    result = run_cli("summary", "vit_ti_16", f"--max-memory={text}")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+@pytest.mark.parametrize("text", ["9223372036854775808", 2**63, "8388608TiB", "8388607.9999999999999999999TiB"])
+def test_one_byte_past_the_largest_max_memory_is_refused_naming_the_limit(text):
+    with pytest.raises(ValueError) as caught:
+        parse_bytes(text)
+    assert str(caught.value) == f"max_memory must be {ACCEPTED}, got {text!r}"
+    assert "2**63 - 1 bytes" in ACCEPTED
+    result = run_cli("summary", "vit_ti_16", f"--max-memory={text}")
+    assert result.returncode == 2 and result.stderr.splitlines()[-1] == (
+        f"vit-einops summary: error: argument --max-memory: --max-memory must be {ACCEPTED}, got {str(text)!r}"
+    )
 
 
 @pytest.mark.parametrize("text", ["0", "0.0001", "-1s", "nan", "2 years", "400000h", "1e3"])

@@ -111,10 +111,9 @@ def test_float8_weights_are_cast_exactly_or_refused_naming_the_dtype(tmp_path, i
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--resize", str(10**20)], r"resize 1.00e\+20x1.00e\+20 makes images of at least 1.00e\+40 pixels"),
+        (["--resize", str(10**9)], r"resize 1000000000x1000000000 makes images of at least 1.00e\+18 pixels"),
         (["--resize", f"{2**40}x8"], r"resize 1.10e\+12x8 makes images of at least 8.80e\+12 pixels"),
-        (["--crop-pct", "1e-300"], r"resize 8.00e\+300x8.00e\+300 makes images of at least 6.40e\+601 pixels"),
-        (["--crop", str(10**20), "--resize", "8"], r"crop 1.00e\+20x1.00e\+20 makes images of at least 1.00e\+40"),
+        (["--crop", str(10**9), "--resize", "8"], r"crop 1000000000x1000000000 makes images of at least 1.00e\+18"),
     ],
 )
 def test_sizes_past_the_pixel_cap_are_refused_before_resizing(tmp_path, image, flags, message):
@@ -123,6 +122,23 @@ def test_sizes_past_the_pixel_cap_are_refused_before_resizing(tmp_path, image, f
     assert_user_error(
         run_cli("predict", tmp_path / "m.safetensors", image, *flags), message + r".*, over the limit of 134,217,728$"
     )
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--resize", str(10**20)], "resize must be at most 2**63 - 1 (torch's integers are int64), got "
+                                    "100000000000000000000"),
+        (["--crop-pct", "1e-300"], "resize must be at most 2**63 - 1 (torch's integers are int64), got an int of 1,000 "
+                                   "bits"),
+        (["--crop", str(10**20), "--resize", "8"], "crop[0] must be at most 2**63 - 1 (torch's integers are int64), "
+                                                   "got 100000000000000000000"),
+    ],
+)  # fmt: skip
+def test_sizes_past_int64_are_refused_by_name_before_resizing(tmp_path, image, flags, message):
+    model = tiny_model()
+    save_vit(model, tmp_path / "m.safetensors")
+    assert_user_error(run_cli("predict", tmp_path / "m.safetensors", image, *flags), re.escape(message) + "$")
 
 
 # --- MemoryError and torch's allocation failures: the input asks for more than the machine has ------------------------

@@ -283,10 +283,94 @@ def test_a_drip_ends_at_the_deadline(site, monkeypatch, tmp_path, bodies, route,
     monkeypatch.setattr(_download, "MIN_RATE", 10**12)
     path = publish(site, monkeypatch, route, bodies[route])
     (site.drip if where == "body" else site.drip_headers)[path] = 0.02  # each byte well within the per-read timeout
-    late = r".*: not complete within 0\.5 s, the time allowed for [\d,]+ bytes \(0\.5 s and [\d.e+]+ KiB/s\)"
+    late = (r".*: not complete within 0\.5 s, the time allowed for [\d,]+ bytes \(0\.5 s and [\d.e+]+ KiB/s; "
+            r"VIT_EINOPS_DOWNLOAD_DEADLINE sets another\)")
     with bounded(2.5), pytest.raises(DownloadError, match=refused() + late):
         create_vit(NAME, pretrained=True)
     assert written(tmp_path) == [] and len(site.requests) == 1  # no retry once the time is up
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_drip_ends_at_the_deadline_the_environment_sets_and_leaves_nothing(site, monkeypatch, tmp_path, bodies,
+                                                                            model, route):
+    """The reported drip hung: its default deadline grows with the file's size (45 minutes for vit_b_16).
+    $VIT_EINOPS_DOWNLOAD_DEADLINE sets another, here 1 s against a byte every 0.2 s; the temporary goes, and a later
+    download under the same deadline loads."""
+    monkeypatch.setenv("VIT_EINOPS_DOWNLOAD_DEADLINE", "1")
+    path = publish(site, monkeypatch, route, bodies[route])
+    site.drip[path] = 0.2
+    late = (r".*: not complete within 1\.0 s, the deadline VIT_EINOPS_DOWNLOAD_DEADLINE=1 sets; [1-6] bytes had "
+            r"arrived\. Without network")
+    with bounded(3), pytest.raises(DownloadError, match=refused() + late):
+        create_vit(NAME, pretrained=True)
+    assert written(tmp_path) == [] and len(site.requests) == 1
+    del site.drip[path]
+    assert_loads(model)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_drip_under_the_default_deadline_ends_once_it_falls_behind_the_minimum_rate(site, monkeypatch, tmp_path,
+                                                                                    bodies, route):
+    """The reported drip of a real name's file would have run to its deadline, 45 minutes for vit_b_16. Here the
+    base is 0.5 s and the rate 1 KiB/s, so the file's deadline is minutes away: the drip of a byte every 0.2 s ends
+    once it falls behind, at about 0.5 s."""
+    monkeypatch.setattr(_download, "DEADLINE_BASE_S", 0.5)
+    monkeypatch.setattr(_download, "MIN_RATE", 1024)
+    path = publish(site, monkeypatch, route, bodies[route])
+    site.drip[path] = 0.2
+    size = len(bodies[route])
+    slow = (rf".*: [1-9] bytes in [\d.]+ s, behind 1 KiB/s after the first 0\.5 s: at that rate it would not be "
+            rf"complete within {0.5 + size / 1024:.1f} s, the time allowed for {size:,} bytes "
+            r"\(VIT_EINOPS_DOWNLOAD_DEADLINE sets another\)\. Without network")
+    with bounded(3), pytest.raises(DownloadError, match=refused() + slow):
+        create_vit(NAME, pretrained=True)
+    assert written(tmp_path) == [] and len(site.requests) == 1
+
+
+@pytest.mark.parametrize("deadline", ["0", "abc", "inf", "2 years"])
+def test_a_deadline_that_is_no_time_is_refused_before_any_request(site, monkeypatch, tmp_path, bodies, deadline):
+    monkeypatch.setenv("VIT_EINOPS_DOWNLOAD_DEADLINE", deadline)
+    publish(site, monkeypatch, "torchvision", bodies["torchvision"])
+    with pytest.raises(ValueError) as caught:
+        create_vit(NAME, pretrained=True)
+    assert str(caught.value) == (
+        "VIT_EINOPS_DOWNLOAD_DEADLINE must be a time from 1 ms to 1 year such as 30, 30s, 2min or 1.5h (seconds "
+        f"unless a unit is given), got {deadline!r}"
+    )
+    assert site.requests == [] and written(tmp_path) == []
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_stalled_download_is_not_fetched_again_and_leaves_nothing(site, monkeypatch, tmp_path, bodies, model, route):
+    """The reported stall fetched the file again from its start at the per-read timeout, for over 100 s in all,
+    leaving a .tmp: a read that waits its timeout for a byte fails at once, the temporary removed. The deadline
+    parameter bounds the whole (here 5 s, which the 0.5 s timeout ends first)."""
+    path = publish(site, monkeypatch, route, bodies[route])
+    site.stall.add(path)
+    url = f"{site.url}/{path}"
+    folder = tmp_path / "cache"
+    fetch = {
+        "torchvision": lambda: _download.download(url, folder / "f.pth", sha256_prefix="0" * 8,
+                                                  max_bytes=download_limit(NAME), timeout=0.5, deadline=5),
+        "hub": lambda: _download.download_hub_file(url, folder, "model.safetensors", max_bytes=download_limit(NAME),
+                                                   timeout=0.5, deadline="5s"),
+    }[route]
+    stalled = (rf"^could not download {url}: no byte came for 0\.5 s \(the per-read timeout\) after "
+               rf"{len(bodies[route]) // 2:,} bytes; not retried$")
+    with bounded(3), pytest.raises(DownloadError, match=stalled):
+        fetch()
+    assert written(tmp_path) == [] and len(site.requests) == 1
+
+
+def test_the_deadline_parameter_ends_a_drip(site, monkeypatch, tmp_path, bodies):
+    path = publish(site, monkeypatch, "torchvision", bodies["torchvision"])
+    site.drip[path] = 0.2
+    url = f"{site.url}/{path}"
+    late = (rf"^could not download {url}: not complete within 0\.5 s, the deadline deadline=0\.5 sets; [1-3] bytes "
+            r"had arrived$")
+    with bounded(2), pytest.raises(DownloadError, match=late):
+        _download.download(url, tmp_path / "f.pth", sha256_prefix="0" * 8, max_bytes=10**6, deadline=0.5)
+    assert written(tmp_path) == []
 
 
 def test_the_deadline_grows_with_the_size(monkeypatch):

@@ -8,9 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from _hostile import raw_model_file
 from _tiny import TINY_RGB16
 
 from vit_einops import ClassificationHead, TransformerEncoderBlock, ViT, ViTConfig, create_vit
+from vit_einops.modelfile import load_vit
 
 TINY = TINY_RGB16
 NAN, INF = float("nan"), float("inf")
@@ -71,6 +73,14 @@ BAD_CONFIG = [
     ("fc_norm", 1, TypeError, "fc_norm must be a bool, got 1 of type int"),
     ("fc_norm", "yes", TypeError, "fc_norm must be a bool, got 'yes'"),
     ("fc_norm", None, TypeError, "fc_norm must be a bool, got None"),
+    # bounded as image_size is: past int64 it failed in the forward ("int too big to convert")
+    ("rope_grid", 10**39, ValueError,
+     "rope_grid must be at most 2**63 - 1 (torch's integers are int64), got 1000000000000000000000000000000000000000"),
+    ("rope_grid", (4, 2**63), ValueError,
+     "rope_grid[1] must be at most 2**63 - 1 (torch's integers are int64), got 9223372036854775808"),
+    ("rope_grid", 0, ValueError, "rope_grid must be a positive int, got 0"),
+    ("image_size", 2**63, ValueError,
+     "image_size must be at most 2**63 - 1 (torch's integers are int64), got 9223372036854775808"),
 ]
 
 
@@ -82,6 +92,19 @@ def test_bad_config_field_is_refused_where_it_enters(field, value, error, words)
         assert words in str(err.value)
     with pytest.raises(error):  # the same check when a stored config is read back (a file, a checkpoint)
         ViTConfig.from_dict({**TINY, field: value})
+
+
+def test_a_model_file_with_a_rope_grid_past_int64_is_refused_as_it_loads(tmp_path):
+    """The reported tampered file: rope_grid 10**39 loaded, and every forward failed inside torch."""
+    path = raw_model_file(tmp_path / "m.safetensors", config={"rope_grid": [10**39, 4]})
+    with pytest.raises(ValueError) as caught:
+        load_vit(path)
+    assert str(caught.value) == (
+        f"{path}: the stored vit-einops config is invalid: rope_grid[0] must be at most 2**63 - 1 (torch's integers "
+        "are int64), got 1000000000000000000000000000000000000000"
+    )
+    largest = load_vit(raw_model_file(tmp_path / "ok.safetensors", config={"rope_grid": [2**63 - 1, 4]}))
+    assert largest.config.rope_grid == (2**63 - 1, 4)
 
 
 # The attention path is runtime state, not a config field: (value, error type, words in the message).

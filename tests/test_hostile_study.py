@@ -1,14 +1,17 @@
 """The study tools and the model's head under hostile arguments: sizes that multiply past memory are refused by the
 budget before anything is allocated, a patch grid that is not a pair of positive ints is refused by name wherever a
 grid enters (a token layout, the distances, the position similarity), a layout that does not match the tokens it
-labels is refused with both counts, and a distilled head whose two classifiers disagree says how to change both."""
+labels is refused with both counts, a distilled head whose two classifiers disagree says how to change both, and a
+seed past torch's int64 is refused by name while both of its ends are seeds."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 import torch
+from _hostile import assert_user_error, run_cli, tiny_model
 from _tiny import TINY_DIGITS, TINY_RGB16, tiny_vit
 from test_hostile_budgets import refused_at_once
 from torch import nn
@@ -17,12 +20,15 @@ from vit_einops import TokenLayout, max_memory
 from vit_einops.inspect import (
     class_attention_grid,
     dino_view,
+    explain,
+    faithfulness,
     model_position_similarity,
     patch_distances,
     plot_prefix_share,
     plot_token_norms,
     position_similarity,
 )
+from vit_einops.modelfile import save_vit
 
 MAPS = torch.full((1, 1, 2, 5, 5), 0.2)  # (l, b, h, n, n): a class token and 4 patches, uniform attention
 
@@ -138,3 +144,53 @@ def test_a_distilled_model_with_only_fc_removed_says_to_replace_both():
     model.head.fc = nn.Identity()
     with pytest.raises(ValueError, match=re.escape("head.fc has 0 outputs but head.fc_dist has 5")):
         model(torch.zeros(1, 3, 16, 16))
+
+
+# --- seeds: torch's int64 -------------------------------------------------------------------------------------------
+
+PAST_INT64 = [
+    (2**63, "seed must be at most 2**63 - 1 (torch's integers are int64), got 9223372036854775808"),
+    (-(2**63) - 1, "seed must be at least -2**63 (torch's integers are int64), got -9223372036854775809"),
+]
+
+
+@pytest.mark.parametrize("seed, message", PAST_INT64)
+def test_a_seed_past_int64_is_refused_by_name_in_every_study_function(seed, message):
+    """The reported -2**63 - 1 failed deep in torch ("Overflow when unpacking long long"); 2**63 was taken."""
+    model, images = tiny_vit().double(), torch.rand(2, 1, 8, 8, dtype=torch.float64)
+    calls = [
+        lambda: faithfulness(model, images, ["attention"], preprocessed=True, seed=seed),
+        lambda: faithfulness(model, images, [("random", {"seed": seed})], preprocessed=True),
+        lambda: explain(model, images, "random", preprocessed=True, seed=seed),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("seed, message", PAST_INT64)
+def test_a_seed_past_int64_is_refused_by_name_on_the_command_line(tmp_path, seed, message):
+    path = save_vit(tiny_model(), tmp_path / "m.safetensors")
+    for flags in (["--seed", str(seed)], ["--methods", f"random:seed={seed}"]):
+        result = run_cli("faithfulness", path, "--num-images", "2", "--out", tmp_path / "out", "--no-progress", *flags)
+        assert_user_error(result, "^vit-einops faithfulness: error: " + re.escape(message) + "$")
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("seed", [2**63 - 1, -(2**63)])
+def test_int64s_ends_are_seeds(seed):
+    """Each image's random map is seeded with seed + its index, wrapped into int64: the last image of a batch at
+    2**63 - 1 has one."""
+    model, images = tiny_vit().double(), torch.rand(3, 1, 8, 8, dtype=torch.float64)
+    first, again = (faithfulness(model, images, ["attention"], preprocessed=True, seed=seed) for _ in range(2))
+    assert first.seed == seed and first.summary == again.summary
+    assert explain(model, images, "random", preprocessed=True, seed=seed).shape == (3, 4, 4)
+
+
+def test_the_largest_seed_is_taken_on_the_command_line(tmp_path):
+    path = save_vit(tiny_model(), tmp_path / "m.safetensors")
+    result = run_cli("faithfulness", path, "--num-images", "3", "--methods", "attention", "--out", tmp_path / "out",
+                     "--no-progress", "--seed", str(2**63 - 1))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "out" / "faithfulness.json").read_text())["seed"] == 2**63 - 1

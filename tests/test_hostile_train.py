@@ -35,7 +35,7 @@ from vit_einops.modelfile import load_vit
 from vit_einops.train.checkpoint import CheckpointError, load_checkpoint
 from vit_einops.train.config import TrainConfig
 from vit_einops.train.data import ImageDataset, load_image, load_image_folder
-from vit_einops.train.loop import TIMING_FIELDS, TrainingDivergedError, train
+from vit_einops.train.loop import TIMING_FIELDS, TrainingDivergedError, init_distributed, train
 from vit_einops.train.rundir import LOCK_NAME, MANIFEST_NAME, RunDir
 
 # Depth 1: the cheapest model that still writes every file of a run; dropout, so that resuming must restore its RNG.
@@ -138,6 +138,7 @@ NUMERIC = [  # (arguments, the field the error names, the value it names)
     (["--shift=-1"], "shift", "-1"),
     (["--seed=-1"], "seed", "-1"),
     (["--seed", str(2**63)], "seed", "9223372036854775808"),
+    ([f"--seed={-2**63 - 1}"], "seed", "-9223372036854775809"),
     (["--dropout", "nan"], "dropout", "nan"),
     (["--dropout", "1"], "dropout", "1.0"),
     (["--dim", "0"], "dim", "0"),
@@ -172,6 +173,59 @@ def test_an_output_that_is_a_file_or_under_a_file_is_refused_before_the_first_ep
     under = target / "run"
     assert_cli_error(cli("--out", under), re.escape(f"cannot create output directory '{under}'") + ".*")
     assert tree_hashes(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "seed, message",
+    [
+        (2**63, "seed must be at most 2**63 - 1 (torch's integers are int64), got 9223372036854775808"),
+        (-(2**63) - 1, "seed must be >= 0, got -9223372036854775809"),
+    ],
+)
+def test_a_seed_past_int64_is_refused_by_name_on_the_command_line_and_the_api(tmp_path, seed, message):
+    """The reported huge seed failed deep in torch ("Overflow when unpacking long long")."""
+    assert_cli_error(cli(f"--seed={seed}", "--out", tmp_path / "run"), re.escape(message))
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError) as caught:
+        TrainConfig(seed=seed)
+    assert str(caught.value) == message
+
+
+def test_the_largest_seed_trains(tmp_path):
+    """2**63 - 1 is accepted, and two epochs run: the sampler seeds with seed + epoch, past int64 (torch takes it)."""
+    torch.manual_seed(0)
+    data = ImageDataset(torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,)), [str(i) for i in range(10)])
+    config = TrainConfig(epochs=2, batch_size=8, warmup_epochs=0, seed=2**63 - 1)
+    assert config.seed == 2**63 - 1
+    result = train(ViT(**TINY), data, data, config, progress=False)
+    assert [record["epoch"] for record in result.records] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "variables, message",
+    [
+        ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' is not a positive integer"),
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not a positive integer"),
+        ({"WORLD_SIZE": "-1"}, "WORLD_SIZE='-1' is not a positive integer"),
+        ({"WORLD_SIZE": " 2"}, "WORLD_SIZE=' 2' is not a positive integer"),
+        ({"WORLD_SIZE": str(2**63)}, "WORLD_SIZE='9223372036854775808' is not a positive integer"),
+        ({"WORLD_SIZE": "2"}, "RANK is not set; expected an integer in [0, 1] (WORLD_SIZE is 2), as torchrun sets it"),
+        ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK='2' is not an integer in [0, 1] (WORLD_SIZE is 2)"),
+        ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "-1"},
+         "LOCAL_RANK='-1' is not an integer in [0, 1] (WORLD_SIZE is 2)"),
+    ],
+)  # fmt: skip
+def test_torchruns_variables_are_checked_by_name_before_any_work(tmp_path, monkeypatch, variables, message):
+    """The reported WORLD_SIZE 'abc', 0 and -1 surfaced int()'s and torch.distributed's errors, naming no variable."""
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as caught:
+        init_distributed()
+    assert str(caught.value) == message
+    assert_cli_error(cli(*TINY_FLAGS, "--out", tmp_path / "run"), re.escape(message))
+    assert not (tmp_path / "run").exists()
 
 
 # --- outputs that exist, and two runs at once --------------------------------------------------------------------

@@ -397,6 +397,33 @@ def test_explore_force_never_replaces_a_fifo(tmp_path, model_file, capsys):
     assert tree(tmp_path) == before
 
 
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_explore_into_a_folder_says_what_works_with_or_without_force(tmp_path, model_file, capsys, force):
+    """explore writes one page, so a folder at --out is never its own earlier output: the first message names a page
+    to write instead of offering --force, which would then be refused."""
+    out = tmp_path / "pages"
+    out.mkdir()
+    before = tree(tmp_path)
+    code, err = cli(capsys, "explore", model_file, "--out", out, *force)
+    assert code == 2
+    assert err == (
+        f"vit-einops explore: error: --out {out} is a folder; explore writes one HTML page: name it, e.g. --out "
+        f"{out / 'explore.html'}\n"
+    )
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_a_fifo_at_the_output_is_refused_the_same_way_with_or_without_force(tmp_path, model_file, capsys, force):
+    """Without --force the refusal does not offer --force for what --force would not replace."""
+    dst = tmp_path / "dst.safetensors"
+    os.mkfifo(dst)
+    code, err = cli(capsys, "convert", model_file, dst, *force)
+    assert code == 2
+    never = "is a FIFO, not a regular file; it is never replaced, even with --force"
+    assert err == f"vit-einops convert: error: {dst} {never}\n"
+
+
 def test_explore_force_never_replaces_a_fifo_that_appears_while_it_runs(tmp_path, model_file, monkeypatch, capsys):
     import vit_einops.explore.page as page
 

@@ -32,6 +32,20 @@ def test_function_level_and_lazy_imports_count(tmp_path):
     ]
 
 
+def test_the_network_imports_nothing_of_the_core_above_it():
+    """network/ is the core's bottom: an import of inputs, prediction or any other core module from it is a violation
+    (the forward pass reads no budget, file or environment through them)."""
+    edges = {
+        "vit_einops.network.model": {"vit_einops.inputs", "vit_einops.preprocess", "vit_einops.base.checks"},
+        "vit_einops.inputs": set(),
+        "vit_einops.preprocess": set(),
+        "vit_einops.base.checks": set(),
+    }
+    assert import_graph.violations(edges) == [
+        "vit_einops.network.model imports vit_einops.inputs: network/ imports only base, itself and {'preprocess'}"
+    ]
+
+
 def test_tools_may_not_import_each_other_and_new_units_need_a_layer():
     edges = {
         "vit_einops.train.loop": {"vit_einops.inspect.record"},

@@ -15,7 +15,7 @@ from torch import nn
 
 from vit_einops import TokenLayout, ViT
 from vit_einops.network.attention import MultiHeadAttention, set_attn_impl
-from vit_einops.network.config import ATTN_IMPLS
+from vit_einops.network.kernels import ATTN_IMPLS
 from vit_einops.inspect import (
     AttentionRecorder,
     attention_rollout,
@@ -278,7 +278,7 @@ def test_report_runs_the_model_once_when_distance_images_are_the_drawn_ones(tmp_
     distance_images = {None: None, "same": images, "equal": images.clone()}[same]
     calls = []  # every pass embeds its patches, whichever entry point (model(x), forward_features) it takes
     model.patch_embed.register_forward_pre_hook(lambda module, args: calls.append(len(args[0])))
-    write_report(model, images, tmp_path, distance_images=distance_images, titles=["a", "b", "c"])
+    write_report(model, images, tmp_path, distance_images=distance_images, titles=["a", "b", "c"], arrays="full")
     report_calls = list(calls)
     calls.clear()
     explain_all(model, images, preprocessed=True)  # methods.png's maps: the passes the report adds to its one

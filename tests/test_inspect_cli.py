@@ -49,10 +49,8 @@ def test_inspect_a_converted_file_with_images_of_several_modes(tmp_path, files, 
         assert main([*args, "--force"]) == 0
         converted = load_vit(tmp_path / "m.safetensors")
         assert all(torch.equal(a, b) for a, b in zip(converted.state_dict().values(), model.state_dict().values()))
-    assert (
-        main(["inspect", str(tmp_path / "m.safetensors"), *sum((["--image", f] for f in files), []), "--layer", "0"])
-        == 0
-    )
+    images = sum((["--image", f] for f in files), [])
+    assert main(["inspect", str(tmp_path / "m.safetensors"), *images, "--layer", "0", "--arrays", "full"]) == 0
     out = Path("m-inspect")  # the default: in the current directory, not beside the model file
     for name in ("attention", "attention_distance", "position_similarity", "embedding_filters"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG
@@ -71,6 +69,7 @@ def test_default_photos_for_a_register_model_not_trained_on_digits(tmp_path, cap
     model.preprocessing = Preprocessing.timm(crop=16)
     save_vit(model, tmp_path / "m.safetensors")
     flags = ["--rollout-fusion", "max", "--discard-ratio", "0.5", "--start-layer", "1"]
+    flags += ["--arrays", "full"]  # the recorded maps, checked against the rollout below
     assert main(["inspect", str(tmp_path / "m.safetensors"), "--out", str(tmp_path / "out"), *flags]) == 0
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == [

@@ -308,7 +308,7 @@ def test_show_attention_draws_a_register_models_class_row_over_the_patches():
 def test_report_of_a_register_model_names_its_prefix_tokens(tmp_path, unrendered):
     model = registers_vit()
     x = torch.rand(2, 3, 16, 16)
-    paths = write_report(model, x, tmp_path / "r", layer=0)
+    paths = write_report(model, x, tmp_path / "r", layer=0, arrays="full")
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [
         "arrays.npz", "attention.png", "attention_distance.png", "embedding_filters.png", "methods.png",
         "patch_pca.png", "position_similarity.png", "prefix_share.png", "token_norms.png",
@@ -354,7 +354,7 @@ def test_a_model_without_a_class_token_shows_the_patches_attention(tmp_path, unr
     renamed = ("reg1", "reg2", "reg3")
     model = registers_vit(class_token=False, pool="map")
     x = torch.rand(1, 3, 16, 16)
-    paths = write_report(model, x, tmp_path / "r")
+    paths = write_report(model, x, tmp_path / "r", arrays="full")
     assert "dino_attention" not in np.load(paths["arrays"])
     arrays = np.load(paths["arrays"])
     assert "class_attention" not in arrays and "dino_mask" not in arrays

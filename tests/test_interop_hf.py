@@ -251,5 +251,6 @@ def test_cli_convert_predict_inspect_from_a_save_pretrained_directory(tmp_path, 
     assert [p["label"] for p in top] == [hf.config.id2label[i] for i in probs.argsort(descending=True).tolist()]
     assert abs(top[0]["probability"] - probs.max().item()) < 1e-5
     assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "m.safetensors"), "--from", "hf"]) == 0
-    assert main(["inspect", str(tmp_path / "m.safetensors"), "--image", str(tmp_path / "x.png")]) == 0
+    inspect = ["inspect", str(tmp_path / "m.safetensors"), "--image", str(tmp_path / "x.png"), "--arrays", "full"]
+    assert main(inspect) == 0
     assert np.load("m-inspect/arrays.npz")["attention"].shape == (2, 1, 4, 17, 17)

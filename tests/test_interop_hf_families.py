@@ -17,6 +17,7 @@ import pytest
 import torch
 from _interop import interop_library, perturbed, report_diffs
 
+from vit_einops import predict
 from vit_einops.inspect import AttentionRecorder
 from vit_einops.interop import load_hf, save_hf
 
@@ -142,6 +143,13 @@ def test_teacher_labels_clip_projection_and_a_siglip_tower_without_its_head(tmp_
     model = load_hf(tmp_path / "clip")
     assert (model.config.num_classes, model.config.head_bias, model.config.act) == (16, False, "quick_gelu")
     assert model.class_names is None  # projection outputs are no classes
+    assert (model.config.embedding, model.has_classifier) == (True, False)  # an embedding head: a backbone
+    with pytest.raises(ValueError, match=r"^this model outputs a 16-wide embedding \(its head is an embedding "
+                                         r"projection"):  # fmt: skip
+        predict(model, torch.rand(1, 3, 32, 32))
+    assert load_hf(save_hf(model, tmp_path / "ours")).config.embedding  # written back as the projection
+    _hf("CLIPVisionModel").save_pretrained(tmp_path / "tower")
+    assert (load_hf(tmp_path / "tower").config.embedding, load_hf(tmp_path / "tower").num_classes) == (False, 0)
     siglip = _hf("SiglipVisionModel", vision_use_head=False)
     siglip.save_pretrained(tmp_path / "siglip")
     model = load_hf(tmp_path / "siglip").eval()
@@ -166,6 +174,7 @@ def test_a_whole_clip_or_siglip_model_reads_as_its_vision_tower(tmp_path, whole,
     hf.save_pretrained(tmp_path / "hf")
     ours = load_hf(tmp_path / "hf").eval()
     assert ours.source["architecture"] == tower
+    assert ours.config.embedding is (whole == "CLIPModel")  # CLIP's projection to the joint embedding, SigLIP's none
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad(), AttentionRecorder(ours, layers=range(len(ours.blocks))) as rec:
         got = ours(x)

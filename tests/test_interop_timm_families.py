@@ -155,6 +155,44 @@ def test_table_equals_timms_architecture(name):
     assert type(tm).__name__ == timm_class(expected).rsplit(".", 1)[1]
 
 
+PROJECTION_TAGS = [f"{name}.{tag}" for family in presets.FAMILIES.values() for name in family.tags
+                   for tag in family.projections]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [*PROJECTION_TAGS, "vit_base_patch16_clip_224.openai_ft_in1k"])
+def test_clip_projection_tags_read_as_embedding_heads(name):
+    """timm's CLIP image towers keep their projection as ``head`` (num_classes its width): read off timm's own model
+    of that tag (real size, meta device), with the tag or the name alone, it is an embedding head, not a classifier;
+    a fine-tuned tag's head is a classifier."""
+    base, _, tag = name.partition(".")
+    projection = tag in presets.family_of(name).projections
+    with torch.device("meta"):
+        tm = timm.create_model(name, pretrained=False)
+    shapes = {k: torch.empty(v.shape) for k, v in tm.state_dict().items()}
+    for arch in (name, base):
+        config = timm_config(shapes, arch=arch)
+        assert (config.embedding, config.has_classifier, config.num_classes) == (projection, not projection,
+                                                                                 tm.num_classes), arch  # fmt: skip
+
+
+def test_a_tiny_clip_projection_tower_outputs_timms_embedding_and_predicts_nothing():
+    """timm's vit_base_patch16_clip_224.openai built tiny by its own kwargs (its tag's 512-wide projection head):
+    no arch of the registry fits its widths, so it is read as told (the projection with embedding=True); its output
+    is timm's, and it predicts no class."""
+    from vit_einops import predict
+
+    torch.manual_seed(0)
+    tm = perturbed(timm.create_model("vit_base_patch16_clip_224.openai", pretrained=False, img_size=32, patch_size=8,
+                                     **TINY))  # fmt: skip
+    assert tm.num_classes == 512
+    model = load_timm(tm.state_dict(), heads=2, act="gelu", layer_norm_eps=1e-5, embedding=True)
+    assert (model.config.embedding, model.has_classifier, model.num_classes) == (True, False, 512)
+    _compare("timm vit_base_patch16_clip_224.openai (tiny) 32 embedding", model, tm, torch.randn(2, 3, 32, 32))
+    with pytest.raises(ValueError, match=r"^this model outputs a 512-wide embedding \(its head is an embedding "
+                                         r"projection"):  # fmt: skip
+        predict(model, torch.rand(1, 3, 32, 32))
+
+
 def test_tags_hold_timms_classes():
     for base in TIMM_ARCHS:
         tags = tags_of(base)

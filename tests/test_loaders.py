@@ -23,7 +23,7 @@ from vit_einops import save_vit
 from vit_einops.base.budget import ENV_VAR, format_bytes
 from vit_einops.interop import save_hf, save_state_dict_file, to_timm, to_torchvision
 from vit_einops.interop.hf_families import hf_names
-from vit_einops.sizes import BLOCK_OVERHEAD_BYTES
+from vit_einops.network.sizes import BLOCK_OVERHEAD_BYTES
 from vit_einops.sources import load_model
 from vit_einops.train.checkpoint import save_checkpoint
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from vit_einops import ViT, ViTConfig, load_vit, parameter_count, save_vit
 from vit_einops.interop.resample import resample_vit
 from vit_einops.network.patch_embed import resample_pos_embed
+from vit_einops.network.sizes import check_model_forward
 
 D = TINY_RGB16["dim"]
 
@@ -176,11 +177,13 @@ def test_other_sizes_are_refused_with_what_to_do(overrides, size, message):
 
 
 def test_dynamic_size_budgets_the_activations_of_a_huge_input(monkeypatch):
+    # The entry points' check (check_model_forward) counts the tokens of the input's own grid; the forward itself
+    # checks no budget.
     monkeypatch.setenv("VIT_EINOPS_MAX_MEMORY", "1M")
     model = tiny_vit(TINY_RGB16, dynamic_size="timm")
     message = "a forward pass of 1 image at 4097 tokens needs about 517.8 MiB"
     with torch.no_grad(), pytest.raises(ValueError, match=message):
-        model(torch.zeros(1, 3, 256, 256))
+        check_model_forward(model, torch.zeros(1, 3, 256, 256))
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from vit_einops import (
     list_presets,
 )
 from vit_einops.presets import TIMM_ARCHS
-from vit_einops.sizes import parameter_count
+from vit_einops.network.sizes import parameter_count
 from vit_einops.summary import count_parameters, meta_vit, summarize, zeroed_vit
 
 # Published totals (torchvision's num_params for its vit_* models, and timm's) for 1000 classes at 224 px.

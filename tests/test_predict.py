@@ -202,3 +202,25 @@ def test_stale_class_names_after_a_head_swap_are_an_error_not_a_wrong_label(mode
     model.head.fc = torch.nn.Linear(48, 7)
     with pytest.raises(ValueError, match="class_names has 5 names.* 7 outputs"):
         predict(model, images[:1])
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_cli_predicts_the_readable_images_and_names_each_unreadable_one(model, images, tmp_path, capsys, as_json):
+    """One bad file among good ones: the good ones are predicted as alone, each bad one gets its own stderr line
+    naming the file and why, and the exit status says that not all went well."""
+    save_vit(model, tmp_path / "m.safetensors")
+    (tmp_path / "notes.png").write_text("not an image")
+    good = [str(images[0]), str(images[2])]
+    files = [good[0], str(tmp_path / "notes.png"), good[1], str(tmp_path / "absent.jpg")]
+    flags = ["--top-k", "2", *(["--json"] if as_json else [])]
+    assert main(["predict", str(tmp_path / "m.safetensors"), *good, *flags]) == 0
+    alone = capsys.readouterr().out
+    assert main(["predict", str(tmp_path / "m.safetensors"), *files, *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == alone  # the readable images' results, exactly as without the bad files
+    assert captured.err.splitlines() == [
+        f"vit-einops predict: error: cannot read image {str(tmp_path / 'notes.png')!r}: not an image of a format "
+        "vit-einops reads (PNG, JPEG, GIF, BMP, TIFF, WEBP, PPM)",
+        f"vit-einops predict: error: cannot read image {str(tmp_path / 'absent.jpg')!r}: No such file or directory",
+        "threads: 1 (VIT_EINOPS_THREADS)",  # the summary of the predictions made (tests/conftest.py fixes the count)
+    ]

@@ -10,7 +10,7 @@ from _equiv import chefer_reference
 from _tiny import TINY_DIGITS, tiny_vit
 
 from vit_einops import TokenLayout
-from vit_einops.network.config import ATTN_IMPLS
+from vit_einops.network.kernels import ATTN_IMPLS
 from vit_einops.inspect import (
     attention_entropy,
     attention_gradients,

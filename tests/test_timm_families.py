@@ -107,6 +107,39 @@ def test_arch_supplies_what_no_key_holds():
     assert timm_config(_timm_shapes("vit_base_patch16_siglip_224")).pool == "map"  # read off attn_pool.*
 
 
+@pytest.mark.parametrize(
+    ("name", "arch", "embedding"),
+    [
+        ("vit_base_patch16_clip_224.openai", "vit_base_patch16_clip_224.openai", True),
+        ("vit_base_patch16_clip_224.openai", "vit_base_patch16_clip_224", True),  # all its 512-wide tags project
+        ("vit_base_patch16_clip_quickgelu_224", "vit_base_patch16_clip_quickgelu_224", True),  # default: metaclip
+        ("vit_base_patch16_clip_224.openai_ft_in1k", "vit_base_patch16_clip_224.openai_ft_in1k", False),
+        ("vit_base_patch16_clip_224", "vit_base_patch16_clip_224", False),  # default: fine-tuned on ImageNet-1k
+    ],
+)  # fmt: skip
+def test_a_clip_tags_projection_head_reads_as_an_embedding(name, arch, embedding):
+    """The family registry says which of CLIP's tags hold the image projection (presets' ``projections``): a model
+    of one, built or read from timm's keys with that arch, outputs an embedding, not class logits."""
+    with torch.device("meta"):
+        model = create_vit(name)
+    assert (model.config.embedding, model.has_classifier) == (embedding, not embedding)
+    config = timm_config(to_timm(model), arch=arch)
+    assert (config.embedding, config.num_classes) == (embedding, model.num_classes)
+    assert not timm_config(to_timm(model), arch=arch, embedding=False).embedding  # a loader may be told otherwise
+
+
+def test_only_the_registrys_projection_tags_are_embeddings():
+    """A plain ViT of 512 outputs, and a CLIP tower read without its head, are no projection."""
+    assert not timm_config(_timm_shapes("vit_base_patch16_224", num_classes=512), arch="vit_base_patch16_224").embedding
+    headless = _timm_shapes("vit_base_patch16_clip_224.openai", num_classes=0)
+    assert timm_config(headless, arch="vit_base_patch16_clip_224").embedding is False
+    with torch.device("meta"):  # a new head of other outputs (timm's create_model(name, num_classes=10)) classifies
+        assert create_vit("vit_base_patch16_clip_224.openai", num_classes=10).has_classifier
+    with pytest.raises(ValueError, match=r"^family x: projections \['openai'\] are not tags of it with a head$"):
+        presets.Family("x", "", members={}, tags={"vit_base_patch16_224": {"orig_in21k": 0}}, norm=presets._CLIP,
+                       projections=("openai",))  # fmt: skip
+
+
 # ---- refusals ----
 
 

@@ -247,9 +247,8 @@ def test_cli_train_then_inspect(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--limit", "96", "--epochs", "1", "--out", str(out), "--no-progress", *model_flags()]) == 0
     assert "test accuracy" in capsys.readouterr().out
-    assert (
-        main(["inspect", "--checkpoint", str(out / "checkpoint"), "--num-images", "3", "--distance-images", "32"]) == 0
-    )
+    flags = ["--num-images", "3", "--distance-images", "32", "--arrays", "full"]  # the maps are checked below
+    assert main(["inspect", "--checkpoint", str(out / "checkpoint"), *flags]) == 0
     for name in ("attention", "attention_distance", "position_similarity", "embedding_filters"):
         with Image.open(out / "inspect" / f"{name}.png") as png:
             assert png.size[0] > 200, name
@@ -296,6 +295,18 @@ def test_cli_preset_on_the_digits_needs_a_fitting_patch_size(tmp_path, capsys):
     assert re.search(r"vit-einops train: error: --preset vit_ti_16\b.*\b16\b.*\b8\b", err), err
     assert "pass --patch-size 1, 2, 4 or 8" in err
     assert not (tmp_path / "checkpoint").exists()
+
+
+def test_an_embedding_head_is_not_trained_as_a_classifier():
+    """CLIP's projection (ViTConfig.embedding) outputs no classes: train() refuses it before anything runs."""
+    model = ViT(**{**TINY_DIGITS, "embedding": True})
+    data = TensorDataset(torch.rand(4, 1, 8, 8), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError) as err:
+        train(model, data, config=TrainConfig(epochs=1, batch_size=2), device="cpu", progress=False)
+    assert str(err.value) == (
+        "the model's head is an embedding projection (its 10 outputs are an embedding, not class logits); call "
+        "model.reset_classifier(K) for a classifier of the data's K classes"
+    )
 
 
 def test_cli_preset_takes_its_number_of_classes_from_the_data(tmp_path):
@@ -474,10 +485,16 @@ def test_warm_up_is_capped_at_a_fifth_of_a_short_run_and_says_so_once(digits, ca
     assert warmup_steps(TrainConfig(), 23) == (115, False)  # the default 5 of 120 epochs: under the cap
     assert warmup_steps(TrainConfig(epochs=10, warmup_epochs=2), 7) == (14, False)  # exactly the cap
     _, result = run_tiny(digits, config={"epochs": 3, "warmup_epochs": 5, "batch_size": 32})  # 5 steps an epoch
-    assert capsys.readouterr().err.count("note: warm-up capped at 3 steps (0.6 epochs), 20% of the run") == 1
+    # 5 is the default: the note says so rather than "the 5 epochs asked" to a user who asked none.
+    assert capsys.readouterr().err.count(
+        "note: warm-up capped at 3 steps (0.6 epochs), 20% of the run, instead of the default warm-up of 5 epochs "
+        "(warmup_epochs, --warmup-epochs), so that the learning rate still decays\n"
+    ) == 1
     # The rate at the end of each epoch, by the cosine formula after 3 warm-up steps of 15: it decays to 0.
     expected = [2e-3 * 0.5 * (1 + math.cos(math.pi * (5 * e - 3) / 12)) for e in (1, 2, 3)]
     assert [r["lr"] for r in result.records] == pytest.approx(expected, rel=1e-12, abs=1e-18)
+    run_tiny(digits, config={"epochs": 1, "warmup_epochs": 3, "batch_size": 32})
+    assert "instead of the 3 epochs asked (warmup_epochs), so" in capsys.readouterr().err
 
 
 def test_curves_show_train_and_test_loss_and_accuracy_on_whole_epochs():

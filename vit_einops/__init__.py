@@ -10,7 +10,7 @@ from .base.lazy import lazy_exports
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "ATTN_IMPLS": "network.config",
+    "ATTN_IMPLS": "network.kernels",
     "ViTConfig": "network.config",
     "Attend": "network.attention",
     "MultiHeadAttention": "network.attention",
@@ -47,7 +47,7 @@ _EXPORTS = {
     "list_presets": "presets",
     "max_build_time": "base.budget",
     "max_memory": "base.budget",
-    "parameter_count": "sizes",
+    "parameter_count": "network.sizes",
     "thread_policy": "base.threads",
 }
 

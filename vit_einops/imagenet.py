@@ -32,7 +32,7 @@ def imagenet1k_classes() -> list[str]:
 def assume_imagenet_names(model: Any) -> None:
     """Give a model with 1000 logits and no class names ImageNet-1k's, and record in ``model.source`` that they
     were assumed; any other model is left as it is."""
-    if model.config.num_classes != NUM_CLASSES or model.class_names is not None:
+    if model.config.num_classes != NUM_CLASSES or model.config.embedding or model.class_names is not None:
         return
     model.class_names = imagenet1k_classes()
     model.source = {**(model.source or {}), "class_names": ASSUMED}

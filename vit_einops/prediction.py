@@ -18,6 +18,7 @@ import torch
 from .base.checks import check_positive_int
 from .inputs import model_inputs
 from .network.model import ViT
+from .network.sizes import check_model_forward
 
 
 class Prediction(NamedTuple):
@@ -74,8 +75,16 @@ def predict(
         raise TypeError(f"predict expects a vit_einops.ViT, got {type(model).__name__}")
     check_positive_int("top_k", top_k)
     check_positive_int("batch_size", batch_size)
-    if model.config.num_classes == 0:
+    config = model.config
+    if config.num_classes == 0:
         raise ValueError("this model has no classifier (num_classes 0): it returns features, not classes")
+    if config.embedding:
+        raise ValueError(
+            f"this model outputs a {config.num_classes}-wide embedding (its head is an embedding projection, as "
+            f"CLIP's image tower's), not class logits: it has no classes to predict. Compare model(x) with other "
+            f"embeddings, or study it as a backbone: vit-einops inspect or explore with --target-embedding FILE or "
+            f"--target-image PATH (vit_einops.inspect's EmbeddingTarget, ImageTarget)"
+        )
     names = model.class_names
     if names is not None and len(names) != model.num_classes:
         raise ValueError(
@@ -84,6 +93,7 @@ def predict(
         )
     top_k = min(top_k, model.config.num_classes)
     batch = model_inputs(model, images, preprocessed=preprocessed)
+    check_model_forward(model, batch[:batch_size])
     was_training = model.training
     model.eval()
     try:

@@ -59,6 +59,9 @@ class Family:
         hub_repos: members whose weights sit in another name's hub repository (timm's hf_hub_id).
         hf: the Hugging Face transformers architectures that hold the family -> the image processor transformers
             pairs with each (AutoImageProcessor's table; ``convert --to hf`` writes its preprocessor_config.json).
+        projections: the tags whose head is not a classifier but the projection into a joint image-text embedding
+            (CLIP's image tower: timm stores it as the head of num_classes outputs); their models output that
+            embedding (ViTConfig.embedding) and are studied as backbones.
     """
 
     name: str
@@ -70,6 +73,13 @@ class Family:
     tag_crops: Mapping[str, float] = field(default_factory=dict)
     hub_repos: Mapping[str, str] = field(default_factory=dict)
     hf: Mapping[str, str] = field(default_factory=dict)
+    projections: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        heads = {tag: classes for tags in self.tags.values() for tag, classes in tags.items()}
+        stray = [tag for tag in self.projections if not heads.get(tag)]
+        if stray:
+            raise ValueError(f"family {self.name}: projections {stray} are not tags of it with a head")
 
     def crop(self, tag: str) -> float:
         return self.tag_crops.get(tag, self.crop_pct)
@@ -164,6 +174,8 @@ FAMILIES: dict[str, Family] = {
             members={"vit_base_patch16_clip_224": {**_B, **_CLIP_OPTS}},
             tags={"vit_base_patch16_clip_224": _CLIP_TAGS},
             hf={"CLIPVisionModel": "CLIPImageProcessor", "CLIPVisionModelWithProjection": "CLIPImageProcessor"},
+            projections=("datacompxl", "dfn2b", "laion2b", "laion400m_e32", "metaclip_2pt5b", "metaclip_400m",
+                         "openai"),
             tag_crops={tag: 1.0 for tag in ("datacompxl", "dfn2b", "laion2b", "laion2b_ft_in1k", "laion400m_e32",
                                             "metaclip_2pt5b", "metaclip_400m")}
             | {tag: 0.9 for tag in ("laion2b_ft_in12k", "openai", "openai_ft_in1k", "openai_ft_in12k")},
@@ -174,6 +186,7 @@ FAMILIES: dict[str, Family] = {
             members={"vit_base_patch16_clip_quickgelu_224": {**_B, **_CLIP_OPTS, "act": "quick_gelu"}},
             tags={"vit_base_patch16_clip_quickgelu_224": {"metaclip_2pt5b": 512, "metaclip_400m": 512, "openai": 512}},
             hub_repos={"vit_base_patch16_clip_quickgelu_224": "vit_base_patch16_clip_224"},
+            projections=("metaclip_2pt5b", "metaclip_400m", "openai"),
         ),
         # timm's Eva: q and v biases, SwiGLU MLP (2/3 of 4D wide), RoPE on the patches beside E_pos, mean pooling
         Family(
@@ -192,10 +205,16 @@ FAMILIES: dict[str, Family] = {
     )
 }  # fmt: skip
 
-# timm's model names -> their ViTConfig fields, derived from FAMILIES: every family's members, with the classes of
+
+def _head(family: Family, tag: str, classes: int) -> dict[str, Any]:
+    """The head's fields of a tag: its classes, and ``embedding`` for a projection (left out for a classifier)."""
+    return {"num_classes": classes, **({"embedding": True} if tag in family.projections else {})}
+
+
+# timm's model names -> their ViTConfig fields, derived from FAMILIES: every family's members, with the head of
 # their default tag (what timm.create_model(name) builds).
 TIMM_ARCHS: dict[str, dict[str, Any]] = {
-    name: {"image_size": 224, "patch_size": 16, **fields, "num_classes": next(iter(family.tags[name].values()))}
+    name: {"image_size": 224, "patch_size": 16, **fields, **_head(family, *next(iter(family.tags[name].items())))}
     for family in FAMILIES.values()
     for name, fields in family.members.items()
 }
@@ -221,12 +240,14 @@ HF_PROCESSORS: dict[str, str] = {arch: proc for family in FAMILIES.values() for 
 
 def family_table() -> str:
     """The registry as the Markdown table docs/models.md holds (a test keeps the two equal): each family, its paper,
-    timm names, pretrained tags (timm's default first), eval normalisation and crop, and the transformers classes."""
+    timm names, pretrained tags (timm's default first; in italics those whose head is an embedding projection),
+    eval normalisation and crop, and the transformers classes."""
     norms = {_IMAGENET: "ImageNet", _CLIP: "CLIP", _HALF: "0.5"}
     rows = ["| family | paper | timm names | tags | mean/std, crop_pct | Hugging Face |", "|---|---|---|---|---|---|"]
     for f in FAMILIES.values():
         names = ", ".join(f"`{n}`" for n in f.members) or f"tags of {', '.join(f'`{n}`' for n in f.tags)}"
-        tags = ", ".join(dict.fromkeys(t for tags in f.tags.values() for t in tags))
+        listed = dict.fromkeys(t for tags in f.tags.values() for t in tags)
+        tags = ", ".join(f"*{t}*" if t in f.projections else t for t in listed)
         hf = ", ".join(f"`{a}`" for a in f.hf) or "none"
         rows.append(f"| {f.name} | {f.cite} | {names} | {tags} | {norms[f.norm]}, {f.crop_pct:g} | {hf} |")
     return "\n".join(rows)
@@ -239,12 +260,16 @@ def list_presets(*, timm_names: bool = False) -> list[str]:
 
 
 def preset_config(name: str, **overrides: Any) -> dict[str, Any]:
-    """The keyword arguments of preset ``name`` (ours, or timm's, "name" or "name.tag") with ``overrides`` applied."""
+    """The keyword arguments of preset ``name`` (ours, or timm's, "name" or "name.tag") with ``overrides`` applied;
+    ``num_classes`` there is a new classifier, not the tag's projection (unless ``embedding`` says so too)."""
     if not isinstance(name, str):
         raise TypeError(f"a preset name is a str, got {name!r} of type {type(name).__name__}")
     if name in PRESETS:
         return {**PRESETS[name], **overrides}
-    return {**timm_arch(name), **overrides}
+    fields = timm_arch(name)
+    if "num_classes" in overrides:
+        fields.pop("embedding", None)
+    return {**fields, **overrides}
 
 
 def _listing(base: str) -> Family:
@@ -264,7 +289,8 @@ def _check_timm_name(base: str) -> None:
 
 def timm_arch(name: str) -> dict[str, Any]:
     """The ViTConfig fields of timm's model ``name`` ("vit_small_patch14_reg4_dinov2"), or of one of its pretrained
-    tags ("vit_base_patch16_clip_224.openai": the tag sets the classes, as timm's pretrained_cfg)."""
+    tags ("vit_base_patch16_clip_224.openai": the tag sets the classes, as timm's pretrained_cfg, and whether they
+    are an embedding projection: the family's ``projections``)."""
     if not isinstance(name, str):
         raise TypeError(f"a timm model name is a str, got {name!r} of type {type(name).__name__}")
     base, dot, tag = name.partition(".")
@@ -275,8 +301,22 @@ def timm_arch(name: str) -> dict[str, Any]:
         if tag not in tags:
             known = ", ".join(f"{base}.{t}" for t in tags) or f"none: use {base}"
             raise ValueError(f"unknown timm pretrained tag {tag!r} of {base}; known tags: {known}")
-        fields["num_classes"] = tags[tag]
+        fields.pop("embedding", None)
+        fields |= _head(family_of(name), tag, tags[tag])
     return fields
+
+
+def embedding_of(name: str, num_classes: int) -> bool:
+    """Whether a head of ``num_classes`` outputs on timm's ``name`` is an embedding projection (ViTConfig.embedding),
+    as the registry says: for "name.tag" the tag's say; for the name alone, that of its tags with that many outputs
+    where they all say it (CLIP's 512-wide tags are all projections). No head is no projection."""
+    base, dot, tag = name.partition(".")
+    if not num_classes:
+        return False
+    if dot:
+        return tag in family_of(name).projections
+    tags = [(f"{base}.{t}", classes) for t, classes in tags_of(base).items() if classes == num_classes]
+    return bool(tags) and all(embedding_of(tagged, classes) for tagged, classes in tags)
 
 
 def default_tag(name: str) -> str:

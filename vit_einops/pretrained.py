@@ -14,7 +14,11 @@ Each name's weights are stated once, in :data:`PRETRAINED`:
   written, and a new download's sha256 must equal its ETag (:func:`vit_einops.base.download.download_hub_file`).
   ``$HF_HUB_OFFLINE=1`` reads the cache only.
 
-Every download is capped at the size its architecture implies (:func:`download_limit`) and has a deadline.
+Every download is capped at the size its architecture implies (:func:`download_limit`) and has a deadline: 60 s
+plus 1 s per 128 KiB of that size, or the time in ``$VIT_EINOPS_DOWNLOAD_DEADLINE`` ("30", "90s", "2min", "1h"). A
+download not complete by then, one that falls behind that rate after its first 60 s (under the default), or one
+whose server sends nothing for 60 s fails with an error naming the URL and the time, and leaves nothing in the
+cache (:mod:`vit_einops.base.download`).
 
 ``$VIT_EINOPS_WEIGHTS_URL`` replaces torchvision's base URL and ``$HF_ENDPOINT`` the hub's (mirrors, and the tests'
 server on 127.0.0.1). ``create_vit(name, weights=PATH)`` loads a local file or directory in any form
@@ -37,7 +41,7 @@ from .network.config import ViTConfig
 from .preprocess import Preprocessing
 from .presets import create_vit as create_architecture
 from .presets import FAMILIES, PRESETS, default_tag, family_of, preset_config, timm_arch, timm_preprocessing
-from .sizes import parameter_count
+from .network.sizes import parameter_count
 
 if TYPE_CHECKING:
     from .network.model import ViT
@@ -204,7 +208,7 @@ def _offline_hint(name: str, url: str, reason: str, file: str) -> str:
 
 def download_limit(name: str) -> int:
     """The most bytes ``name``'s published weights file can be, from its architecture alone: its parameters
-    (:func:`vit_einops.sizes.parameter_count` at the weights' image size and classes) as float32, and
+    (:func:`vit_einops.network.sizes.parameter_count` at the weights' image size and classes) as float32, and
     :data:`CONTAINER_MARGIN`. No server may declare or send more."""
     published = PRETRAINED[name]
     config = preset_config(name, image_size=published.image_size, num_classes=published.num_classes)

@@ -19,7 +19,7 @@ from .base.text import printable
 from .network.config import FREE_FIELDS, ViTConfig
 from .network.model import ViT
 from .network.patch_embed import conv_to_linear_weight, linear_to_conv_weight
-from .sizes import check_file_holds, check_model_memory
+from .network.sizes import check_file_holds, check_model_memory
 
 PATCH_WEIGHT = "patch_embed.proj.weight"
 
@@ -143,7 +143,7 @@ def load_weights(
     the library of a state dict in memory) starts every message.
 
     Before anything is read: a file of ``file_bytes`` must hold the parameters ``config`` describes
-    (:func:`~vit_einops.sizes.check_file_holds`), and loading must fit the memory budget: the model's weights twice
+    (:func:`~vit_einops.network.sizes.check_file_holds`), and loading must fit the memory budget: the model's weights twice
     (the file's tensors and the model's copies) at ``dtype``'s size, else the largest of ``shapes``, and each tensor
     ``shapes`` declares (the file's, on the meta device) at its declared size. Then the tensors: floating point (of
     one dtype a model runs in, unless ``dtype`` casts them), cast to ``dtype`` (None keeps theirs), and finite as

@@ -11,7 +11,7 @@ from torch import nn
 
 from .network.model import ViT
 from .presets import create_vit
-from .sizes import check_forward_memory, check_model_memory
+from .network.sizes import check_forward_memory, check_model_memory
 
 
 def count_parameters(model: nn.Module) -> int:

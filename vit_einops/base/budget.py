@@ -12,7 +12,7 @@ for a whole process with the environment variable ``VIT_EINOPS_MAX_MEMORY=64GiB`
 ``--max-memory 64GiB`` (every command). The innermost setting wins: the context, then the variable, then the machine.
 
 Time has a budget where memory does not see the work: building a model costs about the same for each module
-whatever its size (:data:`vit_einops.sizes.MODULE_SECONDS`), so a config of depth 50000 and width 8 takes over a
+whatever its size (:data:`vit_einops.network.sizes.MODULE_SECONDS`), so a config of depth 50000 and width 8 takes over a
 minute of Python while its tensors fit in a few MiB. :func:`check_build_time` refuses a construction whose
 estimate is over the limit: :data:`BUILD_SECONDS` by default (the largest real ViTs build their modules in well
 under a second), else ``VIT_EINOPS_MAX_BUILD_TIME``, ``with vit_einops.max_build_time("2min"): ...`` or
@@ -28,14 +28,15 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from fractions import Fraction
 from typing import Any
 
-from .checks import check_int
+from .checks import MAX_SIZE, check_int, show_int
 
 ENV_VAR = "VIT_EINOPS_MAX_MEMORY"
 TIME_ENV_VAR = "VIT_EINOPS_MAX_BUILD_TIME"
 # The default limit on a model's estimated construction time, in seconds: about 7,500 encoder blocks at the rate
-# vit_einops.sizes.MODULE_SECONDS states; ViT-H/14's 32 blocks take 0.04 s.
+# vit_einops.network.sizes.MODULE_SECONDS states; ViT-H/14's 32 blocks take 0.04 s.
 BUILD_SECONDS = 10.0
 # An image larger than this many pixels is refused: before a file is decoded (vit_einops.images.open_image), and
 # when a preprocessing step would resize to more (a 1x60000 PNG whose shorter side goes to 256 would be 256x15360000).
@@ -48,40 +49,42 @@ _QUANTITY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")  # a number
 _LIMIT: ContextVar[int | None] = ContextVar("vit_einops_max_memory", default=None)
 _TIME_LIMIT: ContextVar[float | None] = ContextVar("vit_einops_max_build_time", default=None)
 _SIZES_ACCEPTED = (
-    "a size from 1 byte to 8 EiB such as 64GiB, 500MB, 1.5G or 1000000 (bytes; k/M/G/T are powers of 1000, "
-    "KiB/MiB/GiB/TiB powers of 1024)"
+    "a size from 1 byte to 2**63 - 1 bytes (8 EiB less one byte) such as 64GiB, 500MB, 1.5G or 1000000 (bytes; "
+    "k/M/G/T are powers of 1000, KiB/MiB/GiB/TiB powers of 1024)"
 )
 _TIMES_ACCEPTED = "a time from 1 ms to 1 year such as 30, 30s, 2min or 1.5h (seconds unless a unit is given)"
 
 
 def _quantity(
-    text: Any, name: str, units: dict[str, int], accepted: str, low: float, high: float, numbers: tuple[type, ...]
-) -> float:
-    """``text`` (one of ``numbers``, or a string of a number and one of ``units``) in the base unit, within [low,
-    high]; ValueError naming ``name``, the text as given and what is accepted otherwise."""
+    text: Any, name: str, units: dict[str, int], accepted: str, low: Fraction, high: Fraction,
+    numbers: tuple[type, ...],
+) -> Fraction:
+    """``text`` (one of ``numbers``, or a string of a number and one of ``units``) in the base unit, exactly (a
+    float would round 2**63 - 1 up to 2**63), within [low, high]; ValueError naming ``name``, the text as given and
+    what is accepted otherwise."""
+    value = None
     if isinstance(text, numbers) and not isinstance(text, bool):
-        number, unit = text, ""
+        with contextlib.suppress(ValueError, OverflowError):  # nan, inf
+            value = Fraction(text)
     elif isinstance(text, str) and (match := _QUANTITY.fullmatch(text)) and match[2].lower() in units:
-        number, unit = float(match[1]), match[2].lower()
-    else:
-        raise ValueError(f"{name} must be {accepted}, got {text!r}")
-    value = number * units[unit]
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be {accepted}, got {text!r}")
+        with contextlib.suppress(ValueError):  # more digits than Python converts (4300)
+            value = Fraction(match[1]) * units[match[2].lower()]
+    if value is None or not low <= value <= high:
+        raise ValueError(f"{name} must be {accepted}, got {show_int(text) if isinstance(text, int) else repr(text)}")
     return value
 
 
 def parse_bytes(text: Any, name: str = "max_memory") -> int:
-    """A memory size as a whole number of bytes: an int, or a string such as "64GiB", "500MB", "1.5G", "1000000"
-    (k/M/G/T are powers of 1000, KiB/MiB/GiB/TiB powers of 1024). ValueError naming ``name`` and the text as given
-    otherwise, a size under one byte ("0.5") included."""
-    return int(_quantity(text, name, _UNITS, _SIZES_ACCEPTED, 1, 2**63 - 1, (int,)))
+    """A memory size as a whole number of bytes (rounded down): an int, or a string such as "64GiB", "500MB", "1.5G",
+    "1000000" (k/M/G/T are powers of 1000, KiB/MiB/GiB/TiB powers of 1024), at most 2**63 - 1. ValueError naming
+    ``name`` and the text as given otherwise, a size under one byte ("0.5") included."""
+    return int(_quantity(text, name, _UNITS, _SIZES_ACCEPTED, Fraction(1), Fraction(MAX_SIZE), (int,)))
 
 
 def parse_seconds(text: Any, name: str = "max_build_time") -> float:
     """A time in seconds: a number, or a string such as "30", "30s", "2min", "1.5h". ValueError naming ``name`` and
     the text as given otherwise."""
-    return _quantity(text, name, _SECONDS, _TIMES_ACCEPTED, 1e-3, _YEAR, (int, float))
+    return float(_quantity(text, name, _SECONDS, _TIMES_ACCEPTED, Fraction(1, 1000), Fraction(_YEAR), (int, float)))
 
 
 def format_bytes(size: float) -> str:
@@ -221,7 +224,7 @@ def check_memory(estimate: float, what: str) -> None:
     over = limit_text()
     if estimate * 1.1 >= 2**63:
         raise ValueError(
-            f"{what} needs about {need}, over {over}; no limit allows it (--max-memory takes at most 8 EiB)"
+            f"{what} needs about {need}, over {over}; no limit allows it (--max-memory takes at most 2**63 - 1 bytes)"
         )
     allow = _round_up(estimate * 1.1)
     raise ValueError(

@@ -13,46 +13,57 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def check_int(name: str, value: Any) -> int:
-    """Return ``value`` as a Python int, or raise TypeError naming ``name`` and the value."""
+# torch's integers are int64 (sizes, indices, a generator's seed): the range every int checked here must fit, so that
+# a value past it is refused by name where it enters, not by torch's "Overflow when unpacking long long" later.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# The largest size a tensor holds along one axis, and the largest count of a model's parts.
+MAX_SIZE = INT64_MAX
+
+
+def check_int(name: str, value: Any, low: int = INT64_MIN, high: int = INT64_MAX) -> int:
+    """Return ``value`` as a Python int if it is an int in [low, high] (by default torch's int64 range); else a
+    TypeError (not an int) or ValueError (out of range) naming ``name`` and the value."""
     if not _is_int(value):
         raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
-    return int(value)
+    value = int(value)
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be {_int_range(value, low, high)}, got {show_int(value)}")
+    return value
+
+
+def _int_range(value: int, low: int, high: int) -> str:
+    """What [low, high] asks of ``value``, for a message: the bound it broke where the other is int64's."""
+    int64 = "(torch's integers are int64)"
+    if value > high and high == INT64_MAX:
+        return f"at most 2**63 - 1 {int64}"
+    if value < low and high == INT64_MAX:
+        return {1: "a positive int", 0: ">= 0", INT64_MIN: f"at least -2**63 {int64}"}.get(low, f">= {low}")
+    return f"an int in [{'-2**63' if low == INT64_MIN else low}, {high}]"
 
 
 def check_positive_int(name: str, value: Any) -> int:
-    """Return `value` (as a Python int) if it is an int > 0, else raise naming `name` and the value."""
-    value = check_int(name, value)
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value}")
-    return value
+    """Return ``value`` (as a Python int) if it is an int in [1, 2**63 - 1], else raise naming ``name`` and the
+    value."""
+    return check_int(name, value, 1)
 
 
 def check_nonnegative_int(name: str, value: Any) -> int:
-    """Return ``value`` (as a Python int) if it is an int >= 0, else raise naming ``name`` and the value."""
-    value = check_int(name, value)
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value
-
-
-# The largest size a tensor holds along one axis, and the largest count of a model's parts: torch's sizes are int64.
-MAX_SIZE = 2**63 - 1
+    """Return ``value`` (as a Python int) if it is an int in [0, 2**63 - 1], else raise naming ``name`` and the
+    value."""
+    return check_int(name, value, 0)
 
 
 def show_int(value: int) -> str:
-    """``value`` for a message; one too long to print (Python refuses past 4300 digits) by its length in bits."""
-    return str(value) if value.bit_length() <= 128 else f"an int of {value.bit_length():,} bits"
+    """``value`` for a message; one too long for a message line (over 256 bits, 78 digits; Python refuses to print
+    past 4300) by its length in bits."""
+    return str(value) if value.bit_length() <= 256 else f"an int of {value.bit_length():,} bits"
 
 
 def check_size(name: str, value: Any, *, positive: bool = True) -> int:
     """A size or count of a model (a width, a depth, a number of tokens or classes): a positive int (or >= 0 when
     not ``positive``) at most :data:`MAX_SIZE`. The estimates multiply such sizes, so one past torch's range is
     refused here, by name, rather than overflowing in a product later."""
-    value = check_positive_int(name, value) if positive else check_nonnegative_int(name, value)
-    if value > MAX_SIZE:
-        raise ValueError(f"{name} must be at most 2**63 - 1 (torch's sizes are int64), got {show_int(value)}")
-    return value
+    return check_int(name, value, 1 if positive else 0)
 
 
 def check_grid(name: str, grid: Any) -> tuple[int, int]:
@@ -93,14 +104,6 @@ def check_patch_grid(image_size: Any, patch_size: Any) -> tuple[tuple[int, int],
                 f"image {axis} {size} is not divisible by patch {axis} {side} (image_size {image}, patch_size {patch})"
             )
     return image, patch
-
-
-def check_int_in_range(name: str, value: Any, low: int, high: int) -> int:
-    """Return ``value`` (as a Python int) if it is an int in [low, high], else raise naming ``name`` and the value."""
-    value = check_int(name, value)
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be an int in [{low}, {high}], got {value}")
-    return value
 
 
 def check_index(name: str, value: Any, length: int, container: str | None = None) -> int:
@@ -184,6 +187,25 @@ def check_dense_tensor(name: str, value: Any, *, values: bool = True) -> None:
             f"{name} is a meta tensor (a shape without values); expected a tensor that holds its values, on the "
             "model's device"
         )
+
+
+def check_attention_mask(mask: Any, shape: tuple[int, ...], axes: str) -> Any:
+    """``mask`` if it is a bool tensor (True = may attend) that broadcasts to the scores' ``shape`` (their axes
+    named by ``axes``, such as "(b, h, n, m)"): a TypeError naming its dtype, or a ValueError naming its shape,
+    otherwise. Attention kernels fill the scores where the mask is False, which a float mask (an additive bias
+    in torch's SDPA) or another shape would turn into a wrong result or an error from inside the kernel."""
+    import torch
+
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a bool tensor (True = may attend), got {got}")
+    try:
+        fits = mask.ndim <= len(shape) and torch.broadcast_shapes(mask.shape, shape) == tuple(shape)
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to {axes} = {tuple(shape)}")
+    return mask
 
 
 def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:

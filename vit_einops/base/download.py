@@ -10,13 +10,19 @@ files). For every download:
   refused before a byte is written; the body is read up to its declared size (the cap without one) plus one byte,
   and a body longer or shorter than declared is refused.
 - Time: one deadline for the whole download, retries included: :data:`DEADLINE_BASE_S` plus the size at
-  :data:`MIN_RATE`. A watchdog closes the connection when it passes, so neither a drip of the headers nor of the
-  body outlives it; each read also waits at most ``timeout`` seconds.
+  :data:`MIN_RATE`, or the time given as ``deadline`` or in ``$VIT_EINOPS_DOWNLOAD_DEADLINE`` (seconds, or "90s",
+  "2min", "1h"). A watchdog closes the connection when it passes, so neither a drip of the headers nor of the body
+  outlives it; each read also waits at most ``timeout`` seconds (:data:`TIMEOUT_S`), less when less time is left.
+  Under the default deadline a body that falls behind :data:`MIN_RATE` once :data:`DEADLINE_BASE_S` have passed is
+  given up then: at its average rate so far it would miss the deadline (at a steady rate, these are exactly the
+  downloads that would), and a drip of a large file's body ends in about a minute, not at its deadline.
 - Encoding: ``Accept-Encoding: identity`` is sent and a body with any other Content-Encoding is refused: nothing is
   ever decompressed.
 - Redirects: at most :data:`MAX_REDIRECTS`, to http or https URLs only.
-- Retries: a body cut short is fetched again from its start, at most :data:`ATTEMPTS` times in all, under the same
-  deadline and cap; nothing else is retried (a refused connection, an unknown host and an HTTP error fail at once).
+- Retries: a body cut short (the connection closed or reset) is fetched again from its start, at most
+  :data:`ATTEMPTS` times in all, under the same deadline and cap; nothing else is retried: a read that waited
+  ``timeout`` seconds for a byte (a stalled server), a refused connection, an unknown host and an HTTP error fail at
+  once.
 - Every string a server sends reaches a message through :func:`vit_einops.base.text.printable`.
 
 The body streams into a temporary beside its target (:func:`vit_einops.base.io.atomic_write_chunks`), hashed as it
@@ -45,13 +51,15 @@ from email.message import Message
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .budget import parse_seconds
 from .io import atomic_write_bytes, atomic_write_chunks, output_lock, read_regular_file
 from .text import printable
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60.0  # per blocking read: a stalled connection fails instead of hanging
 DEADLINE_BASE_S = 60.0  # the whole download's allowance beside its size: connecting, the headers, a slow start
-MIN_RATE = 128 * 1024  # bytes/s (1 Mbit/s): a download slower than this on average is given up at its deadline
+MIN_RATE = 128 * 1024  # bytes/s (1 Mbit/s): a download that falls behind this rate is given up (module docstring)
+DEADLINE_ENV = "VIT_EINOPS_DOWNLOAD_DEADLINE"  # a time that replaces every download's default deadline
 ATTEMPTS = 2  # a body cut short is fetched once more, from its start
 MAX_REDIRECTS = 5
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -75,12 +83,18 @@ class _CutShort(DownloadError):
     """A body that ended before its declared length: fetched again from its start while attempts are left."""
 
 
-def download(url: str, path: str | Path, *, sha256_prefix: str, max_bytes: int, timeout: float = TIMEOUT_S) -> Path:
+def download(
+    url: str, path: str | Path, *, sha256_prefix: str, max_bytes: int, timeout: float = TIMEOUT_S,
+    deadline: float | str | None = None,
+) -> Path:
     """Fetch ``url`` into ``path`` (its directory is created), refusing a body over ``max_bytes``, one cut short,
-    and one whose sha256 does not start with ``sha256_prefix`` (DownloadError; nothing is written at ``path``)."""
+    and one whose sha256 does not start with ``sha256_prefix`` (DownloadError; nothing is written at ``path``).
+    ``deadline``: the time the whole download may take (module docstring; None: $VIT_EINOPS_DOWNLOAD_DEADLINE, else
+    the default that grows with the size)."""
     if len(sha256_prefix) < 8 or any(c not in "0123456789abcdef" for c in sha256_prefix):
         raise ValueError(f"sha256_prefix must be at least 8 lowercase hex digits, got {sha256_prefix!r}")
     _check_max_bytes(max_bytes)
+    allowed = _allowed(deadline)
     path = Path(path)
 
     def refuse_hash(digest: str) -> str | None:
@@ -98,10 +112,13 @@ def download(url: str, path: str | Path, *, sha256_prefix: str, max_bytes: int, 
     with output_lock(path, parents=True):  # and the leftovers of a killed download are removed
         if path.is_file():  # another process finished it while this one waited to be called
             return path
-        return _fetch(url, max_bytes, timeout, save)
+        return _fetch(url, max_bytes, timeout, allowed, save)
 
 
-def download_hub_file(url: str, repo: str | Path, file: str, *, max_bytes: int, timeout: float = TIMEOUT_S) -> Path:
+def download_hub_file(
+    url: str, repo: str | Path, file: str, *, max_bytes: int, timeout: float = TIMEOUT_S,
+    deadline: float | str | None = None,
+) -> Path:
     """Fetch ``url``, a Hugging Face hub's ``/resolve/`` URL of ``file`` (an LFS file), into ``repo``, the hub cache's
     folder of its repository (``.../models--ORG--NAME``). Returns ``snapshots/<commit>/<file>``, a link to the blob.
 
@@ -109,9 +126,11 @@ def download_hub_file(url: str, repo: str | Path, file: str, *, max_bytes: int, 
     lowercase hex digits), the file's sha256 (X-Linked-Etag, else ETag: 64 lowercase hex digits once its quotes and
     ``W/`` are stripped) and its size (X-Linked-Size, else Content-Length: digits); anything else is refused before a
     byte is written, so no name a server sends reaches a path unchecked. The body's sha256 must equal the ETag.
-    A blob already cached under that sha256 is not downloaded again.
+    A blob already cached under that sha256 is not downloaded again. ``timeout`` and ``deadline`` as
+    :func:`download` takes them.
     """
     _check_max_bytes(max_bytes)
+    allowed = _allowed(deadline)
     if not file or "/" in file or file in (".", ".."):
         raise ValueError(f"file must be a file name in the repository's root, got {file!r}")
     repo = Path(repo)
@@ -129,7 +148,7 @@ def download_hub_file(url: str, repo: str | Path, file: str, *, max_bytes: int, 
                 _save(url, response, blob, size, max_bytes, deadline, timeout, refuse_hash)
             return _link_snapshot(url, repo, commit, file, sha256)
 
-    return _fetch(url, max_bytes, timeout, save)
+    return _fetch(url, max_bytes, timeout, allowed, save)
 
 
 def cached_hub_file(repo: str | Path, file: str) -> Path | None:
@@ -145,6 +164,18 @@ def cached_hub_file(repo: str | Path, file: str) -> Path | None:
     if blob.parent != Path(os.path.realpath(repo / "blobs")) or not _SHA256.fullmatch(blob.name):
         return None
     return entry if _is_regular_file(blob) else None
+
+
+def _allowed(deadline: float | str | None) -> tuple[float, str] | None:
+    """The whole download's time in seconds and what set it, for the message: ``deadline``, else
+    $VIT_EINOPS_DOWNLOAD_DEADLINE; None for neither (the default, from the size). A time that is none is a
+    ValueError naming it, before any request."""
+    if deadline is not None:
+        return parse_seconds(deadline, "deadline"), f"deadline={deadline!r}"
+    text = os.environ.get(DEADLINE_ENV)
+    if text:
+        return parse_seconds(text, DEADLINE_ENV), f"{DEADLINE_ENV}={text.strip()}"
+    return None
 
 
 def _check_max_bytes(max_bytes: int) -> None:
@@ -195,15 +226,16 @@ def _main_commit(repo: Path) -> str | None:
 
 
 class _Deadline:
-    """The time one download may take, its retries included: :data:`DEADLINE_BASE_S` plus its size at
-    :data:`MIN_RATE`, the size being the cap until the server declares a smaller one. A watchdog thread shuts the
-    current connection's socket down when it passes: a read blocked on a drip (a header line, a chunk size, the
-    body) returns at once."""
+    """The time one download may take, its retries included: ``allowed`` (seconds, and what set them), else
+    :data:`DEADLINE_BASE_S` plus its size at :data:`MIN_RATE`, the size being the cap until the server declares a
+    smaller one. A watchdog thread shuts the current connection's socket down when it passes: a read blocked on a
+    drip (a header line, a chunk size, the body) returns at once."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, allowed: tuple[float, str] | None = None) -> None:
         self.start = time.monotonic()
         self.size = size
-        self.at = self.start + DEADLINE_BASE_S + size / MIN_RATE
+        self.allowed = allowed
+        self.at = self.start + (allowed[0] if allowed else DEADLINE_BASE_S + size / MIN_RATE)
         self._socket: socket.socket | None = None
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
@@ -218,8 +250,8 @@ class _Deadline:
             self._timer.cancel()
 
     def shorten(self, size: int | None) -> None:
-        """The deadline for a body of ``size`` bytes, if earlier than the present one."""
-        if size is not None and self.start + DEADLINE_BASE_S + size / MIN_RATE < self.at:
+        """The deadline for a body of ``size`` bytes, if earlier than the present one (and no time was given)."""
+        if size is not None and self.allowed is None and self.start + DEADLINE_BASE_S + size / MIN_RATE < self.at:
             self.size = size
             self.at = self.start + DEADLINE_BASE_S + size / MIN_RATE
             self._arm()
@@ -253,6 +285,19 @@ class _Deadline:
     def expired(self) -> bool:
         return self._fired or time.monotonic() >= self.at
 
+    def behind(self, received: int) -> bool:
+        """Under the default deadline, whether ``received`` bytes are behind :data:`MIN_RATE` after the first
+        :data:`DEADLINE_BASE_S` (module docstring)."""
+        return self.allowed is None and time.monotonic() - self.start > DEADLINE_BASE_S + received / MIN_RATE
+
+    def slow(self, url: str, received: int) -> DownloadError:
+        return DownloadError(
+            f"could not download {printable(url)}: {received:,} bytes in {time.monotonic() - self.start:.1f} s, "
+            f"behind {MIN_RATE / 1024:g} KiB/s after the first {DEADLINE_BASE_S:g} s: at that rate it would not be "
+            f"complete within {self.at - self.start:.1f} s, the time allowed for {self.size:,} bytes ({DEADLINE_ENV} "
+            f"sets another)"
+        )
+
     def timeout(self, per_read: float) -> float:
         """The socket timeout of the next operation: ``per_read``, or less if less time is left."""
         return max(0.001, min(per_read, self.at - time.monotonic()))
@@ -264,9 +309,15 @@ class _Deadline:
 
     def late(self, url: str, received: int | None = None) -> DownloadError:
         got = "" if received is None else f"; {received:,} bytes had arrived"
+        if self.allowed is not None:
+            allowed = f"the deadline {printable(self.allowed[1])} sets"
+        else:
+            allowed = (
+                f"the time allowed for {self.size:,} bytes ({DEADLINE_BASE_S:g} s and {MIN_RATE / 1024:g} KiB/s; "
+                f"{DEADLINE_ENV} sets another)"
+            )
         return DownloadError(
-            f"could not download {printable(url)}: not complete within {self.at - self.start:.1f} s, the time allowed "
-            f"for {self.size:,} bytes ({DEADLINE_BASE_S:g} s and {MIN_RATE / 1024:g} KiB/s){got}"
+            f"could not download {printable(url)}: not complete within {self.at - self.start:.1f} s, {allowed}{got}"
         )
 
 
@@ -306,10 +357,12 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def _fetch(url: str, max_bytes: int, timeout: float, save: Callable[..., T]) -> T:
+def _fetch(
+    url: str, max_bytes: int, timeout: float, allowed: tuple[float, str] | None, save: Callable[..., T]
+) -> T:
     """``save(response, headers of every response on the way, deadline)`` on the answer to a GET of ``url``, again
     from a new request if it raises _CutShort while attempts and time are left."""
-    with _Deadline(max_bytes) as deadline:
+    with _Deadline(max_bytes, allowed) as deadline:
         opener = urllib.request.build_opener(_NoRedirects(), _HTTP(deadline), _HTTPS(deadline))
         for attempt in range(1, ATTEMPTS + 1):
             response, seen = _open(opener, url, deadline, timeout)
@@ -469,6 +522,11 @@ def _save(
             except (OSError, http.client.HTTPException) as err:  # the connection dropped or stalled
                 if deadline.expired():
                     raise deadline.late(url, received) from None
+                if isinstance(err, TimeoutError):  # a stalled server: fetching it all again would stall as well
+                    raise DownloadError(
+                        f"could not download {printable(url)}: no byte came for {timeout:g} s (the per-read timeout) "
+                        f"after {received:,} bytes; not retried"
+                    ) from None
                 raise _CutShort(
                     f"could not download {printable(url)}: {_sent(repr(err))} after {received:,} bytes"
                 ) from None
@@ -480,6 +538,8 @@ def _save(
             if received > bound:
                 limit = f"the {length:,} it declared" if length is not None else f"{max_bytes:,}, {_MOST}"
                 raise DownloadError(f"refused {printable(url)}: it sent more bytes than {limit}")
+            if deadline.behind(received):
+                raise deadline.slow(url, received)
             digest.update(chunk)
             yield chunk
 

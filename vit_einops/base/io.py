@@ -732,15 +732,15 @@ def kind_of(mode: int) -> str:
 
 
 def check_file_output(path: str | os.PathLike, replace: bool, hint: str) -> None:
-    """Before the work, what the commit will check: without ``replace``, :func:`refuse_existing`; with it, a
-    ValueError for a FIFO, device, socket or directory at ``path`` (or a link to one), which is never replaced."""
-    if not replace:
-        refuse_existing(path, hint)
-        return
+    """Before the work, what the commit will check: a ValueError for a FIFO, device, socket or directory at ``path``
+    (or a link to one), which is never replaced, first, so that no message offers ``hint`` (--force) for what it
+    cannot replace; then without ``replace``, :func:`refuse_existing`."""
     try:
         _refuse_special(Path(path), os.stat(path).st_mode)
     except FileNotFoundError:
         pass
+    if not replace:
+        refuse_existing(path, hint)
 
 
 def refuse_existing(path: str | os.PathLike, hint: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..base.budget import check_memory, memory_limit
 from ..network.config import ViTConfig
 from ..presets import preset_config
-from ..sizes import forward_bytes, parameter_count
+from ..network.sizes import forward_bytes, parameter_count
 
 
 def point_bytes(batch: int, heads: int, tokens: int, head_dim: int, mode: str, layer: bool, itemsize: int) -> int:

@@ -18,13 +18,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import flex_attention
 
 from .measure import PROFILER_NOISE, filtered_stderr
+from .names import SDPA_BACKEND_PATHS
 
-SDPA_BACKENDS = {
-    "sdpa_math": SDPBackend.MATH,
-    "sdpa_flash": SDPBackend.FLASH_ATTENTION,
-    "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
-    "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
-}
+# Each of names.SDPA_BACKEND_PATHS, in order, and the backend it forces.
+SDPA_BACKENDS = dict(zip(SDPA_BACKEND_PATHS, (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION,
+                                              SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION), strict=True))
 _CUDA_ONLY = ("sdpa_efficient", "sdpa_cudnn")
 
 # The profiler's op names that say which attention kernel ran. A fused kernel is one op; the math backend, the

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from ..base.checks import check_int_in_range, check_real_in_range
+from ..base.checks import check_int, check_real_in_range
+from ..network.kernels import ATTN_IMPLS, KERNELS
 
-CORE_PATHS = (
-    "einsum", "chunked", "sdpa", "einsum_compiled", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
-    "flex_compiled",
-)  # fmt: skip
 COMPILED_PATHS = ("einsum_compiled", "flex_compiled")  # the core paths torch.compile builds
-LAYER_PATHS = ("mha_sdpa", "mha_chunked", "torch_mha")
+SDPA_BACKEND_PATHS = ("sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")  # sdpa, one torch backend forced
+# Every kernel of the registry, then the bench's own variants of them.
+CORE_PATHS = (*ATTN_IMPLS, COMPILED_PATHS[0], *SDPA_BACKEND_PATHS, COMPILED_PATHS[1])
+# Our MultiHeadAttention on each kernel that never forms A (the einsum one is the core rows' reference), and torch's.
+LAYER_PATHS = (*(f"mha_{name}" for name, kernel in KERNELS.items() if not kernel.forms_attention), "torch_mha")
 MODES = ("forward", "forward_backward")
-MODEL_PATHS = ("einsum", "chunked", "sdpa", "torch")
+MODEL_PATHS = (*ATTN_IMPLS, "torch")
 MODEL_MODES = ("inference", "train_step")
 # float32 everywhere; float16 and bfloat16 where the device computes them in hardware (vit_einops.bench.device).
 DTYPES = ("float32", "float16", "bfloat16")
@@ -37,5 +38,5 @@ RANGES: dict[str, tuple[float, float]] = {
 def check_in_range(name: str, value, kind: type, bounds: tuple[float, float] | None = None) -> int | float:
     """``value`` as an int (``kind`` int) or a finite float within ``bounds`` (default RANGES[name]); else an error
     naming both."""
-    check = check_int_in_range if kind is int else check_real_in_range
+    check = check_int if kind is int else check_real_in_range
     return check(name, value, *(RANGES[name] if bounds is None else bounds))

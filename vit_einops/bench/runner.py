@@ -17,8 +17,8 @@ from ..base.io import check_directory_output, staged_directory
 from ..base.text import printable
 from ..base.threads import ThreadPolicy, check_threads, thread_policy
 from ..network.config import ViTConfig
+from ..network.sizes import parameter_count
 from ..presets import preset_config
-from ..sizes import parameter_count
 from . import plots, report
 from .attention import CompiledPath, grid, measure_point
 from .budget import check_grid, einsum_memory_tokens

@@ -260,6 +260,31 @@ def preprocessing_from_args(args: argparse.Namespace, model: Any) -> Any:
     return base
 
 
+def add_images_argument(parser: argparse.ArgumentParser, default: str) -> None:
+    """--images DIR, a folder of images (read by :func:`image_files`); ``default`` says what is used without it."""
+    parser.add_argument(
+        "--images",
+        metavar="DIR",
+        help=f"a folder of images (its image files in name order; hidden files and other files skipped); {default}",
+    )
+
+
+def image_files(folder: str | Path) -> list[Path]:
+    """The image files of ``folder`` (--images DIR) in name order (hidden entries and files of other suffixes
+    skipped)."""
+    from ..train.data import IMAGE_SUFFIXES
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"--images {str(folder)!r} is not a directory")
+    files = sorted(
+        p for p in folder.iterdir() if not p.name.startswith(".") and p.suffix.lower() in IMAGE_SUFFIXES
+    )
+    if not files:
+        raise ValueError(f"--images {str(folder)!r} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
+    return files
+
+
 def is_digits_model(model: Any) -> bool:
     """A model shaped like vit-einops train's digits model: 8x8 grey images, 10 classes."""
     config = model.config

@@ -6,25 +6,29 @@ statistics), or two models' side by side on the same images.
 MODEL is read as every command reads it (a model file, a training run, or with --from a torchvision/timm/HF
 model; the reading and preprocessing flags apply to both models); images go through each model's own
 preprocessing, and each pane shows them as its model saw them (resized and cropped, not normalised). Without
---image: test digits for a model trained on the digits, else scikit-learn's two photos.
+--image FILE or --images DIR: test digits for a model trained on the digits, else scikit-learn's two photos.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from ..base.text import printable
 from ._model import (
+    add_images_argument,
     add_method_arguments,
     add_model_arguments,
     add_target_arguments,
     default_images,
+    image_files,
     is_digits_model,
     load_model_from_args,
     method_params_from_args,
     model_inputs,
     target_from_args,
+    training_run,
 )
 
 DIGIT_IMAGES = 4  # test digits 0..3: a small model, a small page
@@ -47,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_model_arguments(parser, positional=False)
     parser.add_argument("--image", action="append", metavar="FILE", help="an image to explore (repeatable)")
+    add_images_argument(parser, "explored after any --image")
     parser.add_argument("--out", required=True, metavar="HTML", help="the page to write, e.g. explore.html")
     parser.add_argument("--force", action="store_true", help="replace --out if it exists")
     parser.add_argument(
@@ -76,9 +81,16 @@ def run(args: argparse.Namespace) -> int:
     if len(args.models) > 2:
         raise ValueError(f"explore shows one MODEL or two side by side, got {len(args.models)}")
     inputs = [path for model in args.models for path in model_inputs(model, args.source)]
-    check_output(args.out, [*inputs, *(args.image or ())])
+    check_output(args.out, [*inputs, *(args.image or ()), *([args.images] if args.images else [])])
     with output_lock(args.out):  # held from the first check to the commit: a second writer fails at once
         return _explore(args)
+
+
+def pane_name(path: str, source: str | None) -> str:
+    """What a pane is titled: a training run's folder name (MODEL being the run, its checkpoint/ or its model file,
+    whose own names are the same for every run), else MODEL's file or folder name."""
+    run = training_run(path, source)
+    return (run or Path(os.path.abspath(path))).name  # "." named by the folder it is
 
 
 def _explore(args: argparse.Namespace) -> int:
@@ -88,16 +100,20 @@ def _explore(args: argparse.Namespace) -> int:
     from ..explore.payload import DEFAULT_ATTENTION_BUDGET
     from ..images import to_uint8
 
+    if Path(args.out).is_dir():  # inspect's --out is a folder; explore's is the one page it writes
+        page = Path(args.out) / "explore.html"
+        raise ValueError(f"--out {args.out} is a folder; explore writes one HTML page: name it, e.g. --out {page}")
     check_file_output(args.out, args.force, "pass --force to replace it")  # before the work; again at the commit
+    files = [*(args.image or ()), *(image_files(args.images) if args.images else ())]
     target = target_from_args(args)  # a bad target file is refused before any model loads
     method_params = method_params_from_args(args)
     models = [load_model_from_args(args, path).eval() for path in args.models]
-    if not args.image and len({is_digits_model(model) for model in models}) > 1:
+    if not files and len({is_digits_model(model) for model in models}) > 1:
         raise ValueError(
             f"{args.models[0]} and {args.models[1]} have different default images (test digits for a digits model, "
-            "sample photos otherwise): give --image FILE to explore both on the same images"
+            "sample photos otherwise): give --image FILE or --images DIR to explore both on the same images"
         )
-    chosen = [default_images(model, args.image, DIGIT_IMAGES) for model in models]
+    chosen = [default_images(model, files, DIGIT_IMAGES) for model in models]
     titles = chosen[0]["titles"]
     budget = args.attention_budget or DEFAULT_ATTENTION_BUDGET
     check_explorer_memory(  # the whole run's peak, before any pane is built
@@ -113,7 +129,7 @@ def _explore(args: argparse.Namespace) -> int:
             explorer_pane(
                 model,
                 images["inputs"],
-                name=Path(path).name,
+                name=pane_name(path, args.source),
                 preprocessed=True,
                 class_names=model.class_names,
                 pictures=[to_uint8(picture) for picture in images["display"]],

@@ -16,19 +16,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._model import add_model_arguments, add_target_arguments, is_digits_model, load_model_from_args, model_inputs
+from ._model import (
+    add_images_argument,
+    add_model_arguments,
+    add_target_arguments,
+    image_files,
+    is_digits_model,
+    load_model_from_args,
+    model_inputs,
+)
 
 OUT_FILES = frozenset(("faithfulness.json", "faithfulness.png"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    parser.add_argument(
-        "--images",
-        metavar="DIR",
-        help="a folder of images (its image files in name order; hidden files and other files skipped); default "
-        "for a digits model: the test digits",
-    )
+    add_images_argument(parser, "default for a digits model: the test digits")
     parser.add_argument(
         "--num-images", type=int, default=100, help="score at most this many images (default %(default)s)"
     )
@@ -81,21 +84,6 @@ def _value(text: str) -> Any:
         except ValueError:
             continue
     return text
-
-
-def image_files(folder: str | Path) -> list[Path]:
-    """The image files of ``folder`` in name order (hidden entries and files of other suffixes skipped)."""
-    from ..train.data import IMAGE_SUFFIXES
-
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ValueError(f"--images {str(folder)!r} is not a directory")
-    files = sorted(
-        p for p in folder.iterdir() if not p.name.startswith(".") and p.suffix.lower() in IMAGE_SUFFIXES
-    )
-    if not files:
-        raise ValueError(f"--images {str(folder)!r} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
-    return files
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..base.text import printable
-from ..network.config import ATTN_IMPLS
+from ..network.kernels import ATTN_IMPLS, KERNELS
 from ..presets import list_presets, preset_config
 
 DIGITS = "digits"
@@ -151,7 +151,7 @@ def _check_run_arguments(args: argparse.Namespace) -> Path:
     from ..base.budget import check_memory
     from ..base.checks import check_nonnegative_float, check_positive_int
     from ..network.config import ViTConfig
-    from ..sizes import check_build_time, check_forward_memory
+    from ..network.sizes import check_build_time, check_forward_memory
     from ..train.config import TrainConfig
     from ..train.rundir import check_out_dir
 
@@ -169,7 +169,7 @@ def _check_run_arguments(args: argparse.Namespace) -> Path:
     )
     check_build_time(model)
     # a training step's activations, before any data is read
-    check_forward_memory(model, args.batch_size, fused=args.attn_impl != "einsum", grad=True)
+    check_forward_memory(model, args.batch_size, fused=not KERNELS[args.attn_impl].forms_attention, grad=True)
     for flag, folder in (("--data", args.data), ("--test-data", args.test_data)):
         if folder is not None and not Path(folder).is_dir():
             raise ValueError(f"{flag} {folder!r} does not exist or is not a directory")

@@ -1066,6 +1066,18 @@ function wireControls() {
   const methods = new Map(panes.flatMap((pane) => pane.data.methods.map((m) => [m.name, m.label])));
   fillSelect($("method-select"), [...methods]);
   state.method = methods.keys().next().value;
+  // The gradient methods a pane could not compute (no classifier, no target): listed, disabled, saying why.
+  panes.map((pane) => pane.data.methods_note).filter((note) => note).slice(0, 1).forEach((note) => {
+    const option = document.createElement("option");
+    option.disabled = true;
+    option.textContent = note;
+    $("method-select").append(option);
+  });
+  // DINO's view reads the class token's attention: where no pane has one, it is not offered, and says why.
+  if (!panes.some((pane) => pane.prefix.includes("cls"))) {
+    $("dino-option").disabled = true;
+    $("dino-option").textContent += " (none: this model has no class token)";
+  }
   $("method-select").addEventListener("change", (e) => update({ view: "method", method: e.target.value }));
   $("image-select").addEventListener("change", (e) => update({ image: Number(e.target.value), classRank: 0 }));
   $("view-select").addEventListener("change", (e) => update({ view: e.target.value }));

@@ -79,7 +79,7 @@ def check_explorer_memory(
     kept = work = 0
     for model, b, size in panes:
         config = replace(model.config, image_size=tuple(size))
-        classes = min(top_k, model.num_classes)
+        classes = min(top_k, model.num_classes) if model.has_classifier else 0
         pane_work, pane_kept = pane_memory(config, b, classes=classes, target=target is not None, budget=budget)
         work = max(work, kept + pane_work)
         kept += pane_kept

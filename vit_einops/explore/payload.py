@@ -24,8 +24,8 @@ ViT-B/16 on 2 photos: 13.0 MB at 8 bits, 8.6 MB at 6, 4.9 MB at 4). The row maxi
 Rollout and relevance (one n x n matrix per image and class), and each explanation method's map on the patch grid
 (one per method of :data:`~vit_einops.inspect.METHODS` and image, labelled with the method's parameters; the gradient
 methods explain the target when one is given, else the top class, and are absent for a model without a classifier
-and no target) are stored as float16 after division by a power of two that brings their largest magnitude into
-(1/2, 1]: a relative error of at most 2^-11, or 2^-25 of that power of two for values too small for a normal
+and no target, ``methods_note`` saying why) are stored as float16 after division by a power of two that brings
+their largest magnitude into (1/2, 1]: a relative error of at most 2^-11, or 2^-25 of that power of two for values too small for a normal
 float16. Every binary array is compressed with zlib (the page inflates it with the browser's own
 DecompressionStream) and written as base64.
 
@@ -36,7 +36,8 @@ beside its patch mass 0, and the mass DINO's mask keeps where the class token pu
 whose relevance is exactly the identity (its logit gives no gradient, e.g. a zero-initialised head) is flagged
 ``relevance_identity`` so the page can say why its map is blank.
 
-A model without a classifier (``num_classes`` 0: its output is pooled features) lists no classes: ``top`` is empty.
+A model without a classifier (``num_classes`` 0: its output is pooled features; or an embedding projection, CLIP's:
+``ViTConfig.embedding``) lists no classes: ``top`` is empty.
 Relevance is then for the ``target`` given (:mod:`vit_einops.inspect.targets`), one entry per image with its score,
 or absent (null) without one; a classifier's page adds the target's entry beside its classes.
 
@@ -67,7 +68,7 @@ import numpy as np
 import torch
 from einops import reduce
 
-from ..base.checks import check_int_in_range
+from ..base.checks import check_int
 from ..inspect import (
     DINO_KEEP,
     METHODS,
@@ -82,13 +83,13 @@ from ..inspect import (
     patch_distances,
     relevance_from_gradients,
 )
-from ..inspect.methods import class_index
+from ..inspect.methods import TARGET_NEEDED, class_index, unexplained
 from ..inspect.recorded import record_pass
-from ..inspect.targets import BACKBONE_TARGETS, TARGET_KINDS, target_name
+from ..inspect.targets import BACKBONE_TARGETS, TARGET_KINDS, has_classifier, target_name
 from ..network.patch_embed import ClassToken, TokenLayout
 from ..network.config import ViTConfig
 from ..prediction import check_finite_outputs, class_name
-from ..sizes import forward_bytes
+from ..network.sizes import forward_bytes
 
 DEFAULT_BITS = 8
 # The bytes of attention codes a pane may hold (one per stored weight, before compression): every row of every head
@@ -109,7 +110,7 @@ def pack(array: np.ndarray) -> str:
 
 def check_bits(bits: Any) -> int:
     """Bits per stored attention weight: 2 to 8, each code one uint8."""
-    return check_int_in_range("bits", bits, 2, 8)
+    return check_int("bits", bits, 2, 8)
 
 
 def quantise_rows(maps: np.ndarray, bits: int = DEFAULT_BITS) -> tuple[np.ndarray, np.ndarray]:
@@ -210,7 +211,7 @@ def pane_memory(config: ViTConfig, b: int, *, classes: int, target: bool, budget
     ``config`` (its ``image_size`` the inputs') on ``b`` images with relevance for ``classes`` classes and a
     ``target`` or not, from the sizes alone.
 
-    Working: the recorded pass (:func:`~vit_einops.sizes.forward_bytes` keeping every layer's maps, and their one
+    Working: the recorded pass (:func:`~vit_einops.network.sizes.forward_bytes` keeping every layer's maps, and their one
     copy), then beside the float32 maps (l b h n^2) the float64 copies of one layer at a time, the heads' mean of
     every layer and the rollout's matrices (l b n^2 each), or a differentiable pass for relevance with its
     gradients (three float32 copies of the maps per class: the gradients, their stack and the weighted product).
@@ -325,7 +326,7 @@ def build_payload(
     check_finite_outputs("token norms", norms, weights)
     check_finite_outputs("final tokens", run.tokens, weights)
     check_finite_outputs("explanation maps", torch.stack(list(method_maps.values())), weights)  # after the model's
-    classifier = model.num_classes > 0
+    classifier = has_classifier(model)  # not pooled features, not an embedding projection (CLIP's)
     k = min(top_k, logits.shape[-1]) if classifier else 0
     start_layer = METHODS["relevance"].resolve(method_params.get("relevance", {}))["start_layer"]
     if classifier:
@@ -421,8 +422,15 @@ def build_payload(
              "reference": METHODS[name].reference, "gradient": METHODS[name].gradient}
             for name in method_maps
         ],  # fmt: skip
+        "methods_note": _methods_note(model, target),
         "images": pages,
     }
+
+
+def _methods_note(model: Any, target: Any) -> str:
+    """Why the page holds no gradient method (:func:`~vit_einops.inspect.methods.unexplained`), or ""."""
+    left_out = unexplained(model, target)
+    return f"{', '.join(left_out)}: not on this page; they {TARGET_NEEDED}" if left_out else ""
 
 
 def page_payload(panes: Sequence[dict[str, Any]], titles: Sequence[str], bits: int) -> dict[str, Any]:

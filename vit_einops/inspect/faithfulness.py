@@ -54,12 +54,12 @@ from einops import repeat
 from torch import nn
 
 from ..base.bootstrap import bootstrap_interval
-from ..base.checks import check_choice, check_int, check_int_in_range, check_positive_int
+from ..base.checks import INT64_MIN, check_choice, check_int, check_positive_int
 from ..base.plot import new_figure
 from ..base.threads import follow_free_cores
 from ..inputs import model_inputs
 from ..prediction import check_finite_outputs
-from ..sizes import check_forward_memory
+from ..network.sizes import check_forward_memory
 from .methods import METHODS, explain
 from .targets import BACKBONE_TARGETS, EmbeddingTarget, class_targets, one_class_each, resolve_target, target_scores
 
@@ -326,7 +326,9 @@ def _maps(model: nn.Module, images: torch.Tensor, name: str, params: dict[str, A
     for start in range(0, len(images), size):
         follow_free_cores()  # a command's thread policy, between chunks (nothing without one)
         index = torch.arange(start, min(start + size, len(images)))
-        chunk_params = {**params, "seed": params["seed"] + seed + start} if seeded else params
+        chunk_params = params
+        if seeded:  # the sum wrapped into int64, the seeds' range: two valid seeds make one, whatever their values
+            chunk_params = {**params, "seed": (params["seed"] + seed + start - INT64_MIN) % 2**64 + INT64_MIN}
         maps.append(explain(model, images[index], name, scorer.for_images(index), preprocessed=True, **chunk_params))
     return torch.cat(maps)  # finite: explain refuses maps that are not
 
@@ -372,7 +374,7 @@ def faithfulness(
     layout = model.patch_embed.layout(images.shape[-2:])
     (gh, gw), (height, width) = layout.grid, images.shape[-2:]
     patches = gh * gw
-    steps = patches if steps is None else check_int_in_range("steps", steps, 1, patches)
+    steps = patches if steps is None else check_int("steps", steps, 1, patches)
     points = {m: curve_points(m, patches, steps) for m in METRICS}
     check_forward_memory(model.config, min(batch_size, len(images) * sum(len(k) for _, k in points.values())))
     was_training = model.training

@@ -11,6 +11,7 @@ Head panels are laid out in a grid of ceil(sqrt(panels)) columns, so 3, 12 or 16
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from ..base.text import printable_lines
 from ..images import to_display
 from ..inputs import model_inputs_and_pictures
 from ..network.patch_embed import TokenLayout
+from ..network.sizes import check_model_forward
 from ..prediction import class_name
 from .dino import DinoView
 from .record import AttentionRecorder
@@ -34,6 +36,11 @@ TITLE_LINE_INCHES = 0.125  # one line of a panel's 8 pt title
 MIN_WIDTH_INCHES = 6.4  # matplotlib's default width: 640 px at its 100 dpi, room for the colour bar's whole label
 ATTENTION_CMAP = "inferno"
 MASK_COLOUR = "cyan"  # DINO's mask outline: visible over inferno's dark and bright ends
+NO_PREFIX_TOKENS = (
+    "This model has no prefix tokens (no class token, no registers):\nno token before the patches takes any of "
+    "their attention."
+)
+RELEVANCE_LABEL = "relevance / panel maximum"  # target.png's maps are Chefer et al.'s R, not attention
 
 
 def grid_shape(panels: int) -> tuple[int, int]:
@@ -77,12 +84,17 @@ def _outline(ax, mask: torch.Tensor, size: tuple[int, int]) -> None:
     ax.contour(up.numpy(), levels=[0.5], colors=MASK_COLOUR, linewidths=1.0)
 
 
-def _attention_colorbar(fig, axes, label: str = "attention / panel maximum") -> None:
+def _attention_colorbar(fig, axes, label: str = "attention / panel maximum", *, cax=None) -> None:
+    """The 0..1 colour bar of panels each scaled to their own maximum, beside ``axes`` or in ``cax``; ``label``
+    says what the colours are."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
     mappable = ScalarMappable(norm=Normalize(0, 1), cmap=ATTENTION_CMAP)
-    fig.colorbar(mappable, ax=axes, shrink=0.6, label=label)
+    if cax is not None:
+        fig.colorbar(mappable, cax=cax, label=label)
+    else:
+        fig.colorbar(mappable, ax=axes, shrink=0.6, label=label)
 
 
 def _draw_attention(
@@ -167,11 +179,14 @@ def plot_attention_overlays(
     return fig
 
 
-def plot_methods(images: torch.Tensor, maps: Mapping[str, torch.Tensor], titles: list[str] | None = None):
+def plot_methods(
+    images: torch.Tensor, maps: Mapping[str, torch.Tensor], titles: list[str] | None = None, *, note: str = ""
+):
     """Each explanation method's map over each image (:func:`~vit_einops.inspect.explain_all`): one row per image,
     the input then one panel per method under a column heading of its label (name, then its parameters), each
     panel's map scaled to its own maximum and laid over the input. The panels are one picture (a single image
-    drawn once), so a report of many images and methods stays quick to draw.
+    drawn once), so a report of many images and methods stays quick to draw. ``note``, when given, is printed
+    under the panels: why methods are missing (e.g. the gradient methods without a target).
 
     Shapes: images (b, C, H, W); maps {label: (b, gh, gw)}. Returns a Figure.
     """
@@ -203,6 +218,9 @@ def plot_methods(images: torch.Tensor, maps: Mapping[str, torch.Tensor], titles:
         spine.set_visible(False)
     _attention_colorbar(fig, ax, "map / its own maximum")
     fig.suptitle("Explanation methods", fontsize=10)
+    if note:
+        width = fig.get_figwidth()
+        fig.supxlabel(textwrap.fill(printable_lines(note), max(20, int(14 * width))), fontsize=7, parse_math=False)
     return fig
 
 
@@ -260,8 +278,8 @@ def plot_token_norms(norms: torch.Tensor, layout: TokenLayout, *, layer: int = -
 def plot_prefix_share(share: torch.Tensor, layout: TokenLayout):
     """The share of the patches' attention that lands on each prefix token (:func:`prefix_token_share`), by layer:
     one line per prefix token of ``layout`` (the mean over images and heads), a dot per head, and the patches' own
-    share (the rest). A register or class token near 1 is an attention sink. Shapes: share (l, b, h, p). Returns
-    a Figure."""
+    share (the rest). A register or class token near 1 is an attention sink. A model without prefix tokens (p = 0)
+    gets a figure saying so instead of an empty chart. Shapes: share (l, b, h, p). Returns a Figure."""
     from matplotlib import colormaps
 
     check_dense_tensor("share", share)
@@ -273,12 +291,17 @@ def plot_prefix_share(share: torch.Tensor, layout: TokenLayout):
             f"{len(names)} prefix tokens {layout.shown()} for {share.shape[-1]} prefix-token columns of share (shape "
             f"{tuple(share.shape)}); expected one column per prefix token"
         )
+    fig = new_figure(figsize=(5.6, 3.8))
+    ax = fig.subplots()
+    if not names:  # SigLIP's layout: attention pooling, no class token, no registers
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, NO_PREFIX_TOKENS, ha="center", va="center", wrap=True, fontsize=9, transform=ax.transAxes)
+        ax.set_title("Attention on prefix tokens")
+        return fig
     values = share.detach().double().cpu()
     layers = values.shape[0]
     per_head = values.mean(dim=1)  # (l, h, p)
     colours = colormaps["tab10"]
-    fig = new_figure(figsize=(5.6, 3.8))
-    ax = fig.subplots()
     x = torch.arange(layers).double()
     for p, name in enumerate(names):
         ax.scatter(x.repeat_interleave(per_head.shape[1]).numpy(), per_head[..., p].flatten().numpy(), s=8,
@@ -320,6 +343,7 @@ def show_attention(
         raise ValueError(f"show_attention draws one image: (C, H, W) or (1, C, H, W), got shape {tuple(inputs.shape)}")
     depth, heads = len(model.blocks), model.config.heads
     layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
+    check_model_forward(model, inputs, kept=depth)
     if head is not None:
         head = check_index("head", head, heads, f"a layer of {heads} heads")
     was_training = model.training
@@ -334,7 +358,7 @@ def show_attention(
     head_maps = token_map(maps[layer, 0], layout)  # (h, gh, gw)
     rollout = token_map(attention_rollout(maps)[0], layout)
     title = f"layer {layer} of 0..{depth - 1}"
-    if logits.ndim == 2 and model.num_classes:
+    if logits.ndim == 2 and model.has_classifier:  # pooled features or an embedding predict no class
         index = int(logits[0].argmax())
         name = class_name(index, getattr(model, "class_names", None))
         title += f"; predicted {name} (p {logits[0].softmax(-1)[index].item():.2f})"
@@ -440,9 +464,13 @@ def plot_target_relevance(
 
     b = len(images)
     rows = 3 if similarity is not None else 2
-    fig = new_figure(figsize=(max(MIN_WIDTH_INCHES, 2.4 * b), 2.4 * rows + 0.6))
-    axes = fig.subplots(rows, b, squeeze=False)
+    # The colour bars get a narrow column of their own, so every row's panels share the same columns; the figure
+    # is as wide as its panels (a wide figure around one image would leave an empty column beside it).
+    width = 2.4 * b + 1.2
+    fig = new_figure(figsize=(width, 2.4 * rows + 0.6))
+    axes = fig.subplots(rows, b + 1, squeeze=False, width_ratios=[1] * b + [0.08])
     size = tuple(images.shape[-2:])
+    axes[0, b].set_axis_off()  # no colour bar beside the inputs
     for i in range(b):
         _show_image(axes[0, i], images[i])
         axes[0, i].set_title(printable_lines(titles[i] if titles else f"image {i}"), fontsize=8, parse_math=False)
@@ -455,10 +483,12 @@ def plot_target_relevance(
             axes[2, i].set_title("cosine to the patch", fontsize=8)
             if patch is not None:
                 axes[2, i].add_patch(Rectangle((patch[1] - 0.5, patch[0] - 0.5), 1, 1, fill=False, color="red"))
-    _attention_colorbar(fig, axes[1])
+    _attention_colorbar(fig, None, RELEVANCE_LABEL, cax=axes[1, b])
     if similarity is not None:
-        fig.colorbar(shown, ax=axes[2], shrink=0.8, label="cosine similarity")
-    fig.suptitle(printable_lines(f"Relevance for the target: {name}"), fontsize=10, parse_math=False)
+        fig.colorbar(shown, cax=axes[2, b], label="cosine similarity")
+    # Wrapped to the figure's width (about 11 characters an inch at 10 pt): one image's figure is narrow.
+    heading = textwrap.fill(printable_lines(f"Relevance for the target: {name}"), max(20, int(11 * width)))
+    fig.suptitle(heading, fontsize=10, parse_math=False)
     return fig
 
 

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..base.checks import check_index
 from ..inputs import model_inputs
+from ..network.sizes import check_model_forward
 from .targets import BACKBONE_TARGETS, class_targets, one_class_each, resolve_target, target_scores
 
 
@@ -48,6 +49,7 @@ def grad_cam(
     depth = len(model.blocks)
     norm = model.blocks[check_index("layer", layer, depth, f"a ViT of depth {depth}")].attn.norm
     images = model_inputs(model, images, preprocessed=preprocessed)
+    check_model_forward(model, images, grad=True)
     target = resolve_target(model, target, len(images))
     kept: list[torch.Tensor] = []
     handle = norm.register_forward_hook(lambda _module, _args, output: kept.append(output))

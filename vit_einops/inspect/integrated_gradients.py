@@ -29,8 +29,9 @@ import torch
 from einops import reduce
 from torch import nn
 
-from ..base.checks import check_choice, check_int_in_range
+from ..base.checks import check_choice, check_int
 from ..inputs import model_inputs
+from ..network.sizes import check_model_forward
 from .targets import BACKBONE_TARGETS, class_targets, one_class_each, resolve_target, target_scores
 
 # What the path starts from, in the model's input space (after its normalisation): "black" is the black image
@@ -56,7 +57,7 @@ def quadrature_points(steps: int, quadrature: str = "gausslegendre") -> tuple[li
     but for the trapezoid rule's weights: captum gives its end points 1 / (2 steps) and the others 1 / steps, which
     sum to (steps - 1) / steps; here they are 1 / (2 (steps - 1)) and 1 / (steps - 1), which sum to 1."""
     check_choice("quadrature", quadrature, QUADRATURES)
-    steps = check_int_in_range("steps", steps, 2 if quadrature == "riemann_trapezoid" else 1, MAX_STEPS)
+    steps = check_int("steps", steps, 2 if quadrature == "riemann_trapezoid" else 1, MAX_STEPS)
     if quadrature == "gausslegendre":
         nodes, weights = np.polynomial.legendre.leggauss(steps)  # on [-1, 1]: moved to [0, 1]
         return list(0.5 * (nodes + 1)), list(0.5 * weights)
@@ -95,6 +96,7 @@ def integrated_gradients(
     """
     alphas, weights = quadrature_points(steps, quadrature)
     x = model_inputs(model, images, preprocessed=preprocessed)
+    check_model_forward(model, x, grad=True)
     start = baseline_input(model, x, baseline)
     target = resolve_target(model, target, len(x))
 

@@ -19,17 +19,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..base.checks import check_choice, check_int, check_int_in_range, check_probability, check_real_in_range
+from ..base.checks import check_choice, check_int, check_probability, check_real_in_range
 from ..base.threads import follow_free_cores
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
+from ..network.sizes import check_model_forward
 from ..prediction import check_finite_logits
 from .gradcam import grad_cam
 from .integrated_gradients import BASELINES, MAX_STEPS, QUADRATURES, integrated_gradients, patch_sums
 from .record import AttentionRecorder
 from .relevance import attention_gradients, relevance_from_gradients
 from .rollout import HEAD_FUSIONS, attention_rollout, class_attention_grid, gradient_rollout, patch_attention_grid
-from .targets import one_class_each
+from .targets import has_classifier, one_class_each
 from .tokens import CLASS_TOKEN
 
 
@@ -158,7 +159,7 @@ METHODS: dict[str, Method] = {
             params={"baseline": "black", "steps": 50, "quadrature": "gausslegendre"},
             checks={
                 "baseline": lambda v: check_choice("baseline", v, BASELINES),
-                "steps": lambda v: check_int_in_range("steps", v, 1, MAX_STEPS),
+                "steps": lambda v: check_int("steps", v, 1, MAX_STEPS),
                 "quadrature": lambda v: check_choice("quadrature", v, QUADRATURES),
             },
         ),
@@ -193,6 +194,7 @@ def explain(
                          f"{tuple(target.shape)}")
     resolved = chosen.resolve(params)
     batch = model_inputs(model, images, preprocessed=preprocessed)
+    check_model_forward(model, batch, kept=len(model.blocks), grad=chosen.gradient)
     was_training = model.training
     model.eval()
     try:
@@ -204,6 +206,23 @@ def explain(
     return maps
 
 
+# Why explain_all leaves the gradient methods out, for the figure and the page that would have drawn them; the
+# flags are the study commands' (inspect, explore, faithfulness), the keyword the Python functions'.
+TARGET_NEEDED = (
+    "need a target: this model has no classifier; pass --target-embedding FILE, --target-image PATH or "
+    "--target-patch ROW,COL (target= in Python)"
+)
+
+
+def unexplained(model: nn.Module, target: Any) -> list[str]:
+    """The gradient methods of :data:`METHODS` :func:`explain_all` leaves out for ``model`` and ``target``: every
+    one for a model without a classifier (pooled features or an embedding head) and no target (nothing for them to
+    differentiate), else none."""
+    if target is not None or has_classifier(model):
+        return []
+    return [name for name, method in METHODS.items() if method.gradient]
+
+
 def explain_all(
     model: nn.Module, images: Any, target: Any = None, params: Mapping[str, Mapping[str, Any]] | None = None, *,
     preprocessed: bool | None = None,
@@ -212,7 +231,8 @@ def explain_all(
 
     ``params`` maps a method's name to its parameters (the others take their defaults); ``target`` is what the
     gradient methods explain. A model without a classifier has nothing for them to explain unless ``target`` is a
-    backbone target: they are left out then. Label a map with ``METHODS[name].label(params[name], every=True)``.
+    backbone target: they are left out then (:func:`unexplained` names them, :data:`TARGET_NEEDED` says
+    why). Label a map with ``METHODS[name].label(params[name], every=True)``.
     """
     params = dict(params or {})
     unknown = sorted(set(params) - set(METHODS))
@@ -220,10 +240,10 @@ def explain_all(
         known = ", ".join(map(repr, METHODS))
         raise ValueError(f"unknown method {', '.join(map(repr, unknown))} in params; expected some of {known}")
     batch = model_inputs(model, images, preprocessed=preprocessed)
-    explained = target is not None or getattr(model, "num_classes", None) != 0
+    left_out = unexplained(model, target)
     maps = {}
-    for name, method in METHODS.items():
-        if explained or not method.gradient:
+    for name in METHODS:
+        if name not in left_out:
             follow_free_cores()  # a command's thread policy, between methods (nothing without one)
             maps[name] = explain(model, batch, name, target, preprocessed=True, **params.get(name, {}))
     return maps

@@ -25,6 +25,7 @@ another t (or a look at ``foreground``) says whether it is the side wanted.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -32,9 +33,11 @@ from einops import rearrange
 
 from ..base.checks import check_dense_tensor, check_index, check_positive_int, check_real
 from ..base.plot import new_figure
+from ..base.text import printable_lines
 from ..images import to_display
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
+from ..network.sizes import check_model_forward
 from .figures import MIN_WIDTH_INCHES
 
 PANEL_INCHES = 2.5  # one image or PCA panel
@@ -98,6 +101,7 @@ def _patch_features(model: Any, images: Any, layer: int, preprocessed: bool | No
     depth = len(model.blocks)
     layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
     x = model_inputs(model, images, preprocessed=preprocessed)
+    check_model_forward(model, x)
     was_training = model.training
     model.eval()
     try:
@@ -186,10 +190,11 @@ def _fit(
     return PatchPCA(projections.reshape(*grid, -1), components, mean, ratio, layout, mask.reshape(grid))
 
 
-def plot_patch_pca(result: PatchPCA, images: torch.Tensor | None = None):
+def plot_patch_pca(result: PatchPCA, images: torch.Tensor | None = None, titles: Sequence[str] | None = None):
     """DINOv2's Fig. 1: each image's patches coloured by ``result.rgb`` (the first three components as red, green
     and blue), drawn patch by patch (no smoothing), under the image itself when ``images`` (b, C, H, W) are given
-    (drawn as :func:`vit_einops.images.to_display` shows them). Returns a Figure."""
+    (drawn as :func:`vit_einops.images.to_display` shows them), titled ``titles[i]`` (e.g. the file's name; default
+    "image i"). Returns a Figure."""
     if not isinstance(result, PatchPCA):
         raise TypeError(f"result must be the PatchPCA of patch_feature_pca, got {type(result).__name__}")
     rgb = result.rgb
@@ -197,6 +202,8 @@ def plot_patch_pca(result: PatchPCA, images: torch.Tensor | None = None):
     if images is not None and (not isinstance(images, torch.Tensor) or images.ndim != 4 or len(images) != b):
         got = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
         raise ValueError(f"images must be the {b} images of the result as a (b, C, H, W) tensor, got {got}")
+    if titles is not None and len(titles) != b:
+        raise ValueError(f"titles must be one per image of the result ({b}), got {len(titles)}")
     rows = 1 if images is None else 2
     fig = new_figure(figsize=(max(MIN_WIDTH_INCHES, b * PANEL_INCHES), rows * PANEL_INCHES + 0.4))
     axes = fig.subplots(rows, b, squeeze=False)
@@ -209,7 +216,8 @@ def plot_patch_pca(result: PatchPCA, images: torch.Tensor | None = None):
             picture = to_display(images[i])
             picture = picture.expand(3, -1, -1) if picture.shape[0] == 1 else picture
             axes[0, i].imshow(picture.permute(1, 2, 0).clamp(0, 1).numpy())
-            axes[0, i].set_title(f"image {i}", fontsize=9)
+            # A file's name is literal text: "$" a dollar sign, not mathtext; control characters escaped.
+            axes[0, i].set_title(printable_lines(titles[i] if titles else f"image {i}"), fontsize=9, parse_math=False)
         axes[-1, i].imshow(rgb[i].float().numpy(), interpolation="nearest")
         for ax in axes[:, i]:
             ax.set_xticks([])

@@ -14,7 +14,6 @@ grid in row-major order.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ from ..base.checks import check_index
 from ..network.attention import Attend, attention_scores
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
-from ..sizes import keeping_attention
+from ..network.sizes import check_model_forward
 
 
 def attention_matrix(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -79,14 +78,10 @@ class AttentionRecorder:
         self._records: list[list[torch.Tensor]] = [[] for _ in chosen]
         self._layouts: list[TokenLayout] = []
         self._handles: list[Any] = []
-        # A ViT's forward inside the block counts the encoder layers kept here in its memory budget.
-        self._kept = len(chosen) if isinstance(getattr(model, "blocks", None), nn.Module) else 0
-        self._budget = ExitStack()
 
     def __enter__(self) -> "AttentionRecorder":
         if self._handles:
             raise RuntimeError("this AttentionRecorder is already recording")
-        self._budget.enter_context(keeping_attention(self._kept))
         for records, attend in zip(self._records, self._attends, strict=True):
             self._handles.append(attend.register_forward_hook(self._hook(records), with_kwargs=True))
         if hasattr(self._patch_embed, "layout"):
@@ -97,7 +92,6 @@ class AttentionRecorder:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._budget.close()
 
     @staticmethod
     def _hook(records: list[torch.Tensor]):
@@ -161,6 +155,7 @@ def record_attention(
     """
     recorder = AttentionRecorder(model, layers)
     images = model_inputs(model, images, preprocessed=preprocessed)
+    check_model_forward(model, images, kept=len(recorder.layers))
     with recorder:
         output = model(images)
     return output, recorder.maps, recorder.layout

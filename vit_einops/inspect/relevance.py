@@ -37,7 +37,7 @@ from torch import nn
 from ..base.checks import check_dense_tensor, check_index
 from ..network.attention import Attend
 from ..inputs import model_inputs
-from ..sizes import keeping_attention
+from ..network.sizes import check_model_forward
 from .record import attention_matrix, encoder_attends
 from .targets import BACKBONE_TARGETS, class_targets, resolve_target, target_scores
 
@@ -81,10 +81,11 @@ def attention_gradients(
     target = resolve_target(model, target, len(images))  # an image's embedding first, outside the recording
     backbone = isinstance(target, BACKBONE_TARGETS)
     layers = encoder_attends(model)
+    check_model_forward(model, images, kept=len(layers), grad=True)
     maps: list[torch.Tensor] = []
     handles = [attend.register_forward_hook(_attention_in_graph(maps), with_kwargs=True) for attend in layers]
     try:
-        with torch.enable_grad(), keeping_attention(len(layers)):  # the forward's budget counts the maps kept
+        with torch.enable_grad():
             # The input requires grad so the graph exists even where every parameter is frozen.
             if backbone:
                 output, scores = target_scores(model, images.detach().requires_grad_(True), target)

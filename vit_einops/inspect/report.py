@@ -16,7 +16,7 @@ from ..base.io import atomic_write_chunks, staged_directory
 from ..base.plot import save_figure
 from ..network.config import ViTConfig
 from ..network.model import ViT
-from ..sizes import forward_bytes
+from ..network.sizes import forward_bytes
 from ..prediction import check_finite_logits, check_finite_outputs, class_name
 from .dino import DINO_KEEP, dino_view
 from .distance import distance_sums, mean_attention_distance, patch_distances, ratio_or_nan
@@ -31,7 +31,7 @@ from .figures import (
     plot_target_relevance,
     plot_token_norms,
 )
-from .methods import METHODS, class_index, explain_all
+from .methods import METHODS, TARGET_NEEDED, class_index, explain_all, unexplained
 from .pca import fit_patch_pca, plot_patch_pca
 from .record import AttentionRecorder
 from .recorded import record_pass
@@ -54,6 +54,13 @@ FIGURES = (
 TARGET_FIGURE = "target"  # drawn only for a backbone target
 # Everything write_report puts in its folder: the only names a folder it replaces may hold.
 REPORT_FILES = frozenset((*(f"{name}.png" for name in (*FIGURES, TARGET_FIGURE)), "arrays.npz"))
+# What arrays.npz holds, by --arrays: every layer's recorded maps (l, b, h, n, n) are most of a full file (562 MB for
+# one image at 518 px in DINOv2-S), so they are kept only when asked for; the arrays every figure draws are small.
+ARRAYS = {
+    "figures": "the arrays the figures draw, without every layer's attention maps",
+    "full": "also every layer's attention maps (layers, images, heads, tokens, tokens), float32",
+    "none": "no arrays.npz",
+}
 
 
 # An allowance for matplotlib's figures, their rendering and the libraries it loads, beside the arrays; the whole
@@ -61,21 +68,27 @@ REPORT_FILES = frozenset((*(f"{name}.png" for name in (*FIGURES, TARGET_FIGURE))
 FIGURE_BYTES = 256 * 2**20
 
 
-def report_memory(config: ViTConfig, b: int, *, target: bool) -> int:
+def attention_maps_bytes(config: ViTConfig, b: int) -> int:
+    """The bytes of every layer's float32 attention maps of ``b`` images (l b h n^2): what ``arrays="full"`` adds to
+    ``arrays.npz``."""
+    return config.depth * b * config.heads * config.num_tokens**2 * 4
+
+
+def report_memory(config: ViTConfig, b: int, *, target: bool, arrays: str = "figures") -> int:
     """The memory :func:`write_report` works in on ``b`` images of ``config``'s size, from the sizes alone: the
-    recorded pass (:func:`~vit_einops.sizes.forward_bytes` keeping every layer's maps, and their copy), then beside
+    recorded pass (:func:`~vit_einops.network.sizes.forward_bytes` keeping every layer's maps, and their copy), then beside
     the float32 maps (l b h n^2) the rollout's matrices (l b n^2, three of them) and one layer's float64 copies, a
     target's or a method's differentiable pass with its gradients (three copies of the maps), the explanation
     methods (:func:`~vit_einops.inspect.explain_all`, run before the recorded pass), and at the end ``arrays.npz``'s
-    buffer (a copy of the maps and the rest) beside the figures."""
+    buffer (with ``arrays="full"`` a copy of the maps, and the rest) beside the figures."""
     n, depth, heads = config.num_tokens, config.depth, config.heads
-    maps = depth * b * heads * n * n * 4
+    maps = attention_maps_bytes(config, b)
     record = forward_bytes(config, b, kept=depth) + maps
     analysis = maps + 3 * depth * b * n * n * 4 + 4 * b * heads * n * n * 8
     grad_pass = maps + forward_bytes(config, b, kept=depth, grad=True)
-    grads = grad_pass + 3 * maps if target or config.num_classes else 0  # a target's relevance; explain_all's
+    grads = grad_pass + 3 * maps if target or config.has_classifier else 0  # a target's relevance; explain_all's
     methods = record + 3 * depth * b * n * n * 4  # explain_all's rollout, which records the maps again
-    written = 2 * maps + 2 * depth * b * n * n * 4 + FIGURE_BYTES
+    written = 2 * maps * (arrays == "full") + 2 * depth * b * n * n * 4 + FIGURE_BYTES
     return max(record, analysis, grads, methods, written)
 
 
@@ -103,6 +116,7 @@ def write_report(
     overwrite: bool = False,
     target: Any = None,
     method_params: Mapping[str, Mapping[str, Any]] | None = None,
+    arrays: str = "figures",
 ) -> dict[str, Path]:
     """Write the inspection figures and ``arrays.npz`` for ``model`` (put in eval mode) under ``out_dir``.
 
@@ -123,6 +137,8 @@ def write_report(
         method_params: the explanation methods' parameters by method name (:data:`~vit_einops.inspect.METHODS`;
             the others take their defaults): ``{"rollout": {"head_fusion": "max", "discard_ratio": 0.9}}``. The
             rollout drawn in ``attention.png`` is the "rollout" method's.
+        arrays: what ``arrays.npz`` holds (:data:`ARRAYS`): "figures" (the default) the arrays below but
+            ``attention``, "full" every one of them, "none" writes no ``arrays.npz``.
 
     The folder is written as one unit (:func:`vit_einops.base.io.staged_directory`): a kill leaves the whole old report
     or the whole new one. A folder holding any file but a report's is never replaced.
@@ -136,7 +152,8 @@ def write_report(
     (:func:`~vit_einops.inspect.patch_attention_grid`) instead of the class token's, and no mask.
     ``methods.png`` draws every explanation method of :data:`~vit_einops.inspect.METHODS` over each image, titled
     with its parameters (:func:`~vit_einops.inspect.explain_all`): the gradient methods explain the predicted
-    class, or ``target``, and are left out for a model without a classifier and no target.
+    class, or ``target``, and are left out for a model without a classifier and no target (the figure says so and
+    names the flags that give one).
     ``patch_pca.png`` is DINOv2's PCA picture: the first three components of one PCA over the drawn images' final
     patch tokens as RGB (:func:`~vit_einops.inspect.patch_feature_pca`).
 
@@ -149,15 +166,18 @@ def write_report(
 
     Returns the written paths by name (``target`` too when there is one): attention, methods, attention_distance,
     position_similarity, embedding_filters, prefix_share, token_norms, patch_pca (each ``<name>.png``, written
-    atomically), arrays (``arrays.npz``: the recorded maps, the drawn ``class_attention`` (or ``patch_attention``)
-    of layer ``class_attention_layer``, rollout, distances, similarities, filters, ``prefix_tokens`` (their names),
-    ``prefix_share`` (l, b, h, p), ``token_norms`` (l, b, n), ``dino_attention`` and ``dino_mask`` (b, h, gh, gw): DINO's view of the drawn
-    layer, ``patch_pca`` (b, gh, gw, k) and ``patch_pca_components`` (k, D): the PCA's projections and
-    components, k = 3 or fewer where D or the patches are fewer; ``method_<name>`` (b, gh, gw) for each method drawn,
-    ``-`` in its name written ``_``, and ``method_labels``, their titles).
+    atomically), arrays (``arrays.npz``, unless ``arrays="none"``: ``attention``, the recorded maps (l, b, h, n, n),
+    with ``arrays="full"`` only; the drawn ``class_attention`` (or ``patch_attention``) of layer
+    ``class_attention_layer``, rollout, distances, similarities, filters, ``prefix_tokens`` (their names),
+    ``prefix_share`` (l, b, h, p), ``token_norms`` (l, b, n), ``dino_attention`` and ``dino_mask`` (b, h, gh, gw):
+    DINO's view of the drawn layer, ``patch_pca`` (b, gh, gw, k) and ``patch_pca_components`` (k, D): the PCA's
+    projections and components, k = 3 or fewer where D or the patches are fewer; ``method_<name>`` (b, gh, gw) for
+    each method drawn, ``-`` in its name written ``_``, and ``method_labels``, their titles).
     """
     if target is not None and not isinstance(target, BACKBONE_TARGETS):
         raise TypeError(f"write_report's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
+    if arrays not in ARRAYS:
+        raise ValueError(f"write_report's arrays is one of {', '.join(ARRAYS)}, got {arrays!r:.60}")
     cfg = model.config
     depth = len(model.blocks)
     layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
@@ -182,8 +202,10 @@ def write_report(
     rollout = attention_rollout(maps, **rollout_params, kept=class_index(layout))
     rollout_grid = token_map(rollout, layout)
     labels = {name: METHODS[name].label(method_params.get(name), every=True) for name in method_maps}
+    unexplained_methods = unexplained(model, target)
+    left_out = f"Not drawn: {', '.join(unexplained_methods)}; they {TARGET_NEEDED}." if unexplained_methods else ""
     titles = titles or [f"image {i}" for i in range(len(images))]
-    if model.num_classes:  # a model without a classifier outputs features: it predicts nothing
+    if model.has_classifier:  # pooled features or an embedding (CLIP's projection) predict nothing
         predicted = [class_name(p, classes) for p in logits.argmax(-1).tolist()]
         titles = [f"{title}\npredicted {name}" for title, name in zip(titles, predicted, strict=True)]
 
@@ -212,7 +234,7 @@ def write_report(
     norms = run.norms  # (l, b, n)
     pca = fit_patch_pca(run.tokens, layout, min(3, run.tokens.shape[-1], len(images) * layout.num_patches))
 
-    arrays = {
+    saved = {
         "images": images,
         "logits": logits,
         "attention": maps,
@@ -231,55 +253,62 @@ def write_report(
     }
     if target is not None:
         _, target_maps, target_grads, scores = attention_gradients(model, images, target)
-        arrays["target_relevance"] = relevance_from_gradients(target_maps, target_grads)[0]  # (b, n, n)
-        arrays["target_score"] = scores[:, 0]
+        saved["target_relevance"] = relevance_from_gradients(target_maps, target_grads)[0]  # (b, n, n)
+        saved["target_score"] = scores[:, 0]
         if isinstance(target, PatchTarget):
-            arrays["target_similarity"] = target.similarity(run.tokens, layout)
+            saved["target_similarity"] = target.similarity(run.tokens, layout)
     method_titles = titles  # what the gradient methods explain (the predicted class), without DINO's note
     masks = None
     if has_class:  # DINO's view of the drawn layer: its maps outlined where they hold 60% of the mass
         dino = dino_view(maps, layout, keep=DINO_KEEP, layer=layer)
-        arrays.update(dino_attention=dino.attention, dino_mask=dino.mask)
+        saved.update(dino_attention=dino.attention, dino_mask=dino.mask)
         masks = dino.mask
         titles = [f"{title}\noutlined: {100 * DINO_KEEP:.0f}% of the class token's attention" for title in titles]
     # Nothing is written when any array is nan or inf: figures of them would draw nothing, and arrays.npz would
     # hand the NaN on to whoever reads it.
     overflow = "nothing was written (the weights or the preprocessing overflow float32)"
-    for name, value in arrays.items():
+    for name, value in saved.items():
         if value.is_floating_point():
             defined = value.nan_to_num(0.0, math.inf, -math.inf) if name in UNDEFINED_WHERE_NAN else value
             check_finite_outputs(name, defined, overflow)
     shown = images if display_images is None else display_images
     figures = {
         "attention": plot_attention_overlays(shown, heads, rollout_grid, titles, layer=layer, masks=masks),
-        "methods": plot_methods(shown, {labels[name]: value for name, value in method_maps.items()}, method_titles),
+        "methods": plot_methods(
+            shown, {labels[name]: value for name, value in method_maps.items()}, method_titles, note=left_out
+        ),
         "attention_distance": plot_attention_distance(distance, uniform, layout),
         "position_similarity": plot_position_similarity(similarity),
         "embedding_filters": plot_filters(components, explained),
         "prefix_share": plot_prefix_share(share, layout),
         "token_norms": plot_token_norms(norms, layout),
-        "patch_pca": plot_patch_pca(pca, shown),
+        "patch_pca": plot_patch_pca(pca, shown, method_titles),
     }
     if target is not None:
         figures[TARGET_FIGURE] = plot_target_relevance(
             shown,
-            token_map(arrays["target_relevance"], layout),
+            token_map(saved["target_relevance"], layout),
             target_name(target),
-            titles,
-            similarity=arrays.get("target_similarity"),
+            method_titles,  # no DINO outline is drawn there
+            similarity=saved.get("target_similarity"),
             patch=(target.row, target.col) if isinstance(target, PatchTarget) else None,
         )
-    buf = io.BytesIO()
-    np.savez(
-        buf,
-        prefix_tokens=np.array(layout.prefix, dtype=str),
-        method_labels=np.array(list(labels.values()), dtype=str),
-        **{k: v.detach().cpu().numpy() for k, v in arrays.items()},
-    )
+    if arrays != "full":
+        del saved["attention"]  # checked above all the same: maps that overflow are refused whatever is kept
+    buf = None if arrays == "none" else io.BytesIO()
+    if buf is not None:
+        np.savez(
+            buf,
+            prefix_tokens=np.array(layout.prefix, dtype=str),
+            method_labels=np.array(list(labels.values()), dtype=str),
+            **{k: v.detach().cpu().numpy() for k, v in saved.items()},
+        )
     with staged_directory(out, owned=REPORT_FILES, replace=overwrite) as staging:
         for name, fig in figures.items():
             save_figure(fig, staging / f"{name}.png")
-        atomic_write_chunks(staging / "arrays.npz", (buf.getbuffer(),), replace=False)  # no copy of the buffer
+        if buf is not None:
+            atomic_write_chunks(staging / "arrays.npz", (buf.getbuffer(),), replace=False)  # no copy of the buffer
     paths = {name: out / f"{name}.png" for name in figures}
-    paths["arrays"] = out / "arrays.npz"
+    if buf is not None:
+        paths["arrays"] = out / "arrays.npz"
     return paths

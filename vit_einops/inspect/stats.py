@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..network.patch_embed import TokenLayout
+from ..network.sizes import check_model_forward
 from .distance import distance_sums, ratio_or_nan
 from .tokens import check_layout
 
@@ -126,6 +127,7 @@ def token_norms(model: nn.Module, images: torch.Tensor) -> TokenNorms:
 
     Shapes: images (b, C, H, W) -> output as the model's, norms (l, b, n).
     """
+    check_model_forward(model, images)
     with recording_token_norms(model) as records:
         output = model(images)
     return TokenNorms(output, torch.stack(records), model.patch_embed.layout(images.shape[-2:]))

@@ -1,5 +1,6 @@
 """Targets for a model without a classifier (DINO, DINOv2, CLIP and SigLIP towers: ``num_classes`` 0, the output
-is pooled features): what the relevance functions differentiate when there is no class logit.
+is pooled features; or a head that projects them into an embedding, as CLIP's image tower with its projection:
+``ViTConfig.embedding``): what the relevance functions differentiate when there is no class logit.
 
 Each target gives one scalar per image, s_b, built from what the model computes on the image:
 
@@ -12,8 +13,8 @@ Each target gives one scalar per image, s_b, built from what the model computes 
   j every patch (p included; its term is 1). The map ``cos(z_bj, z_bp)`` over j is DINO's correspondence picture
   (:func:`patch_similarity`); relevance differentiates its mean, through both z_j and z_p.
 
-A class index (an int, or integer tensors) names a class of a classifier's logits; a model with ``num_classes`` 0
-refuses one, and refuses no target where a tool needs one (:func:`no_classifier_error`).
+A class index (an int, or integer tensors) names a class of a classifier's logits; a model without a classifier
+(:func:`has_classifier`) refuses one, and refuses no target where a tool needs one (:func:`no_classifier_error`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..base.checks import check_dense_tensor, check_nonnegative_int
 from ..base.io import read_regular_file
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
+from ..network.sizes import check_model_forward
 
 MAX_EMBEDDING_BYTES = 64 << 20  # an embedding file: a few vectors of a few thousand floats, far below this
 TARGET_KINDS = (
@@ -39,10 +41,22 @@ TARGET_KINDS = (
 )
 
 
-def no_classifier_error(what: str) -> ValueError:
+def has_classifier(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s outputs are class logits: a ViT's :attr:`~vit_einops.ViT.has_classifier` (not pooled
+    features, not an embedding projection such as CLIP's), else whether its ``num_classes`` is not 0."""
+    return getattr(model, "has_classifier", getattr(model, "num_classes", None) != 0)
+
+
+def no_classifier_error(what: str, model: torch.nn.Module | None = None) -> ValueError:
+    """The refusal of a class target (or of none) by a ``model`` whose outputs are no class logits."""
+    width = getattr(model, "num_classes", 0)
+    output = (
+        f"its head is an embedding projection: its output is a {width}-wide embedding, not class logits"
+        if width
+        else "num_classes 0: its output is pooled features"
+    )
     return ValueError(
-        f"this model has no classifier (num_classes 0: its output is pooled features), so {what}; "
-        f"give a target that fits a backbone: {TARGET_KINDS}"
+        f"this model has no classifier ({output}), so {what}; give a target that fits a backbone: {TARGET_KINDS}"
     )
 
 
@@ -107,7 +121,9 @@ class ImageTarget:
     @torch.no_grad()
     def embedding(self, model: torch.nn.Module) -> EmbeddingTarget:
         """The other image's output through ``model``, as an :class:`EmbeddingTarget`."""
-        output = model(model_inputs(model, self.image, preprocessed=self.preprocessed, name="the target image"))
+        image = model_inputs(model, self.image, preprocessed=self.preprocessed, name="the target image")
+        check_model_forward(model, image)
+        output = model(image)
         return EmbeddingTarget(output[0] if len(output) == 1 else output)
 
 
@@ -193,10 +209,11 @@ def resolve_target(model: torch.nn.Module, target: Any, images: int) -> Any:
     """``target`` as a gradient method differentiates it on ``images`` images: a backbone target (an
     :class:`ImageTarget` resolved to its image's :class:`EmbeddingTarget` through ``model``; an embedding checked to
     serve every image or one each, :meth:`EmbeddingTarget.check_count`), or class indices unchanged; a model without
-    a classifier refuses class indices and None (:func:`no_classifier_error`)."""
-    if not isinstance(target, BACKBONE_TARGETS) and getattr(model, "num_classes", None) == 0:
+    a classifier (pooled features, or an embedding projection such as CLIP's) refuses class indices and None
+    (:func:`no_classifier_error`)."""
+    if not isinstance(target, BACKBONE_TARGETS) and not has_classifier(model):
         what = "there is no predicted class" if target is None else f"target {target!r:.60} names no class"
-        raise no_classifier_error(what)
+        raise no_classifier_error(what, model)
     if isinstance(target, ImageTarget):
         resolved = target.embedding(model)
         resolved.check_count(images, of_images=True)
@@ -227,6 +244,7 @@ def patch_similarity(model: torch.nn.Module, images: Any, target: PatchTarget, *
     if not isinstance(target, PatchTarget):
         raise TypeError(f"patch_similarity takes a PatchTarget, got {type(target).__name__}")
     images = model_inputs(model, images, preprocessed=preprocessed)
+    check_model_forward(model, images)
     return target.similarity(model.forward_features(images), model.patch_embed.layout(images.shape[-2:]))
 
 

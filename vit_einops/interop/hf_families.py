@@ -270,7 +270,7 @@ def _read_clip(hf: Mapping[str, Any], arch: str) -> dict[str, Any]:
         projection = _field(hf, "projection_dim", 512)
         if projection < 1:
             raise ValueError(f"config.json projection_dim must be a positive int, got {projection!r}")
-        return fields | {"num_classes": projection, "head_bias": False}
+        return fields | {"num_classes": projection, "head_bias": False, "embedding": True}
     return fields | {"num_classes": 0}
 
 
@@ -299,7 +299,7 @@ MASK_TOKEN = ("embeddings.mask_token",)  # DINOv2's token for masked image model
 # A buffer older transformers saved with CLIP and SigLIP, and a whole CLIP or SigLIP model's text tower.
 CLIP_UNUSED = ("embeddings.position_ids", "text_model.", "text_projection.", "logit_scale", "logit_bias")
 NO_HEAD = {"num_classes": 0, "representation_size": None}
-VIT_CLASSIFIER = {"num_classes": SOME_CLASSES, "representation_size": None}
+VIT_CLASSIFIER = {"num_classes": SOME_CLASSES, "representation_size": None, "embedding": False}
 VIT_POOLER = {"num_classes": 0, "representation_size": A_POOLER}
 DINOV2 = NO_HEAD | {"layer_scale": ANY_LAYER_SCALE}
 CLIP = {"pre_norm": True, "patch_bias": False, "representation_size": None}
@@ -315,7 +315,7 @@ FAMILIES: dict[str, Family] = {
                VIT_CLASSIFIER, _read_vit),
         Family("DeiTModel", VIT_TYPES, "", VIT_LAYOUT + VIT_BLOCKS + POOLER, (), VIT_POOLER, _read_vit),
         Family("DeiTForImageClassificationWithTeacher", ("deit",), "deit.", VIT_LAYOUT + VIT_BLOCKS + TEACHER, (),
-               {"distill_token": True, "representation_size": None}, _read_vit),
+               {"distill_token": True, "representation_size": None, "embedding": False}, _read_vit),
         Family("Dinov2Model", ("dinov2",), "", VIT_LAYOUT + DINOV2_BLOCKS, MASK_TOKEN, DINOV2, _read_dinov2),
         Family("Dinov2WithRegistersModel", ("dinov2_with_registers",), "", VIT_LAYOUT + DINOV2_BLOCKS, MASK_TOKEN,
                DINOV2 | {"register_tokens": Holds(lambda r: r > 0, "registers"), "pos_embed_prefix": False},
@@ -323,7 +323,8 @@ FAMILIES: dict[str, Family] = {
         Family("CLIPVisionModel", ("clip_vision_model",), "", CLIP_LAYOUT, CLIP_UNUSED, CLIP | {"num_classes": 0},
                _read_clip),
         Family("CLIPVisionModelWithProjection", ("clip_vision_model",), "vision_model.", CLIP_LAYOUT, CLIP_UNUSED,
-               CLIP | {"head_bias": False, "num_classes": Holds(lambda k: k > 0, "a projection")}, _read_clip),
+               CLIP | {"head_bias": False, "num_classes": Holds(lambda k: k > 0, "a projection"), "embedding": True},
+               _read_clip),
         Family("SiglipVisionModel", ("siglip_vision_model",), "", CLIP_LAYOUT, CLIP_UNUSED,
                NO_HEAD | {"class_token": False, "pool": SIGLIP_POOLS}, _read_siglip),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ SAFETENSORS_SUFFIXES = (".safetensors",)
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 # Training scripts wrap the weights: timm's train.py under "state_dict", DeiT and MAE under "model".
 WRAPPER_KEYS = ("state_dict", "model", "module")
+# torch's refusal names the first class the pickle would build: "Unsupported global: GLOBAL torch.nn.Linear was ...".
+PICKLED_GLOBAL = re.compile(r"GLOBAL ([A-Za-z_][\w.]*)")
 
 
 def _suffix(path: Path) -> str:
@@ -41,7 +44,8 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Read a state dict (str -> tensor, on the CPU) from a safetensors, .pth, .pt, .bin or .ckpt file.
 
     Pickle files go through ``torch.load(weights_only=True)``: a file that would build any object other than
-    tensors and plain containers (and so could run code) is refused with a ValueError. A checkpoint that wraps
+    tensors and plain containers (and so could run code), such as a whole model saved with ``torch.save(model)``, is
+    refused with a ValueError saying to save ``model.state_dict()`` instead. A checkpoint that wraps
     its weights under one of ``"state_dict"``, ``"model"``, ``"module"`` is unwrapped.
     """
     path = Path(path)
@@ -60,9 +64,13 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        # Our own words, not torch's: its text carries terminal escapes and advises unpickling the file anyway.
+        found = PICKLED_GLOBAL.search(str(e))
         raise ValueError(
-            f"{path}: refused to load: the pickle holds objects other than tensors, which "
-            f"torch.load(weights_only=True) will not build (they could run code). Original error: {e}"
+            f"{path}: holds a pickled object ({found.group(1) if found else 'not tensors'}), not weights; objects are "
+            "never unpickled here (that could run code): save the weights instead, with "
+            "torch.save(model.state_dict(), PATH) where the model was made (or vit_einops.save_vit(model, PATH) for "
+            "a vit-einops ViT)"
         ) from e
     except (RuntimeError, EOFError, OSError, KeyError) as e:
         raise ValueError(f"{path}: not a readable torch file (truncated or corrupt?): {e}") from e

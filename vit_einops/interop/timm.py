@@ -38,7 +38,7 @@ from ..base.checks import check_choice, to_pair
 from ..network.config import DEFAULTS, FIELDS, ViTConfig, differences
 from ..imagenet import assume_imagenet_names
 from ..network.model import ViT
-from ..presets import TIMM_ARCHS, tags_of, timm_arch, timm_preprocessing
+from ..presets import TIMM_ARCHS, embedding_of, tags_of, timm_arch, timm_preprocessing
 from ..statedict import build_vit, check_free_fields, check_state_dict
 from ..preprocess import Preprocessing
 from .io import weights_reader
@@ -128,8 +128,10 @@ def timm_config(
         arch: timm's model name ("vit_small_patch14_reg4_dinov2", "vit_base_patch16_clip_224.openai"): the fields
             no tensor holds (heads, act, layer_norm_eps, image size, pooling, LayerScale's init) come from its entry
             in :data:`vit_einops.presets.FAMILIES`, and the ones the tensors fix must agree with it (a ValueError
-            names each field that differs). A tag after the dot fixes the classes too. The arguments below, when
-            given, replace the arch's. None: the arch the tensors determine, if they determine one (a ValueError
+            names each field that differs). A tag after the dot fixes the classes too, and whether the head is a
+            classifier or an embedding projection (CLIP's openai, laion2b... tags; for the name alone, what its tags
+            with the file's number of outputs are: :func:`vit_einops.presets.embedding_of`). The arguments below,
+            when given, replace the arch's. None: the arch the tensors determine, if they determine one (a ValueError
             lists the candidates where they do not).
         heads: h; not stored in any shape, so by default the arch's, else Table 1's value for the width D.
         image_size: the checkpoint's (H, W); by default the arch's, else a square grid.
@@ -141,7 +143,7 @@ def timm_config(
         act: the MLP's activation ("gelu", "gelu_tanh", "quick_gelu"); by default the arch's, else "gelu".
         dynamic_size: "timm" to accept any input size at forward as timm's ``dynamic_img_size=True`` does (opt-in
             there too), "hf" to resample as Hugging Face does, None (default) for the checkpoint's size only.
-        **overrides: fields no tensor holds: dropout, attn_dropout, patchify, layer_norm_eps.
+        **overrides: fields no tensor holds: dropout, attn_dropout, patchify, layer_norm_eps, embedding.
     """
     told = dict(
         heads=heads,
@@ -257,6 +259,8 @@ def _config_of_arch(
     if global_pool is not None:
         check_choice("global_pool", global_pool, GLOBAL_POOLS)
     state_dict = check_state_dict(state_dict, SOURCE)
+    head = state_dict.get("head.weight")
+    classes = head.shape[0] if isinstance(head, torch.Tensor) and head.ndim else 0
     read = functools.partial(
         _config_from_keys,
         state_dict,
@@ -271,6 +275,8 @@ def _config_of_arch(
             **{name: fields.get(name, DEFAULTS[name]) for name in _UNTOLD},
             "act": act if act is not None else fields.get("act", "gelu"),
             "dynamic_size": dynamic_size,
+            # whether the head is a projection (CLIP's image embedding): the arch's tags say, for the file's classes
+            "embedding": arch is not None and embedding_of(arch, classes),
             **overrides,
         },
     )

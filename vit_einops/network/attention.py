@@ -2,14 +2,14 @@
 
 Axes used throughout: b batch, n tokens (i queries, j keys), h heads, d head size D_h.
 
-Three implementations of the same Eq. 6-7 (``Attend.impl``), chosen at run time (``ViT(attn_impl=...)``,
-:func:`set_attn_impl`), never part of the architecture or its config:
-- "einsum": the paper literally; materialises the whole (b, h, n, n) matrix A.
+Eqs. 6-7 have several kernels (``Attend.impl``), entries of :data:`~vit_einops.network.kernels.KERNELS`, chosen at
+run time (``ViT(attn_impl=...)``, :func:`set_attn_impl`), never part of the architecture or its config:
+- "einsum" (:func:`einsum_attention`): the paper literally; materialises the whole (b, h, n, n) matrix A.
 - "chunked": the same einsums over blocks of queries, each with its exact softmax (a query's row of A needs
   every key, never another query), so only one block of A exists at a time; the backward pass recomputes each
   block instead of storing A, as FlashAttention and SDPA's CPU kernel do. Memory O(b h n d), not O(b h n^2).
   It lives in chunked.py.
-- "sdpa": torch.nn.functional.scaled_dot_product_attention, torch's fused kernel.
+- "sdpa" (:func:`sdpa_attention`): torch.nn.functional.scaled_dot_product_attention, torch's fused kernel.
 """
 
 from __future__ import annotations
@@ -20,20 +20,28 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from einops import einsum
+from einops import einsum, rearrange
 from einops.layers.torch import Rearrange
 from torch import nn
 
-from ..base.checks import check_bool, check_choice, check_heads, check_positive_int, check_probability
-from .chunk_plan import CHUNK_ELEMENTS
-from .chunked import chunked_attention
-from .config import ATTN_IMPLS, ViTConfig, check_config, check_float32, check_qkv_bias
+from ..base.checks import (
+    check_attention_mask,
+    check_bool,
+    check_choice,
+    check_heads,
+    check_positive_int,
+    check_probability,
+)
+from .config import ViTConfig, check_config, check_float32, check_qkv_bias
+from .kernels import KERNELS
+from .probes import HookPoint
 from .rope import RopeTable, apply_rope
 
 
 def check_attn_impl(value: Any, name: str = "attn_impl") -> str:
-    """``value`` if it names an attention path (one of ATTN_IMPLS): the one check of an impl, wherever one enters."""
-    return check_choice(name, value, ATTN_IMPLS)
+    """``value`` if it names an attention kernel (an entry of KERNELS): the one check of an impl, wherever one
+    enters."""
+    return check_choice(name, value, KERNELS)
 
 
 def per_layer_impls(value: Any, depth: int) -> tuple[str, ...]:
@@ -42,7 +50,7 @@ def per_layer_impls(value: Any, depth: int) -> tuple[str, ...]:
         return (check_attn_impl(value),) * depth
     if not isinstance(value, Sequence):
         raise TypeError(
-            f"attn_impl must be one of {', '.join(map(repr, ATTN_IMPLS))} or a sequence of them (one per layer), "
+            f"attn_impl must be one of {', '.join(map(repr, KERNELS))} or a sequence of them (one per layer), "
             f"got {value!r} of type {type(value).__name__}"
         )
     impls = tuple(check_attn_impl(v, f"attn_impl[{i}]") for i, v in enumerate(value))
@@ -61,6 +69,19 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch
     if mask is not None:
         energy = energy.masked_fill(~mask, float("-inf"))
     return energy
+
+
+def einsum_attention(attend: Attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
+    """The "einsum" kernel: A = softmax(q k^T / sqrt(D_h)) (Eq. 6) formed whole by ``attend.softmax``, dropout on
+    it, then A v (Eq. 7)."""
+    attn = attend.dropout(attend.softmax(attention_scores(q, k, attend.scale, mask)))
+    return einsum(attn, v, "b h i j, b h j d -> b h i d")
+
+
+def sdpa_attention(attend: Attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
+    """The "sdpa" kernel: torch's fused scaled_dot_product_attention, whose default scale 1/sqrt(q.size(-1)) is
+    1/sqrt(D_h): the same Eq. 6."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attend.dropout_p)
 
 
 def _has_hooks(module: nn.Module) -> bool:
@@ -92,25 +113,32 @@ class Attend(nn.Module):
     Args:
         head_dim: D_h, the size of one head.
         dropout: dropout on A (attention dropout, ``ViTConfig.attn_dropout``), active in training only.
-        impl: "einsum" (written out here), "chunked" (the same einsums over blocks of queries, see
-            :func:`chunked_attention`) or "sdpa" (torch.nn.functional.scaled_dot_product_attention).
-        chunk_elements: on the "chunked" path, the most scores held at once (one block of A); a plain
-            attribute that may be changed after construction.
+        impl: the kernel, a name of :data:`~vit_einops.network.kernels.KERNELS`: "einsum" (written out here),
+            "chunked" (the same einsums over blocks of queries) or "sdpa" (torch's fused kernel).
+        chunk_elements: on the "chunked" path, the most scores held at once (one block of A), None for the
+            machine's default (:func:`~vit_einops.network.chunk_plan.chunk_elements`, planned on first use); a
+            plain attribute that may be changed after construction.
+
+    Probe sites: ``hook_attn_scores`` (the logits of Eq. 6, masked, (b, h, n, n)) and ``hook_pattern`` (A,
+    (b, h, n, n)). While either is probed the layer forms A from its q and k as the einsum kernel does, whichever
+    kernel is chosen, and attends with the (possibly replaced) A; unprobed, the kernel runs alone.
 
     Shapes: q, k, v (b, h, n, d); mask None or bool broadcastable to (b, h, n, n), True = may attend;
     output (b, h, n, d).
     """
 
     def __init__(
-        self, head_dim: int, dropout: float = 0.0, impl: str = "einsum", chunk_elements: int = CHUNK_ELEMENTS
+        self, head_dim: int, dropout: float = 0.0, impl: str = "einsum", chunk_elements: int | None = None
     ) -> None:
         super().__init__()
         self.scale = check_positive_int("head_dim", head_dim) ** -0.5
         self.softmax = nn.Softmax(dim=-1)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
         self.impl = impl
-        self.chunk_elements = check_positive_int("chunk_elements", chunk_elements)
+        self.chunk_elements = None if chunk_elements is None else check_positive_int("chunk_elements", chunk_elements)
         self._warned_hook = False  # warn_skipped_softmax_hook once per layer, not on every forward
+        self.hook_attn_scores = HookPoint("(b, h, n, n)")
+        self.hook_pattern = HookPoint("(b, h, n, n)")
 
     @property
     def impl(self) -> str:
@@ -119,25 +147,36 @@ class Attend(nn.Module):
     @impl.setter
     def impl(self, value: str) -> None:
         self._impl = check_attn_impl(value)
+        self._kernel = KERNELS[self._impl].select()
+
+    @property
+    def forms_attention(self) -> bool:
+        """True when the kernel holds the whole (b, h, n, n) matrix A, which the memory estimate counts."""
+        return KERNELS[self._impl].forms_attention
+
+    @property
+    def dropout_p(self) -> float:
+        """The rate of attention dropout now: ``dropout.p`` in training, 0 in eval."""
+        return self.dropout.p if self.training else 0.0
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        if self._impl != "einsum" and not self._warned_hook and _has_hooks(self.softmax):
+        if self.hook_attn_scores.hooks or self.hook_pattern.hooks:
+            return self._probed(q, k, v, mask)
+        if not self._warned_hook and _has_hooks(self.softmax) and not self.forms_attention:
             warn_skipped_softmax_hook(self._impl)
             self._warned_hook = True
-        if self._impl == "sdpa":
-            # SDPA's default scale is 1/sqrt(q.size(-1)) = 1/sqrt(D_h): the same Eq. 6.
-            p = self.dropout.p if self.training else 0.0
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        if self._impl == "chunked":
-            p = self.dropout.p if self.training else 0.0
-            return chunked_attention(q, k, v, mask, scale=self.scale, dropout_p=p, max_elements=self.chunk_elements)
-        attn = self.dropout(self.softmax(attention_scores(q, k, self.scale, mask)))
-        return einsum(attn, v, "b h i j, b h j d -> b h i d")
+        return self._kernel(self, q, k, v, mask)
+
+    def _probed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Eqs. 6-7 through the probe sites, with the einsum kernel's arithmetic."""
+        scores = self.hook_attn_scores(attention_scores(q, k, self.scale, mask))
+        attn = self.hook_pattern(self.softmax(scores))
+        return einsum(self.dropout(attn), v, "b h i j, b h j d -> b h i d")
 
     def extra_repr(self) -> str:
-        chunks = f", chunk_elements={self.chunk_elements}" if self._impl == "chunked" else ""
+        chunks = f", chunk_elements={self.chunk_elements}" if self._impl == "chunked" and self.chunk_elements else ""
         return f"impl={self._impl!r}, scale={self.scale:.6g}{chunks}"
 
 
@@ -162,6 +201,12 @@ class MultiHeadAttention(nn.Module):
         proj_dropout: dropout after the output projection ``proj`` (Appendix B.1).
         impl: "einsum" (the paper literally), "chunked" or "sdpa": which kernel runs; a plain attribute that may be
             changed at run time, never part of the architecture.
+
+    Probe sites (TransformerLens's names, under ``blocks.{l}.attn.``): ``hook_q``, ``hook_k``, ``hook_v`` (after
+    qk-norm and RoPE, as the kernel takes them), ``hook_z`` (each head's A v), all (b, n, h, d); ``hook_result``
+    (each head's output after its slice of ``proj``, (b, n, h, D), computed only while probed: summed over heads,
+    plus ``proj.bias``, it is the layer's output before dropout); and ``attend``'s ``hook_attn_scores`` and
+    ``hook_pattern``.
 
     Shapes: x (b, n, D); mask None or bool broadcastable to (b, h, n, n), True = may attend; rope None or the
     :class:`~vit_einops.network.rope.RopeTable` of x's tokens, which rotates q and k after the head split (and qk-norm),
@@ -201,6 +246,9 @@ class MultiHeadAttention(nn.Module):
         self.merge_heads = Rearrange("b h n d -> b n (h d)")
         self.proj = nn.Linear(self.dim, self.dim)
         self.dropout = nn.Dropout(proj_dropout)
+        self.hook_q, self.hook_k, self.hook_v, self.hook_z = (HookPoint("(b, n, h, d)", heads_second=True)
+                                                              for _ in range(4))  # fmt: skip
+        self.hook_result = HookPoint("(b, n, h, D)")
 
     @classmethod
     def from_config(cls, config: ViTConfig) -> MultiHeadAttention:
@@ -238,20 +286,22 @@ class MultiHeadAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        return self.dropout(self.proj(self.merge_heads(self.attend(q, k, v, mask))))
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        z = self.hook_z(self.attend(q, k, v, mask))
+        return self.dropout(self._project(z))
+
+    def _project(self, z: torch.Tensor) -> torch.Tensor:
+        """Eq. 8's U_msa on the concatenated heads z (b, h, n, d); head by head while ``hook_result`` is probed."""
+        if not self.hook_result.hooks:
+            return self.proj(self.merge_heads(z))
+        w = rearrange(self.proj.weight, "D (h d) -> h d D", h=self.heads)
+        result = self.hook_result(einsum(z, w, "b h n d, h d D -> b n h D"))
+        return result.sum(dim=2) if self.proj.bias is None else result.sum(dim=2) + self.proj.bias
 
     def _check_mask(self, mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise TypeError(f"mask must be a bool tensor (True = may attend), got {got}")
         b, n = x.shape[:2]
         full = (b, self.heads, n, n)
-        try:
-            ok = mask.ndim <= 4 and torch.broadcast_shapes(mask.shape, full) == full
-        except RuntimeError:
-            ok = False
-        if not ok:
-            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to (b, h, n, n) = {full}")
+        check_attention_mask(mask, full, "(b, h, n, n)")
         if not mask.expand(full).any(dim=-1).all():
             # softmax over an all -inf row is NaN on the einsum path and silently 0 or NaN in SDPA kernels.
             raise ValueError("mask leaves at least one query row with no key to attend to")

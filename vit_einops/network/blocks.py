@@ -12,6 +12,7 @@ from ..base.checks import check_choice, check_probability, check_size
 from ..base.sequential import Sequential
 from .attention import MultiHeadAttention
 from .config import ACTIVATIONS, ViTConfig, check_config
+from .probes import HookPoint
 from .rope import RopeTable
 
 
@@ -22,10 +23,14 @@ class ResidualAdd(nn.Sequential):
     go to the branch's layer: its second module, after the pre-norm (or its only one)."""
 
     def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
-        y, layer = x, min(1, len(self) - 1)
+        return x + self.branch(x, **kwargs)
+
+    def branch(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
+        """What the block adds to the residual stream: the modules in order, LayerScale (``ls``) last."""
+        layer = min(1, len(self) - 1)
         for i, module in enumerate(self):
-            y = module(y, **kwargs) if i == layer else module(y)
-        return y + x
+            x = module(x, **kwargs) if i == layer else module(x)
+        return x
 
 
 class LayerScale(nn.Module):
@@ -81,7 +86,22 @@ def _mlp(dim: int, mlp_dim: int, act: nn.Module, dropout: float, gated: bool = F
     )
 
 
-class FeedForwardBlock(Sequential):
+class MLP(Sequential):
+    """The MLPs' forward: ``fc1``, ``act``, ``drop1``, ``fc2``, ``drop2``, with the probe sites ``hook_pre`` (fc1's
+    output) and ``hook_post`` (the nonlinearity's)."""
+
+    def __init__(self, stages: OrderedDict[str, nn.Module]) -> None:
+        super().__init__(stages)
+        self.hook_pre = HookPoint("(b, n, fc1 outputs)")
+        self.hook_post = HookPoint("(b, n, mlp_dim)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.hook_pre(self.fc1(x))
+        x = self.hook_post(self.act(x))
+        return self.drop2(self.fc2(self.drop1(x)))
+
+
+class FeedForwardBlock(MLP):
     """The MLP of Eq. 3: ``fc1`` Linear(D, mlp_dim), ``act`` (exact GELU, erf, by default), ``drop1`` Dropout,
     ``fc2`` Linear(mlp_dim, D), ``drop2`` Dropout. Built alone as timm's ``Mlp(in_features, hidden_features)``:
     ``FeedForwardBlock(64, 256)``; an encoder block builds it with :meth:`from_config`.
@@ -113,7 +133,7 @@ class GatedSiLU(nn.Module):
         return F.silu(gate) * x
 
 
-class SwiGLU(Sequential):
+class SwiGLU(MLP):
     """The MLP of EVA-02 (Shazeer 2020, "GLU Variants Improve Transformer"): SwiGLU(x) = (SiLU(x W_g) * x W_x) W_2.
 
     ``fc1`` Linear(D, 2 mlp_dim) computes x W_g and x W_x at once (W_g's rows first), ``act`` :class:`GatedSiLU`
@@ -153,6 +173,10 @@ class TransformerEncoderBlock(Sequential):
     With ``config.layer_scale`` each branch ends in a :class:`LayerScale` ``ls`` (DINOv2, DeiT III): MSA and MLP
     outputs are scaled per channel before the addition.
 
+    Probe sites (TransformerLens's names, under ``blocks.{l}.``): ``hook_resid_pre`` z_{l-1}, ``hook_attn_out``
+    (what the attention branch adds to the residual stream, LayerScale included), ``hook_resid_mid`` z'_l,
+    ``hook_mlp_out`` (what the MLP branch adds, LayerScale included), ``hook_resid_post`` z_l; each (b, n, D).
+
     Shapes: (b, n, D) -> (b, n, D); ``rope``, the input's :class:`~vit_einops.network.rope.RopeTable`, goes to the MSA.
     """
 
@@ -164,9 +188,31 @@ class TransformerEncoderBlock(Sequential):
                 mlp=_branch(config, "ff", FFNS[config.ffn].from_config(config)),
             )
         )
+        for site in ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post"):
+            setattr(self, site, HookPoint("(b, n, D)"))
 
     def forward(self, x: torch.Tensor, rope: RopeTable | None = None) -> torch.Tensor:
-        return self.mlp(self.attn(x, rope=rope))
+        x = self.hook_resid_pre(x)
+        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn.branch(x, rope=rope)))  # Eq. 2
+        return self.hook_resid_post(x + self.hook_mlp_out(self.mlp.branch(x)))  # Eq. 3
+
+    def probe_sites(self) -> dict[str, HookPoint]:
+        """The block's probe sites in the order the forward pass reaches them, by their names under ``blocks.{l}.``."""
+        mha, ff = self.attn.mha, self.mlp.ff
+        return {
+            "hook_resid_pre": self.hook_resid_pre,
+            **{f"attn.{name}": getattr(mha, name) for name in ("hook_q", "hook_k", "hook_v")},
+            "attn.hook_attn_scores": mha.attend.hook_attn_scores,
+            "attn.hook_pattern": mha.attend.hook_pattern,
+            "attn.hook_z": mha.hook_z,
+            "attn.hook_result": mha.hook_result,
+            "hook_attn_out": self.hook_attn_out,
+            "hook_resid_mid": self.hook_resid_mid,
+            "mlp.hook_pre": ff.hook_pre,
+            "mlp.hook_post": ff.hook_post,
+            "hook_mlp_out": self.hook_mlp_out,
+            "hook_resid_post": self.hook_resid_post,
+        }
 
 
 class TransformerEncoder(Sequential):

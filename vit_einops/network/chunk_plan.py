@@ -51,9 +51,20 @@ def default_chunk_elements(threads: int | None = None) -> int:
     return min(2**22, max(2**12, l2_cache_bytes() * max(1, threads)))
 
 
-# The default block, computed once at import for torch's thread count then (reading sysfs changes nothing);
-# Attend(chunk_elements=...) and chunked_attention(max_elements=...) override it.
-CHUNK_ELEMENTS = default_chunk_elements()
+@functools.cache
+def chunk_elements() -> int:
+    """The default block: :func:`default_chunk_elements` for torch's thread count at the first call, planned then
+    (when a layer first selects the chunked kernel, see :func:`plan_blocks`, or at the first chunked_attention call;
+    never at import) and kept, since reading sysfs again would change nothing.
+    Attend(chunk_elements=...) and chunked_attention(max_elements=...) override it."""
+    return default_chunk_elements()
+
+
+def plan_blocks() -> None:
+    """Plan the default block and task sizes now (the "chunked" kernel's preparation, run when a layer selects it),
+    so that no forward pass reads sysfs."""
+    chunk_elements()
+    task_elements()
 
 
 def even_parts(total: int, most: int) -> list[slice]:
@@ -184,7 +195,7 @@ def plan_for(q: torch.Tensor, m: int, max_elements: int) -> BlockPlan:
     O(b h n d) plus one cache-sized block, and small inputs still get few blocks (each costs a thread barrier).
     """
     b, h, n, _ = q.shape
-    budget = max(1, min(max_elements, max(q.numel(), CHUNK_ELEMENTS)))
+    budget = max(1, min(max_elements, max(q.numel(), chunk_elements())))
     return block_plan(b, h, n, m, budget, torch.get_num_threads())
 
 
@@ -193,21 +204,23 @@ def plan_for(q: torch.Tensor, m: int, max_elements: int) -> BlockPlan:
 TASKS_PER_CALL = 16
 # The smallest task split off: about 0.6 ms of single-threaded products and softmax (~5 ns a score).
 MIN_TASK_SCORES = 2**17
-# The largest task: one L2 cache of float32 scores, so that the softmax pass of a block computed on one core reads
-# it from that core's cache (read once, at import, like CHUNK_ELEMENTS).
-TASK_ELEMENTS = max(2**12, l2_cache_bytes() // 4)
+@functools.cache
+def task_elements() -> int:
+    """The largest task: one L2 cache of float32 scores, so that the softmax pass of a block computed on one core
+    reads it from that core's cache (planned on first use, like :func:`chunk_elements`)."""
+    return max(2**12, l2_cache_bytes() // 4)
 
 
 def task_plan(q: torch.Tensor, m: int, max_elements: int) -> BlockPlan | None:
     """The blocks chunk_pool.py's workers take one at a time for (b, h, n, d) queries against m keys, or None when
     the call is no more than one task's work.
 
-    About TASKS_PER_CALL blocks of at least MIN_TASK_SCORES scores, none above ``max_elements`` or TASK_ELEMENTS
+    About TASKS_PER_CALL blocks of at least MIN_TASK_SCORES scores, none above ``max_elements`` or :func:`task_elements`
     (so the blocks alive at once, one per worker, hold no more scores than a quarter of the default block of that
     many threads). The blocks do not depend on torch's thread count: each is computed by single-threaded ops, so the
     output is the same to the bit whatever the count.
     """
     b, h, n, _ = q.shape
     share = max(MIN_TASK_SCORES, -(-b * h * n * m // TASKS_PER_CALL))
-    plan = block_plan(b, h, n, m, max(1, min(max_elements, TASK_ELEMENTS, share)))
+    plan = block_plan(b, h, n, m, max(1, min(max_elements, task_elements(), share)))
     return plan if len(plan.blocks) > 1 else None

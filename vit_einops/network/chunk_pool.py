@@ -11,7 +11,12 @@ the GIL inside its kernels, so the workers' ops run in parallel; only the Python
 
 Each worker thread's intra-op thread count is 1. torch.set_num_threads, called in a thread, sets that thread's
 OpenMP and MKL counts (other threads keep theirs), and also the process-wide count a new thread starts from; the
-pool puts that one back from the thread that built it as soon as its workers have set theirs.
+pool puts that one back from the thread that starts workers as soon as they have set theirs.
+
+One pool serves every caller, whatever its thread count: a call of ``threads`` threads hands its tasks to that many
+workers, and the pool starts workers when a call asks for more than it has. It never stops one, so no caller can be
+left with jobs that no worker will read, and callers of different thread counts share the same workers rather than
+replace them call after call; it holds as many workers as the largest count any call has asked for.
 """
 
 from __future__ import annotations
@@ -19,59 +24,107 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 import torch
 
+START_SECONDS = 60.0  # how long new workers may take to start and set their thread count before the call fails
+_WAIT_SECONDS = 0.5  # the caller waits in steps this long, so that Ctrl-C reaches it wherever a lock wait cannot
+
+
+class _Start:
+    """One round of starting workers: open until the thread that starts them has put the process-wide count back.
+
+    A worker sets its own count and joins the pool under ``gate`` only while the round is open: one that runs after
+    its round ended (the round timed out or was interrupted) ends at once, so it can change no count after it was
+    put back."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Lock()
+        self.open = True
+        self.ready = threading.Semaphore(0)
+
 
 class _Pool:
-    """``size`` daemon threads, each running the jobs of one queue, one after another, until it hands them None."""
+    """Daemon threads, each running the jobs of one queue, one after another, with torch's ops on its own thread."""
 
-    def __init__(self, size: int):
-        self.size = size
+    def __init__(self) -> None:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.size = 0  # workers running jobs
+
+    def grow(self, size: int) -> None:
+        """Start workers until ``size`` run; a RuntimeError if the system refuses a thread or the workers have not
+        started within START_SECONDS. The workers that did start stay in the pool; the process-wide thread count is
+        put back whatever happens, a KeyboardInterrupt included."""
         threads = torch.get_num_threads()
-        ready = threading.Barrier(size + 1)
-        for i in range(size):
-            threading.Thread(target=self._work, args=(ready,), name=f"vit-einops-chunked-{i}", daemon=True).start()
-        ready.wait()
-        torch.set_num_threads(threads)  # the process-wide count, which the workers' own setting changed
+        start = _Start()
+        started = 0
+        try:
+            for i in range(self.size, size):
+                worker = threading.Thread(target=self._work, args=(start,), name=f"vit-einops-chunked-{i}", daemon=True)
+                try:
+                    worker.start()
+                except RuntimeError as error:
+                    raise RuntimeError(
+                        f"the chunked attention path could not start worker thread {i + 1} of {size}: {error}"
+                    ) from error
+                started += 1
+        finally:
+            try:
+                deadline = time.monotonic() + START_SECONDS
+                while started and start.ready.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    started -= 1
+            finally:
+                with start.gate:
+                    start.open = False
+                    torch.set_num_threads(threads)  # the process-wide count, which the workers' own setting changed
+        if self.size < size:
+            raise RuntimeError(
+                f"the chunked attention path's worker threads did not start within {START_SECONDS:g} s "
+                f"({self.size} of {size} running)"
+            )
 
-    def _work(self, ready: threading.Barrier) -> None:
-        # torch sets a thread's counts from the process-wide one on its first parallel op or count query, and would
-        # undo a setting made before that: the query comes first.
-        torch.get_num_threads()
-        torch.set_num_threads(1)
-        ready.wait()
-        while (job := self.jobs.get()) is not None:
-            job()
+    def _work(self, start: _Start) -> None:
+        with start.gate:
+            if not start.open:
+                return
+            # torch sets a thread's counts from the process-wide one on its first parallel op or count query, and
+            # would undo a setting made before that: the query comes first.
+            torch.get_num_threads()
+            torch.set_num_threads(1)
+            self.size += 1
+        start.ready.release()
+        _ON_WORKER.active = True
+        while True:
+            self.jobs.get()()
 
-    def close(self) -> None:
-        for _ in range(self.size):
-            self.jobs.put(None)
 
-
-_POOL: _Pool | None = None
+_POOL = _Pool()
 _POOL_LOCK = threading.Lock()
+_ON_WORKER = threading.local()  # .active on the pool's workers
 
 
 def _forget_pool() -> None:
-    # A forked child has none of its parent's threads: it builds its own pool on first use.
+    # A forked child has none of its parent's threads: it starts its own workers on first use.
     global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
+    _POOL, _POOL_LOCK = _Pool(), threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_pool)
 
 
+def workers() -> int:
+    """How many worker threads the pool runs, whatever the number of calls: the largest thread count a call has
+    asked for (0 before the first), fewer after a failed start until a later call starts the rest."""
+    return _POOL.size
+
+
 def _pool(size: int) -> _Pool:
-    """The pool of ``size`` workers, built on first use, rebuilt when torch's thread count has changed."""
-    global _POOL
+    """The pool, with at least ``size`` workers."""
     with _POOL_LOCK:
-        if _POOL is None or _POOL.size != size:
-            if _POOL is not None:
-                _POOL.close()  # its workers end after the jobs already queued, another caller's included
-            _POOL = _Pool(size)
+        if _POOL.size < size:
+            _POOL.grow(size)
         return _POOL
 
 
@@ -80,8 +133,14 @@ def run_tasks(task: Callable[[int], None], count: int, threads: int) -> None:
 
     Returns when every task has run. The workers run under the caller's grad and inference modes (both are
     per-thread in torch). The first exception a task raises is raised here, after the tasks already started have
-    ended; no task starts after it.
+    ended; no task starts after it. An exception raised in the caller while it waits (Ctrl-C's KeyboardInterrupt)
+    is raised at once, and no task starts after it either. Called from a task, it runs the tasks in turn on the
+    calling worker, which would otherwise wait on workers that may all be waiting likewise.
     """
+    if getattr(_ON_WORKER, "active", False):
+        for i in range(count):
+            task(i)
+        return
     pool = _pool(threads)
     indices = iter(range(count))
     take = threading.Lock()
@@ -106,7 +165,12 @@ def run_tasks(task: Callable[[int], None], count: int, threads: int) -> None:
     helpers = min(threads, count)
     for _ in range(helpers):
         pool.jobs.put(job)
-    for _ in range(helpers):
-        done.acquire()
+    try:
+        for _ in range(helpers):
+            while not done.acquire(timeout=_WAIT_SECONDS):
+                pass
+    except BaseException as interrupt:
+        errors.append(interrupt)  # the jobs stop taking tasks
+        raise
     if errors:
         raise errors[0]

@@ -30,7 +30,8 @@ import threading
 import torch
 from torch.autograd.function import once_differentiable
 
-from .chunk_plan import CHUNK_ELEMENTS, BlockPlan, plan_for, task_plan
+from ..base.checks import check_attention_mask
+from .chunk_plan import BlockPlan, chunk_elements, plan_for, task_plan
 from .chunk_pool import run_tasks
 
 
@@ -223,6 +224,14 @@ class _ChunkedAttention(torch.autograd.Function):
                 grad_v.view(*shape, *v_.shape[1:]), None, None, None, None, None, None)  # fmt: skip
 
 
+def chunked_kernel(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
+    """The "chunked" entry of :data:`~vit_einops.network.kernels.KERNELS`: :func:`chunked_attention` with the
+    calling Attend's scale, attention dropout and block size."""
+    return chunked_attention(
+        q, k, v, mask, scale=attend.scale, dropout_p=attend.dropout_p, max_elements=attend.chunk_elements
+    )
+
+
 def chunked_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -231,13 +240,13 @@ def chunked_attention(
     *,
     scale: float,
     dropout_p: float = 0.0,
-    max_elements: int = CHUNK_ELEMENTS,
+    max_elements: int | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v (Eqs. 6-7) computed over blocks of at most ``max_elements`` scores.
 
-    ``max_elements`` defaults to CHUNK_ELEMENTS (four L2 caches of scores per thread). A block never holds more
-    scores than q holds numbers or CHUNK_ELEMENTS, whichever is larger, so the scores alive at once (a block and, in
-    backward, its gradient) stay within twice the output or two cache-sized blocks: peak memory O(b h n d) plus a
+    ``max_elements`` None is :func:`~vit_einops.network.chunk_plan.chunk_elements` (four L2 caches of scores per
+    thread). A block never holds more scores than q holds numbers or that default, whichever is larger, so the
+    scores alive at once (a block and, in backward, its gradient) stay within twice the output or two cache-sized blocks: peak memory O(b h n d) plus a
     constant, whatever n is. The forward handed to worker threads (module docstring) holds one block per thread, each
     within ``max_elements`` and one L2 cache of float32 scores, and its output is the same to the bit whatever
     torch's thread count. Equal to the full-matrix einsum up to float rounding, in values and gradients; dropout
@@ -246,13 +255,15 @@ def chunked_attention(
     no images, or no heads) the output is empty; with no keys it is zeros, as on the einsum and SDPA paths.
 
     Shapes: q (b, h, n, d), k (b, h, m, d), v (b, h, m, e); mask None or bool broadcastable to (b, h, n, m),
-    True = may attend; output (b, h, n, e).
+    True = may attend (a TypeError for another dtype, a ValueError for another shape); output (b, h, n, e).
     """
     b, h, n, _ = q.shape
     m = k.shape[2]
     if mask is not None:
-        mask = mask.expand(b, h, n, m)  # a view: blocks of it are sliced like the queries
+        # A view: blocks of it are sliced like the queries.
+        mask = check_attention_mask(mask, (b, h, n, m), "(b, h, n, m)").expand(b, h, n, m)
     seed = int(torch.randint(2**62, ())) if dropout_p else 0
+    max_elements = chunk_elements() if max_elements is None else max_elements
     plan = plan_for(q, m, max_elements)
     tasks = _tasks(q, m, max_elements, dropout_p)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):

@@ -27,8 +27,6 @@ from ..base.checks import (
     to_pair,
 )
 
-# The attention paths a model can run (runtime state, not architecture: ViT(attn_impl=...), model.set_attn_impl).
-ATTN_IMPLS = ("einsum", "chunked", "sdpa")
 POOLS = ("cls", "mean", "map")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")
 # How a model with dynamic_size resamples E_pos for another input size: the library whose numbers it reproduces.
@@ -178,6 +176,10 @@ class ViTConfig:
     qk_norm: bool = _field(False, check_bool, beyond_paper=True, timm="qk_norm")
     # the classifier's bias; CLIP's projection to the joint embedding has none
     head_bias: bool = _field(True, check_bool, beyond_paper=True)
+    # the head's num_classes outputs are an embedding, not class logits: CLIP's projection of the pooled features
+    # into its joint image-text space (a family's tags say which: vit_einops.presets.FAMILIES). The tensors are the
+    # same either way, so a loader may be told it; a new classifier (reset_classifier, head.fc =) makes it False.
+    embedding: bool = _field(False, check_bool, beyond_paper=True, free=True, per_checkpoint=True)
     # the fused qkv Linear's bias: True (the paper), False, or "qv": q and v biases, k's fixed at 0 (BEiT, EVA-02)
     qkv_bias: bool | str = _field(True, check_qkv_bias, beyond_paper=True, timm="qkv_bias")
     # the MLP of Eq. 3: "mlp" (Linear, act, Linear), or "swiglu" (SiLU(x W_g) * x W_x, then W_2: EVA-02), whose fc1
@@ -223,6 +225,8 @@ class ViTConfig:
                 raise ValueError("distill_token has no fc_norm or representation_size (DeiT's heads are plain Linears)")
         if self.pool == "map" and (self.fc_norm or self.representation_size is not None):
             raise ValueError('pool "map" (attention pooling) has no fc_norm or representation_size, as in timm')
+        if self.embedding and not self.num_classes:
+            raise ValueError("embedding True needs the projection's outputs: num_classes is its width, got 0")
         if self.rope_grid is not None and self.head_dim % 4:
             raise ValueError(
                 f"rope_grid needs a head size D/h divisible by 4 (2-D RoPE turns D_h/4 channel pairs per axis), got "
@@ -265,6 +269,12 @@ class ViTConfig:
             for name, about in FIELDS.items()
             if about.beyond_paper and not about.free and _beyond(name, about, getattr(self, name))
         ]
+
+    @property
+    def has_classifier(self) -> bool:
+        """True when the outputs are class logits: False for pooled features (num_classes 0) and for an embedding
+        projection (``embedding``: CLIP's image embedding), which have no classes to predict or explain."""
+        return self.num_classes > 0 and not self.embedding
 
     @property
     def head_dim(self) -> int:

@@ -15,6 +15,7 @@ from ..base.sequential import Sequential
 from .attention import Attend
 from .blocks import FeedForwardBlock
 from .config import ViTConfig, check_config
+from .probes import HookPoint
 
 
 def head_swap_help(dim: int, features: int) -> str:
@@ -107,6 +108,10 @@ class ClassificationHead(Sequential):
     ``fc`` may be replaced by an ``nn.Linear(in_features, K)`` or an ``nn.Identity()``; anything else (another
     module, a Linear of the wrong width, a new stage) raises, since ViTConfig could not describe the result.
 
+    Probe sites: ``hook_normalized`` (the model's ``ln_final.hook_normalized``), the output of ``norm``: the
+    normed tokens (b, n, D), or with fc_norm the normed pooled features (b, D); ``hook_pooled``, the output of
+    ``pool``: (b, D), or (b, 2, D) for a distilled head, before ``norm`` with fc_norm.
+
     Shapes: (b, n, D) -> (b, num_classes), or (b, D or representation_size) when num_classes is 0.
     """
 
@@ -129,6 +134,9 @@ class ClassificationHead(Sequential):
         if config.distill_token:
             stages.append(("fc_dist", nn.Linear(features, k, bias=bias) if k else nn.Identity()))
         super().__init__(OrderedDict(stages))
+        self.embedding = config.embedding  # fc projects into an embedding (CLIP's); a new fc is a classifier
+        self.hook_normalized = HookPoint("(b, n, D), or (b, D) with fc_norm")
+        self.hook_pooled = HookPoint("(b, D), or (b, 2, D) distilled")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classify(self.pool_features(x))
@@ -193,9 +201,17 @@ class ClassificationHead(Sequential):
         for name, stage in self.named_children():
             if name in ("fc", "fc_dist"):
                 break
-            if not (name == "norm" and normed and self.token_norm):
+            if name == "norm":
+                x = x if normed and self.token_norm else self.normed(x)
+            elif name == "pool":
+                x = self.hook_pooled(stage(x))
+            else:
                 x = stage(x)
         return x
+
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        """The final LayerNorm (Eq. 4's LN), through the probe site ``hook_normalized``."""
+        return self.hook_normalized(self.norm(x))
 
     def check_classifier(self, module: Any) -> nn.Module:
         """``module`` if it can serve as ``fc``: an nn.Identity, or an nn.Linear reading in_features."""
@@ -219,6 +235,7 @@ class ClassificationHead(Sequential):
         if isinstance(value, nn.Module) and "_modules" in self.__dict__:
             if name in ("fc", "fc_dist"):
                 value = self.check_classifier(value)
+                self.embedding = False
             elif name not in self._modules:
                 raise TypeError(
                     f"ClassificationHead has no stage {name!r} (its stages are {', '.join(self._modules)}); "

@@ -16,14 +16,15 @@ from torch import nn
 from ..base.checks import check_choice, check_dense_tensor, check_index, check_nonnegative_int, check_positive_int
 from ..base.init import trunc_normal_
 from ..base.sequential import Sequential
-from .attention import Attend, attn_impl_of, per_layer_impls, set_attn_impl
+from .attention import attn_impl_of, per_layer_impls, set_attn_impl
 from .blocks import TransformerEncoder, TransformerEncoderBlock
 from .config import FIELDS, ViTConfig
 from .head import ClassificationHead, head_swap_help
 from .patch_embed import PatchEmbedding
+from .probes import ActivationCache, Hook, HookPoint, attached, chosen_sites, unknown_site
 from ..preprocess import Preprocessing
 from .rope import RopeTable, RotaryEmbedding
-from ..sizes import check_build_time, check_forward_memory, check_model_memory
+from .sizes import check_build_time, check_model_memory
 
 # timm's default for every Linear in the encoder and head; the embeddings have their own init.
 LINEAR_INIT_STD = 0.02
@@ -46,16 +47,17 @@ class ViT(Sequential):
 
     timm's interface is here too: ``forward_features``, ``forward_head``, ``reset_classifier``,
     ``get_classifier``, ``num_classes``, ``num_features``, ``no_weight_decay``, ``forward_intermediates``,
-    ``get_intermediate_layers``.
+    ``get_intermediate_layers``. TransformerLens's too: every activation a study reads has a named probe site
+    (:meth:`probe_sites`, docs/probes.md), read with :meth:`run_with_cache` and changed with :meth:`run_with_hooks`.
 
     Shapes: (b, C, H, W) float -> (b, num_classes) logits (or (b, D) pooled features when num_classes is 0).
     A batch of another float dtype is cast to the model's when the cast is exact (float16 or bfloat16 into a
     float32 model) and refused with a TypeError otherwise (float64 into float32 would round). Non-finite pixels
     are not checked: they make that image's logits non-finite and leave the other images of the batch unchanged.
-    Every forward (``model(x)``, ``forward_features``, ``forward_intermediates``) first estimates its activations
-    and refuses, with a ValueError naming the estimate and the limit, a batch past the memory budget
-    (:func:`vit_einops.sizes.check_forward_memory`); construction refuses a config past the memory or build-time
-    budget (:mod:`vit_einops.base.budget`).
+    The forward pass computes the model and nothing else: the memory a batch needs is checked once by the entry
+    points that take untrusted sizes (:func:`vit_einops.predict`, the study functions, the commands) with
+    :func:`vit_einops.network.sizes.check_model_forward`, which a caller of ``model(x)`` may call too. Construction
+    refuses a config past the memory or build-time budget (:mod:`vit_einops.base.budget`).
     """
 
 
@@ -126,17 +128,17 @@ class ViT(Sequential):
     # -- input -------------------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self._encode(self._admit(x)))
+        return self.head(self._encode(self.check_input(x)))
 
     def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, RopeTable | None]:
-        """Eq. 1's tokens of an admitted batch, and the RoPE table of its patch grid where the model has RoPE."""
+        """Eq. 1's tokens of a checked batch, and the RoPE table of its patch grid where the model has RoPE."""
         if self.rope is None:
             return self.patch_embed(x), None
-        layout = self.patch_embed.layout(x.shape[-2:])
-        return self.patch_embed(x), self.rope(layout.grid, layout.num_prefix, device=x.device)
+        (ph, pw), (h, w) = self.patch_embed.patch_size, x.shape[-2:]
+        return self.patch_embed(x), self.rope((h // ph, w // pw), self.num_prefix_tokens, device=x.device)
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
-        """z_L: the encoder's tokens of an admitted batch."""
+        """z_L: the encoder's tokens of a checked batch."""
         tokens, rope = self._embed(x)
         return self.blocks(tokens, rope=rope)
 
@@ -182,7 +184,7 @@ class ViT(Sequential):
 
     def _check_other_size(self, x: torch.Tensor) -> None:
         """Admit an input of another size than the training one when the model resamples E_pos for it
-        (``dynamic_size``): H and W positive multiples of the patch size (its activations are budgeted by _admit)."""
+        (``dynamic_size``): H and W positive multiples of the patch size."""
         (h, w), (ph, pw) = self.patch_embed.image_size, self.patch_embed.patch_size
         size = tuple(x.shape[2:])
         dynamic = self.patch_embed.pos_embed.dynamic
@@ -199,26 +201,19 @@ class ViT(Sequential):
                 f"to e.g. {fit}"
             )
 
-    def _admit(self, x: Any) -> torch.Tensor:
-        """``x`` checked (:meth:`check_input`), for a forward pass whose activations fit the memory budget: refused
-        before any of them exists otherwise (:func:`vit_einops.sizes.check_forward_memory`, with the attention path
-        each layer runs, autograd's saved activations when the pass is differentiable, and the attention a recorder
-        keeps). Every forward entry point starts here."""
-        x = self.check_input(x)
-        config = self._built_config
-        if tuple(x.shape[2:]) != config.image_size:
-            config = replace(config, image_size=tuple(x.shape[2:]))
-        fused = all(m.impl != "einsum" for m in self.blocks.modules() if isinstance(m, Attend))
-        grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.blocks.parameters()))
-        check_forward_memory(config, x.shape[0], fused=fused, grad=grad, itemsize=x.element_size())
-        return x
-
     # -- timm's interface ----------------------------------------------------------------------------------
 
     @property
     def num_classes(self) -> int:
         """K, the classifier's outputs; 0 when there is no classifier."""
         return self.head.num_classes
+
+    @property
+    def has_classifier(self) -> bool:
+        """Whether the outputs are class logits (:attr:`ViTConfig.has_classifier`): False for pooled features
+        (num_classes 0) and for an embedding projection (CLIP's image embedding). Read off the head, as
+        :attr:`num_classes`, so that a model no config describes can still say it."""
+        return self.head.num_classes > 0 and not self.head.embedding
 
     @property
     def num_features(self) -> int:
@@ -237,8 +232,8 @@ class ViT(Sequential):
         token alone, so the class token's row is exactly y of Eq. 4). A model with ``fc_norm`` norms after the
         pooling instead, so its tokens come out un-normed, as in timm.
         """
-        x = self._encode(self._admit(x))
-        return self.head.norm(x) if self.head.token_norm else x
+        x = self._encode(self.check_input(x))
+        return self.head.normed(x) if self.head.token_norm else x
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """The head on :meth:`forward_features`'s tokens: (b, N, D) -> (b, num_classes) logits, or with
@@ -348,7 +343,7 @@ class ViT(Sequential):
         take = self._take_indices(indices)
         if norm and not self.head.token_norm:
             raise ValueError("norm=True needs a LayerNorm on every token; this model's (fc_norm=True) follows pooling")
-        x = self._admit(x)
+        x = self.check_input(x)
         layout = self.patch_embed.layout(x.shape[-2:])
         x, rope = self._embed(x)
         blocks = list(self.blocks)[: max(take) + 1] if stop_early else self.blocks
@@ -365,7 +360,7 @@ class ViT(Sequential):
             intermediates = list(zip(intermediates, prefix, strict=True))
         if intermediates_only:
             return intermediates
-        return (self.head.norm(x) if self.head.token_norm else x), intermediates
+        return (self.head.normed(x) if self.head.token_norm else x), intermediates
 
     def get_intermediate_layers(
         self,
@@ -401,6 +396,65 @@ class ViT(Sequential):
         if n > depth:
             raise ValueError(f"indices {n} asks for the last {n} blocks of a ViT of depth {depth}")
         return list(range(depth - n, depth))
+
+    # -- probe sites (TransformerLens's names) ----------------------------------------------------------------
+
+    def probe_sites(self) -> dict[str, HookPoint]:
+        """Every probe site by name, in the order a forward pass reaches them (shapes in docs/probes.md):
+        ``hook_embed`` and ``hook_pos_embed`` (the tokens E_pos is added to, and E_pos); per block l,
+        ``blocks.{l}.hook_resid_pre``, ``.attn.hook_q``/``hook_k``/``hook_v``, ``.attn.hook_attn_scores``,
+        ``.attn.hook_pattern``, ``.attn.hook_z``, ``.attn.hook_result``, ``.hook_attn_out``, ``.hook_resid_mid``,
+        ``.mlp.hook_pre``, ``.mlp.hook_post``, ``.hook_mlp_out``, ``.hook_resid_post``; then
+        ``ln_final.hook_normalized`` (the final LayerNorm's output) and ``hook_pooled`` (the pooling's), in the
+        order the head applies them. Each HookPoint's ``hooks`` are the functions attached now (none outside a
+        :meth:`run_with_hooks` or :meth:`run_with_cache` call)."""
+        pos = self.patch_embed.pos_embed
+        sites = {"hook_embed": pos.hook_embed, "hook_pos_embed": pos.hook_pos_embed}
+        for l, block in enumerate(self.blocks):
+            sites.update({f"blocks.{l}.{name}": site for name, site in block.probe_sites().items()})
+        head = {"ln_final.hook_normalized": self.head.hook_normalized, "hook_pooled": self.head.hook_pooled}
+        sites.update(head if self.head.token_norm else dict(reversed(head.items())))
+        for name, site in sites.items():
+            site.name = name
+        return sites
+
+    def run_with_hooks(self, x: torch.Tensor, fwd_hooks: Sequence[tuple[Any, Hook]] = ()) -> torch.Tensor:
+        """``model(x)`` with each ``(name, fn)`` of ``fwd_hooks`` attached for this call only (TransformerLens's
+        ``run_with_hooks``): ``fn(value, hook)`` reads the site's value and returns None to keep it or a tensor of
+        its shape to replace it. ``name`` is a site's name or a callable name -> bool choosing sites. No hook
+        remains after the call, also after an exception. An unknown name is a ValueError naming it and the
+        closest sites."""
+        sites = self.probe_sites()
+        pairs = []
+        for entry in fwd_hooks:
+            if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and callable(entry[1])):
+                raise TypeError(f"fwd_hooks holds (name, fn) pairs with fn(value, hook), got {entry!r}")
+            name, fn = entry
+            names = [n for n in sites if name(n)] if callable(name) else [name]
+            for n in names:
+                if n not in sites:
+                    raise unknown_site(n, list(sites))
+                pairs.append((sites[n], fn))
+        with attached(pairs):
+            return self(x)
+
+    def run_with_cache(
+        self, x: torch.Tensor, names_filter: Any = None, *, detach: bool = True
+    ) -> tuple[torch.Tensor, ActivationCache]:
+        """``(model(x), cache)``: the value of every site ``names_filter`` chooses (None: all; a name, a list of
+        names or a callable name -> bool, as TransformerLens's), by name: ``cache["blocks.3.attn.hook_pattern"]``,
+        or ``cache["pattern", 3]``. ``detach=False`` keeps the cached values in the autograd graph (gradients
+        flow from them to the input and the weights, and ``torch.autograd.grad(out, cache[...])`` works). Only the
+        chosen sites compute anything extra (A on a kernel that never forms it, the per-head result)."""
+        sites = self.probe_sites()
+        values: dict[str, torch.Tensor] = {}
+
+        def keep(value: torch.Tensor, hook: HookPoint) -> None:
+            values[hook.name] = value.detach() if detach else value
+
+        with attached([(sites[name], keep) for name in chosen_sites(names_filter, sites)]):
+            out = self(x)
+        return out, ActivationCache(values, len(self.blocks))
 
     # -- fine-tuning -------------------------------------------------------------------------------------
 
@@ -506,7 +560,8 @@ def _one(name: str, values: dict[str, Any]) -> Any:
 def read_config(model: ViT) -> ViTConfig:
     """The ViTConfig of ``model`` as it is now: what rebuilds the same structure and keys.
 
-    That is the config it was built from, with what changes on a built model: ``num_classes`` (a classifier swap),
+    That is the config it was built from, with what changes on a built model: ``num_classes`` and ``embedding`` (a
+    classifier swap),
     ``pool`` (``reset_classifier``), ``representation_size`` (``del model.head.pre_logits``: the paper's fine-tuning
     drops the tanh layer), ``depth`` (blocks cut off, as timm's ``prune_intermediate_layers`` does) and the dropout
     rates (set on its nn.Dropout modules). A model changed into something no ViTConfig describes (a stage added, a
@@ -534,6 +589,7 @@ def read_config(model: ViT) -> ViTConfig:
         model._built_config,
         num_classes=head.num_classes,
         head_bias=fc.bias is not None if isinstance(fc, nn.Linear) else model._built_config.head_bias,
+        embedding=head.embedding,
         pool=head.pool.mode,
         representation_size=head.pre_logits.fc.out_features if "pre_logits" in head._modules else None,
         depth=len(blocks),

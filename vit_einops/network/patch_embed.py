@@ -26,6 +26,7 @@ from ..base.checks import (
 from ..base.init import trunc_normal_
 from ..base.sequential import Sequential
 from .config import DYNAMIC_SIZES, PATCHIFY, ViTConfig, check_config, check_float32
+from .probes import HookPoint
 
 # What naming one token costs Python ("reg123", its tuple slot), for the budget of a layout's names.
 NAME_BYTES = 72
@@ -237,7 +238,16 @@ def resample_pos_embed(
         rows * dim * (4 + 2 * pos_embed.element_size()),
         f"resampling the position embedding to a {new_grid[0]}x{new_grid[1]} grid ({rows:,} rows of {dim})",
     )
-    prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    return _resampled(pos_embed, new_grid, old_grid, num_prefix_tokens, options)
+
+
+def _resampled(
+    pos_embed: torch.Tensor, new_grid: tuple[int, int], old_grid: tuple[int, int], prefix: int, options: dict
+) -> torch.Tensor:
+    """resample_pos_embed's interpolation alone, of arguments already checked: what a forward pass of a
+    ``dynamic_size`` model runs (its E_pos is its own, the grid that of a checked input, budgeted with the rest of
+    its activations by :func:`~vit_einops.network.sizes.check_model_forward`)."""
+    prefix, patches = pos_embed[:, :prefix], pos_embed[:, prefix:]
     grid = rearrange(patches, "1 (h w) d -> 1 d h w", h=old_grid[0], w=old_grid[1])
     compute_dtype = torch.promote_types(grid.dtype, torch.float32)
     grid = F.interpolate(grid.to(compute_dtype), size=new_grid, **options).to(pos_embed.dtype)
@@ -250,6 +260,9 @@ class PositionEmbedding(nn.Module):
 
     With ``dynamic`` ("timm" or "hf") an input of another patch grid gets E_pos resampled to it as that library
     does (:func:`resample_pos_embed`); without, the caller (ViT.check_input) admits the training size only.
+
+    Probe sites: ``hook_embed``, the tokens E_pos is added to (b, rows, D), and ``hook_pos_embed``, E_pos as added
+    (1, rows, D), resampled for the input's grid.
     """
 
     def __init__(
@@ -259,11 +272,14 @@ class PositionEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(1, rows, dim))
         trunc_normal_(self.weight, EMBED_INIT_STD)
         self.grid, self.prefix, self.dynamic = grid, prefix, dynamic
+        self.hook_embed = HookPoint("(b, rows, D)")
+        self.hook_pos_embed = HookPoint("(1, rows, D)")
 
     def forward(self, x: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
-        if grid is None or grid == self.grid or self.dynamic is None:
-            return x + self.weight
-        return x + resample_pos_embed(self.weight, grid, self.grid, num_prefix_tokens=self.prefix, mode=self.dynamic)
+        pos = self.weight
+        if grid is not None and grid != self.grid and self.dynamic is not None:
+            pos = _resampled(pos, grid, self.grid, self.prefix, RESAMPLE_MODES[self.dynamic])
+        return self.hook_embed(x) + self.hook_pos_embed(pos)
 
     def extra_repr(self) -> str:
         return f"dynamic={self.dynamic!r}" if self.dynamic else ""

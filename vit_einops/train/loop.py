@@ -37,7 +37,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from ..base.checks import check_nonnegative_float, check_positive_int
+from ..base.checks import INT64_MAX, check_nonnegative_float, check_positive_int
 from ..base.device import resolve_device
 from ..base.io import atomic_write_bytes
 from ..base.text import printable
@@ -96,10 +96,12 @@ class Distributed:
 
 def init_distributed() -> Distributed:
     """Join the process group torchrun describes in the environment (gloo on CPU, nccl on GPU), if any."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = _environ_int("WORLD_SIZE", "1", 1, INT64_MAX, "a positive integer")
     if world_size == 1:
         return Distributed(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    ranks = f"an integer in [0, {world_size - 1}] (WORLD_SIZE is {world_size})"
+    _environ_int("RANK", None, 0, world_size - 1, ranks)  # read by init_process_group, whose errors name no value
+    local_rank = _environ_int("LOCAL_RANK", "0", 0, world_size - 1, ranks)
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
         device, backend = torch.device("cuda", local_rank), "nccl"
@@ -108,6 +110,19 @@ def init_distributed() -> Distributed:
     if not dist.is_initialized():
         dist.init_process_group(backend)
     return Distributed(dist.get_rank(), dist.get_world_size(), device)
+
+
+def _environ_int(name: str, default: str | None, low: int, high: int, expected: str) -> int:
+    """The integer torchrun set in the variable ``name`` (``default`` when unset; None: it must be set), in [low,
+    high]; else a ValueError naming the variable, its value and ``expected``. Digits only: int() would also take
+    " 2", "+2" and "1_0"."""
+    text = os.environ.get(name, default)
+    if text is None:
+        raise ValueError(f"{name} is not set; expected {expected}, as torchrun sets it")
+    value = int(text) if text.isascii() and text.isdigit() and len(text) <= 19 else None
+    if value is None or not low <= value <= high:
+        raise ValueError(f"{name}={text[:100]!r} is not {expected}")
+    return value
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
@@ -275,6 +290,11 @@ def train(
     check_nonnegative_float("save_interval", save_interval)
     ctx = _context(ctx, device)
     _check_model(model)
+    if model.config.embedding:  # cross-entropy on an embedding's dimensions would train fake classes
+        raise ValueError(
+            f"the model's head is an embedding projection (its {model.config.num_classes} outputs are an embedding, "
+            f"not class logits); call model.reset_classifier(K) for a classifier of the data's K classes"
+        )
     classes = class_names_of(train_data)
     if classes is not None and len(classes) != model.config.num_classes:
         raise ValueError(
@@ -317,10 +337,16 @@ def train(
                 file=sys.stderr,
             )
         if capped and ctx.is_main:  # said once the checkpoint, if any, is known to continue
+            # "asked" only for a value that is not the default: most users never set warmup_epochs.
+            default = TrainConfig.__dataclass_fields__["warmup_epochs"].default
+            instead = (
+                f"the default warm-up of {default} epochs (warmup_epochs, --warmup-epochs)"
+                if config.warmup_epochs == default
+                else f"the {config.warmup_epochs} epochs asked (warmup_epochs)"
+            )
             print(
                 f"note: warm-up capped at {warmup} steps ({warmup / batches.steps:.3g} epochs), "
-                f"{MAX_WARMUP_FRACTION:.0%} of the run, instead of the {config.warmup_epochs} epochs asked "
-                "(warmup_epochs), so that the learning rate still decays",
+                f"{MAX_WARMUP_FRACTION:.0%} of the run, instead of {instead}, so that the learning rate still decays",
                 file=sys.stderr,
             )
         if run_dir is not None and run_dir.removed:

@@ -12,14 +12,16 @@ options beyond the paper (registers, LayerScale, qk-norm, pre-norm, attention po
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from contextvars import ContextVar
+from dataclasses import replace
+from typing import Any
 
-from .base import budget as _budget
-from .base.budget import check_memory, format_bytes
-from .network.chunk_plan import CHUNK_ELEMENTS
-from .network.config import ViTConfig
+import torch
+
+from ..base import budget as _budget
+from ..base.budget import check_memory, format_bytes
+from .attention import Attend
+from .chunk_plan import chunk_elements
+from .config import ViTConfig
 
 # Python's own memory per encoder block, beside its tensors: ten modules with their dicts and hooks (tracemalloc
 # measures 52 KB a block with torch 2.13 on the meta device, rounded up).
@@ -33,7 +35,6 @@ MODULE_SECONDS = 60e-6
 # split_heads, Attend(softmax, dropout), merge_heads, proj, dropout)); the MLP branch ResidualAdd(LayerNorm,
 # FeedForwardBlock(fc1, act, drop1, fc2, drop2)).
 BLOCK_MODULES = 1 + 11 + 8
-_KEPT: ContextVar[int] = ContextVar("vit_einops_kept_attention", default=0)
 
 
 def block_parameters(config: ViTConfig) -> int:
@@ -142,7 +143,7 @@ def forward_bytes(
     """
     n, d, h, m = config.num_tokens, config.dim, config.heads, config.mlp_dim
     attention = batch * h * n * n
-    scores = attention if kept or not fused else min(attention, max(batch * n * d, CHUNK_ELEMENTS))
+    scores = attention if kept or not fused else min(attention, max(batch * n * d, chunk_elements()))
     block = batch * n * (4 * d + 3 * d + 2 * m) + 2 * scores  # x, residual, normed, out; qkv; mlp hidden twice
     total = block * (config.depth if grad else 1) + kept * attention * (2 if grad else 1)
     return total * itemsize
@@ -152,15 +153,13 @@ def check_forward_memory(
     config: ViTConfig,
     batch: int,
     *,
-    kept: int | None = None,
+    kept: int = 0,
     fused: bool = False,
     grad: bool = False,
     itemsize: int = 4,
 ) -> None:
     """Refuse a forward pass over ``batch`` images (see :func:`forward_bytes`) whose activations would not fit the
-    memory budget: the one check before every forward (each of a ViT's forward entry points makes it, the commands
-    make it early). ``kept`` None: the layers the innermost :func:`keeping_attention` declares (0 outside)."""
-    kept = _KEPT.get() if kept is None else kept
+    memory budget, keeping ``kept`` layers' attention matrices beside it."""
     keeping = ""
     if kept:
         keeping = " keeping every layer's attention" if kept >= config.depth else f" keeping {kept} layers' attention"
@@ -171,15 +170,26 @@ def check_forward_memory(
     )
 
 
-@contextlib.contextmanager
-def keeping_attention(layers: int) -> Iterator[None]:
-    """Within the block, the forward passes of a ViT also keep ``layers`` of its attention matrices (a recorder's),
-    and :func:`check_forward_memory` counts them."""
-    token = _KEPT.set(_KEPT.get() + layers)
-    try:
-        yield
-    finally:
-        _KEPT.reset(token)
+def check_model_forward(model: Any, x: torch.Tensor, *, kept: int = 0, grad: bool | None = None) -> None:
+    """Refuse a forward pass of the ViT ``model`` over the admitted batch ``x`` (b, C, H, W) whose activations would
+    not fit the memory budget, before any of them exists: the check each entry point that takes untrusted sizes
+    (predict, the study functions, the commands) makes once, early; the forward pass itself checks no budget.
+
+    The estimate counts the attention kernel each layer runs (one that never forms A holds a block of it at a
+    time), ``kept`` layers' attention matrices kept beside the pass (a recorder's), and autograd's saved
+    activations when ``grad`` (None: when the pass would be differentiable now, under torch's grad mode with x or a
+    parameter of the encoder requiring grad). A module that takes no images (one without ``check_input``, such as
+    ``model.blocks``) has no config to estimate from and passes.
+    """
+    if not hasattr(model, "check_input"):
+        return
+    config = model.config
+    if tuple(x.shape[2:]) != config.image_size:
+        config = replace(config, image_size=tuple(x.shape[2:]))
+    fused = all(not m.forms_attention for m in model.blocks.modules() if isinstance(m, Attend))
+    if grad is None:
+        grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in model.blocks.parameters()))
+    check_forward_memory(config, x.shape[0], kept=kept, fused=fused, grad=grad, itemsize=x.element_size())
 
 
 def check_file_holds(config: ViTConfig, file_bytes: int, source: str) -> None:
