@@ -42,6 +42,9 @@ def _own_working_directory(tmp_path_factory, monkeypatch):
     and nothing already in the folder pytest was started from changes its outcome. Subprocesses find the package
     under test through PYTHONPATH, not through the working directory."""
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    # Commands run on one thread unless a test says otherwise: the same count on any machine, and no command waits
+    # for the thread policy's window (vit_einops.base.threads) before its work; tests/test_threads.py unsets it.
+    monkeypatch.setenv("VIT_EINOPS_THREADS", "1")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [SOURCE_ROOT, os.environ.get("PYTHONPATH")])))
 
 

@@ -68,27 +68,34 @@ def test_smoke_run_exits_cleanly_and_prints_the_table(smoke):
         assert f"attention core, {mode} (ratios over sdpa)" in text
         assert f"attention layer, {mode} (ratios over torch_mha)" in text
     assert (
-        "whole model (time x: over the same weights in torch's nn.TransformerEncoderLayer; train_step: forward, "
-        "cross-entropy, backward, one SGD(momentum=0.9) step)" in text
+        "whole model, batch 2 (time x: over the same weights in torch's nn.TransformerEncoderLayer; train_step: "
+        "forward, cross-entropy, backward, one SGD(momentum=0.9) step)" in " ".join(text.split())
     )
     table = (smoke["out"] / "table.txt").read_text()
-    # table.txt is the header as results.json has it at the end, then the body exactly as printed after the
-    # progress bar (the header printed before the bar carries the start ceiling and load instead).
+    # table.txt is the header as results.json has it at the end, the verdict, then the body exactly as printed
+    # after the progress bar (the header printed before the bar carries the start ceiling and load instead).
     results = smoke["results"]
+    verdict = results["verdict"]
+    assert verdict.startswith("Verdict: at N 17 (batch 2, 2 heads of 8), against SDPA's time: einsum takes ")
     header = report.header_text(results["meta"], results["matmul_ceiling"], results["noise"])
-    assert table.startswith(header + "\n")
-    body = table.removeprefix(header + "\n")
+    assert table.startswith(header + "\n\n" + verdict + "\n\n")
+    body = table.removeprefix(header + "\n\n" + verdict + "\n\n")
     assert body.startswith("torch.compile of the einsum path") and "whole model" in body
+    # Every line fits 120 columns; the kernels are in results.json.
+    assert max(map(len, table.splitlines())) <= report.TABLE_WIDTH and "kernel" not in table
     printed, wrote = text.split("\nwrote ")
     assert f" to {smoke['out'].parent}/out\\x1b[2J/ (wall " in wrote and "\x1b" not in text
-    if results["noisy"]:  # the verdict and advice follow the tables (and head table.txt)
+    assert wrote.endswith("; threads: 1 (--threads))\n")
+    if results["noisy"]:  # the noise report and advice follow the tables (and head table.txt)
         warning = "\n" + report.noise_text(results["noise"]) + "\n"
         assert printed.endswith(warning) and table.startswith("NOISY RUN: ")
         printed = printed.removesuffix(warning)
     assert printed.endswith("\n" + body)
-    start_header, *early = printed.removesuffix("\n" + body).split("\nNOISY RUN (so far): ")
+    # The verdict comes first: after the header and the line that announces it, before any table.
+    start, after = printed.removesuffix("\n" + body).split("\n\n" + verdict + "\n")
+    start_header, announced = start.split("\nMeasuring einsum, chunked, sdpa at N 17 first, for the verdict")
     # A noisy run said so once before its rows; a quiet one never did.
-    assert len(early) == results["noisy"]
+    assert (start + after).count("NOISY RUN (so far): ") == results["noisy"]
     assert start_header.startswith("vit-einops bench ") and start_header.count("vit-einops bench ") == 1
     assert start_header.count("matmul ceiling") == 1 and "torch.compile of the einsum path" not in start_header
 

@@ -118,6 +118,11 @@ def test_summary_flags_the_run_and_gives_advice():
     assert s["noisy"] is True and (s["rows_noisy"], s["rows"]) == (1, 3)
     assert s["reasons"] == ["1 of 3 rows are noisy (load or IQR/median > 0.1)"]
     assert "--threads 1" in s["advice"] and "--retries" in s["advice"]
+    # After a run on one thread, --threads 1 would change nothing: not advised; after one that followed the free
+    # cores up to two, it is.
+    one = summary(rows, (0.1, 2.0), threads=1, cpu_count=2)
+    assert "--threads" not in one["advice"] and "--retries" in one["advice"]
+    assert "--threads 1" in summary(rows, (0.1, 2.0), threads=1, cpu_count=2, most_threads=2)["advice"]
     quiet = summary([rows[0]], (0.1, 2.0), threads=2, cpu_count=2)
     assert quiet == dict(
         noisy=False, reasons=[], rows_noisy=0, rows=1, iqr_threshold=IQR_THRESHOLD, load_margin=LOAD_MARGIN,
@@ -393,7 +398,7 @@ def scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 0.0), noisy_job=None)
                     time_ratio=1.0, time_ratio_low=1.0, time_ratio_high=1.0, ratio_unresolved=False,
                     rounds=3)  # fmt: skip
 
-    def measure_point(point, mode, *args):
+    def measure_point(point, mode, dtype, paths, *args):
         seen.append(stdout.getvalue())
         fields = noise_fields()
         return [
@@ -401,7 +406,7 @@ def scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 0.0), noisy_job=None)
                  tokens=point.tokens, head_dim=point.head_dim, dtype="float32", median_s=1e-3, iqr_s=0.0, blocks=1,
                  gflop=1e-3, gflop_per_s=1.0, peak_bytes=1024, attn_matrix_bytes=1024, first_call_s=None, mem_ratio=1.0,
                  **fields)
-            for path in ("einsum", "sdpa")
+            for path in paths["core"]
         ]  # fmt: skip
 
     def measure_model(preset, batch, *args):
@@ -425,7 +430,9 @@ def scripted_run(monkeypatch, tmp_path, others_cores=(0.0, 0.0), noisy_job=None)
     # One thread: the cores free at the start would be this machine's, not the script's.
     options = bench_run.with_overrides("smoke", out=tmp_path / "out", core_paths=("einsum", "sdpa"), threads=1)
     results = bench_run.run(options, stdout=stdout, probe=probe)
-    assert len(seen) == 4 + 1  # the smoke grid: 2 N x 2 modes of attention, one model
+    # The smoke grid: the verdict's 2 modes at N 17, then 2 N x 2 modes of attention (at N 17 the layer paths only,
+    # which this fake leaves out), one model.
+    assert len(seen) == 2 + 4 + 1
     return results, stdout.getvalue(), seen
 
 
@@ -437,7 +444,7 @@ def test_a_machine_busy_at_the_start_is_announced_before_the_grid(monkeypatch, t
     results, text, seen = scripted_run(monkeypatch, tmp_path, others_cores=(3.0, 0.0))
     threads = results["meta"]["threads"]
     busy = f"other processes used 3.0 cores while {threads} of 2 are in use here (CPU time over 10.0 s)"
-    assert EARLY + "the machine is busy: " + busy in seen[0]  # before the first job was measured
+    assert report.early_noise_text(["the machine is busy: " + busy]) in seen[0]  # before the first job was measured
     assert text.count(EARLY) == 1 and text.index(EARLY) < text.index(FIRST_ROW)
     # The verdict at the end says so again, although the end was quiet and no row was noisy.
     assert results["noisy"] is True and results["noise"]["reasons"] == ["at the start, " + busy]
@@ -447,7 +454,7 @@ def test_a_machine_busy_at_the_start_is_announced_before_the_grid(monkeypatch, t
 def test_the_first_noisy_row_is_announced_at_once(monkeypatch, tmp_path):
     results, text, seen = scripted_run(monkeypatch, tmp_path, noisy_job=1)
     assert not any(EARLY in s for s in seen[:2])  # the start and the first job were quiet
-    line = EARLY + "attention core forward_backward b 2 h 2 n 9 d 8 einsum: IQR/median 0.30 > 0.1. Rows marked ! "
+    line = EARLY + "attention core forward_backward b 2 h 2 n 17 d 8 einsum: IQR/median 0.30 > 0.1. Rows marked ! "
     assert all(line in s for s in seen[2:])  # printed when the second job's rows came back
     assert text.count(EARLY) == 1 and text.index(EARLY) < text.index(FIRST_ROW)
     assert results["noisy"] is True and results["noise"]["reasons"][-1].startswith("2 of 10 rows are noisy")

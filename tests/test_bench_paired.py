@@ -153,18 +153,18 @@ def test_the_thread_count_follows_the_cores_free_at_the_start(monkeypatch):
     (at most this process's CPUs, at least 1, however busy the machine)."""
     from test_bench_noise import TICKS, proc_stat, scripted_probe
 
-    from vit_einops.bench import env
+    from vit_einops.base import threads as env
 
     monkeypatch.setattr(env, "available_cpus", lambda: 2)
-    monkeypatch.setattr(env.time, "sleep", lambda s: None)
     cases = {1.0: 1, 0.02: 2, 5.0: 1}
     for others, threads in cases.items():
         probe = scripted_probe([proc_stat(0), proc_stat(round(others * 10 * TICKS))], [0.0, 0.0], load=[9.0] * 2,
                                clock=(0.0, 0.0, 10.0))  # fmt: skip
-        count, how = env.free_cores(probe, window_s=10.0)
+        count, how = env.free_cores(probe, window_s=10.0, sleep=lambda s: None)
         assert count == threads and f"other processes used {others:.2f} cores over 10 s" in how
     # Without /proc/stat the load average stands for the other processes.
     for load, threads in ((0.3, 2), (1.2, 1), (9.0, 1)):
         probe = scripted_probe([OSError("no /proc"), OSError("no /proc")], [0.0, 0.0], load=[load] * 2,
                                clock=(0.0, 0.0, 10.0))  # fmt: skip
-        assert env.free_cores(probe, window_s=10.0) == (threads, f"load average {load:.2f} at the start")
+        expected = (threads, f"load average {load:.2f} at the start")
+        assert env.free_cores(probe, window_s=10.0, sleep=lambda s: None) == expected

@@ -23,7 +23,8 @@ from safetensors.torch import save_file
 
 from vit_einops import Preprocessing, ViT, ViTConfig, max_memory, parameter_count, save_vit
 from vit_einops.commands import cli
-from vit_einops.base.budget import ENV_VAR, available_memory, check_threads, memory_limit, parse_bytes
+from vit_einops.base.budget import ENV_VAR, available_memory, memory_limit, parse_bytes
+from vit_einops.base.threads import check_threads
 from vit_einops.base.json import MAX_DEPTH, loads, read_json
 from vit_einops.bench.budget import check_grid
 from vit_einops.bench.runner import with_overrides

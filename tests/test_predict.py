@@ -222,4 +222,5 @@ def test_cli_predicts_the_readable_images_and_names_each_unreadable_one(model, i
         f"vit-einops predict: error: cannot read image {str(tmp_path / 'notes.png')!r}: not an image of a format "
         "vit-einops reads (PNG, JPEG, GIF, BMP, TIFF, WEBP, PPM)",
         f"vit-einops predict: error: cannot read image {str(tmp_path / 'absent.jpg')!r}: No such file or directory",
+        "threads: 1 (VIT_EINOPS_THREADS)",  # the summary of the predictions made (tests/conftest.py fixes the count)
     ]

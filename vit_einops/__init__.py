@@ -48,6 +48,7 @@ _EXPORTS = {
     "max_build_time": "base.budget",
     "max_memory": "base.budget",
     "parameter_count": "network.sizes",
+    "thread_policy": "base.threads",
 }
 
 __all__ = sorted(_EXPORTS)

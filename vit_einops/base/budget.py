@@ -205,6 +205,14 @@ def _round_up_seconds(seconds: float) -> str:
     return f"{math.ceil(seconds / 60)}min"
 
 
+def limit_text() -> str:
+    """The memory limit in words, for a message: "the 12.0 GiB this machine has available", "the max-memory limit of
+    64.0 GiB"."""
+    limit, source = memory_limit()
+    shown = format_bytes(limit)
+    return f"the {shown} {source}" if source.startswith("this") else f"{source} of {shown}"
+
+
 def check_memory(estimate: float, what: str) -> None:
     """Refuse (ValueError, one line) when ``estimate`` bytes is over the memory limit. ``what`` completes
     "... needs about <estimate> for ...", e.g. "this model needs" / "its weights"; the message names the estimate,
@@ -213,8 +221,7 @@ def check_memory(estimate: float, what: str) -> None:
     if estimate <= limit:
         return
     need = format_bytes(estimate)
-    shown = format_bytes(limit)
-    over = f"the {shown} {source}" if source.startswith("this") else f"{source} of {shown}"
+    over = limit_text()
     if estimate * 1.1 >= 2**63:
         raise ValueError(
             f"{what} needs about {need}, over {over}; no limit allows it (--max-memory takes at most 2**63 - 1 bytes)"
@@ -258,13 +265,3 @@ def _round_up(size: float) -> str:
     if size < 2**40:
         return f"{math.ceil(size / 2**30)}GiB"
     return f"{math.ceil(size / 2**40)}TiB"
-
-
-def check_threads(name: str, value: Any) -> int:
-    """A thread count: 1 to the machine's CPUs (more threads than cores only fight over them, and thousands would
-    exhaust the process's thread limit)."""
-    cpus = os.cpu_count() or 1
-    value = check_int(name, value)
-    if not 1 <= value <= cpus:
-        raise ValueError(f"{name} {value} is out of range: expected 1 to {cpus} (this machine's CPUs)")
-    return value

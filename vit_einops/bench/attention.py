@@ -199,6 +199,8 @@ def measure_point(
                 unavailable["core", path] = refusal(path, calls["core", path], q.device)
         unavailable = {key: reason for key, reason in unavailable.items() if reason is not None}
         calls = {key: fn for key, fn in calls.items() if key not in unavailable}
+        if not calls:  # every path refused here (the compiled ones, skipped): their reasons, nothing to time
+            return _unavailable_rows(point, mode, dtype, unavailable)
         kernels = {key: kernel_ran(fn) for key, fn in calls.items()}
         start = probe.sample()
         timings = meter.time({f"{s}/{p}": fn for (s, p), fn in calls.items()}, rounds=rounds, min_run_time=min_run_time)
@@ -210,11 +212,7 @@ def measure_point(
         if (section, REFERENCE[section]) in calls:
             round_s = {p: timings[f"{s}/{p}"].round_s for s, p in calls if s == section}
             ratios |= {(section, p): r for p, r in paired_ratios(round_s, REFERENCE[section]).items()}
-    rows = [
-        dict(section=section, mode=mode, path=path, batch=point.batch, heads=point.heads, tokens=point.tokens,
-             head_dim=point.head_dim, dtype=str(dtype).removeprefix("torch."), unavailable=reason)
-        for (section, path), reason in unavailable.items()
-    ]  # fmt: skip
+    rows = _unavailable_rows(point, mode, dtype, unavailable)
     for section, path in calls:
         timing, flops = timings[f"{section}/{path}"], point.flops(section, mode)
         ref_peak = peaks.get(f"{section}/{REFERENCE[section]}")
@@ -244,3 +242,12 @@ def measure_point(
             )
         )
     return rows
+
+
+def _unavailable_rows(point: Point, mode: str, dtype: torch.dtype, unavailable: dict) -> list[dict]:
+    """A row per path refused at ``point`` in ``mode``: ``unavailable`` is the reason, and there is no timing."""
+    return [
+        dict(section=section, mode=mode, path=path, batch=point.batch, heads=point.heads, tokens=point.tokens,
+             head_dim=point.head_dim, dtype=str(dtype).removeprefix("torch."), unavailable=reason)
+        for (section, path), reason in unavailable.items()
+    ]  # fmt: skip

@@ -7,7 +7,7 @@ at once, naming its largest point, instead of running out of memory in the middl
 
 from __future__ import annotations
 
-from ..base.budget import check_memory
+from ..base.budget import check_memory, memory_limit
 from ..network.config import ViTConfig
 from ..presets import preset_config
 from ..network.sizes import forward_bytes, parameter_count
@@ -60,3 +60,25 @@ def check_grid(options) -> None:
             f"{name} at batch {options.model_batch}, image size {options.image_size}"
             + (" (a training step)" if train else ""),
         )
+
+
+def einsum_memory_tokens(
+    batch: int, heads: int, head_dim: int, mode: str, itemsize: int, most: int = 2**24
+) -> int | None:
+    """The smallest N at which the core einsum path at (batch, heads, head_dim) in ``mode`` needs more than the
+    memory budget (:func:`point_bytes`: its A before and after the softmax, b h n^2 each, is most of it); None when
+    no N up to ``most`` does. Bisection: the bytes grow with N."""
+    limit = memory_limit()[0]
+
+    def over(n: int) -> bool:
+        return point_bytes(batch, heads, n, head_dim, mode, False, itemsize) > limit
+
+    if not over(most):
+        return None
+    low, high = 1, most  # over(high) holds; the answer is in (low, high]
+    if over(low):
+        return low
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if over(middle) else (middle, high)
+    return high

@@ -14,9 +14,6 @@ import einops
 import torch
 
 from .measure import time_interleaved
-from .noise import LoadProbe
-
-FREE_WINDOW_S = 0.3  # how long free_cores watches the machine: /proc/stat's ticks make that +-0.07 cores on 2 CPUs
 
 # CPU flags that give matmuls of each half-precision dtype a path in hardware (x86: AVX512-BF16 and AMX-BF16;
 # AVX512-FP16 and AMX-FP16); without them torch emulates the dtype and runs far slower than float32.
@@ -79,31 +76,3 @@ def half_slowdown(dtype: torch.dtype, size: int = 512) -> float:
         {"float32": lambda: torch.mm(a32, b32), "half": lambda: torch.mm(a16, b16)}, rounds=2, min_run_time=0.05
     )
     return t["half"].median_s / t["float32"].median_s
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity where the OS has one, else the CPU count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows: no affinity call
-        return os.cpu_count() or 1
-
-
-def free_cores(probe: LoadProbe | None = None, window_s: float = FREE_WINDOW_S) -> tuple[int, str]:
-    """How many threads the machine has room for now, and how that was found: the cores the other processes used
-    over ``window_s`` seconds of this process sleeping (CPU time from /proc/stat, as vit_einops.bench.noise
-    measures it), taken from the machine's CPUs, rounded, at most this process's CPUs, at least 1. Where /proc/stat
-    cannot be read, the 1-minute load average stands for the other processes (it counts threads in uninterruptible
-    sleep too, and on some virtual machines reads about 1.0 when idle: why CPU time decides where it can)."""
-    probe = probe or LoadProbe()
-    start = probe.sample()
-    time.sleep(window_s)
-    end = probe.sample()
-    cpu = probe.cpu_use(start, end)
-    if cpu is not None:
-        others = cpu.others_cores
-        how = f"other processes used {others:.2f} cores over {window_s:g} s at the start (/proc/stat)"
-    else:
-        others = end.load if end.load == end.load else 0.0  # NaN: no load average either
-        how = f"load average {end.load:.2f} at the start"
-    return max(1, min(available_cpus(), round(probe.cpu_count - others))), how

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import math
 import os
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import astuple, dataclass, field
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from ..base.checks import check_nonnegative_float, check_positive_float
+from ..base.threads import CpuUse, ProbeSample, busy_cpu_seconds, current_load  # noqa: F401 (the bench's names)
+from ..base.threads import LoadProbe as MachineProbe
 
 # torch.utils.benchmark's own threshold: Measurement.meets_confidence() and the "may be unreliable" warning of
 # its __repr__ use IQR/median > 0.1 (0.25 for "gross" noise). A 10% spread also decides a 1.3x comparison.
@@ -47,9 +46,17 @@ CPU_MARGIN = 0.2
 
 ADVICE = (
     "the machine is busy or the timings are unstable: compare ratios only, rerun when the machine is idle, "
-    "use --threads 1 (one core stays free for other work, and no thread waits at a barrier for a preempted "
-    "sibling), or --retries 2 to measure the noisy rows again"
+    "or --retries 2 to measure the noisy rows again"
 )
+# Only where the run used more than one thread: after a run on one, it would change nothing.
+THREADS_ADVICE = (
+    "; --threads 1 leaves a core free for other work, and no thread waits at a barrier for a preempted sibling"
+)
+
+
+def advice(threads: int) -> str:
+    """What to do about a noisy run that used at most ``threads`` threads."""
+    return ADVICE + (THREADS_ADVICE if threads > 1 else "")
 
 
 @dataclass
@@ -92,38 +99,6 @@ def load_verdict(
     return NoiseVerdict()
 
 
-@dataclass(frozen=True)
-class CpuUse:
-    """The machine's CPU time during one measurement window of ``wall_s`` seconds: ``busy_s`` CPU-seconds all CPUs
-    were busy (/proc/stat), ``own_s`` of them this process's (every thread), and ``resolution_s``, how far one
-    reading of the busy counter may be off (one tick per CPU)."""
-
-    wall_s: float
-    busy_s: float
-    own_s: float
-    resolution_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        check_positive_float("CpuUse.wall_s", self.wall_s)
-        for name in ("busy_s", "own_s", "resolution_s"):
-            check_nonnegative_float(f"CpuUse.{name}", getattr(self, name))
-
-    def __add__(self, other: CpuUse) -> CpuUse:
-        """Two windows as one: their seconds added (the run's check before and after the grid)."""
-        return CpuUse(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
-
-    @property
-    def others_cores(self) -> float:
-        """The cores the other processes used on average; never below 0 (our own clock counts finer than
-        /proc/stat's ticks, so the difference can dip under 0 on an idle machine)."""
-        return max(0.0, (self.busy_s - self.own_s) / self.wall_s)
-
-    @property
-    def uncertainty_cores(self) -> float:
-        """How far others_cores may be off because /proc/stat counts whole ticks."""
-        return self.resolution_s / self.wall_s
-
-
 def cpu_verdict(cpu: CpuUse, threads: int, cpu_count: int | None = None) -> NoiseVerdict:
     """Busy when the other processes used more than the cores left free plus CPU_MARGIN, even at the low end of
     what the ticks allow (others_cores - uncertainty_cores)."""
@@ -152,93 +127,14 @@ def machine_verdict(
     )
 
 
-def busy_cpu_seconds(stat: str, ticks_per_s: float) -> float | None:
-    """The CPU-seconds all CPUs spent busy since boot, from /proc/stat's text: the aggregate "cpu" line's total
-    less idle and iowait, over its first eight fields (user nice system idle iowait irq softirq steal; the guest
-    fields that follow are already counted in user and nice). None when that line is missing or malformed."""
-    line = next((fields for fields in (ln.split() for ln in stat.splitlines()) if fields[:1] == ["cpu"]), [])
-    try:
-        ticks = [int(f) for f in line[1:9]]
-    except ValueError:
-        return None
-    if len(ticks) < 4 or min(ticks) < 0:  # user nice system idle at least (every Linux since 2.4)
-        return None
-    return (sum(ticks) - sum(ticks[3:5])) / ticks_per_s
-
-
-def read_proc_stat() -> str:
-    return Path("/proc/stat").read_text()
-
-
-@dataclass(frozen=True)
-class ProbeSample:
-    """One sample of the machine: the 1-minute load average, seconds since the probe began, the machine's busy
-    CPU-seconds (None where /proc/stat cannot be read) and this process's CPU-seconds."""
-
-    load: float
-    running_s: float
-    busy_s: float | None
-    own_s: float
-
-
-class LoadProbe:
-    """Samples of the machine around each measurement, each with the seconds since this probe (the benchmark run)
-    began: the load average (recorded, and the fallback verdict) and CPU time (the verdict where Linux has it).
-
-    The readers are arguments so that tests can feed synthetic /proc/stat text, CPU times and clocks:
-    ``read_stat`` returns /proc/stat's text (an OSError: not available), ``own_cpu_s`` this process's CPU-seconds
-    (time.process_time: user + system of every thread, os.times()'s sum at finer than its 10 ms), ``clock``
-    monotonic seconds, ``load`` the 1-minute load average, ``ticks_per_s`` /proc/stat's unit (CLK_TCK).
-    """
-
-    def __init__(
-        self,
-        *,
-        read_stat: Callable[[], str] = read_proc_stat,
-        own_cpu_s: Callable[[], float] = time.process_time,
-        clock: Callable[[], float] = time.monotonic,
-        load: Callable[[], float] | None = None,
-        ticks_per_s: float | None = None,
-        cpu_count: int | None = None,
-    ) -> None:
-        self.read_stat, self.own_cpu_s, self.clock = read_stat, own_cpu_s, clock
-        self.load = load or current_load
-        self.ticks_per_s = ticks_per_s or _clock_ticks()
-        self.cpu_count = cpu_count or os.cpu_count() or 1
-        self.started = clock()
-
-    def sample(self) -> ProbeSample:
-        return ProbeSample(self.load(), self.clock() - self.started, self._busy_s(), self.own_cpu_s())
-
-    def _busy_s(self) -> float | None:
-        if self.ticks_per_s is None:
-            return None
-        try:
-            return busy_cpu_seconds(self.read_stat(), self.ticks_per_s)
-        except (OSError, UnicodeDecodeError):  # not Linux, or /proc not mounted
-            return None
-
-    def cpu_use(self, start: ProbeSample, end: ProbeSample) -> CpuUse | None:
-        """The CPU time between two samples, or None when either lacks /proc/stat or the counters make no sense
-        (a busy counter that went back, no time passed): then the load average decides."""
-        wall = end.running_s - start.running_s
-        if start.busy_s is None or end.busy_s is None or end.busy_s < start.busy_s or not wall > 0:
-            return None
-        return CpuUse(wall, end.busy_s - start.busy_s, end.own_s - start.own_s, self.cpu_count / self.ticks_per_s)
+class LoadProbe(MachineProbe):
+    """Samples of the machine around each measurement (:class:`vit_einops.base.threads.LoadProbe`: the load average,
+    recorded, and the fallback verdict; CPU time, the verdict where Linux has it), and each row's noise columns."""
 
     def row_fields(self, timing, start: ProbeSample, end: ProbeSample, threads: int) -> dict:
         """:func:`row_fields` of a timing measured between two samples of this probe."""
         load, running_s = (start.load, end.load), (start.running_s, end.running_s)
         return row_fields(timing, load, threads, self.cpu_count, running_s, self.cpu_use(start, end))
-
-
-def _clock_ticks() -> float | None:
-    """/proc/stat's unit, USER_HZ (100 on every Linux); None where the OS has no sysconf or no such value."""
-    try:
-        ticks = os.sysconf("SC_CLK_TCK")
-    except (AttributeError, ValueError, OSError):
-        return None
-    return float(ticks) if ticks > 0 else None
 
 
 def spread_verdict(median_s: float, iqr_s: float, name: str = "") -> NoiseVerdict:
@@ -269,13 +165,6 @@ def judge(
         *(spread_verdict(t.median_s, t.iqr_s, name) for name, t in timings.items()),
     )
 
-
-def current_load() -> float:
-    """The 1-minute load average now, or NaN where the OS has none (then no load verdict is possible)."""
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return float("nan")
 
 
 def row_fields(
@@ -317,11 +206,13 @@ def summary(
     running_s: Sequence[float] = (0.0, math.inf),
     cpu: CpuUse | None = None,
     at_start: NoiseVerdict | None = None,
+    most_threads: int | None = None,
 ) -> dict:
-    """The run's verdict for results.json: ``noisy`` when the machine was busy around the run (``cpu``: the CPU
-    time of windows at its start and end; without it, the load at its start and end), or busy in its first
-    window alone (``at_start``: the verdict the run printed before its rows), or any row is noisy; with counts,
-    the reasons and the advice."""
+    """The run's verdict for results.json (``most_threads``: the most threads the run used, when the count followed the
+    free cores; the advice names --threads 1 only after a run on more): ``noisy`` when the machine was busy around
+    the run (``cpu``: the CPU time of windows at its start and end; without it, the load at its start and end), or
+    busy in its first window alone (``at_start``: the verdict the run printed before its rows), or any row is noisy;
+    with counts, the reasons and the advice."""
     run_busy = machine_verdict(load, threads, cpu_count, running_s, cpu)
     if at_start is not None and at_start.noisy and not run_busy.noisy:
         run_busy = NoiseVerdict(True, [f"at the start, {reason}" for reason in at_start.reasons])
@@ -338,5 +229,5 @@ def summary(
         iqr_threshold=IQR_THRESHOLD,
         load_margin=LOAD_MARGIN,
         cpu_margin=CPU_MARGIN,
-        advice=ADVICE if noisy else None,
+        advice=advice(most_threads or threads) if noisy else None,
     )

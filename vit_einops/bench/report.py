@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import textwrap
 from pathlib import Path
 
 from ..base.io import atomic_write_bytes
@@ -17,8 +18,9 @@ from .attention import REFERENCE
 
 # 2: the noise columns, results['noisy'] and results['noise']; 3: others_cores, optimizer; 4: paired ratios (their
 # interval, ratio_unresolved, rounds) and meta's threads_source; 5: each attention row's kernel, the torch kernel
-# paths, and attention_unavailable (the paths refused at a point, with the reason)
-SCHEMA_VERSION = 5
+# paths, and attention_unavailable (the paths refused at a point, with the reason); 6: results['verdict'] (the
+# paragraph printed first), meta's threads_used, compile's first_call_s_by_path
+SCHEMA_VERSION = 6
 
 ATTENTION_FIELDS = (
     "section", "mode", "path", "kernel", "batch", "heads", "tokens", "head_dim", "dtype",
@@ -60,6 +62,7 @@ def _num(x, fmt: str) -> str:
 
 UNRESOLVED = "?"
 RATIO_WIDTH = 22
+TABLE_WIDTH = 120  # every line of table.txt; each row's kernel is in results.json and the CSV files
 
 
 def ratio_cell(row: dict) -> str:
@@ -78,10 +81,11 @@ def unresolved_note(rows: list[dict]) -> str | None:
     count = sum(1 for r in rows if r["ratio_unresolved"])
     if not count:
         return None
-    return (
-        f"\n{UNRESOLVED} after a time ratio ({count} {'row' if count == 1 else 'rows'}): unresolved. Its 95% interval "
+    return "\n" + textwrap.fill(
+        f"{UNRESOLVED} after a time ratio ({count} {'row' if count == 1 else 'rows'}): unresolved. Its 95% interval "
         "(in brackets: the median of the per-round ratios, rounds resampled 2000 times) reaches 1.0, so these rounds "
-        "cannot tell which path is faster. More --rounds narrow the interval; a quieter machine narrows it more."
+        "cannot tell which path is faster. More --rounds narrow the interval; a quieter machine narrows it more.",
+        TABLE_WIDTH,
     )
 
 
@@ -96,23 +100,23 @@ def noise_mark(row: dict) -> str:
 
 def early_noise_text(reasons: list[str]) -> str:
     """The line a noisy run prints as soon as it knows, before its rows: what has been seen so far."""
-    return (
-        "NOISY RUN (so far): " + "; ".join(reasons) + ". Rows marked ! are not trustworthy; the verdict follows "
-        "the tables."
+    return textwrap.fill(
+        "NOISY RUN (so far): " + "; ".join(reasons) + ". Rows marked ! are not trustworthy; the noise report "
+        "follows the tables.",
+        TABLE_WIDTH,
     )
 
 
 def noise_text(noise: dict) -> str:
     """The verdict printed after the tables and at the top of table.txt when the run was noisy."""
-    return (
-        "NOISY RUN: " + "; ".join(noise["reasons"]) + ". Rows marked ! are not trustworthy.\nAdvice: " + noise["advice"]
-    )
+    verdict = "NOISY RUN: " + "; ".join(noise["reasons"]) + ". Rows marked ! are not trustworthy."
+    return textwrap.fill(verdict, TABLE_WIDTH) + "\n" + textwrap.fill("Advice: " + noise["advice"], TABLE_WIDTH)
 
 
 def header_text(meta: dict, ceiling: dict, noise: dict | None = None) -> str:
     """The machine, versions, load and ceiling; with ``noise`` (the end of a noisy run), its warning first."""
     warning = [noise_text(noise)] if noise and noise["noisy"] else []
-    return "\n".join(
+    lines = (
         warning
         + [
             f"vit-einops bench  {meta['time_utc']}  torch {meta['torch']}  einops {meta['einops']}  "
@@ -135,6 +139,8 @@ def header_text(meta: dict, ceiling: dict, noise: dict | None = None) -> str:
             ),
         ]
     )
+    return "\n".join(textwrap.fill(line, TABLE_WIDTH, subsequent_indent="  ") if len(line) > TABLE_WIDTH else line
+                     for text in lines for line in text.splitlines())  # fmt: skip
 
 
 def _gpu_text(meta: dict) -> list[str]:
@@ -181,63 +187,115 @@ def ceiling_note(rows: list[dict], ceiling: dict, dtype: str) -> str | None:
         if "end_gflop_per_s" in ceiling
         else f"{ceiling['gflop_per_s']:.1f} GFLOP/s"
     )
-    return (
-        f"\n{CEILING_FLAG} in %ceil ({over} {'row' if over == 1 else 'rows'}): faster than the matmul ceiling, "
+    return "\n" + textwrap.fill(
+        f"{CEILING_FLAG} in %ceil ({over} {'row' if over == 1 else 'rows'}): faster than the matmul ceiling, "
         f"the median rate of torch.mm on two {ceiling['size']}x{ceiling['size']} {dtype} matrices ({measured}). "
         "A share over 100% is not a fact: the ceiling estimate read low (other processes used the cores while it "
         "was measured) or the row's timing is off under load; a small ceiling size (--smoke, --quick) also reads "
-        "below the machine's peak. results.json and the CSV files keep the ratio as measured (ceiling_fraction)."
+        "below the machine's peak. results.json and the CSV files keep the ratio as measured (ceiling_fraction).",
+        TABLE_WIDTH,
     )
 
 
 def attention_table(rows: list[dict], unavailable: list[dict] = ()) -> str:
-    """One block per (section, mode); times in ms, memory in MiB, ratios over the section's reference path, the
-    kernel the profiler saw run; a path refused at a point (``unavailable``) says why in place of its numbers."""
+    """One block per (section, mode); times in ms, memory in MiB, ratios over the section's reference path; a path
+    refused at a point (``unavailable``) says why in place of its numbers. The kernel each row ran and its IQR are
+    in results.json and attention.csv (the noise column marks a wide IQR)."""
     lines = []
     everything = [*rows, *unavailable]
     for section, mode in dict.fromkeys((r["section"], r["mode"]) for r in everything):
         block = [r for r in rows if (r["section"], r["mode"]) == (section, mode)]
         refused = [r for r in unavailable if (r["section"], r["mode"]) == (section, mode)]
-        width = max([len("kernel"), *(len(r["kernel"]) for r in block)]) + 2
         lines.append(f"\nattention {section}, {mode} (ratios over {REFERENCE[section]})")
         lines.append(
-            f"{'b':>3} {'h':>3} {'n':>5} {'d':>3}  {'path':<16}{'median ms':>11}{'IQR ms':>9}{'GFLOP/s':>9}"
-            f"{'%ceil':>10}{'peak MiB':>10}{'A MiB':>9}  {'time x [95% interval]':<{RATIO_WIDTH}}{'mem x':>7}"
-            f"  {'kernel':<{width}}noise"
+            f"{'b':>3} {'h':>3} {'n':>5} {'d':>3}  {'path':<16}{'median ms':>10}{'GFLOP/s':>8}{'%ceil':>10}"
+            f"{'peak MiB':>9}{'A MiB':>8}  {'time x [95% interval]':<{RATIO_WIDTH}}{'mem x':>6} noise"
         )
         for r in block:
             lines.append(
                 f"{r['batch']:>3} {r['heads']:>3} {r['tokens']:>5} {r['head_dim']:>3}  {r['path']:<16}"
-                f"{r['median_s'] * 1e3:>11.3f}{r['iqr_s'] * 1e3:>9.3f}{r['gflop_per_s']:>9.1f}"
-                f"{ceiling_share(r['ceiling_fraction']):>10}{r['peak_bytes'] / MIB:>10.1f}"
-                f"{r['attn_matrix_bytes'] / MIB:>9.1f}"
-                f"  {ratio_cell(r):<{RATIO_WIDTH}}{_num(r['mem_ratio'], '.2f'):>7}  {r['kernel']:<{width}}"
-                f"{noise_mark(r)}".rstrip()
+                f"{r['median_s'] * 1e3:>10.3f}{r['gflop_per_s']:>8.1f}{ceiling_share(r['ceiling_fraction']):>10}"
+                f"{r['peak_bytes'] / MIB:>9.1f}{r['attn_matrix_bytes'] / MIB:>8.1f}"
+                f"  {ratio_cell(r):<{RATIO_WIDTH}}{_num(r['mem_ratio'], '.2f'):>6} {noise_mark(r)}".rstrip()
             )
         for r in refused:
             lines.append(
-                f"{r['batch']:>3} {r['heads']:>3} {r['tokens']:>5} {r['head_dim']:>3}  {r['path']:<16}"
-                f"unavailable: {r['unavailable']}"
+                textwrap.fill(
+                    f"{r['batch']:>3} {r['heads']:>3} {r['tokens']:>5} {r['head_dim']:>3}  {r['path']:<16}"
+                    f"unavailable: {r['unavailable']}",
+                    TABLE_WIDTH, subsequent_indent=" " * 36,
+                )  # fmt: skip
             )
     return "\n".join(lines)
 
 
 def model_table(rows: list[dict]) -> str:
+    """The whole-model rows; GFLOP/s, the IQR and the batch (one per run, in the title) are in results.json and
+    model.csv."""
     # The model column is as wide as its longest name (a preset with overrides, e.g. vit_ti_16+depth=1) plus a
     # space, so it never runs into the mode column.
     width = max(len("model"), *(len(r["model"]) for r in rows)) + 1
     optimizers = sorted({r["optimizer"] for r in rows if r["optimizer"]})
+    batches = "/".join(str(b) for b in sorted({r["batch"] for r in rows}))
     step = f"; train_step: forward, cross-entropy, backward, one {' or '.join(optimizers)} step" if optimizers else ""
-    lines = [f"\nwhole model (time x: over the same weights in torch's nn.TransformerEncoderLayer{step})"]
+    title = f"whole model, batch {batches} (time x: over the same weights in torch's nn.TransformerEncoderLayer{step})"
+    lines = ["", *textwrap.wrap(title, TABLE_WIDTH, break_on_hyphens=False)]
     lines.append(
-        f"{'model':<{width}}{'mode':<11}{'path':<9}{'batch':>5}{'median ms':>11}{'IQR ms':>9}{'img/s':>8}"
-        f"{'GFLOP/s':>9}{'%ceil':>10}{'peak MiB':>10}  {'time x [95% interval]':<{RATIO_WIDTH}}{'max|diff|':>11}  noise"
+        f"{'model':<{width}}{'mode':<11}{'path':<9}{'median ms':>10}{'img/s':>9}{'%ceil':>10}{'peak MiB':>10}"
+        f"  {'time x [95% interval]':<{RATIO_WIDTH}}{'max|diff|':>10} noise"
     )
     for r in rows:
         lines.append(
-            f"{r['model']:<{width}}{r['mode']:<11}{r['path']:<9}{r['batch']:>5}{r['median_s'] * 1e3:>11.1f}"
-            f"{r['iqr_s'] * 1e3:>9.1f}{r['images_per_s']:>8.2f}{r['gflop_per_s']:>9.1f}"
-            f"{ceiling_share(r['ceiling_fraction']):>10}{r['peak_bytes'] / MIB:>10.1f}  {ratio_cell(r):<{RATIO_WIDTH}}"
-            f"{r['max_abs_diff_vs_einsum']:>11.1e}  {noise_mark(r)}"
+            f"{r['model']:<{width}}{r['mode']:<11}{r['path']:<9}{r['median_s'] * 1e3:>10.1f}"
+            f"{r['images_per_s']:>9.2f}{ceiling_share(r['ceiling_fraction']):>10}{r['peak_bytes'] / MIB:>10.1f}"
+            f"  {ratio_cell(r):<{RATIO_WIDTH}}{r['max_abs_diff_vs_einsum']:>10.1e} {noise_mark(r)}".rstrip()
         )
     return "\n".join(lines)
+
+
+VERDICT_PATHS = ("einsum", "chunked")  # each against sdpa, the reference of the core section
+MODE_WORDS = {"forward": "forward", "forward_backward": "forward+backward"}
+
+
+def _verdict_ratio(row: dict) -> str:
+    """ "2.31x [2.10, 2.50]"; "1.02x? [0.95, 1.10]" when unresolved; "(noisy)" after a noisy row's."""
+    mark = UNRESOLVED if row["ratio_unresolved"] else ""
+    low, high = row["time_ratio_low"], row["time_ratio_high"]
+    interval = "one round" if low is None else f"{low:.2f}, {high:.2f}"
+    return f"{row['time_ratio']:.2f}x{mark} [{interval}]" + (" (noisy)" if row["noisy"] else "")
+
+
+def verdict_text(rows: list[dict], ceiling_gflop_per_s: float, oom_tokens: dict[str, int | None], limit: str) -> str:
+    """The answer the bench prints first: einsum's and chunked's time over SDPA's at one point (the grid's largest N),
+    forward and forward+backward, with their 95% intervals; each path's share of the matmul ceiling
+    (``ceiling_gflop_per_s``); and the N from which einsum's attention matrix no longer fits ``limit`` (the memory
+    budget, in words), per mode (``oom_tokens``; None: not below 2^24). ``rows``: the core rows of that point."""
+    by = {(r["path"], r["mode"]): r for r in rows if r["section"] == "core"}
+    modes = [m for m in MODE_WORDS if ("sdpa", m) in by]
+    point = next(iter(by.values()), None)
+    if point is None or not modes or not any((p, m) in by for p in VERDICT_PATHS for m in modes):
+        return "Verdict: none: the grid measures no core einsum or chunked path beside sdpa to compare."
+    where = f"N {point['tokens']} (batch {point['batch']}, {point['heads']} heads of {point['head_dim']})"
+    claims = []
+    for path in VERDICT_PATHS:
+        parts = [f"{_verdict_ratio(by[path, m])} {MODE_WORDS[m]}" for m in modes if (path, m) in by]
+        if parts:
+            claims.append(f"{path} takes {' and '.join(parts)}")
+    shares = []
+    for m in modes:
+        cells = [f"{p} {by[p, m]['gflop_per_s'] / ceiling_gflop_per_s:.0%}" for p in ("sdpa", *VERDICT_PATHS)
+                 if (p, m) in by]  # fmt: skip
+        shares.append(f"{MODE_WORDS[m]} {', '.join(cells)}")
+    memory = []
+    for m in modes:
+        n = oom_tokens.get(m)
+        memory.append(f"{MODE_WORDS[m]} from N {n:,}" if n is not None else f"{MODE_WORDS[m]} not below N 2^24")
+    text = (
+        f"Verdict: at {where}, against SDPA's time: {'; '.join(claims)}. "
+        f"Share of the matmul ceiling ({ceiling_gflop_per_s:.1f} GFLOP/s): {'; '.join(shares)}. "
+        f"einsum's attention matrix A ({point['attn_matrix_bytes'] / MIB:.1f} MiB here) outgrows {limit} at this "
+        f"batch and heads: {', '.join(memory)}."
+        + (f" {UNRESOLVED}: the interval reaches 1.0, the rounds cannot tell the paths apart." if any(
+            r["ratio_unresolved"] for r in by.values()) else "")
+    )  # fmt: skip
+    return textwrap.fill(text, TABLE_WIDTH)

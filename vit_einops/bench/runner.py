@@ -12,14 +12,18 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..base.budget import check_threads
+from ..base.budget import limit_text
 from ..base.io import check_directory_output, staged_directory
 from ..base.text import printable
+from ..base.threads import ThreadPolicy, check_threads, thread_policy
+from ..network.config import ViTConfig
+from ..network.sizes import parameter_count
+from ..presets import preset_config
 from . import plots, report
 from .attention import CompiledPath, grid, measure_point
-from .budget import check_grid
+from .budget import check_grid, einsum_memory_tokens
 from .device import Meter, check_device, check_dtype
-from .env import free_cores, machine_info
+from .env import machine_info
 from .measure import matmul_ceiling
 from .model import measure_model
 from .names import (
@@ -55,8 +59,9 @@ class BenchOptions:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     out: Path = field(default_factory=lambda: Path("bench-results"))
     retries: int = 0  # measure a grid point again (at most this often) while any of its rows is noisy
-    threads: int | None = None  # torch threads; None: as many as the cores free at the start (env.free_cores)
+    threads: int | None = None  # torch threads; None: the cores free, followed between jobs (base.threads)
     force: bool = False  # replace ``out`` when it holds an earlier run's files (and nothing else)
+    progress: bool = True  # the bar on stderr (tqdm; shown only where stderr is a terminal)
 
     def __post_init__(self) -> None:
         """Every numeric option finite and in RANGES, every name known: errors name the option and the value."""
@@ -158,36 +163,114 @@ def measure_with_retries(measure: Callable[[], list[dict]], retries: int) -> lis
     return best
 
 
+@dataclass(frozen=True)
+class Job:
+    """One step of a run: an attention grid point in one mode (``paths``: {"core": (...), "layer": (...)}) or one
+    model (``what``: its preset). ``drop``: rows measured only as the reference of the others' ratios (each ratio is
+    over its reference in the same rounds), whose own row an earlier job already has."""
+
+    kind: str
+    what: object
+    mode: str | None = None
+    paths: dict = field(default_factory=dict)
+    drop: tuple = ()
+
+
+VERDICT_PATHS = ("einsum", "chunked", "sdpa")
+
+
+def plan_jobs(options: BenchOptions, points: list) -> tuple[list[Job], list[Job]]:
+    """(the verdict's jobs, the rest) in the order they run. The verdict: the core einsum, chunked and sdpa paths at
+    the grid's largest N (its first point of that N), in every mode, measured first so that the answer comes in the
+    run's first minute. Then every point's other paths, the models, and last the compiled paths (a cold
+    torch.compile takes tens of seconds: it comes after everything else has been measured)."""
+    plain = tuple(p for p in options.core_paths if p not in COMPILED_PATHS)
+    compiled = tuple(p for p in options.core_paths if p in COMPILED_PATHS)
+    chosen = tuple(p for p in VERDICT_PATHS if p in plain)
+    first = None
+    if points and "sdpa" in chosen and len(chosen) > 1:
+        first = max(points, key=lambda p: p.tokens)  # max keeps the first of equals
+    verdict = [Job("attention", first, mode, {"core": chosen}) for mode in options.modes] if first else []
+    rest = []
+    for point in points:
+        core, drop = plain, ()
+        if point == first:
+            left = [p for p in plain if p not in chosen]
+            core = tuple(p for p in plain if p in left or (left and p == "sdpa"))
+            drop = (("core", "sdpa"),)
+        if core or options.layer_paths:
+            rest += [Job("attention", point, mode, {"core": core, "layer": options.layer_paths}, drop)
+                     for mode in options.modes]  # fmt: skip
+    rest += [Job("model", name) for name in options.models]
+    if compiled:
+        reference = ("sdpa",) if "sdpa" in plain and options.compile_skip_reason is None else ()
+        drop = (("core", "sdpa"),) if reference else ()
+        rest += [Job("attention", point, mode, {"core": (*reference, *compiled)}, drop)
+                 for point in points for mode in options.modes]  # fmt: skip
+    return verdict, rest
+
+
+# The progress bar's guesses (its time left corrects itself as jobs end): the share of the matmul ceiling a path
+# reaches, the extra calls of each path (a warm-up, the kernel's profile, the peak memory), a cold compile.
+CEILING_SHARE_GUESS = 0.3
+EXTRA_CALLS = 3
+COMPILE_GUESS_S = 30.0
+
+
+def job_cost(job: Job, options: BenchOptions, ceiling_gflop_per_s: float) -> float:
+    """The seconds ``job`` is guessed to take, from its FLOPs and the run's matmul ceiling: each path's rounds of at
+    least min_run_time (a call longer than that is one block), and its extra calls."""
+    rate = ceiling_gflop_per_s * 1e9 * CEILING_SHARE_GUESS
+
+    def paths_cost(count: int, flops: float) -> float:
+        call = flops / rate
+        return count * (options.rounds * max(options.min_run_time, call) + EXTRA_CALLS * call)
+
+    if job.kind == "model":
+        config = ViTConfig(**preset_config(job.what, image_size=options.image_size, **options.model_overrides))
+        forward = 2 * parameter_count(config) * config.num_tokens * options.model_batch  # a multiply-add per weight
+        return sum(paths_cost(len(options.model_paths), forward * (3 if mode == "train_step" else 1))
+                   for mode in options.model_modes)  # fmt: skip
+    cost = sum(paths_cost(len(paths), job.what.flops(section, job.mode)) for section, paths in job.paths.items())
+    compiled = sum(p in COMPILED_PATHS for p in job.paths.get("core", ()))
+    point = job.what
+    first = (point.batch, point.heads, point.tokens) == (options.batches[0], options.heads[0], options.tokens[0])
+    if compiled and first and options.compile_skip_reason is None:
+        cost += compiled * COMPILE_GUESS_S  # the first point of a head size compiles (dynamic shapes after it)
+    return cost
+
+
+def _row_order(row: dict) -> tuple:
+    """The tables' order: section, mode, then the grid's order of points, then the paths' order in names.py."""
+    paths = CORE_PATHS if row["section"] == "core" else LAYER_PATHS
+    return (
+        row["section"] != "core", MODES.index(row["mode"]), row["heads"], row["head_dim"], row["batch"],
+        row["tokens"], paths.index(row["path"]),
+    )  # fmt: skip
+
+
 def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> dict:
     """Measure everything ``options`` asks for, print the table (to ``stdout``, default sys.stdout), write the
     files; returns the results dict. ``probe`` samples the machine (default: this one's; tests script it).
 
-    The run uses ``options.threads`` torch threads, or as many as the cores free at its start (on a shared machine
-    a thread more than the free cores waits at every barrier for a core; env.free_cores), and restores torch's
-    thread count at its end. A noisy run says so once before its rows, as soon as it knows (the machine busy during
-    the first ceiling, the first noisy row, or at the latest the run's verdict), and gives the verdict again after
-    the tables."""
+    The run uses ``options.threads`` torch threads (else VIT_EINOPS_THREADS), or as many as the cores free at its
+    start, checked again between grid points (on a shared machine a thread more than the free cores waits at every
+    barrier for a core; :mod:`vit_einops.base.threads`), and restores torch's thread count at its end. A noisy run
+    says so once before its rows, as soon as it knows (the machine busy during the first ceiling, the first noisy
+    row, or at the latest the run's noise report), and gives the noise report again after the tables."""
     out = check_out(options.out, options.force)  # before anything is measured
     check_grid(options)
     meter = Meter(options.device)
     check_dtype(options.dtype, meter.device)
-    before = torch.get_num_threads()
-    if options.threads is None:
-        threads, how = free_cores()
-        source = f"the cores free at the start: {how}; --threads sets it"
-    else:
-        threads, source = options.threads, "--threads"
-    torch.set_num_threads(threads)
-    try:
-        return _run(options, out, stdout or sys.stdout, probe or LoadProbe(), source, meter)
-    finally:
-        torch.set_num_threads(before)
+    with thread_policy(options.threads) as policy:
+        return _run(options, out, stdout or sys.stdout, probe or LoadProbe(), policy, meter)
 
 
-def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_source: str, meter: Meter) -> dict:
+def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, policy: ThreadPolicy, meter: Meter) -> dict:
     dtype = getattr(torch, options.dtype)
     started = time.perf_counter()
-    meta = {**machine_info(), **meter.describe(), "threads_source": threads_source, "dtype": options.dtype}
+    source = policy.source if policy.fixed is not None else f"the cores free: {policy.source}; --threads fixes it"
+    meta = {**machine_info(), **meter.describe(), "threads_source": source, "dtype": options.dtype}
     meta["options"] = _jsonable(asdict(options))
     threads = torch.get_num_threads()
     # The matmul ceilings at the start and at the end are the run's own check of the machine: windows of busy
@@ -211,66 +294,90 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_sou
         print(report.early_noise_text(["the machine is busy: " + "; ".join(start_busy.reasons)]), file=stdout)
 
     points = grid(options.batches, options.heads, options.tokens, options.head_dims) if options.attention else []
-    paths = {"core": options.core_paths, "layer": options.layer_paths}
-    jobs = [("attention", p, m) for p in points for m in options.modes] + [
-        ("model", name, None) for name in options.models
-    ]
+    verdict_jobs, jobs = plan_jobs(options, points)
     compiled: dict[int, dict[str, CompiledPath]] = {}  # head_dim -> path -> its compiled function
     first_calls = []
     attention_rows: list[dict] = []
     unavailable_rows: list[dict] = []  # a path refused at a point: the reason, no timing
     model_rows: list[dict] = []
-    progress = tqdm(jobs, desc="vit-einops bench", unit="job", file=sys.stderr, dynamic_ncols=True)
-    for kind, what, mode in progress:
-        rows_before = len(attention_rows) + len(model_rows)
-        if kind == "attention":
-            if what.head_dim not in compiled:
-                compiled[what.head_dim] = {
-                    path: CompiledPath(path, what.head_dim, dtype, options.compile_skip_reason)
-                    for path in COMPILED_PATHS
-                    if path in options.core_paths
-                }
+
+    def measure(job: Job) -> list[dict]:
+        """The job's rows, each with its attempts; the attention rows and refusals filed, the first calls noted."""
+        nonlocal announced
+        if job.kind == "model":
             rows = measure_with_retries(
-                lambda what=what, mode=mode: measure_point(
-                    what,
-                    mode,
-                    dtype,
-                    paths,
-                    compiled[what.head_dim],
-                    options.rounds,
-                    options.min_run_time,
-                    probe,
-                    meter,
-                ),
-                options.retries,
-            )
-            attention_rows += [r for r in rows if "unavailable" not in r]
-            unavailable_rows += [r for r in rows if "unavailable" in r]
-            first_calls += [
-                dict(path=r["path"], mode=mode, batch=what.batch, tokens=what.tokens, seconds=r["first_call_s"])
-                for r in rows
-                if r.get("first_call_s") is not None
-            ]
-        else:
-            if any(c.fn is not None for by_path in compiled.values() for c in by_path.values()):
-                # The attention grid is done: free its compiled graphs before the models need the memory (the
-                # CompiledPath records stay: their skip reasons go into results.json).
-                for c in (c for by_path in compiled.values() for c in by_path.values()):
-                    c.fn = None
-                torch.compiler.reset()
-            model_rows += measure_with_retries(
-                lambda what=what: measure_model(
-                    what, options.model_batch, dtype, options.model_paths, options.model_modes,
+                lambda: measure_model(
+                    job.what, options.model_batch, dtype, options.model_paths, options.model_modes,
                     options.rounds, options.min_run_time, options.image_size,
                     options.model_overrides, probe, meter,
                 ),
                 options.retries,
             )  # fmt: skip
-        noisy = [r for r in (attention_rows + model_rows)[rows_before:] if r["noisy"]]
+            model_rows.extend(rows)
+        else:
+            point = job.what
+            if any(p in COMPILED_PATHS for p in job.paths.get("core", ())) and point.head_dim not in compiled:
+                compiled[point.head_dim] = {
+                    path: CompiledPath(path, point.head_dim, dtype, options.compile_skip_reason)
+                    for path in COMPILED_PATHS
+                    if path in options.core_paths
+                }
+            rows = measure_with_retries(
+                lambda: measure_point(
+                    point, job.mode, dtype, job.paths, compiled.get(point.head_dim, {}), options.rounds,
+                    options.min_run_time, probe, meter,
+                ),
+                options.retries,
+            )  # fmt: skip
+            rows = [r for r in rows if (r["section"], r["path"]) not in job.drop]
+            attention_rows.extend(r for r in rows if "unavailable" not in r)
+            unavailable_rows.extend(r for r in rows if "unavailable" in r)
+            first_calls.extend(
+                dict(path=r["path"], mode=job.mode, batch=point.batch, tokens=point.tokens, seconds=r["first_call_s"])
+                for r in rows
+                if r.get("first_call_s") is not None
+            )
+        noisy = [r for r in rows if r.get("noisy")]
         if noisy and not announced:  # above the progress bar, long before the tables
-            progress.write(report.early_noise_text([f"{_row_name(noisy[0])}: {noisy[0]['noise']}"]), file=stdout)
+            tqdm.write(report.early_noise_text([f"{_row_name(noisy[0])}: {noisy[0]['noise']}"]), file=stdout)
             announced = True
         meter.release()
+        policy.follow()  # between grid points: the cores other processes left free now
+        return rows
+
+    # The verdict first: einsum, chunked and SDPA at the grid's largest N, a few seconds; then the rest.
+    verdict = None
+    if verdict_jobs:
+        point = verdict_jobs[0].what
+        print(
+            f"Measuring {', '.join(verdict_jobs[0].paths['core'])} at N {point.tokens} first, for the verdict; the "
+            "rest of the grid follows it.",
+            file=stdout, flush=True,
+        )  # fmt: skip
+        verdict_rows = [r for job in verdict_jobs for r in measure(job) if "unavailable" not in r]
+        oom = {
+            job.mode: einsum_memory_tokens(point.batch, point.heads, point.head_dim, job.mode, dtype.itemsize)
+            for job in verdict_jobs
+        }
+        for r in verdict_rows:
+            r["ceiling_fraction"] = r["gflop_per_s"] / start_ceiling["gflop_per_s"]
+        verdict = report.verdict_text(verdict_rows, start_ceiling["gflop_per_s"], oom, limit_text())
+        print("\n" + verdict + "\n", file=stdout, flush=True)
+    costs = [job_cost(job, options, start_ceiling["gflop_per_s"]) for job in jobs]
+    progress = tqdm(
+        total=sum(costs), file=sys.stderr, dynamic_ncols=True, disable=None if options.progress else True,
+        desc="vit-einops bench", bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} so far, {remaining} left",
+    )  # fmt: skip
+    with progress:
+        for job, cost in zip(jobs, costs, strict=True):
+            measure(job)
+            progress.update(cost)
+    if any(c.fn is not None for by_path in compiled.values() for c in by_path.values()):
+        for c in (c for by_path in compiled.values() for c in by_path.values()):
+            c.fn = None  # the CompiledPath records stay: their skip reasons go into results.json
+        torch.compiler.reset()
+    attention_rows.sort(key=_row_order)
+    unavailable_rows.sort(key=_row_order)
     # Measured again at the end: other processes on the machine lower a single measurement, never raise it,
     # so the better of the two is the ceiling every row is a fraction of.
     before = probe.sample()
@@ -292,6 +399,10 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_sou
         skip_reason="; ".join(skip_reasons) or None,
         first_calls=first_calls,
         total_first_call_s=sum(c["seconds"] for c in first_calls),
+        first_call_s_by_path={
+            path: sum(c["seconds"] for c in first_calls if c["path"] == path)
+            for path in dict.fromkeys(c["path"] for c in first_calls)
+        },
     )
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     meta["others_cores_end"] = None if end_cpu is None else round(end_cpu.others_cores, 2)
@@ -307,10 +418,13 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_sou
         running_s=(0.0, meta["wall_s"]),
         cpu=run_cpu,
         at_start=start_busy,
+        most_threads=max(policy.used),
     )
     meta["noisy"] = noise["noisy"]
+    meta["threads_used"] = list(policy.used)
     results = dict(
-        schema=report.SCHEMA_VERSION, meta=meta, noisy=noise["noisy"], noise=noise, matmul_ceiling=ceiling,
+        schema=report.SCHEMA_VERSION, meta=meta, noisy=noise["noisy"], noise=noise, verdict=verdict,
+        matmul_ceiling=ceiling,
         compile=compile_info, attention=attention_rows, attention_unavailable=unavailable_rows, model=model_rows,
     )  # fmt: skip
     notes = [
@@ -326,8 +440,9 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_sou
     if noise["noisy"] and not announced:  # known only now (the machine busy at the end): still before the rows
         print(report.early_noise_text(noise["reasons"]), file=stdout)
     print(body, file=stdout)  # the header was printed before the progress bar
-    # table.txt: the header as it stands at the end (the better ceiling, the load at the end), then the body.
-    table = report.header_text(meta, ceiling, noise) + "\n" + body
+    # table.txt: the header as it stands at the end (the better ceiling, the load at the end), the verdict as
+    # printed, then the body.
+    table = report.header_text(meta, ceiling, noise) + "\n" + (f"\n{verdict}\n\n" if verdict else "") + body
     # Written as one unit: a run that fails part-way (a full disk) leaves the earlier run's folder as it was, or no
     # folder; what is at ``out`` is checked again at the commit (a link, a file or foreign files are never replaced).
     with staged_directory(out, owned=result_files(), replace=options.force) as staging:
@@ -341,7 +456,10 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, threads_sou
         written = ", ".join(sorted(entry.name for entry in staging.iterdir()))
     if noise["noisy"]:
         print("\n" + report.noise_text(noise), file=stdout)
-    line = f"wrote {written} to {printable(out)}/ (wall {meta['wall_s']:.0f} s, {len(written_plots)} plots)"
+    line = (
+        f"wrote {written} to {printable(out)}/ (wall {meta['wall_s']:.0f} s, {len(written_plots)} plots; "
+        f"{policy.describe()})"
+    )
     print("\n" + line, file=stdout)
     return results
 
@@ -357,11 +475,19 @@ def _row_name(row: dict) -> str:
 
 
 def _compile_text(info: dict) -> str:
+    """The compiled paths' line, then a row per path with its first calls' seconds (compile included)."""
     if not info["attempted"] or info["skip_reason"]:
         return f"torch.compile of the einsum path and flex_attention: {info['skip_reason'] or 'not requested'}"
-    return (
-        f"torch.compile of the einsum path and flex_attention: {len(info['first_calls'])} first calls (compile "
-        f"included, not in the timings) took {info['total_first_call_s']:.1f} s in all"
+    rows = [
+        f"  {path:<16}{seconds:>8.1f} s over {sum(c['path'] == path for c in info['first_calls'])} first calls"
+        for path, seconds in info["first_call_s_by_path"].items()
+    ]
+    return "\n".join(
+        [
+            f"torch.compile of the einsum path and flex_attention, measured last: {len(info['first_calls'])} first "
+            f"calls (compile included, not in the timings) took {info['total_first_call_s']:.1f} s in all",
+            *rows,
+        ]
     )
 
 

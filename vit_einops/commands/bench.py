@@ -53,20 +53,6 @@ def number_arg(name: str, kind: type, bounds: tuple[float, float] | None = None)
     return lambda text: _checked(name, kind, text, bounds)
 
 
-def _threads(text: str) -> int:
-    """--threads: 1 to the number of CPUs (more threads than CPUs only measures the threads fighting)."""
-    from ..base.budget import check_threads
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    try:
-        return check_threads("threads", value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid = parser.add_mutually_exclusive_group()
     grid.add_argument(
@@ -86,9 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(grid="default")
     parser.add_argument("--out", type=Path, help="output directory (default ./bench-results)")
     parser.add_argument(
-        "--threads",
-        type=_threads,
-        help="torch threads, 1 to the CPU count (default: the cores free at the start, at least 1)",
+        "--no-progress", action="store_true", help="no progress bar (none either when stderr is no terminal)"
     )
     parser.add_argument(
         "--force",
@@ -177,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         min_run_time=args.min_run_time,
         retries=args.retries,
         force=args.force or None,
+        progress=False if args.no_progress else None,
     )
     # Refused here, before the lock creates --out: a device without CUDA (when options were made), a bad --out, a
     # grid past the memory budget, a dtype the device has no hardware for (the matmul it measures is kept).

@@ -121,6 +121,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             help=f"refuse a model whose modules are estimated to take longer than TIME to build, e.g. 2min "
             f"(default: ${TIME_ENV_VAR}, else {BUILD_SECONDS:g}s); raise it to allow a deeper model",
         )
+        p.add_argument(
+            "--threads",
+            type=_threads,
+            metavar="N",
+            help="torch's intra-op threads, 1 to the CPU count (default: $VIT_EINOPS_THREADS, else as many as the "
+            "cores other processes leave free, checked again while the command runs)",
+        )
     return parser
 
 
@@ -136,6 +143,20 @@ def _build_time(text: str) -> float:
     """argparse type of --max-build-time: a time such as 30, 30s or 2min."""
     try:
         return parse_seconds(text, "--max-build-time")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _threads(text: str) -> int:
+    """argparse type of --threads: a whole number from 1 to the CPU count."""
+    from ..base.threads import check_threads
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    try:  # argparse's message begins "argument --threads: "
+        return check_threads("threads", value)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -228,8 +249,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vit-einops {args.command}: error: {printable(err)}", file=sys.stderr)
             return 2
         try:
+            # The thread policy: chosen when the command's work begins (follow_free_cores), torch's count put back
+            # when the command returns (tests and scripts call main in-process).
+            from ..base.threads import thread_policy
+
             with max_memory(args.max_memory), max_build_time(args.max_build_time):
-                return importlib.import_module(args._module).run(args)
+                with thread_policy(args.threads, lazy=True):
+                    return importlib.import_module(args._module).run(args)
         except ModuleNotFoundError as err:  # commands that import their extra only when they run
             if not _optional_missing(err, extra):
                 if debug:

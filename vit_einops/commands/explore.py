@@ -95,6 +95,7 @@ def pane_name(path: str, source: str | None) -> str:
 
 def _explore(args: argparse.Namespace) -> int:
     from ..base.io import check_file_output
+    from ..base.threads import follow_free_cores, threads_summary
     from ..explore.page import check_explorer_memory, explorer_pane, write_panes
     from ..explore.payload import DEFAULT_ATTENTION_BUDGET
     from ..images import to_uint8
@@ -123,6 +124,7 @@ def _explore(args: argparse.Namespace) -> int:
     )
     panes = []
     for path, model, images in zip(args.models, models, chosen, strict=True):
+        follow_free_cores()
         panes.append(
             explorer_pane(
                 model,
@@ -143,5 +145,6 @@ def _explore(args: argparse.Namespace) -> int:
     over = "; some attention rows left out (over --attention-budget), as the page says" if any(
         pane["left_out"] for pane in panes
     ) else ""
-    print(f"explorer: {printable(path)} ({path.stat().st_size / 1e6:.2f} MB, {len(titles)} images{both}{over})")
+    print(f"explorer: {printable(path)} ({path.stat().st_size / 1e6:.2f} MB, {len(titles)} images{both}{over}); "
+          f"{threads_summary()}")
     return 0

@@ -58,7 +58,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="ties in the maps, the random map, the intervals (default %(default)s)"
     )
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--out", required=True, metavar="DIR", help="where faithfulness.json and .png go")
     parser.add_argument("--force", action="store_true", help="replace an earlier faithfulness report in --out")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bar (none either when stderr is no TTY)")
@@ -101,20 +100,16 @@ def run(args: argparse.Namespace) -> int:
 def _faithfulness(args: argparse.Namespace, methods: Any) -> int:
     import json
 
-    import torch
-
-    from ..base.budget import check_threads
     from ..base.io import atomic_write_bytes, check_directory_output, staged_directory
     from ..base.plot import save_figure
     from ..base.text import printable
+    from ..base.threads import follow_free_cores, threads_summary
     from ..inputs import model_inputs as batch_of
     from ..inspect.faithfulness import chosen_methods, faithfulness
     from ._model import target_from_args
 
     check_directory_output(args.out, OUT_FILES, args.force)  # before the work; checked again at the commit
     chosen_methods(methods)  # an unknown method or parameter is refused before any model loads
-    if args.threads is not None:
-        torch.set_num_threads(check_threads("--threads", args.threads))
     files = image_files(args.images)[: args.num_images] if args.images else None
     target = target_from_args(args)  # a bad target file is refused before any model loads
     model = load_model_from_args(args).eval()
@@ -128,6 +123,7 @@ def _faithfulness(args: argparse.Namespace, methods: Any) -> int:
         images = batch_of(model, pixels, preprocessed=model.preprocessing is None)
     else:
         raise ValueError("give --images DIR: only a model trained on the digits has default images (the test digits)")
+    follow_free_cores()
     start, cpu = time.perf_counter(), time.process_time()
     result = faithfulness(
         model, images, methods, target, preprocessed=True, steps=args.steps, baseline=args.baseline,
@@ -140,5 +136,8 @@ def _faithfulness(args: argparse.Namespace, methods: Any) -> int:
         save_figure(result.plot(), staging / "faithfulness.png", replace=False)
     for line in result.table().splitlines():
         print(printable(line))
-    print(f"{seconds:.1f} s ({cpu:.1f} s of CPU) for {result.images} images; written to {printable(args.out)}")
+    print(
+        f"{seconds:.1f} s ({cpu:.1f} s of CPU) for {result.images} images, {threads_summary()}; written to "
+        f"{printable(args.out)}"
+    )
     return 0

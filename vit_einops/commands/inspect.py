@@ -110,6 +110,7 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     from ..base.text import printable
     from ..inspect import write_report
     from ..base.budget import check_peak_memory, format_bytes
+    from ..base.threads import follow_free_cores, threads_summary
     from ..inspect.methods import TARGET_NEEDED, unexplained
     from ..inspect.report import REPORT_FILES, attention_maps_bytes, report_memory
 
@@ -129,6 +130,7 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
         report_memory(config, b, target=target is not None, arrays=args.arrays),
         f"inspect of {b} image{'s' * (b > 1)} at {config.num_tokens:,} tokens",
     )
+    follow_free_cores()
     paths = write_report(
         model,
         images["inputs"],
@@ -158,4 +160,5 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
         print(f"{name:>20}: {printable(path)}{notes.get(name, '')}")
     if "arrays" not in paths:
         print(f"{'arrays':>20}: none written (--arrays none)")
+    print(threads_summary())
     return 0

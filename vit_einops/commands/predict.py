@@ -22,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..base.checks import check_positive_int
     from ..base.text import printable
+    from ..base.threads import follow_free_cores, threads_summary
     from ..images import open_image
     from ..prediction import predict
 
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
             opened[image] = open_image(image)
         except ValueError as err:
             failed.append(f"vit-einops predict: error: {printable(err)}")
+    follow_free_cores()
     results = predict(model, list(opened.values()), top_k=args.top_k) if opened else []
     if args.json:
         print(
@@ -51,4 +53,6 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {p.probability:7.2%}  {printable(p.label)}{index}")
     for line in failed:
         print(line, file=sys.stderr)
+    if opened:  # the summary, on stderr: stdout is the predictions (JSON with --json), for scripts
+        print(threads_summary(), file=sys.stderr)
     return 2 if failed else 0

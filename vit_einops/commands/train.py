@@ -109,13 +109,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start a new run in a DIR that holds a run: only files the old run's manifest proves it wrote are "
         "replaced; any other file at a run's names is refused and listed, and files at other names are kept",
     )
-    run.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads per process (default %(default)s: the "
-        "small default model runs fastest on one; raise it for bigger models)",
-    )
     run.add_argument("--no-progress", action="store_true", help="no tqdm bars")
 
 
@@ -155,14 +148,13 @@ def _check_patches_fit(args: argparse.Namespace, size: int, patch: int) -> None:
 
 def _check_run_arguments(args: argparse.Namespace) -> Path:
     """Everything checkable before any work: numbers, data folders, the output directory. Returns the output path."""
-    from ..base.budget import check_memory, check_threads
+    from ..base.budget import check_memory
     from ..base.checks import check_nonnegative_float, check_positive_int
     from ..network.config import ViTConfig
     from ..network.sizes import check_build_time, check_forward_memory
     from ..train.config import TrainConfig
     from ..train.rundir import check_out_dir
 
-    check_threads("--threads", args.threads)
     check_nonnegative_float("--save-interval", args.save_interval)
     if args.limit is not None:
         check_positive_int("--limit", args.limit)
@@ -201,13 +193,13 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from ..base.threads import threads_summary
     from ..network.model import ViT
     from ..preprocess import Preprocessing
     from ..train.config import TrainConfig
     from ..train.data import describe_data, load_split, stratified_subset
     from ..train.loop import init_distributed, train
 
-    torch.set_num_threads(args.threads)
     ctx = init_distributed()
     try:
         config = TrainConfig(**{field: getattr(args, field) for field in OPTIMISATION})
@@ -242,7 +234,8 @@ def run(args: argparse.Namespace) -> int:
             last = result.records[-1]
             print(
                 f"test accuracy {last['test_acc']:.4f} after {last['epoch']} epochs; wrote {printable(out)}/ "
-                f"(model.safetensors, metrics.jsonl, summary.json, curves.png, confusion.png, checkpoint/)"
+                f"(model.safetensors, metrics.jsonl, summary.json, curves.png, confusion.png, checkpoint/); "
+                f"{threads_summary()}"
             )
         if ctx.active:
             # Every rank tears down together: a rank that left while another still wrote its files and plots was

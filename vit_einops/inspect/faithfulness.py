@@ -56,6 +56,7 @@ from torch import nn
 from ..base.bootstrap import bootstrap_interval
 from ..base.checks import INT64_MIN, check_choice, check_int, check_positive_int
 from ..base.plot import new_figure
+from ..base.threads import follow_free_cores
 from ..inputs import model_inputs
 from ..prediction import check_finite_outputs
 from ..network.sizes import check_forward_memory
@@ -323,6 +324,7 @@ def _maps(model: nn.Module, images: torch.Tensor, name: str, params: dict[str, A
     size = 1 if seeded else batch_size
     maps = []
     for start in range(0, len(images), size):
+        follow_free_cores()  # a command's thread policy, between chunks (nothing without one)
         index = torch.arange(start, min(start + size, len(images)))
         chunk_params = params
         if seeded:  # the sum wrapped into int64, the seeds' range: two valid seeds make one, whatever their values
@@ -428,6 +430,7 @@ def _perturbed_scores(
     gh = images.shape[-2] // patch[0]
     y = torch.empty(len(image), dtype=torch.float64)
     for start in range(0, len(image), batch_size):
+        follow_free_cores()
         part = slice(start, start + batch_size)
         rank = ranks[order[part], image[part]]  # (B, P)
         keep = torch.where(insert[part, None], rank < count[part, None], rank >= count[part, None])

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..base.checks import check_choice, check_int, check_probability, check_real_in_range
+from ..base.threads import follow_free_cores
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
 from ..network.sizes import check_model_forward
@@ -240,8 +241,9 @@ def explain_all(
         raise ValueError(f"unknown method {', '.join(map(repr, unknown))} in params; expected some of {known}")
     batch = model_inputs(model, images, preprocessed=preprocessed)
     left_out = unexplained(model, target)
-    return {
-        name: explain(model, batch, name, target, preprocessed=True, **params.get(name, {}))
-        for name in METHODS
-        if name not in left_out
-    }
+    maps = {}
+    for name in METHODS:
+        if name not in left_out:
+            follow_free_cores()  # a command's thread policy, between methods (nothing without one)
+            maps[name] = explain(model, batch, name, target, preprocessed=True, **params.get(name, {}))
+    return maps

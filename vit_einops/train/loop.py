@@ -41,6 +41,7 @@ from ..base.checks import INT64_MAX, check_nonnegative_float, check_positive_int
 from ..base.device import resolve_device
 from ..base.io import atomic_write_bytes
 from ..base.text import printable
+from ..base.threads import follow_free_cores
 from ..network.model import ViT
 from ..modelfile import model_metadata
 from ..statedict import safetensors_bytes
@@ -546,6 +547,7 @@ def _train_epoch(net, batches: Batches, optimizer, scheduler, criterion, config,
         leave=False,
     )
     for x, y in bar:
+        follow_free_cores()  # a command's thread policy, between batches (nothing without one)
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
         logits = net(random_shift(x, config.shift))
         loss = criterion(logits, y)
