@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import re
 
+import textwrap
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -209,13 +211,14 @@ def test_tables_flag_a_share_over_the_ceiling_and_explain_it():
     model_lines = report.model_table(models).splitlines()[3:]
     assert ">100% (!)" in model_lines[0] and "127%" not in model_lines[0] and " 30%" in model_lines[1]
     note = report.ceiling_note(rows + models, CEILING, "float32")
-    assert note == (
-        "\n>100% (!) in %ceil (3 rows): faster than the matmul ceiling, the median rate of torch.mm on two "
+    said = (
+        ">100% (!) in %ceil (3 rows): faster than the matmul ceiling, the median rate of torch.mm on two "
         "2048x2048 float32 matrices (the better of 85.9 GFLOP/s at the run's start and 71.0 at its end). A share "
         "over 100% is not a fact: the ceiling estimate read low (other processes used the cores while it was "
         "measured) or the row's timing is off under load; a small ceiling size (--smoke, --quick) also reads below "
         "the machine's peak. results.json and the CSV files keep the ratio as measured (ceiling_fraction)."
     )
+    assert note == "\n" + textwrap.fill(said, report.TABLE_WIDTH)  # wrapped to the tables' width
 
 
 def test_no_ceiling_note_when_every_share_is_real():
