@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import re
-
 import textwrap
 
 import pytest
