@@ -9,28 +9,16 @@ import copy
 
 import pytest
 import torch
+from _tiny import FAMILIES as TINY_FAMILIES
 from _tiny import TINY_DIGITS, TINY_RGB16, tiny_vit
 
-from vit_einops.inspect import (
-    EmbeddingTarget,
-    PatchTarget,
-    ablate_heads,
-    decompose,
-    logit_lens,
-    patch_heads,
-    patch_passes,
-    patch_positions,
-)
+from vit_einops.inspect import EmbeddingTarget, PatchTarget
+from vit_einops.inspect.decompose import ablate_heads, decompose, logit_lens, patch_heads, patch_passes, patch_positions
 
-# Every pooling and token layout, LayerScale, RoPE with SwiGLU and qk-norm, CLIP's pre-norm, E_pos on the patches
-# alone (the prefix tokens inserted after it).
+# Beside every pooling and token layout: CLIP's pre-norm, and E_pos on the patches alone (the prefix tokens
+# inserted after it).
 FAMILIES = {
-    "vit": {},
-    "registers": dict(register_tokens=2, layer_scale=0.1),
-    "distilled": dict(distill_token=True),
-    "mean pool": dict(class_token=False, pool="mean", fc_norm=True),
-    "attention pool": dict(class_token=False, pool="map"),
-    "rope": dict(rope_grid=4, ffn="swiglu", qk_norm=True),
+    **TINY_FAMILIES,
     "clip": dict(pre_norm=True, patch_bias=False),
     "registers outside E_pos": dict(register_tokens=2, pos_embed_prefix=False),
 }
