@@ -211,3 +211,36 @@ def test_hostile_inputs_give_exact_messages():
         decompose(_model(TINY_DIGITS, representation_size=8), x, preprocessed=True)
     with pytest.raises(ValueError, match=r"^decompose explains one class per image"):
         decompose(model, x, [[1, 2]], preprocessed=True)
+
+
+def test_the_command_prints_the_top_parts_and_writes_its_report_once(tmp_path, capsys):
+    """`vit-einops decompose MODEL --image PATH --out DIR`: the printed split and the JSON are the Python function's
+    numbers; an existing report is refused without --force."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from vit_einops import Preprocessing
+    from vit_einops.commands.cli import main
+    from vit_einops.modelfile import save_vit
+
+    model = _model()
+    model.preprocessing = Preprocessing(resize=(16, 16), mean=(0.5,) * 3, std=(0.25,) * 3)
+    save_vit(model, tmp_path / "m.safetensors")
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    out = tmp_path / "out"
+    args = ["decompose", str(tmp_path / "m.safetensors"), "--image", str(tmp_path / "a.png"), "--out", str(out)]
+    assert main([*args, "--top", "3"]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "decomposition.json").read_text())
+    assert (out / "decomposition.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    d = decompose(model, tmp_path / "a.png")
+    torch.testing.assert_close(torch.tensor(report["heads"]), d.heads[0], rtol=0, atol=1e-6)
+    assert report["total"] == pytest.approx(float(d.total[0]), abs=1e-6)
+    assert printed.startswith(f"class {report['class']}'s logit: ")
+    assert report["class"] == int(model(model.transforms()(Image.open(tmp_path / "a.png"))[None]).argmax())
+    assert [line.split()[0] for line in printed.splitlines()[1:4]] == [name for name, _ in d.top(3)]
+    assert main(args) == 2
+    assert "decomposition.json" in capsys.readouterr().err
+    assert main([*args, "--force"]) == 0

@@ -80,6 +80,47 @@ class Decomposition:
             dim=1,
         )
 
+    def source_map(self) -> torch.Tensor:
+        """(b, gh, gw): every head's share from each patch, summed over layers and heads: where the heads' direct
+        contributions come from (the prefix tokens' shares left out)."""
+        shares = self.by_source if self.by_source is not None else self.all_sources()
+        return shares.sum((1, 2))[:, self.layout.num_prefix :].unflatten(-1, self.layout.grid)
+
+    def to_json(self, image: int = 0) -> dict[str, Any]:
+        """Image ``image``'s numbers: total, heads [L][H], mlps [L], rest and its named parts."""
+        return {
+            "total": float(self.total[image]),
+            "heads": self.heads[image].tolist(),
+            "mlps": self.mlps[image].tolist(),
+            "rest": float(self.rest[image]),
+            "parts": {name: float(value[image]) for name, value in self.parts.items()},
+            "tokens": {"prefix": list(self.layout.prefix), "grid": list(self.layout.grid)},
+        }
+
+    def plot(self, image: int = 0):
+        """A figure of image ``image``'s decomposition: the heads' shares (L x H), the MLPs' and rest's, and the
+        heads' summed source map on the patch grid."""
+        from ..base.plot import new_figure
+
+        fig = new_figure(figsize=(12.0, 3.8))
+        heads, bars, grid = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1.2, 1.0, 1.0]})
+        shares = self.heads[image].detach().cpu().numpy()
+        bound = float(abs(shares).max()) or 1.0
+        shown = heads.imshow(shares, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
+        heads.set(title="each head's direct share", xlabel="head", ylabel="layer")
+        fig.colorbar(shown, ax=heads)
+        names = [f"MLP {l}" for l in range(self.mlps.shape[1])] + ["heads (all)", "rest"]
+        values = [*self.mlps[image].tolist(), float(self.heads[image].sum()), float(self.rest[image])]
+        bars.barh(names, values, color=["tab:red" if v < 0 else "tab:blue" for v in values])
+        bars.set(title=f"the total {float(self.total[image]):.4g} split", xlabel="share")
+        bars.invert_yaxis()
+        source = self.source_map()[image].detach().cpu().numpy()
+        bound = float(abs(source).max()) or 1.0
+        shown = grid.imshow(source, cmap="RdBu_r", vmin=-bound, vmax=bound)
+        grid.set(title="the heads' share from each patch", xticks=[], yticks=[])
+        fig.colorbar(shown, ax=grid)
+        return fig
+
     def top(self, k: int = 5) -> list[tuple[str, float]]:
         """The ``k`` heads and MLPs of largest share on image 0, by absolute value: ("L3H2" or "MLP3", share)."""
         named = [(f"L{l}H{h}", float(s)) for l, row in enumerate(self.heads[0]) for h, s in enumerate(row)]
