@@ -244,3 +244,16 @@ def test_the_command_prints_the_top_parts_and_writes_its_report_once(tmp_path, c
     assert main(args) == 2
     assert "decomposition.json" in capsys.readouterr().err
     assert main([*args, "--force"]) == 0
+
+
+def test_the_decomposition_method_is_the_heads_source_shares_on_the_grid():
+    """METHODS["decomposition"]: every head's share from each patch, summed over layers and heads; with the prefix
+    tokens' shares it adds up to all the heads' shares."""
+    from vit_einops.inspect import explain
+
+    model, x = _model(register_tokens=2), _x()
+    grid = explain(model, x, "decomposition", preprocessed=True)
+    d = decompose(model, x, by_source=True, preprocessed=True)
+    assert grid.shape == (2, 4, 4)
+    prefix = d.by_source.sum((1, 2))[:, : d.layout.num_prefix].sum(-1)
+    torch.testing.assert_close(grid.sum((1, 2)) + prefix, d.heads.sum((1, 2)), rtol=0, atol=1e-5)
