@@ -257,3 +257,24 @@ def test_the_decomposition_method_is_the_heads_source_shares_on_the_grid():
     assert grid.shape == (2, 4, 4)
     prefix = d.by_source.sum((1, 2))[:, : d.layout.num_prefix].sum(-1)
     torch.testing.assert_close(grid.sum((1, 2)) + prefix, d.heads.sum((1, 2)), rtol=0, atol=1e-5)
+
+
+def test_a_model_in_training_mode_is_decomposed_in_eval_mode_and_left_as_it_was():
+    """Dropout would break the sum: the parts are read with the model in eval mode, its mode restored."""
+    model, x = _model(dropout=0.5, attn_dropout=0.5), _x()
+    model.train()
+    d = decompose(model, x, preprocessed=True)
+    assert model.training
+    model.eval()
+    _check_sums(decompose(model, x, by_source=True, preprocessed=True), d.total)
+
+
+def test_a_patch_target_on_a_dynamic_size_input_reads_its_own_grid():
+    """An input of another shape than the model's (dynamic_size): the patch target and the layout are the input's
+    grid (3 x 5 patches here)."""
+    model = _model(num_classes=0, dynamic_size="timm")
+    x = torch.randn(1, 3, 12, 20)
+    patch = PatchTarget(2, 4)
+    d = decompose(model, x, patch, by_source=True, preprocessed=True)
+    assert d.layout.grid == (3, 5) and d.source_map().shape == (1, 3, 5)
+    _check_sums(d, patch.similarity(model.forward_features(x), d.layout).flatten(1).mean(-1))

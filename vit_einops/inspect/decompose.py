@@ -18,8 +18,9 @@ DeiT's class and distillation tokens).
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,6 @@ from ..network.patch_embed import TokenLayout
 from ..network.sizes import check_model_forward
 from .targets import (
     BACKBONE_TARGETS,
-    EmbeddingTarget,
     PatchTarget,
     class_targets,
     one_class_each,
@@ -128,11 +128,49 @@ class Decomposition:
         return sorted(named, key=lambda item: -abs(item[1]))[: check_int("k", k, 1)]
 
 
+def _in_eval(fn: Callable) -> Callable:
+    """``fn(model, ...)`` run with the model in eval mode (no dropout: the parts would not add up), its mode
+    restored after, and without gradients."""
+
+    @functools.wraps(fn)
+    def run(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        was_training = getattr(model, "training", None)
+        if isinstance(model, nn.Module):
+            model.eval()
+        try:
+            with torch.no_grad():
+                return fn(model, *args, **kwargs)
+        finally:
+            if isinstance(model, nn.Module):
+                model.train(was_training)
+
+    return run
+
+
 # -- the score of the final tokens --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Score:
+    """What is scored: a backbone target, or the class per image (``classes``); ``layout`` the input's tokens."""
+
+    target: Any
+    classes: torch.Tensor | None
+    layout: TokenLayout
+
+    def __call__(self, model: nn.Module, z: torch.Tensor) -> torch.Tensor:
+        """The score (b,) the model's head gives tokens ``z`` (b, n, D) taken as the last block's output."""
+        head = model.head
+        if self.classes is not None:
+            return head(z).gather(1, self.classes[:, None])[:, 0]
+        if isinstance(self.target, PatchTarget):
+            tokens = head.normed(z) if head.token_norm else z
+            return self.target.similarity(tokens, self.layout).flatten(1).mean(dim=-1)
+        return self.target.scores(head(z))
+
+
 def _prepare(model: nn.Module, images: Any, target: Any, preprocessed: bool | None, who: str):
-    """(the model's batch, the resolved target, the class per image or None)."""
+    """(the model's batch, what is scored: the resolved target, or the class per image)."""
     if not hasattr(model, "run_with_cache"):
         raise TypeError(f"{who} reads a vit_einops ViT's probe sites, got {type(model).__name__}")
     x = model_inputs(model, images, preprocessed=preprocessed)
@@ -140,31 +178,8 @@ def _prepare(model: nn.Module, images: Any, target: Any, preprocessed: bool | No
     target = resolve_target(model, target, len(x))
     classes = None
     if not isinstance(target, BACKBONE_TARGETS):
-        with torch.no_grad():
-            classes = one_class_each(class_targets(target, model(x)), who)
-    return x, target, classes
-
-
-def _tokens_score(model: nn.Module, z: torch.Tensor, target: Any, classes: torch.Tensor | None) -> torch.Tensor:
-    """The score (b,) the model's head gives tokens ``z`` (b, n, D) taken as the last block's output."""
-    head = model.head
-    if classes is not None:
-        return head(z).gather(1, classes[:, None])[:, 0]
-    if isinstance(target, PatchTarget):
-        tokens = head.normed(z) if head.token_norm else z
-        layout = _layout(model, z.shape[1])
-        return target.similarity(tokens, layout).flatten(1).mean(dim=-1)
-    return target.scores(head(z))
-
-
-def _layout(model: nn.Module, tokens: int) -> TokenLayout:
-    """The token layout of ``tokens`` tokens (the model's grid, or a square one with dynamic_size)."""
-    layout = model.patch_embed.layout()
-    if layout.num_prefix + layout.num_patches != tokens:
-        side = round((tokens - layout.num_prefix) ** 0.5)
-        (ph, pw) = model.patch_embed.patch_size
-        layout = model.patch_embed.layout((side * ph, side * pw))
-    return layout
+        classes = one_class_each(class_targets(target, model(x)), who)
+    return x, _Score(target, classes, model.patch_embed.layout(x.shape[-2:]))
 
 
 # -- the reader r: score = sum_i r_i . z_L[i] + constants --------------------------------------------------
@@ -210,7 +225,7 @@ def _pool_reader(model: nn.Module, pool_in: torch.Tensor, u: torch.Tensor, parts
     return reader
 
 
-def _reader(model: nn.Module, cache: Any, target: Any, classes: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+def _reader(model: nn.Module, cache: Any, score: _Score) -> tuple[torch.Tensor, dict]:
     """(r (b, n, D), the named constants): score = sum_i r_i . z_L[i] + sum(constants)."""
     head = model.head
     if "pre_logits" in head._modules:
@@ -220,9 +235,9 @@ def _reader(model: nn.Module, cache: Any, target: Any, classes: torch.Tensor | N
         )
     z = cache["resid_post", -1]
     parts: dict[str, torch.Tensor] = {}
+    target, classes, layout = score.target, score.classes, score.layout
     if isinstance(target, PatchTarget):
         tokens = head.normed(z) if head.token_norm else z
-        layout = _layout(model, z.shape[1])
         gh, gw = layout.grid
         chosen = tokens[:, layout.num_prefix + target.row * gw + target.col]
         unit = chosen / chosen.norm(dim=-1, keepdim=True)
@@ -276,7 +291,7 @@ def _gamma(branch: nn.Module, like: torch.Tensor) -> torch.Tensor:
     return ls.gamma if ls is not None else torch.ones(like.shape[-1], dtype=like.dtype, device=like.device)
 
 
-@torch.no_grad()
+@_in_eval
 def decompose(
     model: nn.Module, images: Any, target: Any = None, *, by_source: bool = False, preprocessed: bool | None = None
 ) -> Decomposition:
@@ -289,15 +304,12 @@ def decompose(
             a classifier a backbone target (:class:`EmbeddingTarget`, :class:`ImageTarget`, :class:`PatchTarget`).
         by_source: also split every head's share over its source tokens (``Decomposition.by_source``).
     """
-    x, target, classes = _prepare(model, images, target, preprocessed, "decompose")
+    x, score = _prepare(model, images, target, preprocessed, "decompose")
     depth = len(model.blocks)
     logits, cache = model.run_with_cache(x, _sites(depth, ("hook_pattern", "hook_v")))
     z = cache["resid_post", -1]
-    if classes is not None:
-        total = logits.gather(1, classes[:, None])[:, 0]
-    else:
-        total = _tokens_score(model, z, target, classes)
-    reader, parts = _reader(model, cache, target, classes)
+    total = logits.gather(1, score.classes[:, None])[:, 0] if score.classes is not None else score(model, z)
+    reader, parts = _reader(model, cache, score)
     heads, mlps, biases, patterns, values = [], [], reader.new_zeros(len(x)), [], []
     for l, block in enumerate(model.blocks):
         gamma = _gamma(block.attn, z)
@@ -320,7 +332,7 @@ def decompose(
     parts["attention output biases"] = biases
     rest = sum(parts.values())
     decomposition = Decomposition(
-        total, torch.stack(heads, 1), torch.stack(mlps, 1), rest, parts, _layout(model, z.shape[1]),
+        total, torch.stack(heads, 1), torch.stack(mlps, 1), rest, parts, score.layout,
         _reader=reader, _patterns=tuple(patterns), _values=tuple(values),
     )  # fmt: skip
     if by_source:
@@ -331,15 +343,15 @@ def decompose(
 # -- the logit lens -----------------------------------------------------------------------------------------
 
 
-@torch.no_grad()
+@_in_eval
 def logit_lens(model: nn.Module, images: Any, target: Any = None, *, preprocessed: bool | None = None) -> torch.Tensor:
     """(b, L + 1): the score each layer's residual stream would give if the model stopped there, the final norm and
     head applied to it: index 0 the embeddings z_0, index l the output of block l - 1, index L the model's score."""
-    x, target, classes = _prepare(model, images, target, preprocessed, "the logit lens")
+    x, score = _prepare(model, images, target, preprocessed, "the logit lens")
     depth = len(model.blocks)
     names = ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.hook_resid_post" for l in range(depth)]
     _, cache = model.run_with_cache(x, names)
-    return torch.stack([_tokens_score(model, cache[name], target, classes) for name in names], dim=1)
+    return torch.stack([score(model, cache[name]) for name in names], dim=1)
 
 
 # -- ablation and patching ----------------------------------------------------------------------------------
@@ -401,7 +413,7 @@ def _bar(total: int):
     return tqdm(total=total, desc="patching", unit="pass", file=sys.stderr, dynamic_ncols=True)
 
 
-@torch.no_grad()
+@_in_eval
 def ablate_heads(
     model: nn.Module, images: Any, heads: Any, mode: str = "mean", reference: Any = None, target: Any = None,
     *, preprocessed: bool | None = None,
@@ -414,7 +426,7 @@ def ablate_heads(
     (ablated together)."""
     mode = check_choice("mode", mode, ABLATIONS)
     sets = _head_sets(model, heads)
-    x, target, classes = _prepare(model, images, target, preprocessed, "ablate_heads")
+    x, score = _prepare(model, images, target, preprocessed, "ablate_heads")
     _check_passes(len(sets) + 2, "ablate_heads")
     depth = len(model.blocks)
     names = [f"blocks.{l}.attn.hook_z" for l in range(depth)]
@@ -427,12 +439,12 @@ def ablate_heads(
         check_model_forward(model, ref, grad=False)
         _, cache = model.run_with_cache(ref, names)
         means = {l: cache[name].mean(dim=0, keepdim=True) for l, name in enumerate(names)}
-    clean = _tokens_score(model, _final(model, x), target, classes)
+    clean = score(model, _final(model, x))
     changes = []
     for chosen in sets:
         values = means if means is not None else {l: _zeros(model, x) for l, _ in chosen}
         hooks = _replacing(values, chosen)
-        changes.append(_hooked_score(model, x, hooks, target, classes) - clean)
+        changes.append(score(model, _final(model, x, hooks)) - clean)
     return torch.stack(changes)
 
 
@@ -453,18 +465,12 @@ def _final(model: nn.Module, x: torch.Tensor, hooks: Sequence = ()) -> torch.Ten
     return seen["z"]
 
 
-def _hooked_score(model, x, hooks, target, classes) -> torch.Tensor:
-    return _tokens_score(model, _final(model, x, hooks), target, classes)
-
-
 def _clean_and_corrupted(model, clean, corrupted, target, preprocessed, who):
-    x, target, classes = _prepare(model, clean, target, preprocessed, who)
+    x, score = _prepare(model, clean, target, preprocessed, who)
     y = model_inputs(model, corrupted, preprocessed=preprocessed)
     if y.shape != x.shape:
         raise ValueError(f"{who}: the corrupted images have shape {tuple(y.shape)}, the clean ones {tuple(x.shape)}")
-    if isinstance(target, EmbeddingTarget):
-        target.check_count(len(y))
-    return x, y, target, classes
+    return x, y, score
 
 
 def patch_passes(model: nn.Module, what: str = "heads", tokens: int | None = None) -> int:
@@ -479,13 +485,13 @@ def patch_passes(model: nn.Module, what: str = "heads", tokens: int | None = Non
     return 2 + depth * (layout.num_prefix + layout.num_patches if tokens is None else tokens)
 
 
-def _patched_scores(model, y, jobs: list, target, classes, passes: int) -> torch.Tensor:
+def _patched_scores(model, y, jobs: list, score: _Score, passes: int) -> torch.Tensor:
     """The corrupted batch's summed score under each job's hooks, one pass each, with a bar on a tty."""
     bar = _bar(passes)
     out = []
     try:
         for hooks in jobs:
-            out.append(_hooked_score(model, y, hooks, target, classes).sum())
+            out.append(score(model, _final(model, y, hooks)).sum())
             if bar is not None:
                 bar.update()
     finally:
@@ -504,41 +510,39 @@ def _restored(patched: torch.Tensor, low: torch.Tensor, high: torch.Tensor, who:
     return (patched - low.sum()) / gap
 
 
-@torch.no_grad()
+@_in_eval
 def patch_heads(
     model: nn.Module, clean: Any, corrupted: Any, target: Any = None, *, preprocessed: bool | None = None
 ) -> torch.Tensor:
     """(L, H): the share of the clean-to-corrupted score difference (summed over the batch) that copying one head's
     A v (hook_z) from the clean run into the corrupted one restores: 1 restores it all, 0 nothing. The target
     (None: the predicted class) is decided on the clean images. Runs :func:`patch_passes` forward passes."""
-    x, y, target, classes = _clean_and_corrupted(model, clean, corrupted, target, preprocessed, "patch_heads")
+    x, y, score = _clean_and_corrupted(model, clean, corrupted, target, preprocessed, "patch_heads")
     passes = _check_passes(patch_passes(model, "heads"), "patch_heads")
     check_model_forward(model, y, grad=False)
     depth, count = len(model.blocks), model.blocks[0].attn.mha.heads
     names = [f"blocks.{l}.attn.hook_z" for l in range(depth)]
     _, cache = model.run_with_cache(x, names)
-    high = _tokens_score(model, _final(model, x), target, classes)
-    low = _tokens_score(model, _final(model, y), target, classes)
+    high, low = score(model, _final(model, x)), score(model, _final(model, y))
     values = {l: cache[name] for l, name in enumerate(names)}
     jobs = [_replacing(values, [(l, h)]) for l in range(depth) for h in range(count)]
-    out = _patched_scores(model, y, jobs, target, classes, passes).view(depth, count)
+    out = _patched_scores(model, y, jobs, score, passes).view(depth, count)
     return _restored(out, low, high, "patch_heads")
 
 
-@torch.no_grad()
+@_in_eval
 def patch_positions(
     model: nn.Module, clean: Any, corrupted: Any, target: Any = None, *, preprocessed: bool | None = None
 ) -> torch.Tensor:
     """(L, n): as :func:`patch_heads`, copying the residual stream entering block l (hook_resid_pre) at one token."""
-    x, y, target, classes = _clean_and_corrupted(model, clean, corrupted, target, preprocessed, "patch_positions")
+    x, y, score = _clean_and_corrupted(model, clean, corrupted, target, preprocessed, "patch_positions")
     depth = len(model.blocks)
     names = [f"blocks.{l}.hook_resid_pre" for l in range(depth)]
     _, cache = model.run_with_cache(x, names)
     tokens = cache[names[0]].shape[1]
     passes = _check_passes(patch_passes(model, "positions", tokens), "patch_positions")
     check_model_forward(model, y, grad=False)
-    high = _tokens_score(model, _final(model, x), target, classes)
-    low = _tokens_score(model, _final(model, y), target, classes)
+    high, low = score(model, _final(model, x)), score(model, _final(model, y))
 
     def patch(l: int, i: int):
         def replace(z: torch.Tensor, hook: Any) -> torch.Tensor:
@@ -549,5 +553,5 @@ def patch_positions(
         return [(names[l], replace)]
 
     jobs = [patch(l, i) for l in range(depth) for i in range(tokens)]
-    out = _patched_scores(model, y, jobs, target, classes, passes).view(depth, tokens)
+    out = _patched_scores(model, y, jobs, score, passes).view(depth, tokens)
     return _restored(out, low, high, "patch_positions")
