@@ -107,7 +107,8 @@ class Decomposition:
         shares = self.heads[image].detach().cpu().numpy()
         bound = float(abs(shares).max()) or 1.0
         shown = heads.imshow(shares, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
-        heads.set(title="each head's direct share", xlabel="head", ylabel="layer")
+        heads.set(title="each head's direct share", xlabel="head", ylabel="layer",
+                  xticks=range(shares.shape[1]), yticks=range(shares.shape[0]))  # fmt: skip
         fig.colorbar(shown, ax=heads)
         names = [f"MLP {l}" for l in range(self.mlps.shape[1])] + ["heads (all)", "rest"]
         values = [*self.mlps[image].tolist(), float(self.heads[image].sum()), float(self.rest[image])]
