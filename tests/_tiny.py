@@ -17,6 +17,17 @@ TINY_RGB = dict(image_size=32, patch_size=8, dim=48, depth=2, heads=4, mlp_dim=9
 # The model-API and error tests' RGB model: 16x16 in 4x4 patches (a 4x4 grid, 17 tokens), width 32 in 4 heads of 8.
 TINY_RGB16 = dict(TINY_RGB, image_size=16, patch_size=4, dim=32, mlp_dim=64)
 
+# The families' parts, each as options on one of the sizes above: every pooling and token layout, LayerScale, RoPE
+# with SwiGLU and qk-norm.
+FAMILIES = {
+    "vit": {},
+    "registers": dict(register_tokens=2, layer_scale=0.1),
+    "distilled": dict(distill_token=True),
+    "mean pool": dict(class_token=False, pool="mean", fc_norm=True),
+    "attention pool": dict(class_token=False, pool="map"),
+    "rope": dict(rope_grid=4, ffn="swiglu", qk_norm=True),
+}
+
 
 def tiny_vit(base: dict = TINY_DIGITS, **overrides) -> ViT:
     """A ViT of ``base``'s size with ``overrides``, in eval mode (inspection; ``train()`` sets its own mode)."""

@@ -10,22 +10,13 @@ import re
 
 import pytest
 import torch
-from _tiny import TINY_DIGITS, TINY_RGB16, tiny_vit
+from _tiny import FAMILIES, TINY_DIGITS, TINY_RGB16, tiny_vit
 
 from vit_einops import Preprocessing
 from vit_einops.inspect import METHODS, EmbeddingTarget, PatchTarget, explain, integrated_gradients
 from vit_einops.inspect.integrated_gradients import MAX_STEPS, quadrature_points
 
 TINY = dict(TINY_DIGITS, num_classes=5)
-# The families' parts, each on the RGB model: every pooling and token layout, LayerScale, RoPE with SwiGLU.
-FAMILIES = {
-    "vit": {},
-    "registers": dict(register_tokens=2, layer_scale=0.1),
-    "distilled": dict(distill_token=True),
-    "mean pool": dict(class_token=False, pool="mean", fc_norm=True),
-    "attention pool": dict(class_token=False, pool="map"),
-    "rope": dict(rope_grid=4, ffn="swiglu", qk_norm=True),
-}
 
 
 @pytest.fixture(autouse=True)

@@ -45,6 +45,11 @@ COMMANDS: dict[str, tuple[str, str | None, str]] = {
         "train",
         "score explanation methods by deletion, insertion and positive/negative perturbation AUC, beside a random map",
     ),
+    "decompose": (
+        "vit_einops.commands.decompose",
+        "train",
+        "split a score exactly into each head's, MLP's and source patch's share (the residual stream read as a sum)",
+    ),
     "convert": (
         "vit_einops.commands.convert",
         None,

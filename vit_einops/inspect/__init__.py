@@ -1,12 +1,22 @@
 """Look inside a ViT: record attention on any attention implementation, roll it out, weigh it by its gradient
 (relevance), measure how far heads look and how spread out they are, see how much attention the prefix tokens
-(class, distillation, register) take and how long the tokens grow, draw DINO's view (the class token's attention
+(class, distillation, register) take and how long the tokens grow, split a score exactly into what each head and MLP
+writes (``decompose``, the logit lens, head ablation and patching), draw DINO's view (the class token's attention
 and the mask keeping 60% of it) and DINOv2's PCA of the patch features, and draw the paper's Figure 6, 7 and 11
 style plots (``vit-einops inspect``): each plot function returns a matplotlib Figure, shown inline in a notebook,
 and ``save_figure(fig, path)`` writes it atomically. Every tool reads the tokens by the input's token layout
 (``recorder.layout``, ``model.patch_embed.layout(image_size)``): the prefix tokens by name, then the patch grid."""
 
 from ..base.plot import save_figure
+from .decompose import (
+    Decomposition,
+    ablate_heads,
+    decompose,
+    logit_lens,
+    patch_heads,
+    patch_passes,
+    patch_positions,
+)
 from .dino import DINO_KEEP, DinoView, dino_mask, dino_view
 from .distance import mean_attention_distance, patch_distances
 from .embeddings import (
@@ -57,16 +67,19 @@ __all__ = [
     "METRICS",
     "ImageTarget",
     "PatchTarget",
+    "Decomposition",
     "DinoView",
     "PatchPCA",
     "RecordedPass",
     "TokenNorms",
+    "ablate_heads",
     "attention_entropy",
     "attention_gradients",
     "attention_matrix",
     "attention_relevance",
     "attention_rollout",
     "class_attention_grid",
+    "decompose",
     "dino_mask",
     "dino_view",
     "embedding_filter_components",
@@ -79,10 +92,14 @@ __all__ = [
     "head_statistics",
     "integrated_gradients",
     "load_embedding",
+    "logit_lens",
     "mean_attention_distance",
     "model_position_similarity",
     "patch_attention_grid",
     "patch_distances",
+    "patch_heads",
+    "patch_passes",
+    "patch_positions",
     "patch_similarity",
     "patch_embedding_matrix",
     "patch_feature_pca",

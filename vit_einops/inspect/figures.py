@@ -220,7 +220,9 @@ def plot_methods(
     fig.suptitle("Explanation methods", fontsize=10)
     if note:
         width = fig.get_figwidth()
-        fig.supxlabel(textwrap.fill(printable_lines(note), max(20, int(14 * width))), fontsize=7, parse_math=False)
+        # A method's name (gradient-rollout) is never split at its hyphen: the note names methods to type.
+        wrapped = textwrap.fill(printable_lines(note), max(20, int(14 * width)), break_on_hyphens=False)
+        fig.supxlabel(wrapped, fontsize=7, parse_math=False)
     return fig
 
 

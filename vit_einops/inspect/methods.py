@@ -25,6 +25,7 @@ from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
 from ..network.sizes import check_model_forward
 from ..prediction import check_finite_logits
+from .decompose import decompose
 from .gradcam import grad_cam
 from .integrated_gradients import BASELINES, MAX_STEPS, QUADRATURES, integrated_gradients, patch_sums
 from .record import AttentionRecorder
@@ -87,6 +88,10 @@ def _integrated_gradients(
         model, images, target, baseline=baseline, steps=steps, quadrature=quadrature, preprocessed=True
     ).attributions
     return patch_sums(model, attributions)
+
+
+def _decomposition(model: nn.Module, images: torch.Tensor, target: Any) -> torch.Tensor:
+    return decompose(model, images, target, by_source=True, preprocessed=True).source_map()
 
 
 def _random(model: nn.Module, images: torch.Tensor, target: Any, *, seed: int) -> torch.Tensor:
@@ -162,6 +167,11 @@ METHODS: dict[str, Method] = {
                 "steps": lambda v: check_int("steps", v, 1, MAX_STEPS),
                 "quadrature": lambda v: check_choice("quadrature", v, QUADRATURES),
             },
+        ),
+        Method(
+            "decomposition", _decomposition, True,
+            "Gandelsman et al. 2024, every head's direct share of the score from each patch, summed (exact, the "
+            "final norm's scale observed)",
         ),
         Method(
             "random", _random, False, "uniform noise on the grid, seeded (the baseline every method must beat)",
