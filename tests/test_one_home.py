@@ -9,6 +9,8 @@ from _tiny import TINY_RGB16, tiny_vit
 from torch import nn
 
 from vit_einops import ResidualAdd
+from vit_einops.network.blocks import FFN_BLOCKS
+from vit_einops.network.config import FFNS
 
 
 class Shift(nn.Module):
@@ -66,3 +68,8 @@ def test_rope_reaches_the_attention_by_name():
     normed = block.attn.norm(tokens)
     torch.testing.assert_close(with_rope, block.attn.mha(normed, rope=rope), rtol=0, atol=0)
     assert not torch.allclose(with_rope, block.attn.mha(normed))
+
+
+def test_each_ffn_name_has_its_block():
+    """config.FFNS names the MLPs (no torch there); blocks.FFN_BLOCKS maps each name to its module, one each."""
+    assert tuple(FFN_BLOCKS) == FFNS

@@ -168,8 +168,8 @@ class SwiGLU(MLP):
         return cls(config.dim, config.mlp_dim, dropout=config.dropout)
 
 
-# Each ViTConfig.ffn value's MLP.
-FFNS: dict[str, type[FeedForwardBlock | SwiGLU]] = {"mlp": FeedForwardBlock, "swiglu": SwiGLU}
+# Each ViTConfig.ffn name (config.FFNS) -> its MLP block.
+FFN_BLOCKS: dict[str, type[FeedForwardBlock | SwiGLU]] = {"mlp": FeedForwardBlock, "swiglu": SwiGLU}
 
 
 class TransformerEncoderBlock(Sequential):
@@ -194,7 +194,7 @@ class TransformerEncoderBlock(Sequential):
         super().__init__(
             OrderedDict(
                 attn=_branch(config, "mha", MultiHeadAttention.from_config(config)),
-                mlp=_branch(config, "ff", FFNS[config.ffn].from_config(config)),
+                mlp=_branch(config, "ff", FFN_BLOCKS[config.ffn].from_config(config)),
             )
         )
         for site in ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post"):
