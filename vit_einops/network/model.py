@@ -24,7 +24,7 @@ from .patch_embed import PatchEmbedding
 from .probes import ActivationCache, Hook, HookPoint, attached, chosen_sites, unknown_site
 from ..preprocess import Preprocessing
 from .rope import RopeTable, RotaryEmbedding
-from .sizes import check_build_time, check_model_memory
+from .sizes import check_model_build_time, check_model_memory
 
 # timm's default for every Linear in the encoder and head; the embeddings have their own init.
 LINEAR_INIT_STD = 0.02
@@ -75,7 +75,7 @@ class ViT(Sequential):
         # only the modules' own memory counts.
         on_meta = torch.empty(0).device.type == "meta"
         check_model_memory(config, 0 if on_meta else torch.get_default_dtype().itemsize)
-        check_build_time(config)
+        check_model_build_time(config)
         impls = per_layer_impls(attn_impl, config.depth)
         super().__init__(
             OrderedDict(
