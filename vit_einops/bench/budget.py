@@ -28,7 +28,7 @@ def point_bytes(batch: int, heads: int, tokens: int, head_dim: int, mode: str, l
     return (inputs + work) * itemsize
 
 
-def model_bytes(config: ViTConfig, batch: int, train: bool, itemsize: int) -> int:
+def model_point_bytes(config: ViTConfig, batch: int, train: bool, itemsize: int) -> int:
     """Peak memory of one whole-model measurement: the weights (with a training step also their gradients and
     Adam's two moments), and the activations: one block's at a time for inference, every block's for a training
     step (backward needs them all)."""
@@ -56,7 +56,7 @@ def check_grid(options) -> None:
         config = ViTConfig(**preset_config(name, image_size=options.image_size, **options.model_overrides))
         train = "train_step" in options.model_modes
         check_memory(
-            model_bytes(config, options.model_batch, train, itemsize),
+            model_point_bytes(config, options.model_batch, train, itemsize),
             f"{name} at batch {options.model_batch}, image size {options.image_size}"
             + (" (a training step)" if train else ""),
         )
