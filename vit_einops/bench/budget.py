@@ -1,7 +1,7 @@
 """The memory a benchmark grid will need, estimated from its sizes before anything is measured.
 
 Every option of a grid passes its own range (bench/names.py RANGES), yet batch x heads x tokens^2 multiply: ``--batches
-64 --tokens 16384`` at ViT-B's 12 heads is an attention matrix of 824 GB. :func:`check_grid` refuses such a grid
+64 --tokens 16384`` at ViT-B's 12 heads is an attention matrix of 824 GB. :func:`check_grid_memory` refuses such a grid
 at once, naming its largest point, instead of running out of memory in the middle of the run.
 """
 
@@ -37,7 +37,7 @@ def model_point_bytes(config: ViTConfig, batch: int, train: bool, itemsize: int)
     return weights + activations * (config.depth if train else 1)
 
 
-def check_grid(options) -> None:
+def check_grid_memory(options) -> None:
     """Refuse (ValueError, one line naming the point and the limit) a grid whose largest attention point or model
     would not fit the memory budget (:mod:`vit_einops.base.budget`)."""
     itemsize = 2 if options.dtype == "bfloat16" else 4

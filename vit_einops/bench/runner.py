@@ -17,7 +17,7 @@ from ..base.io import check_directory_output, staged_directory
 from ..base.text import printable
 from . import plots, report
 from .attention import CompiledPath, grid, measure_point
-from .budget import check_grid
+from .budget import check_grid_memory
 from .device import Meter, check_device, check_dtype
 from .env import free_cores, machine_info
 from .measure import matmul_ceiling
@@ -168,7 +168,7 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
     the first ceiling, the first noisy row, or at the latest the run's verdict), and gives the verdict again after
     the tables."""
     out = check_out(options.out, options.force)  # before anything is measured
-    check_grid(options)
+    check_grid_memory(options)
     meter = Meter(options.device)
     check_dtype(options.dtype, meter.device)
     before = torch.get_num_threads()
