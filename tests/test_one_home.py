@@ -73,3 +73,16 @@ def test_rope_reaches_the_attention_by_name():
 def test_each_ffn_name_has_its_block():
     """config.FFNS names the MLPs (no torch there); blocks.FFN_BLOCKS maps each name to its module, one each."""
     assert tuple(FFN_BLOCKS) == FFNS
+
+
+def test_one_create_vit():
+    """create_vit has one home (pretrained.py, with or without weights); presets.py builds an architecture under a
+    name that says so, and refuses weights by pointing to create_vit."""
+    from vit_einops import create_vit, presets, pretrained
+
+    assert create_vit is pretrained.create_vit and not hasattr(presets, "create_vit")
+    model = create_vit("vit_ti_16", depth=1, num_classes=3)
+    architecture = presets.create_architecture("vit_ti_16", depth=1, num_classes=3)
+    assert model.config == architecture.config
+    with pytest.raises(TypeError, match="presets.create_architecture builds the architecture only; for weights call "):
+        presets.create_architecture("vit_ti_16", weights="w.pth")
