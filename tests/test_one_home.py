@@ -86,3 +86,19 @@ def test_one_create_vit():
     assert model.config == architecture.config
     with pytest.raises(TypeError, match="presets.create_architecture builds the architecture only; for weights call "):
         presets.create_architecture("vit_ti_16", weights="w.pth")
+
+
+def test_one_family_registry_lists_every_family_once():
+    """presets.FAMILIES is the one registry of ViT families, each under its own name, each timm name a member of one;
+    Hugging Face's architectures are a table of their own, HF_ARCHITECTURES, each under its class name and each held
+    by one family (its ``hf``)."""
+    from vit_einops import FAMILIES, presets
+    from vit_einops.interop import hf_families
+
+    assert FAMILIES is presets.FAMILIES and all(name == family.name for name, family in FAMILIES.items())
+    members = [name for family in FAMILIES.values() for name in family.members]
+    assert len(members) == len(set(members)) == len(presets.TIMM_ARCHS)
+    assert not {"FAMILIES", "Family", "family_of"} & set(vars(hf_families))
+    assert all(name == arch.architecture for name, arch in hf_families.HF_ARCHITECTURES.items())
+    held = [arch for family in FAMILIES.values() for arch in family.hf]
+    assert sorted(held) == sorted(hf_families.HF_ARCHITECTURES)

@@ -35,9 +35,9 @@ from ..statedict import build_vit, check_free_fields, safetensors_bytes
 from ..preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocessing
 from ..presets import HF_PROCESSORS
 from .hf_families import (
-    FAMILIES,
+    HF_ARCHITECTURES,
+    architecture_of,
     family_config,
-    family_of,
     from_family,
     hf_fields,
     hf_names,
@@ -95,11 +95,11 @@ def _json_type(value: Any) -> str:
 
 def hf_config(hf: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     """The ViTConfig of a transformers config.json dict, for any architecture of
-    :data:`~vit_einops.interop.hf_families.FAMILIES`; a field we cannot express is a ValueError naming it."""
+    :data:`~vit_einops.interop.hf_families.HF_ARCHITECTURES`; a field we cannot express is a ValueError naming it."""
     check_free_fields(overrides)
     if not isinstance(hf, Mapping):
         raise TypeError(f"a Hugging Face config is a JSON object, got {type(hf).__name__}")
-    family = family_of(hf)
+    family = architecture_of(hf)
     labels = id2label(hf)
     num_labels = len(labels) if labels else hf.get("num_labels", 2)
     fields = hf_fields(hf, family, num_labels)
@@ -117,7 +117,7 @@ def from_hf(
     if architecture is None:
         family = target_family(config)
     else:
-        family = FAMILIES[check_choice("architecture", architecture, FAMILIES)]
+        family = HF_ARCHITECTURES[check_choice("architecture", architecture, HF_ARCHITECTURES)]
     return from_family(state_dict, config, family)
 
 
@@ -278,7 +278,7 @@ def load_hf(
     hf = _read_json(directory / CONFIG_NAME)
     try:
         config = hf_config(hf, **overrides)
-        family = family_of(hf)
+        family = architecture_of(hf)
     except (TypeError, ValueError) as err:
         message = str(err)
         if not message.startswith(CONFIG_NAME):
