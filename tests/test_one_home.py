@@ -53,7 +53,8 @@ def test_state_dict_keys_are_the_saved_files_keys():
         *(f"blocks.0.mlp.{k}" for k in mlp), "blocks.0.mlp.ls.gamma",
         "head.norm.weight", "head.norm.bias", "head.fc.weight", "head.fc.bias",
     ]  # fmt: skip
-    assert isinstance(model.blocks[0].attn, nn.Sequential) and list(model.blocks[0].attn._modules) == ["norm", "mha", "ls"]
+    attn = model.blocks[0].attn
+    assert isinstance(attn, nn.Sequential) and list(attn._modules) == ["norm", "mha", "ls"]
 
 
 def test_rope_reaches_the_attention_by_name():
