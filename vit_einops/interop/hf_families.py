@@ -383,13 +383,13 @@ def architecture_of(hf: Mapping[str, Any]) -> HFArchitecture:
     if arch not in HF_ARCHITECTURES:
         supported = ", ".join([*HF_ARCHITECTURES, *WHOLE_TYPES])
         raise ValueError(f"config.json architecture {arch!r:.80} is not supported; expected one of {supported}")
-    family = HF_ARCHITECTURES[arch]
-    if model_type not in family.model_types:
+    hf_arch = HF_ARCHITECTURES[arch]
+    if model_type not in hf_arch.model_types:
         raise ValueError(
             f"config.json model_type {model_type!r:.80} does not fit architecture {arch} "
-            f"(expected {' or '.join(map(repr, family.model_types))})"
+            f"(expected {' or '.join(map(repr, hf_arch.model_types))})"
         )
-    return family
+    return hf_arch
 
 
 def tower_config(hf: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -404,9 +404,9 @@ def tower_config(hf: Mapping[str, Any]) -> Mapping[str, Any]:
     return tower
 
 
-def hf_fields(hf: Mapping[str, Any], family: HFArchitecture, num_labels: int) -> dict[str, Any]:
-    """Our ViTConfig fields of a config.json of ``family``; ``num_labels`` sizes the classifiers it has."""
-    fields = family.read(tower_config(hf), family.architecture)
+def hf_fields(hf: Mapping[str, Any], hf_arch: HFArchitecture, num_labels: int) -> dict[str, Any]:
+    """Our ViTConfig fields of a config.json of ``hf_arch``; ``num_labels`` sizes the classifiers it has."""
+    fields = hf_arch.read(tower_config(hf), hf_arch.architecture)
     if "num_classes" not in fields:
         fields["num_classes"] = num_labels
     return {"dynamic_size": "timm" if fields.get("register_tokens") else "hf"} | fields
@@ -432,14 +432,14 @@ def _strip(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def from_family(
-    state_dict: Mapping[str, torch.Tensor], config: ViTConfig, family: HFArchitecture
+def from_architecture(
+    state_dict: Mapping[str, torch.Tensor], config: ViTConfig, hf_arch: HFArchitecture
 ) -> dict[str, torch.Tensor]:
-    """An HF state dict of ``family`` as ours for ``config``; every key and shape is checked first."""
+    """An HF state dict of ``hf_arch`` as ours for ``config``; every key and shape is checked first."""
     state_dict = _strip(check_state_dict(state_dict, SOURCE))
-    state_dict = {k: v for k, v in state_dict.items() if not k.startswith(family.unused)}
+    state_dict = {k: v for k, v in state_dict.items() if not k.startswith(hf_arch.unused)}
     shapes = expected_shapes(conv_form(config))
-    expected = family.layout.expected(shapes)
+    expected = hf_arch.layout.expected(shapes)
     fold = config.register_tokens and not config.pos_embed_prefix
     position = "embeddings.position_embeddings"
     if fold:  # HF's E_pos has the class token's row too
@@ -449,22 +449,24 @@ def from_family(
         pos = state_dict[position]
         state_dict["embeddings.cls_token"] = state_dict["embeddings.cls_token"] + pos[:, :1]
         state_dict[position] = pos[:, 1:]
-    return convert_patchify(family.layout.move(state_dict, shapes, to_ours=True), config, "conv", config.patchify)
+    return convert_patchify(hf_arch.layout.move(state_dict, shapes, to_ours=True), config, "conv", config.patchify)
 
 
-def to_family(state: Mapping[str, torch.Tensor], config: ViTConfig, family: HFArchitecture) -> dict[str, torch.Tensor]:
-    """Our state dict for ``config`` as ``family``'s keys (prefixed as transformers writes them)."""
-    out = family.layout.from_ours(state, config)
+def to_architecture(
+    state: Mapping[str, torch.Tensor], config: ViTConfig, hf_arch: HFArchitecture
+) -> dict[str, torch.Tensor]:
+    """Our state dict for ``config`` as ``hf_arch``'s keys (prefixed as transformers writes them)."""
+    out = hf_arch.layout.from_ours(state, config)
     if config.register_tokens and not config.pos_embed_prefix:
         # our class token holds its position row already: HF adds a zero row to it, which changes no bit
         pos = out["embeddings.position_embeddings"]
         out["embeddings.position_embeddings"] = torch.cat([torch.zeros_like(pos[:, :1]), pos], dim=1)
-    if "embeddings.mask_token" in family.unused:  # DINOv2's masked-image-modelling token, unused at inference
+    if "embeddings.mask_token" in hf_arch.unused:  # DINOv2's masked-image-modelling token, unused at inference
         out["embeddings.mask_token"] = torch.zeros(1, config.dim, dtype=out["embeddings.cls_token"].dtype)
-    return {k if k.startswith(HEAD_ROOTS) else family.prefix + k: v for k, v in out.items()}
+    return {k if k.startswith(HEAD_ROOTS) else hf_arch.prefix + k: v for k, v in out.items()}
 
 
-def target_family(config: ViTConfig) -> HFArchitecture:
+def target_architecture(config: ViTConfig) -> HFArchitecture:
     """The architecture that would hold a model of ``config``, by the option that tells the families apart."""
     if config.distill_token:
         return HF_ARCHITECTURES["DeiTForImageClassificationWithTeacher"]
@@ -478,11 +480,11 @@ def target_family(config: ViTConfig) -> HFArchitecture:
     return HF_ARCHITECTURES["ViTModel" if pooler_only else "ViTForImageClassification"]
 
 
-def family_config(config: ViTConfig, family: HFArchitecture, names: list[str]) -> dict[str, Any]:
-    """The config.json of ``family`` for ``config``; ``names`` label the classifier's outputs."""
+def architecture_config(config: ViTConfig, hf_arch: HFArchitecture, names: list[str]) -> dict[str, Any]:
+    """The config.json of ``hf_arch`` for ``config``; ``names`` label the classifier's outputs."""
     hf: dict[str, Any] = {
-        "architectures": [family.architecture],
-        "model_type": family.model_types[0],
+        "architectures": [hf_arch.architecture],
+        "model_type": hf_arch.model_types[0],
         "hidden_size": config.dim,
         "num_hidden_layers": config.depth,
         "num_attention_heads": config.heads,
@@ -492,11 +494,11 @@ def family_config(config: ViTConfig, family: HFArchitecture, names: list[str]) -
         "patch_size": config.patch_size[0],
         "num_channels": config.in_channels,
     }
-    if family.rules is CLIP_LAYOUT:  # CLIP and SigLIP
+    if hf_arch.rules is CLIP_LAYOUT:  # CLIP and SigLIP
         hf |= {"intermediate_size": config.mlp_dim, "attention_dropout": config.attn_dropout}
-        if family.architecture == "CLIPVisionModelWithProjection":
+        if hf_arch.architecture == "CLIPVisionModelWithProjection":
             hf["projection_dim"] = config.num_classes
-        if family.architecture == "SiglipVisionModel":
+        if hf_arch.architecture == "SiglipVisionModel":
             hf["vision_use_head"] = config.pool == "map"
         return hf
     hf |= {
@@ -504,7 +506,7 @@ def family_config(config: ViTConfig, family: HFArchitecture, names: list[str]) -
         "attention_probs_dropout_prob": config.attn_dropout,
         "qkv_bias": True,
     }
-    if family.model_types[0].startswith("dinov2"):
+    if hf_arch.model_types[0].startswith("dinov2"):
         return hf | {
             "mlp_ratio": config.mlp_dim // config.dim,
             "layerscale_value": config.layer_scale,
