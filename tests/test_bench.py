@@ -23,7 +23,7 @@ from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
 from vit_einops.bench.model import OPTIMIZER, counted_flops, make_optimizer
 from vit_einops.bench.names import COMPILED_PATHS, CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES
 from vit_einops.bench.noise import IQR_THRESHOLD, CpuUse, machine_verdict
-from vit_einops.presets import create_vit
+from vit_einops.presets import create_architecture
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Fields that may legitimately be 0 or empty: an IQR of one block, the einsum path's difference from itself,
@@ -155,7 +155,7 @@ def test_results_json_schema(smoke):
     # A training step allocates a gradient for every weight: each path's peak counts them, not only the first's.
     options = meta["options"]
     (preset,) = options["models"]
-    weights = create_vit(preset, image_size=options["image_size"], **options["model_overrides"]).parameters()
+    weights = create_architecture(preset, image_size=options["image_size"], **options["model_overrides"]).parameters()
     gradient_bytes = sum(p.numel() * p.element_size() for p in weights)
     train = [r for r in model_rows if r["mode"] == "train_step"]
     assert len(train) == len(MODEL_PATHS) and all(r["peak_bytes"] >= gradient_bytes for r in train), [
@@ -204,7 +204,7 @@ def test_model_flops_are_the_counts_on_a_real_model(smoke):
     options = smoke["results"]["meta"]["options"]
     (preset,) = options["models"]
     size = options["image_size"]
-    model = create_vit(preset, image_size=size, attn_impl="einsum", **options["model_overrides"])
+    model = create_architecture(preset, image_size=size, attn_impl="einsum", **options["model_overrides"])
     flops = counted_flops(model, torch.rand(1, 3, size, size))
     for r in smoke["results"]["model"]:
         assert r["gflop"] == flops[r["mode"]] * r["batch"] / 1e9

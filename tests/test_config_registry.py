@@ -10,7 +10,7 @@ import pytest
 
 from vit_einops import ViT, ViTConfig
 from vit_einops.network.config import DEFAULTS, FIELDS, FREE_FIELDS
-from vit_einops.interop.hf_families import EXPRESSED, FAMILIES, hf_names
+from vit_einops.interop.hf_families import EXPRESSED, HF_ARCHITECTURES, hf_names
 from vit_einops.interop.timm import timm_kwargs
 
 from _tiny import TINY_RGB as TINY
@@ -53,8 +53,8 @@ def test_hf_export_expresses_or_refuses_every_field_by_name(name):
     """Each architecture field set away from its default is either written by some family (it appears in that
     family's options or the fields every config.json writes) or refused by every family, naming the field."""
     config = other_config(name)
-    held = name in EXPRESSED or any(name in family.options for family in FAMILIES.values())
-    problems = [family.problems(config) for family in FAMILIES.values()]
+    held = name in EXPRESSED or any(name in arch.options for arch in HF_ARCHITECTURES.values())
+    problems = [arch.problems(config) for arch in HF_ARCHITECTURES.values()]
     if held:
         assert any(not any(p.startswith(f"{name} ") for p in found) for found in problems), name
     else:
@@ -75,7 +75,6 @@ def test_hf_names_come_from_the_registry():
 def test_every_hugging_face_architecture_belongs_to_one_family_with_its_processor():
     """The family registry names the transformers classes that hold each family, and their image processor: every
     architecture the HF converter reads is held by exactly one family, and no family names one it cannot read."""
-    from vit_einops.interop.hf_families import FAMILIES as HF_ARCHITECTURES
     from vit_einops.presets import FAMILIES, HF_PROCESSORS
 
     named = [arch for family in FAMILIES.values() for arch in family.hf]

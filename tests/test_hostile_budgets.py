@@ -26,7 +26,7 @@ from vit_einops import ViT, ViTConfig, max_build_time, max_memory, predict, save
 from vit_einops.base.budget import ENV_VAR, TIME_ENV_VAR, parse_bytes, parse_seconds
 from vit_einops.inspect import attention_relevance, record_attention, show_attention
 from vit_einops.interop import load_hf, save_hf
-from vit_einops.network.sizes import check_build_time, check_model_forward, module_count
+from vit_einops.network.sizes import check_model_build_time, check_model_forward, module_count
 from vit_einops.sources import load_model
 
 
@@ -131,16 +131,16 @@ def test_depth_50000_is_refused_by_the_time_budget_before_building():
 
 def test_the_time_limit_is_set_like_the_memory_limit(monkeypatch):
     config = ViTConfig(depth=5000, dim=8, heads=1, mlp_dim=8)  # 6.0 s of modules: within the default 10 s
-    check_build_time(config)
+    check_model_build_time(config)
     with max_build_time("2s"), refused_at_once(re.escape(
         "(depth 5000, dim 8: 100,012 modules) takes about 6.0 s, over the max-build-time limit of 2.0 s"
     ) + allow_time("7s")):  # fmt: skip
-        check_build_time(config)
+        check_model_build_time(config)
     monkeypatch.setenv(TIME_ENV_VAR, "1s")
     with refused_at_once(re.escape(f"over the {TIME_ENV_VAR} limit of 1.0 s") + allow_time("7s")):
-        check_build_time(config)
+        check_model_build_time(config)
     with max_build_time("8s"):  # the innermost setting wins
-        check_build_time(config)
+        check_model_build_time(config)
 
 
 def test_a_build_time_no_limit_allows_suggests_no_limit():
@@ -148,10 +148,10 @@ def test_a_build_time_no_limit_allows_suggests_no_limit():
     with max_build_time("1h"), refused_at_once(re.escape(
         "building this ViT (depth 10000000, dim 8: 200,000,012 modules) takes about 200 min, over the max-build-time "
         "limit of 60 min") + allow_time("221min")):  # fmt: skip
-        check_build_time(ViTConfig(depth=10**7, dim=8, heads=1, mlp_dim=8))
+        check_model_build_time(ViTConfig(depth=10**7, dim=8, heads=1, mlp_dim=8))
     with refused_at_once(re.escape("takes about 333333.3 h, over the default build-time limit of 10 s; no limit allows "
                                    "it (--max-build-time takes at most 1 year)")):  # fmt: skip
-        check_build_time(config)
+        check_model_build_time(config)
 
 
 def test_train_refuses_a_deep_model_in_one_line_before_reading_data(tmp_path):
@@ -171,7 +171,7 @@ def test_every_real_model_builds_its_modules_well_within_the_default():
     configs = [ViTConfig(**preset_config(name)) for name in [*PRESETS, *TIMM_ARCHS]]
     configs.append(ViTConfig(**preset_config("vit_h_14", image_size=518)))
     for config in configs:
-        check_build_time(config)
+        check_model_build_time(config)
     assert max(module_count(c) for c in configs) == 652  # ViT-H/14's 32 blocks: 0.04 s at MODULE_SECONDS
 
 

@@ -26,7 +26,7 @@ from vit_einops.commands import cli
 from vit_einops.base.budget import ENV_VAR, available_memory, memory_limit, parse_bytes
 from vit_einops.base.threads import check_threads
 from vit_einops.base.json import MAX_DEPTH, loads, read_json
-from vit_einops.bench.budget import check_grid
+from vit_einops.bench.budget import check_grid_memory
 from vit_einops.bench.runner import with_overrides
 from vit_einops.interop import load_hf, resample_pos_embed, resample_vit, save_hf
 from vit_einops.modelfile import load_vit
@@ -366,7 +366,7 @@ def test_convert_resample_to_past_the_budget_is_one_line(tmp_path, capsys):
 )  # fmt: skip
 def test_a_bench_grid_past_the_budget_is_refused(grid, overrides, message):
     with refused(re.escape(message)):
-        check_grid(with_overrides(grid, **overrides))
+        check_grid_memory(with_overrides(grid, **overrides))
 
 
 def test_bench_refuses_the_grid_on_the_command_line_before_measuring(tmp_path, capsys):
@@ -378,7 +378,7 @@ def test_bench_refuses_the_grid_on_the_command_line_before_measuring(tmp_path, c
 
 
 def test_the_smoke_grid_fits(capsys):
-    check_grid(with_overrides("smoke"))  # no error: the budget refuses sizes, not the grids the package ships
+    check_grid_memory(with_overrides("smoke"))  # no error: the budget refuses sizes, not the grids the package ships
 
 
 # --- threads and shifts ------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ def test_the_registrys_processors_are_transformers_own():
     torch's backend (transformers 5 maps each type to a processor per backend)."""
     from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 
-    from vit_einops.interop.hf_families import FAMILIES as HF_ARCHITECTURES
+    from vit_einops.interop.hf_families import HF_ARCHITECTURES
     from vit_einops.presets import HF_PROCESSORS
 
     mapped_as = {"clip_vision_model": "clip", "siglip_vision_model": "siglip", "dinov2_with_registers": "dinov2"}

@@ -242,10 +242,10 @@ def test_names_without_published_weights_and_bad_arguments(cache):
         create_vit("vit_b_16", pretrained=True, weights="w.pth")
     with pytest.raises(TypeError, match="pretrained must be True or False, got 'yes'"):
         create_vit("vit_b_16", pretrained="yes")
-    from vit_einops.presets import create_vit as architecture
+    from vit_einops.presets import create_architecture
 
     with pytest.raises(TypeError, match="architecture only; for weights call vit_einops.create_vit"):
-        architecture("vit_b_16", pretrained=True)
+        create_architecture("vit_b_16", pretrained=True)
 
 
 @pytest.mark.parametrize("form", ["torchvision.pth", "timm.safetensors", "vit-einops.safetensors"])

@@ -41,7 +41,7 @@ INCEPTION_MEAN = INCEPTION_STD = (0.5, 0.5, 0.5)  # timm's augreg ViTs and googl
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI's CLIP normalisation, which timm's CLIP ViTs keep
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 CONVENTIONS = ("torchvision", "timm", "hf", "plain")  # the recipes by name: Preprocessing.convention
-FLOAT32_TINY = 2.0**-126  # torch.finfo(torch.float32).tiny, without importing torch
+FLOAT32_SMALLEST_NORMAL = 2.0**-126  # torch.finfo(torch.float32).tiny, without importing torch
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,10 @@ class Preprocessing:
             raise ValueError(f"mean has {len(mean)} values and std {len(std)}; expected one of each per channel")
         if any(s <= 0 for s in std):
             raise ValueError(f"std must be positive, got {std}")
-        if any(s < FLOAT32_TINY for s in std):
+        if any(s < FLOAT32_SMALLEST_NORMAL for s in std):
             # x / std runs in float32: a std below its smallest normal number sends pixels to inf (1e-320 is 0 there).
-            raise ValueError(f"std must be at least {FLOAT32_TINY:.3g} (the smallest normal float32), got {std}")
+            least = FLOAT32_SMALLEST_NORMAL
+            raise ValueError(f"std must be at least {least:.3g} (the smallest normal float32), got {std}")
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
 

@@ -334,7 +334,7 @@ def timm_preprocessing(name: str, image_size: int | tuple[int, int] | None = Non
     return Preprocessing.timm(size, crop_pct, mean=family.norm[0], std=family.norm[1])
 
 
-def create_vit(name: str, **overrides: Any) -> ViT:
+def create_architecture(name: str, **overrides: Any) -> ViT:
     """Build preset ``name`` (see :func:`list_presets`; timm's names such as "vit_base_patch16_224" work too);
     any ViT keyword overrides it, e.g. num_classes=10. The architecture only: ``vit_einops.create_vit`` adds
     ``pretrained=True`` and ``weights=PATH``."""
@@ -342,7 +342,7 @@ def create_vit(name: str, **overrides: Any) -> ViT:
 
     if "pretrained" in overrides or "weights" in overrides:
         raise TypeError(
-            "presets.create_vit builds the architecture only; for weights call vit_einops.create_vit "
+            "presets.create_architecture builds the architecture only; for weights call vit_einops.create_vit "
             "(pretrained=True, or weights=PATH)"
         )
 

@@ -39,8 +39,16 @@ from .base.io import sha256_of
 from .base.text import printable
 from .network.config import ViTConfig
 from .preprocess import Preprocessing
-from .presets import create_vit as create_architecture
-from .presets import FAMILIES, PRESETS, default_tag, family_of, preset_config, timm_arch, timm_preprocessing
+from .presets import (
+    FAMILIES,
+    PRESETS,
+    create_architecture,
+    default_tag,
+    family_of,
+    preset_config,
+    timm_arch,
+    timm_preprocessing,
+)
 from .network.sizes import parameter_count
 
 if TYPE_CHECKING:

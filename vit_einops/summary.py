@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .network.model import ViT
-from .presets import create_vit
+from .presets import create_architecture
 from .network.sizes import check_forward_memory, check_model_memory
 
 
@@ -23,7 +23,7 @@ def meta_vit(name: str, **overrides: Any) -> ViT:
     """Preset ``name`` on the meta device: every shape and no memory, and no random init to wait for (ViT-H's
     632M parameters count in well under a second)."""
     with torch.device("meta"):
-        return create_vit(name, **overrides)
+        return create_architecture(name, **overrides)
 
 
 def zeroed_vit(name: str, **overrides: Any) -> ViT:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections import OrderedDict
 
 from torch import nn
@@ -18,3 +20,15 @@ class Sequential(nn.Sequential):
         if isinstance(idx, slice):
             return nn.Sequential(OrderedDict(list(self._modules.items())[idx]))
         return super().__getitem__(idx)
+
+
+def forward_takes(module: nn.Module, keyword: str) -> bool:
+    """Whether ``module.forward`` takes ``keyword`` after its input (by that name, or as ``**kwargs``): composed
+    modules hand a keyword argument to the children that take it by name, never by position."""
+    return _takes(type(module), keyword)
+
+
+@functools.cache
+def _takes(cls: type[nn.Module], keyword: str) -> bool:
+    params = list(inspect.signature(cls.forward).parameters.values())[2:]  # self, then the input
+    return any(p.kind is p.VAR_KEYWORD or p.name == keyword and p.kind is not p.VAR_POSITIONAL for p in params)

@@ -1,7 +1,7 @@
 """The memory a benchmark grid will need, estimated from its sizes before anything is measured.
 
 Every option of a grid passes its own range (bench/names.py RANGES), yet batch x heads x tokens^2 multiply: ``--batches
-64 --tokens 16384`` at ViT-B's 12 heads is an attention matrix of 824 GB. :func:`check_grid` refuses such a grid
+64 --tokens 16384`` at ViT-B's 12 heads is an attention matrix of 824 GB. :func:`check_grid_memory` refuses such a grid
 at once, naming its largest point, instead of running out of memory in the middle of the run.
 """
 
@@ -28,7 +28,7 @@ def point_bytes(batch: int, heads: int, tokens: int, head_dim: int, mode: str, l
     return (inputs + work) * itemsize
 
 
-def model_bytes(config: ViTConfig, batch: int, train: bool, itemsize: int) -> int:
+def model_point_bytes(config: ViTConfig, batch: int, train: bool, itemsize: int) -> int:
     """Peak memory of one whole-model measurement: the weights (with a training step also their gradients and
     Adam's two moments), and the activations: one block's at a time for inference, every block's for a training
     step (backward needs them all)."""
@@ -37,7 +37,7 @@ def model_bytes(config: ViTConfig, batch: int, train: bool, itemsize: int) -> in
     return weights + activations * (config.depth if train else 1)
 
 
-def check_grid(options) -> None:
+def check_grid_memory(options) -> None:
     """Refuse (ValueError, one line naming the point and the limit) a grid whose largest attention point or model
     would not fit the memory budget (:mod:`vit_einops.base.budget`)."""
     itemsize = 2 if options.dtype == "bfloat16" else 4
@@ -56,7 +56,7 @@ def check_grid(options) -> None:
         config = ViTConfig(**preset_config(name, image_size=options.image_size, **options.model_overrides))
         train = "train_step" in options.model_modes
         check_memory(
-            model_bytes(config, options.model_batch, train, itemsize),
+            model_point_bytes(config, options.model_batch, train, itemsize),
             f"{name} at batch {options.model_batch}, image size {options.image_size}"
             + (" (a training step)" if train else ""),
         )

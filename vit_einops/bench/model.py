@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..network.attention import MultiHeadAttention
 from ..network.chunk_plan import default_chunk_elements
-from ..presets import create_vit
+from ..presets import create_architecture
 from ..reference import torch_reference_vit
 from .device import Meter
 from .noise import LoadProbe
@@ -59,7 +59,7 @@ class SharedPaths:
     (einsum, chunked, sdpa), and torch's encoder layers using the same Parameters ("torch")."""
 
     def __init__(self, preset: str, dtype: torch.dtype, paths, device: torch.device, **overrides) -> None:
-        self.model = create_vit(preset, **overrides).to(device, dtype)
+        self.model = create_architecture(preset, **overrides).to(device, dtype)
         self.attention = [m for m in self.model.modules() if isinstance(m, MultiHeadAttention)]
         for m in self.attention:  # the chunked block for this run's thread count, as in the attention grid
             m.attend.chunk_elements = default_chunk_elements()
@@ -159,7 +159,7 @@ def measure_model(
     # counter knows (it may not know a fused attention kernel), built on the meta device, where nothing is
     # initialised or computed (the counts are the same as on real tensors, in a fraction of the time).
     with torch.device("meta"):
-        shapes_only = create_vit(preset, **{**overrides, "attn_impl": "einsum"}).to(dtype)
+        shapes_only = create_architecture(preset, **{**overrides, "attn_impl": "einsum"}).to(dtype)
     flops = counted_flops(shapes_only, x[:1].to("meta"))
     name = preset + "".join(f"+{k}={v}" for k, v in overrides.items() if k != "image_size")
 

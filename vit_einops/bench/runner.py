@@ -21,7 +21,7 @@ from ..network.sizes import parameter_count
 from ..presets import preset_config
 from . import plots, report
 from .attention import CompiledPath, grid, measure_point
-from .budget import check_grid, einsum_memory_tokens
+from .budget import check_grid_memory, einsum_memory_tokens
 from .device import Meter, check_device, check_dtype
 from .env import machine_info
 from .measure import matmul_ceiling
@@ -259,7 +259,7 @@ def run(options: BenchOptions, stdout=None, probe: LoadProbe | None = None) -> d
     says so once before its rows, as soon as it knows (the machine busy during the first ceiling, the first noisy
     row, or at the latest the run's noise report), and gives the noise report again after the tables."""
     out = check_out(options.out, options.force)  # before anything is measured
-    check_grid(options)
+    check_grid_memory(options)
     meter = Meter(options.device)
     check_dtype(options.dtype, meter.device)
     with thread_policy(options.threads) as policy:

@@ -130,7 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..base.io import output_lock
-    from ..bench.budget import check_grid
+    from ..bench.budget import check_grid_memory
     from ..bench.device import check_device, check_dtype
     from ..bench.runner import check_out, with_overrides
     from ..bench.runner import run as run_bench
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     # Refused here, before the lock creates --out: a device without CUDA (when options were made), a bad --out, a
     # grid past the memory budget, a dtype the device has no hardware for (the matmul it measures is kept).
     check_out(options.out, options.force)
-    check_grid(options)
+    check_grid_memory(options)
     check_dtype(options.dtype, check_device(options.device))
     out = Path(options.out)
     # A second bench into --out fails at once, naming this one; the lock records this run's temporaries, and taking

@@ -60,7 +60,7 @@ def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
     )
     from ..base.io import check_directory_output, check_file_output
     from ..interop.hf import HF_FILES, hf_processor
-    from ..interop.hf_families import target_family
+    from ..interop.hf_families import target_architecture
     from ..modelfile import save_vit
 
     if args.target == "hf":
@@ -86,7 +86,7 @@ def _convert(args: argparse.Namespace, src: Path, dst: Path) -> int:
         files = "config.json, model.safetensors"
         if processor is not None:
             files += f", preprocessor_config.json for {processor['image_processor_type']}"
-        print(f"wrote {printable(dst)}/: Hugging Face {target_family(model.config).architecture} ({files})")
+        print(f"wrote {printable(dst)}/: Hugging Face {target_architecture(model.config).architecture} ({files})")
         if processor is None:
             print(f"  no preprocessor_config.json: {printable(why_not)}")
         elif model.preprocessing.backend == "pil":

@@ -151,7 +151,7 @@ def _check_run_arguments(args: argparse.Namespace) -> Path:
     from ..base.budget import check_memory
     from ..base.checks import check_nonnegative_float, check_positive_int
     from ..network.config import ViTConfig
-    from ..network.sizes import check_build_time, check_forward_memory
+    from ..network.sizes import check_forward_memory, check_model_build_time
     from ..train.config import TrainConfig
     from ..train.rundir import check_out_dir
 
@@ -167,7 +167,7 @@ def _check_run_arguments(args: argparse.Namespace) -> Path:
         2 * args.batch_size * model.in_channels * (h + 2 * s) * (w + 2 * s) * 4,
         f"--shift {s} (batches of {args.batch_size} padded to {h + 2 * s}x{w + 2 * s})",
     )
-    check_build_time(model)
+    check_model_build_time(model)
     # a training step's activations, before any data is read
     check_forward_memory(model, args.batch_size, fused=not KERNELS[args.attn_impl].forms_attention, grad=True)
     for flag, folder in (("--data", args.data), ("--test-data", args.test_data)):

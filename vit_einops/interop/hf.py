@@ -35,14 +35,14 @@ from ..statedict import build_vit, check_free_fields, safetensors_bytes
 from ..preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocessing
 from ..presets import HF_PROCESSORS
 from .hf_families import (
-    FAMILIES,
-    family_config,
-    family_of,
-    from_family,
+    HF_ARCHITECTURES,
+    architecture_config,
+    architecture_of,
+    from_architecture,
     hf_fields,
     hf_names,
-    target_family,
-    to_family,
+    target_architecture,
+    to_architecture,
 )
 from .io import weights_reader
 
@@ -95,18 +95,18 @@ def _json_type(value: Any) -> str:
 
 def hf_config(hf: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     """The ViTConfig of a transformers config.json dict, for any architecture of
-    :data:`~vit_einops.interop.hf_families.FAMILIES`; a field we cannot express is a ValueError naming it."""
+    :data:`~vit_einops.interop.hf_families.HF_ARCHITECTURES`; a field we cannot express is a ValueError naming it."""
     check_free_fields(overrides)
     if not isinstance(hf, Mapping):
         raise TypeError(f"a Hugging Face config is a JSON object, got {type(hf).__name__}")
-    family = family_of(hf)
+    hf_arch = architecture_of(hf)
     labels = id2label(hf)
     num_labels = len(labels) if labels else hf.get("num_labels", 2)
-    fields = hf_fields(hf, family, num_labels)
+    fields = hf_fields(hf, hf_arch, num_labels)
     try:
         return ViTConfig(**{**fields, **overrides})
     except (TypeError, ValueError) as err:
-        raise ValueError(f"config.json describes no valid {family.architecture}: {err}{hf_names(str(err))}") from err
+        raise ValueError(f"config.json describes no valid {hf_arch.architecture}: {err}{hf_names(str(err))}") from err
 
 
 def from_hf(
@@ -115,10 +115,10 @@ def from_hf(
     """An HF state dict renamed (q, k, v fused; CLIP's and SigLIP's shapes ours) to ours for ``config``; every key
     and shape is checked. ``architecture`` (config.json's) by default the one :func:`to_hf` would write."""
     if architecture is None:
-        family = target_family(config)
+        hf_arch = target_architecture(config)
     else:
-        family = FAMILIES[check_choice("architecture", architecture, FAMILIES)]
-    return from_family(state_dict, config, family)
+        hf_arch = HF_ARCHITECTURES[check_choice("architecture", architecture, HF_ARCHITECTURES)]
+    return from_architecture(state_dict, config, hf_arch)
 
 
 def to_hf(model: ViT) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -129,14 +129,14 @@ def to_hf(model: ViT) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if not isinstance(model, ViT):
         raise TypeError(f"to_hf expects a vit_einops.ViT, got {type(model).__name__}")
     config = model.config
-    family = target_family(config)
-    problems = family.problems(config)
-    if family.architecture.startswith("Dinov2") and config.mlp_dim % config.dim:  # transformers' mlp_ratio is an int
+    hf_arch = target_architecture(config)
+    problems = hf_arch.problems(config)
+    if hf_arch.architecture.startswith("Dinov2") and config.mlp_dim % config.dim:  # transformers' mlp_ratio is an int
         problems.append(f"mlp_dim {config.mlp_dim}, not a whole multiple of dim {config.dim} (DINOv2's mlp_ratio)")
     if problems:
-        raise ValueError(f"Hugging Face's {family.label} cannot express this model: it has " + "; ".join(problems))
+        raise ValueError(f"Hugging Face's {hf_arch.label} cannot express this model: it has " + "; ".join(problems))
     names = model.class_names or [f"LABEL_{i}" for i in range(config.num_classes)]
-    return to_family(model.state_dict(), config, family), family_config(config, family, names)
+    return to_architecture(model.state_dict(), config, hf_arch), architecture_config(config, hf_arch, names)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -278,7 +278,7 @@ def load_hf(
     hf = _read_json(directory / CONFIG_NAME)
     try:
         config = hf_config(hf, **overrides)
-        family = family_of(hf)
+        hf_arch = architecture_of(hf)
     except (TypeError, ValueError) as err:
         message = str(err)
         if not message.startswith(CONFIG_NAME):
@@ -290,9 +290,9 @@ def load_hf(
         state_dict = read(config, dtype)
     except ValueError as err:  # a refusal naming our fields names config.json's too
         raise ValueError(f"{err}{hf_names(str(err))}") from err
-    model = build_vit(config, from_family(state_dict, config, family), attn_impl)
+    model = build_vit(config, from_architecture(state_dict, config, hf_arch), attn_impl)
     names = id2label(hf)
-    classifier = family.architecture in CLASSIFIERS
+    classifier = hf_arch.architecture in CLASSIFIERS
     if classifier and config.num_classes and names and not all(_PLACEHOLDER.fullmatch(n) for n in names):
         model.class_names = names
     processor = directory / PROCESSOR_NAME
@@ -306,7 +306,7 @@ def load_hf(
             raise type(err)(f"{processor}{message.removeprefix(PROCESSOR_NAME)}") from err
     else:  # ViTImageProcessor's defaults, at the model's own size
         model.preprocessing = Preprocessing.hf(config.image_size, config.in_channels)
-    model.source = {"library": "hf", "file": str(weights), "architecture": family.architecture}
+    model.source = {"library": "hf", "file": str(weights), "architecture": hf_arch.architecture}
     return model
 
 
@@ -321,7 +321,7 @@ def hf_processor(model: ViT) -> tuple[dict[str, Any] | None, str]:
     processor cannot express it (:func:`preprocessing_to_hf`'s message, naming the field)."""
     if model.preprocessing is None:
         return None, "the model has no preprocessing"
-    processor = HF_PROCESSORS[target_family(model.config).architecture]
+    processor = HF_PROCESSORS[target_architecture(model.config).architecture]
     try:
         return preprocessing_to_hf(model.preprocessing, processor), ""
     except ValueError as err:

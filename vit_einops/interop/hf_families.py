@@ -123,7 +123,7 @@ A_POOLER = Holds(lambda r: r is not None, "a pooler (representation_size)")
 
 
 @dataclass(frozen=True)
-class Family:
+class HFArchitecture:
     """One transformers architecture: its config.json ``model_type`` values, the prefix its files put before the
     backbone keys, its key rules, the starts of the keys its files may hold that no vit-einops tensor matches
     (dropped when read; DINOv2's mask token is written as zeros), the ViTConfig options it holds beyond
@@ -305,28 +305,31 @@ DINOV2 = NO_HEAD | {"layer_scale": ANY_LAYER_SCALE}
 CLIP = {"pre_norm": True, "patch_bias": False, "representation_size": None}
 SIGLIP_POOLS = Holds(lambda p: p != "cls", "'map' or, without its head, 'mean'")
 
-FAMILIES: dict[str, Family] = {
+HF_ARCHITECTURES: dict[str, HFArchitecture] = {
     f.architecture: f
     for f in (
-        Family("ViTForImageClassification", VIT_TYPES, "vit.", VIT_LAYOUT + VIT_BLOCKS + CLASSIFIER, UNUSED_POOLER,
-               VIT_CLASSIFIER, _read_vit),
-        Family("ViTModel", VIT_TYPES, "", VIT_LAYOUT + VIT_BLOCKS + POOLER, (), VIT_POOLER, _read_vit),
-        Family("DeiTForImageClassification", VIT_TYPES, "deit.", VIT_LAYOUT + VIT_BLOCKS + CLASSIFIER, UNUSED_POOLER,
-               VIT_CLASSIFIER, _read_vit),
-        Family("DeiTModel", VIT_TYPES, "", VIT_LAYOUT + VIT_BLOCKS + POOLER, (), VIT_POOLER, _read_vit),
-        Family("DeiTForImageClassificationWithTeacher", ("deit",), "deit.", VIT_LAYOUT + VIT_BLOCKS + TEACHER, (),
-               {"distill_token": True, "representation_size": None, "embedding": False}, _read_vit),
-        Family("Dinov2Model", ("dinov2",), "", VIT_LAYOUT + DINOV2_BLOCKS, MASK_TOKEN, DINOV2, _read_dinov2),
-        Family("Dinov2WithRegistersModel", ("dinov2_with_registers",), "", VIT_LAYOUT + DINOV2_BLOCKS, MASK_TOKEN,
-               DINOV2 | {"register_tokens": Holds(lambda r: r > 0, "registers"), "pos_embed_prefix": False},
-               _read_dinov2),
-        Family("CLIPVisionModel", ("clip_vision_model",), "", CLIP_LAYOUT, CLIP_UNUSED, CLIP | {"num_classes": 0},
-               _read_clip),
-        Family("CLIPVisionModelWithProjection", ("clip_vision_model",), "vision_model.", CLIP_LAYOUT, CLIP_UNUSED,
-               CLIP | {"head_bias": False, "num_classes": Holds(lambda k: k > 0, "a projection"), "embedding": True},
-               _read_clip),
-        Family("SiglipVisionModel", ("siglip_vision_model",), "", CLIP_LAYOUT, CLIP_UNUSED,
-               NO_HEAD | {"class_token": False, "pool": SIGLIP_POOLS}, _read_siglip),
+        HFArchitecture("ViTForImageClassification", VIT_TYPES, "vit.", VIT_LAYOUT + VIT_BLOCKS + CLASSIFIER,
+                       UNUSED_POOLER, VIT_CLASSIFIER, _read_vit),
+        HFArchitecture("ViTModel", VIT_TYPES, "", VIT_LAYOUT + VIT_BLOCKS + POOLER, (), VIT_POOLER, _read_vit),
+        HFArchitecture("DeiTForImageClassification", VIT_TYPES, "deit.", VIT_LAYOUT + VIT_BLOCKS + CLASSIFIER,
+                       UNUSED_POOLER, VIT_CLASSIFIER, _read_vit),
+        HFArchitecture("DeiTModel", VIT_TYPES, "", VIT_LAYOUT + VIT_BLOCKS + POOLER, (), VIT_POOLER, _read_vit),
+        HFArchitecture("DeiTForImageClassificationWithTeacher", ("deit",), "deit.", VIT_LAYOUT + VIT_BLOCKS + TEACHER,
+                       (), {"distill_token": True, "representation_size": None, "embedding": False}, _read_vit),
+        HFArchitecture("Dinov2Model", ("dinov2",), "", VIT_LAYOUT + DINOV2_BLOCKS, MASK_TOKEN, DINOV2, _read_dinov2),
+        HFArchitecture("Dinov2WithRegistersModel", ("dinov2_with_registers",), "", VIT_LAYOUT + DINOV2_BLOCKS,
+                       MASK_TOKEN,
+                       DINOV2 | {"register_tokens": Holds(lambda r: r > 0, "registers"), "pos_embed_prefix": False},
+                       _read_dinov2),
+        HFArchitecture("CLIPVisionModel", ("clip_vision_model",), "", CLIP_LAYOUT, CLIP_UNUSED,
+                       CLIP | {"num_classes": 0}, _read_clip),
+        HFArchitecture("CLIPVisionModelWithProjection", ("clip_vision_model",), "vision_model.", CLIP_LAYOUT,
+                       CLIP_UNUSED,
+                       CLIP | {"head_bias": False, "num_classes": Holds(lambda k: k > 0, "a projection"),
+                               "embedding": True},
+                       _read_clip),
+        HFArchitecture("SiglipVisionModel", ("siglip_vision_model",), "", CLIP_LAYOUT, CLIP_UNUSED,
+                       NO_HEAD | {"class_token": False, "pool": SIGLIP_POOLS}, _read_siglip),
     )
 }  # fmt: skip
 # The architecture a config.json without ``architectures`` describes, by its model_type.
@@ -352,14 +355,14 @@ WHOLE_MODELS = {
 WHOLE_TYPES = {whole: model_type for model_type, (whole, _) in WHOLE_MODELS.items()}
 
 
-def family_of(hf: Mapping[str, Any]) -> Family:
-    """The :class:`Family` a config.json describes, by ``architectures[0]`` (else by its ``model_type``); the two
-    must agree where both are given."""
+def architecture_of(hf: Mapping[str, Any]) -> HFArchitecture:
+    """The :class:`HFArchitecture` a config.json describes, by ``architectures[0]`` (else by its ``model_type``); the
+    two must agree where both are given."""
     architectures = hf.get("architectures") or []
     if not isinstance(architectures, list) or architectures and not isinstance(architectures[0], str):
         raise TypeError(f"config.json architectures must be a list of names, got {architectures!r:.200}")
     first = architectures[0] if architectures else None
-    named = FAMILIES[first].model_types[0] if first in FAMILIES else WHOLE_TYPES.get(first)
+    named = HF_ARCHITECTURES[first].model_types[0] if first in HF_ARCHITECTURES else WHOLE_TYPES.get(first)
     model_type = hf.get("model_type", named or "vit")
     if not isinstance(model_type, str):
         raise TypeError(f"config.json model_type must be a string, got {model_type!r:.80}")
@@ -370,23 +373,23 @@ def family_of(hf: Mapping[str, Any]) -> Family:
                 f"config.json model_type {model_type!r} does not fit architecture {first!r:.80} "
                 f"(expected {whole!r})"
             )
-        return FAMILIES[tower]
+        return HF_ARCHITECTURES[tower]
     if model_type not in DEFAULT_ARCHITECTURE:
         raise ValueError(
             f"config.json model_type {model_type!r:.80} is not a ViT; expected one of "
             f"{', '.join(map(repr, DEFAULT_ARCHITECTURE))}"
         )
     arch = first or DEFAULT_ARCHITECTURE[model_type]
-    if arch not in FAMILIES:
-        supported = ", ".join([*FAMILIES, *WHOLE_TYPES])
+    if arch not in HF_ARCHITECTURES:
+        supported = ", ".join([*HF_ARCHITECTURES, *WHOLE_TYPES])
         raise ValueError(f"config.json architecture {arch!r:.80} is not supported; expected one of {supported}")
-    family = FAMILIES[arch]
-    if model_type not in family.model_types:
+    hf_arch = HF_ARCHITECTURES[arch]
+    if model_type not in hf_arch.model_types:
         raise ValueError(
             f"config.json model_type {model_type!r:.80} does not fit architecture {arch} "
-            f"(expected {' or '.join(map(repr, family.model_types))})"
+            f"(expected {' or '.join(map(repr, hf_arch.model_types))})"
         )
-    return family
+    return hf_arch
 
 
 def tower_config(hf: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -401,9 +404,9 @@ def tower_config(hf: Mapping[str, Any]) -> Mapping[str, Any]:
     return tower
 
 
-def hf_fields(hf: Mapping[str, Any], family: Family, num_labels: int) -> dict[str, Any]:
-    """Our ViTConfig fields of a config.json of ``family``; ``num_labels`` sizes the classifiers it has."""
-    fields = family.read(tower_config(hf), family.architecture)
+def hf_fields(hf: Mapping[str, Any], hf_arch: HFArchitecture, num_labels: int) -> dict[str, Any]:
+    """Our ViTConfig fields of a config.json of ``hf_arch``; ``num_labels`` sizes the classifiers it has."""
+    fields = hf_arch.read(tower_config(hf), hf_arch.architecture)
     if "num_classes" not in fields:
         fields["num_classes"] = num_labels
     return {"dynamic_size": "timm" if fields.get("register_tokens") else "hf"} | fields
@@ -429,12 +432,14 @@ def _strip(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def from_family(state_dict: Mapping[str, torch.Tensor], config: ViTConfig, family: Family) -> dict[str, torch.Tensor]:
-    """An HF state dict of ``family`` as ours for ``config``; every key and shape is checked first."""
+def from_architecture(
+    state_dict: Mapping[str, torch.Tensor], config: ViTConfig, hf_arch: HFArchitecture
+) -> dict[str, torch.Tensor]:
+    """An HF state dict of ``hf_arch`` as ours for ``config``; every key and shape is checked first."""
     state_dict = _strip(check_state_dict(state_dict, SOURCE))
-    state_dict = {k: v for k, v in state_dict.items() if not k.startswith(family.unused)}
+    state_dict = {k: v for k, v in state_dict.items() if not k.startswith(hf_arch.unused)}
     shapes = expected_shapes(conv_form(config))
-    expected = family.layout.expected(shapes)
+    expected = hf_arch.layout.expected(shapes)
     fold = config.register_tokens and not config.pos_embed_prefix
     position = "embeddings.position_embeddings"
     if fold:  # HF's E_pos has the class token's row too
@@ -444,40 +449,42 @@ def from_family(state_dict: Mapping[str, torch.Tensor], config: ViTConfig, famil
         pos = state_dict[position]
         state_dict["embeddings.cls_token"] = state_dict["embeddings.cls_token"] + pos[:, :1]
         state_dict[position] = pos[:, 1:]
-    return convert_patchify(family.layout.move(state_dict, shapes, to_ours=True), config, "conv", config.patchify)
+    return convert_patchify(hf_arch.layout.move(state_dict, shapes, to_ours=True), config, "conv", config.patchify)
 
 
-def to_family(state: Mapping[str, torch.Tensor], config: ViTConfig, family: Family) -> dict[str, torch.Tensor]:
-    """Our state dict for ``config`` as ``family``'s keys (prefixed as transformers writes them)."""
-    out = family.layout.from_ours(state, config)
+def to_architecture(
+    state: Mapping[str, torch.Tensor], config: ViTConfig, hf_arch: HFArchitecture
+) -> dict[str, torch.Tensor]:
+    """Our state dict for ``config`` as ``hf_arch``'s keys (prefixed as transformers writes them)."""
+    out = hf_arch.layout.from_ours(state, config)
     if config.register_tokens and not config.pos_embed_prefix:
         # our class token holds its position row already: HF adds a zero row to it, which changes no bit
         pos = out["embeddings.position_embeddings"]
         out["embeddings.position_embeddings"] = torch.cat([torch.zeros_like(pos[:, :1]), pos], dim=1)
-    if "embeddings.mask_token" in family.unused:  # DINOv2's masked-image-modelling token, unused at inference
+    if "embeddings.mask_token" in hf_arch.unused:  # DINOv2's masked-image-modelling token, unused at inference
         out["embeddings.mask_token"] = torch.zeros(1, config.dim, dtype=out["embeddings.cls_token"].dtype)
-    return {k if k.startswith(HEAD_ROOTS) else family.prefix + k: v for k, v in out.items()}
+    return {k if k.startswith(HEAD_ROOTS) else hf_arch.prefix + k: v for k, v in out.items()}
 
 
-def target_family(config: ViTConfig) -> Family:
+def target_architecture(config: ViTConfig) -> HFArchitecture:
     """The architecture that would hold a model of ``config``, by the option that tells the families apart."""
     if config.distill_token:
-        return FAMILIES["DeiTForImageClassificationWithTeacher"]
+        return HF_ARCHITECTURES["DeiTForImageClassificationWithTeacher"]
     if not config.class_token:
-        return FAMILIES["SiglipVisionModel"]
+        return HF_ARCHITECTURES["SiglipVisionModel"]
     if config.pre_norm:
-        return FAMILIES["CLIPVisionModelWithProjection" if config.num_classes else "CLIPVisionModel"]
+        return HF_ARCHITECTURES["CLIPVisionModelWithProjection" if config.num_classes else "CLIPVisionModel"]
     if config.layer_scale is not None:
-        return FAMILIES["Dinov2WithRegistersModel" if config.register_tokens else "Dinov2Model"]
+        return HF_ARCHITECTURES["Dinov2WithRegistersModel" if config.register_tokens else "Dinov2Model"]
     pooler_only = config.representation_size is not None and not config.num_classes
-    return FAMILIES["ViTModel" if pooler_only else "ViTForImageClassification"]
+    return HF_ARCHITECTURES["ViTModel" if pooler_only else "ViTForImageClassification"]
 
 
-def family_config(config: ViTConfig, family: Family, names: list[str]) -> dict[str, Any]:
-    """The config.json of ``family`` for ``config``; ``names`` label the classifier's outputs."""
+def architecture_config(config: ViTConfig, hf_arch: HFArchitecture, names: list[str]) -> dict[str, Any]:
+    """The config.json of ``hf_arch`` for ``config``; ``names`` label the classifier's outputs."""
     hf: dict[str, Any] = {
-        "architectures": [family.architecture],
-        "model_type": family.model_types[0],
+        "architectures": [hf_arch.architecture],
+        "model_type": hf_arch.model_types[0],
         "hidden_size": config.dim,
         "num_hidden_layers": config.depth,
         "num_attention_heads": config.heads,
@@ -487,11 +494,11 @@ def family_config(config: ViTConfig, family: Family, names: list[str]) -> dict[s
         "patch_size": config.patch_size[0],
         "num_channels": config.in_channels,
     }
-    if family.rules is CLIP_LAYOUT:  # CLIP and SigLIP
+    if hf_arch.rules is CLIP_LAYOUT:  # CLIP and SigLIP
         hf |= {"intermediate_size": config.mlp_dim, "attention_dropout": config.attn_dropout}
-        if family.architecture == "CLIPVisionModelWithProjection":
+        if hf_arch.architecture == "CLIPVisionModelWithProjection":
             hf["projection_dim"] = config.num_classes
-        if family.architecture == "SiglipVisionModel":
+        if hf_arch.architecture == "SiglipVisionModel":
             hf["vision_use_head"] = config.pool == "map"
         return hf
     hf |= {
@@ -499,7 +506,7 @@ def family_config(config: ViTConfig, family: Family, names: list[str]) -> dict[s
         "attention_probs_dropout_prob": config.attn_dropout,
         "qkv_bias": True,
     }
-    if family.model_types[0].startswith("dinov2"):
+    if hf_arch.model_types[0].startswith("dinov2"):
         return hf | {
             "mlp_ratio": config.mlp_dim // config.dim,
             "layerscale_value": config.layer_scale,

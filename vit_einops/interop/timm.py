@@ -60,7 +60,7 @@ from .keys import (
 
 SOURCE = "timm"
 # timm's global_pool -> our pool.
-GLOBAL_POOLS = {"token": "cls", "avg": "mean", "map": "map"}
+TIMM_POOLS = {"token": "cls", "avg": "mean", "map": "map"}
 # LayerScale's initial gamma is not in the weights (they hold the trained gamma): timm's DINOv2 init_values, taken when
 # no arch says otherwise (DeiT III's is 1e-6).
 LAYER_SCALE_INIT = 1e-5
@@ -257,7 +257,7 @@ def _config_of_arch(
     check_free_fields(overrides)
     fields = timm_arch(arch) if arch is not None else {}
     if global_pool is not None:
-        check_choice("global_pool", global_pool, GLOBAL_POOLS)
+        check_choice("global_pool", global_pool, TIMM_POOLS)
     state_dict = check_state_dict(state_dict, SOURCE)
     head = state_dict.get("head.weight")
     classes = head.shape[0] if isinstance(head, torch.Tensor) and head.ndim else 0
@@ -265,7 +265,7 @@ def _config_of_arch(
         _config_from_keys,
         state_dict,
         heads=heads if heads is not None else fields.get("heads"),
-        pool=GLOBAL_POOLS[global_pool] if global_pool is not None else None,
+        pool=TIMM_POOLS[global_pool] if global_pool is not None else None,
         default_pool=fields.get("pool"),
         pos_embed_prefix=pos_embed_prefix,
         layer_scale=fields.get("layer_scale") or LAYER_SCALE_INIT,
@@ -434,7 +434,7 @@ def _distilled_archs(dim: int, patch: tuple[int, int]) -> str:
 
 
 def _global_pool(pool: str) -> str:
-    return {v: k for k, v in GLOBAL_POOLS.items()}[pool]
+    return {v: k for k, v in TIMM_POOLS.items()}[pool]
 
 
 def _check_arch(config: ViTConfig, arch: str, fields: dict[str, Any], *, image_size_given: bool) -> None:

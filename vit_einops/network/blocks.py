@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base.checks import check_choice, check_probability, check_size
-from ..base.sequential import Sequential
+from ..base.sequential import Sequential, forward_takes
 from .attention import MultiHeadAttention
 from .config import ACTIVATIONS, ViTConfig, check_config
 from .probes import HookPoint
@@ -19,17 +19,26 @@ from .rope import RopeTable
 class ResidualAdd(nn.Sequential):
     """x + branch(x), out of place (the input tensor is never modified), the branch being its modules in order:
     ``ResidualAdd(norm, layer[, ls])`` is a pre-norm residual branch, its children named as its keys read
-    (``blocks.0.attn.norm``, ``blocks.0.attn.mha.qkv``). Keyword arguments of ``forward`` (the attention's ``rope``)
-    go to the branch's layer: its second module, after the pre-norm (or its only one)."""
+    (``blocks.0.attn.norm``, ``blocks.0.attn.mha.qkv``). Each keyword argument of ``forward`` (the attention's
+    ``rope``) goes by name to the modules whose ``forward`` takes a parameter of that name; one that none takes is a
+    TypeError naming it."""
 
     def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
         return x + self.branch(x, **kwargs)
 
     def branch(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
         """What the block adds to the residual stream: the modules in order, LayerScale (``ls``) last."""
-        layer = min(1, len(self) - 1)
-        for i, module in enumerate(self):
-            x = module(x, **kwargs) if i == layer else module(x)
+        if not kwargs:
+            for module in self:
+                x = module(x)
+            return x
+        routed = [(module, {k: v for k, v in kwargs.items() if forward_takes(module, k)}) for module in self]
+        unknown = [k for k in kwargs if not any(k in given for _, given in routed)]
+        if unknown:
+            children = ", ".join(f"{name} ({type(m).__name__})" for name, m in self.named_children())
+            raise TypeError(f"ResidualAdd got keyword arguments {unknown} that none of its modules takes: {children}")
+        for module, given in routed:
+            x = module(x, **given)
         return x
 
 
@@ -159,8 +168,8 @@ class SwiGLU(MLP):
         return cls(config.dim, config.mlp_dim, dropout=config.dropout)
 
 
-# Each ViTConfig.ffn value's MLP.
-FFNS: dict[str, type[FeedForwardBlock | SwiGLU]] = {"mlp": FeedForwardBlock, "swiglu": SwiGLU}
+# Each ViTConfig.ffn name (config.FFNS) -> its MLP block.
+FFN_BLOCKS: dict[str, type[FeedForwardBlock | SwiGLU]] = {"mlp": FeedForwardBlock, "swiglu": SwiGLU}
 
 
 class TransformerEncoderBlock(Sequential):
@@ -185,7 +194,7 @@ class TransformerEncoderBlock(Sequential):
         super().__init__(
             OrderedDict(
                 attn=_branch(config, "mha", MultiHeadAttention.from_config(config)),
-                mlp=_branch(config, "ff", FFNS[config.ffn].from_config(config)),
+                mlp=_branch(config, "ff", FFN_BLOCKS[config.ffn].from_config(config)),
             )
         )
         for site in ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post"):

@@ -37,17 +37,17 @@ FFNS = ("mlp", "swiglu")
 # float32's largest value and its smallest positive one (a subnormal): the weights' dtype. A layer_scale past the
 # first is inf in the model, one under the second 0; a layer_norm_eps under it adds nothing to the variance.
 FLOAT32_MAX = 3.4028234663852886e38
-FLOAT32_TINY = 1.401298464324817e-45
+FLOAT32_SMALLEST_SUBNORMAL = 1.401298464324817e-45
 
 
 def check_float32(name: str, value: Any) -> float:
     """A positive float the weights' dtype float32 holds (LayerScale's gamma, LayerNorm's epsilon), else a
     ValueError naming ``name``, the value and the range."""
     value = check_positive_float(name, value)
-    if not FLOAT32_TINY <= value <= FLOAT32_MAX:
+    if not FLOAT32_SMALLEST_SUBNORMAL <= value <= FLOAT32_MAX:
         raise ValueError(
             f"{name} {value:g} is outside float32's range, the weights' dtype: expected a positive float from "
-            f"{FLOAT32_TINY:.4g} to {FLOAT32_MAX:.4g}"
+            f"{FLOAT32_SMALLEST_SUBNORMAL:.4g} to {FLOAT32_MAX:.4g}"
         )
     return value
 

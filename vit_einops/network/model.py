@@ -24,12 +24,12 @@ from .patch_embed import PatchEmbedding
 from .probes import ActivationCache, Hook, HookPoint, attached, chosen_sites, unknown_site
 from ..preprocess import Preprocessing
 from .rope import RopeTable, RotaryEmbedding
-from .sizes import check_build_time, check_model_memory
+from .sizes import check_model_build_time, check_model_memory
 
 # timm's default for every Linear in the encoder and head; the embeddings have their own init.
 LINEAR_INIT_STD = 0.02
-# timm's global_pool names -> ours.
-GLOBAL_POOLS = {"token": "cls", "avg": "mean", "cls": "cls", "mean": "mean"}
+# reset_classifier's global_pool: timm's names ("token", "avg") and ours -> our pool.
+RESET_POOLS = {"token": "cls", "avg": "mean", "cls": "cls", "mean": "mean"}
 OUTPUT_FORMATS = ("NCHW", "NLC")
 
 
@@ -75,7 +75,7 @@ class ViT(Sequential):
         # only the modules' own memory counts.
         on_meta = torch.empty(0).device.type == "meta"
         check_model_memory(config, 0 if on_meta else torch.get_default_dtype().itemsize)
-        check_build_time(config)
+        check_model_build_time(config)
         impls = per_layer_impls(attn_impl, config.depth)
         super().__init__(
             OrderedDict(
@@ -271,10 +271,10 @@ class ViT(Sequential):
         if global_pool is not None:
             if not isinstance(global_pool, str):
                 raise TypeError(
-                    f"global_pool must be a str (one of {', '.join(GLOBAL_POOLS)}) or None, got "
+                    f"global_pool must be a str (one of {', '.join(RESET_POOLS)}) or None, got "
                     f"{type(global_pool).__name__}; class names go by keyword: class_names=[...]"
                 )
-            global_pool = GLOBAL_POOLS[check_choice("global_pool", global_pool, GLOBAL_POOLS)]
+            global_pool = RESET_POOLS[check_choice("global_pool", global_pool, RESET_POOLS)]
             self._check_pool(global_pool)
         names = check_class_names(class_names, num_classes)
         for name in ("fc", "fc_dist") if self.head.distilled else ("fc",):

@@ -24,7 +24,7 @@ from ..base.checks import (
     to_pair,
 )
 from ..base.init import trunc_normal_
-from ..base.sequential import Sequential
+from ..base.sequential import Sequential, forward_takes
 from .config import DYNAMIC_SIZES, PATCHIFY, ViTConfig, check_config, check_float32
 from .probes import HookPoint
 
@@ -411,8 +411,8 @@ class PatchEmbedding(Sequential):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         grid = (x.shape[-2] // self.patch_size[0], x.shape[-1] // self.patch_size[1])  # dynamic_size resamples E_pos
-        for name, stage in self.named_children():
-            x = stage(x, grid) if name == "pos_embed" else stage(x)
+        for stage in self:  # the grid goes by name to the stage that takes one (PositionEmbedding)
+            x = stage(x, grid=grid) if forward_takes(stage, "grid") else stage(x)
         return x
 
     def layout(self, image_size: int | tuple[int, int] | None = None) -> TokenLayout:

@@ -122,7 +122,7 @@ def build_seconds(config: ViTConfig) -> float:
     return module_count(config) * MODULE_SECONDS
 
 
-def check_build_time(config: ViTConfig, action: str = "building") -> None:
+def check_model_build_time(config: ViTConfig, action: str = "building") -> None:
     """Refuse a model whose modules would take longer to construct than the build-time budget allows
     (:func:`vit_einops.base.budget.check_build_time`), before any of them is built."""
     _budget.check_build_time(
