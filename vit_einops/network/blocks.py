@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,14 @@ class ResidualAdd(nn.Sequential):
     """x + branch(x), out of place (the input tensor is never modified), the branch being its modules in order:
     ``ResidualAdd(norm, layer[, ls])`` is a pre-norm residual branch, its children named as its keys read
     (``blocks.0.attn.norm``, ``blocks.0.attn.mha.qkv``). Keyword arguments of ``forward`` (the attention's ``rope``)
-    go to the branch's layer: its second module, after the pre-norm (or its only one)."""
+    go to the branch's layer: its second module, after the pre-norm (or its only one).
+
+    Probe site: ``hook_normalized``, the pre-norm's output (b, n, D) that the layer takes (TransformerLens's
+    ``blocks.{l}.ln1.hook_normalized`` for the attention branch, ``ln2`` for the MLP's)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.hook_normalized = HookPoint("(b, n, D)")
 
     def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
         return x + self.branch(x, **kwargs)
@@ -30,6 +38,8 @@ class ResidualAdd(nn.Sequential):
         layer = min(1, len(self) - 1)
         for i, module in enumerate(self):
             x = module(x, **kwargs) if i == layer else module(x)
+            if i + 1 == layer:
+                x = self.hook_normalized(x)
         return x
 
 
@@ -201,6 +211,7 @@ class TransformerEncoderBlock(Sequential):
         mha, ff = self.attn.mha, self.mlp.ff
         return {
             "hook_resid_pre": self.hook_resid_pre,
+            "ln1.hook_normalized": self.attn.hook_normalized,
             **{f"attn.{name}": getattr(mha, name) for name in ("hook_q", "hook_k", "hook_v")},
             "attn.hook_attn_scores": mha.attend.hook_attn_scores,
             "attn.hook_pattern": mha.attend.hook_pattern,
@@ -208,6 +219,7 @@ class TransformerEncoderBlock(Sequential):
             "attn.hook_result": mha.hook_result,
             "hook_attn_out": self.hook_attn_out,
             "hook_resid_mid": self.hook_resid_mid,
+            "ln2.hook_normalized": self.mlp.hook_normalized,
             "mlp.hook_pre": ff.hook_pre,
             "mlp.hook_post": ff.hook_post,
             "hook_mlp_out": self.hook_mlp_out,
