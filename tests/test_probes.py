@@ -150,9 +150,9 @@ def test_probe_sites_name_and_shape_every_activation():
     assert list(sites)[:2] == ["hook_embed", "hook_pos_embed"]
     assert list(sites)[-2:] == ["ln_final.hook_normalized", "hook_pooled"]
     assert [n.removeprefix("blocks.1.") for n in sites if n.startswith("blocks.1.")] == [
-        "hook_resid_pre", "ln1.hook_normalized", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores",
-        "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out", "hook_resid_mid", "ln2.hook_normalized",
-        "mlp.hook_pre", "mlp.hook_post",
+        "hook_resid_pre", "ln1.hook_normalized", "attn.hook_q", "attn.hook_k", "attn.hook_v",
+        "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out",
+        "hook_resid_mid", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post",
         "hook_mlp_out", "hook_resid_post",
     ]  # fmt: skip
     assert all(site.name == name and not site.hooks for name, site in sites.items())
@@ -167,8 +167,9 @@ def test_probe_sites_name_and_shape_every_activation():
     assert {name: tuple(cache[name].shape) for name in shapes} == shapes
     # ln1 and ln2 are each branch's pre-norm output, what the MSA and the MLP take.
     for layer, block in enumerate(model.blocks):
-        torch.testing.assert_close(cache[f"blocks.{layer}.ln1.hook_normalized"], block.attn.norm(cache["resid_pre", layer]))
-        torch.testing.assert_close(cache[f"blocks.{layer}.ln2.hook_normalized"], block.mlp.norm(cache["resid_mid", layer]))
+        ln1, ln2 = cache[f"blocks.{layer}.ln1.hook_normalized"], cache[f"blocks.{layer}.ln2.hook_normalized"]
+        torch.testing.assert_close(ln1, block.attn.norm(cache["resid_pre", layer]))
+        torch.testing.assert_close(ln2, block.mlp.norm(cache["resid_mid", layer]))
     # The probe modules hold nothing: the state dict is the model's weights alone.
     assert all("hook" not in key for key in model.state_dict())
 
