@@ -147,7 +147,7 @@ def test_every_site_on_every_kernel_equals_the_einsum_kernels(family, impl):
 def test_probe_sites_name_and_shape_every_activation():
     model = family_vit({})
     sites = model.probe_sites()
-    assert list(sites)[:2] == ["hook_embed", "hook_pos_embed"]
+    assert list(sites)[:3] == ["hook_image", "hook_embed", "hook_pos_embed"]
     assert list(sites)[-2:] == ["ln_final.hook_normalized", "hook_pooled"]
     assert [n.removeprefix("blocks.1.") for n in sites if n.startswith("blocks.1.")] == [
         "hook_resid_pre", "ln1.hook_normalized", "attn.hook_q", "attn.hook_k", "attn.hook_v",
@@ -159,7 +159,7 @@ def test_probe_sites_name_and_shape_every_activation():
     _, cache = model.run_with_cache(images(b=3))
     b, n, h, d, dim = 3, 17, 4, 8, 32
     shapes = {
-        "hook_embed": (b, n, dim), "hook_pos_embed": (1, n, dim), "blocks.0.attn.hook_q": (b, n, h, d),
+        "hook_image": (b, 3, 16, 16), "hook_embed": (b, n, dim), "hook_pos_embed": (1, n, dim), "blocks.0.attn.hook_q": (b, n, h, d),
         "blocks.0.attn.hook_pattern": (b, h, n, n), "blocks.0.attn.hook_z": (b, n, h, d),
         "blocks.0.attn.hook_result": (b, n, h, dim), "blocks.0.mlp.hook_pre": (b, n, 64),
         "blocks.0.hook_resid_post": (b, n, dim), "ln_final.hook_normalized": (b, n, dim), "hook_pooled": (b, dim),
@@ -280,8 +280,8 @@ def test_unknown_names_are_refused_with_the_closest_sites():
     model, x = family_vit({}), images()
     with pytest.raises(ValueError, match=r"no probe site 'blocks.0.attn.hook_patern'; did you mean "
                                          r"'blocks.0.attn.hook_pattern' or 'blocks.1.attn.hook_pattern' or "
-                                         r"'blocks.0.attn.hook_z'\? The sites are hook_embed, hook_pos_embed, "
-                                         r"blocks.0.hook_resid_pre, "):  # fmt: skip
+                                         r"'blocks.0.attn.hook_z'\? The sites are hook_image, hook_embed, "
+                                         r"hook_pos_embed, blocks.0.hook_resid_pre, "):  # fmt: skip
         model.run_with_hooks(x, [("blocks.0.attn.hook_patern", lambda v, hook: None)])
     with pytest.raises(ValueError, match=r"no probe site 'blocks.7.hook_resid_post'"):
         model.run_with_cache(x, ["blocks.7.hook_resid_post"])
