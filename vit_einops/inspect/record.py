@@ -87,7 +87,7 @@ class AttentionRecorder:
     def __enter__(self) -> "AttentionRecorder":
         if self._probes is not None:
             raise RuntimeError("this AttentionRecorder is already recording")
-        hooks = [(attend.hook_pattern, self._keep(records)) for records, attend in zip(self._records, self._attends)]
+        hooks = [(attend.hook_pattern, self._keep(kept)) for kept, attend in zip(self._records, self._attends)]
         if hasattr(self._patch_embed, "layout"):
             hooks.append((self._patch_embed.hook_image, self._layout_hook))
         self._probes = ExitStack()
