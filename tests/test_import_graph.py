@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import import_graph
 import pytest
 
@@ -91,3 +93,27 @@ def test_an_exported_function_survives_its_modules_import():
     from vit_einops import predict
 
     assert callable(predict)
+
+
+# Every way torch offers to attach a function to a module or a tensor.
+HOOK_CALL = re.compile(
+    r"\.register_(?:module_)?(?:forward|forward_pre|full_backward|full_backward_pre|backward)_hook\(|\.register_hook\("
+)
+
+
+def test_only_the_network_attaches_hooks():
+    """The probe sites (vit_einops/network, docs/probes.md) are the one way a tool reads or changes an activation:
+    no module elsewhere registers a torch hook. summary.py is the one exception: it numbers torchsummary's rows by
+    hooking the same modules torchsummary hooks, which no probe site stands for (a module's firing, not a value)."""
+    allowed = {"summary.py"}
+    paths = [path.relative_to(import_graph.ROOT) for path in import_graph.ROOT.rglob("*.py")]
+    found = sorted(
+        f"{path}:{number}"
+        for path in paths
+        if path.parts[0] != "network" and str(path) not in allowed
+        for number, line in enumerate((import_graph.ROOT / path).read_text().splitlines(), 1)
+        if HOOK_CALL.search(line)
+    )
+    assert found == []
+    assert HOOK_CALL.search("handle = norm.register_forward_hook(fn)") and HOOK_CALL.search("z.register_hook(fn)")
+    assert not HOOK_CALL.search("model.run_with_hooks(x, fwd_hooks)")

@@ -147,23 +147,29 @@ def test_every_site_on_every_kernel_equals_the_einsum_kernels(family, impl):
 def test_probe_sites_name_and_shape_every_activation():
     model = family_vit({})
     sites = model.probe_sites()
-    assert list(sites)[:2] == ["hook_embed", "hook_pos_embed"]
+    assert list(sites)[:3] == ["hook_image", "hook_embed", "hook_pos_embed"]
     assert list(sites)[-2:] == ["ln_final.hook_normalized", "hook_pooled"]
     assert [n.removeprefix("blocks.1.") for n in sites if n.startswith("blocks.1.")] == [
-        "hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores", "attn.hook_pattern",
-        "attn.hook_z", "attn.hook_result", "hook_attn_out", "hook_resid_mid", "mlp.hook_pre", "mlp.hook_post",
+        "hook_resid_pre", "ln1.hook_normalized", "attn.hook_q", "attn.hook_k", "attn.hook_v",
+        "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out",
+        "hook_resid_mid", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post",
         "hook_mlp_out", "hook_resid_post",
     ]  # fmt: skip
     assert all(site.name == name and not site.hooks for name, site in sites.items())
     _, cache = model.run_with_cache(images(b=3))
     b, n, h, d, dim = 3, 17, 4, 8, 32
     shapes = {
-        "hook_embed": (b, n, dim), "hook_pos_embed": (1, n, dim), "blocks.0.attn.hook_q": (b, n, h, d),
+        "hook_image": (b, 3, 16, 16), "hook_embed": (b, n, dim), "hook_pos_embed": (1, n, dim), "blocks.0.attn.hook_q": (b, n, h, d),
         "blocks.0.attn.hook_pattern": (b, h, n, n), "blocks.0.attn.hook_z": (b, n, h, d),
         "blocks.0.attn.hook_result": (b, n, h, dim), "blocks.0.mlp.hook_pre": (b, n, 64),
         "blocks.0.hook_resid_post": (b, n, dim), "ln_final.hook_normalized": (b, n, dim), "hook_pooled": (b, dim),
     }  # fmt: skip
     assert {name: tuple(cache[name].shape) for name in shapes} == shapes
+    # ln1 and ln2 are each branch's pre-norm output, what the MSA and the MLP take.
+    for layer, block in enumerate(model.blocks):
+        ln1, ln2 = cache[f"blocks.{layer}.ln1.hook_normalized"], cache[f"blocks.{layer}.ln2.hook_normalized"]
+        torch.testing.assert_close(ln1, block.attn.norm(cache["resid_pre", layer]))
+        torch.testing.assert_close(ln2, block.mlp.norm(cache["resid_mid", layer]))
     # The probe modules hold nothing: the state dict is the model's weights alone.
     assert all("hook" not in key for key in model.state_dict())
 
@@ -274,8 +280,8 @@ def test_unknown_names_are_refused_with_the_closest_sites():
     model, x = family_vit({}), images()
     with pytest.raises(ValueError, match=r"no probe site 'blocks.0.attn.hook_patern'; did you mean "
                                          r"'blocks.0.attn.hook_pattern' or 'blocks.1.attn.hook_pattern' or "
-                                         r"'blocks.0.attn.hook_z'\? The sites are hook_embed, hook_pos_embed, "
-                                         r"blocks.0.hook_resid_pre, "):  # fmt: skip
+                                         r"'blocks.0.attn.hook_z'\? The sites are hook_image, hook_embed, "
+                                         r"hook_pos_embed, blocks.0.hook_resid_pre, "):  # fmt: skip
         model.run_with_hooks(x, [("blocks.0.attn.hook_patern", lambda v, hook: None)])
     with pytest.raises(ValueError, match=r"no probe site 'blocks.7.hook_resid_post'"):
         model.run_with_cache(x, ["blocks.7.hook_resid_post"])

@@ -6,10 +6,11 @@ spatial positions, and keeps the positive part of the weighted sum:
     w_bc = mean_{r,c} dy_b / dA_brc,        CAM_brc = ReLU(sum_c w_bc A_brc)
 
 On a ViT, A is a block's first LayerNorm output (b, n, D), where pytorch-grad-cam's ViT tutorial hooks
-(``model.blocks[-1].norm1``): the patch tokens on the grid are the positions, the channels are D. pytorch-grad-cam
-asks the user for a ``reshape_transform`` that drops the class token and folds the rest onto a square grid, which
-breaks on registers, a distillation token and non-square grids; here the input's
-:class:`~vit_einops.network.patch_embed.TokenLayout` says which tokens are prefix tokens and what the grid is, so
+(``model.blocks[-1].norm1``), read here at the probe site ``blocks.{l}.ln1.hook_normalized`` (docs/probes.md): the
+patch tokens on the grid are the positions, the channels are D. pytorch-grad-cam asks the user for a
+``reshape_transform`` that drops the class token and folds the rest onto a square grid, which breaks on registers,
+a distillation token and non-square grids; here the input's token layout
+(:class:`~vit_einops.network.patch_embed.TokenLayout`) says which tokens are prefix tokens and what the grid is, so
 nothing is asked. y is the target class's logit (pytorch-grad-cam's ``ClassifierOutputTarget``) or a backbone
 target's score (:mod:`vit_einops.inspect.targets`).
 
@@ -26,6 +27,7 @@ from torch import nn
 
 from ..base.checks import check_index
 from ..inputs import model_inputs
+from ..network.probes import HookPoint, attached
 from ..network.sizes import check_model_forward
 from .targets import BACKBONE_TARGETS, class_targets, one_class_each, resolve_target, target_scores
 
@@ -47,24 +49,25 @@ def grad_cam(
     untouched and no hook remains. Shapes: images (b, C, H, W) -> (b, gh, gw), the input's grid.
     """
     depth = len(model.blocks)
-    norm = model.blocks[check_index("layer", layer, depth, f"a ViT of depth {depth}")].attn.norm
+    site = model.blocks[check_index("layer", layer, depth, f"a ViT of depth {depth}")].attn.hook_normalized
     images = model_inputs(model, images, preprocessed=preprocessed)
     check_model_forward(model, images, grad=True)
     target = resolve_target(model, target, len(images))
     kept: list[torch.Tensor] = []
-    handle = norm.register_forward_hook(lambda _module, _args, output: kept.append(output))
-    try:
-        with torch.enable_grad():  # the input requires grad so the graph exists even where every weight is frozen
-            x = images.detach().requires_grad_(True)
-            if isinstance(target, BACKBONE_TARGETS):
-                scores = target_scores(model, x, target)[1]
-            else:
-                logits = model(x)
-                classes = one_class_each(class_targets(target, logits.detach()), "grad_cam")
-                scores = logits.gather(1, classes[:, None])[:, 0]
-            (grads,) = torch.autograd.grad(scores.sum(), kept[0])  # images do not interact: one sum serves all
-    finally:
-        handle.remove()
+
+    def keep(normed: torch.Tensor, hook: HookPoint) -> None:
+        kept.append(normed)
+
+    with attached([(site, keep)]), torch.enable_grad():
+        # The input requires grad so the graph exists even where every weight is frozen.
+        x = images.detach().requires_grad_(True)
+        if isinstance(target, BACKBONE_TARGETS):
+            scores = target_scores(model, x, target)[1]
+        else:
+            logits = model(x)
+            classes = one_class_each(class_targets(target, logits.detach()), "grad_cam")
+            scores = logits.gather(1, classes[:, None])[:, 0]
+        (grads,) = torch.autograd.grad(scores.sum(), kept[0])  # images do not interact: one sum serves all
     layout = model.patch_embed.layout(images.shape[-2:])
     activations = layout.split(kept[0].detach(), dim=-2)[1]  # (b, gh, gw, d)
     weights = reduce(layout.split(grads, dim=-2)[1], "b gh gw d -> b d", "mean")

@@ -1,9 +1,11 @@
 """Record the attention matrices A (Eq. 6) of a running model, on every attention implementation.
 
-A forward hook on each :class:`~vit_einops.network.attention.Attend` receives the q and k the layer really used and
-recomputes ``A = softmax(q k^T / sqrt(D_h))`` from them, masked as the layer was. The model's own forward is
-untouched, so outputs do not change, and the fused SDPA path (which never forms A) is recorded as faithfully
-as the einsum path. Attention dropout is not applied: A is the distribution the layer attends with in eval.
+Each chosen :class:`~vit_einops.network.attention.Attend`'s probe site ``hook_pattern`` (docs/probes.md) is read:
+``A = softmax(q k^T / sqrt(D_h))`` of the q and k the layer really used, masked as the layer was. While it is
+probed, a layer whose kernel never forms A (sdpa, chunked) forms it with the einsum kernel's arithmetic and attends
+with it, so the output is the kernel's within float rounding (exactly the einsum kernel's), and the fused paths are
+recorded as faithfully as the einsum path. Attention dropout is not applied to the record: A is the distribution
+the layer attends with in eval.
 
 Of a ViT only the encoder's layers (``model.blocks``) are recorded: an attention-pooling head (pool "map") is an
 Attend too, recorded with ``AttentionRecorder(model.head)``. Rows and columns of A are the tokens of
@@ -14,6 +16,7 @@ grid in row-major order.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -23,6 +26,7 @@ from ..base.checks import check_index
 from ..network.attention import Attend, attention_scores
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
+from ..network.probes import HookPoint, attached
 from ..network.sizes import check_model_forward
 
 
@@ -52,8 +56,9 @@ class AttentionRecorder:
             :class:`Attend` layers (all of them, in ``model.modules()`` order).
         layers: indices of the layers to record (negative counts from the end); None records all.
 
-    Inside ``with AttentionRecorder(model) as rec:`` every forward appends to the record; on exit, also after an
-    exception, every hook is removed. ``rec.maps`` is (layers, b, h, n, n), b being all images seen, in order.
+    Inside ``with AttentionRecorder(model) as rec:`` every forward appends to the record (read at each layer's
+    ``hook_pattern`` probe site, and the input's grid at ``hook_image``); on exit, also after an exception, every
+    probe is detached. ``rec.maps`` is (layers, b, h, n, n), b being all images seen, in order.
     ``rec.layout`` is the :class:`~vit_einops.network.patch_embed.TokenLayout` of the recorded inputs, which names the rows
     and columns (None for a module without a patch embedding, such as ``model.blocks``).
     """
@@ -77,36 +82,32 @@ class AttentionRecorder:
         self._patch_embed = getattr(model, "patch_embed", None)
         self._records: list[list[torch.Tensor]] = [[] for _ in chosen]
         self._layouts: list[TokenLayout] = []
-        self._handles: list[Any] = []
+        self._probes: ExitStack | None = None
 
     def __enter__(self) -> "AttentionRecorder":
-        if self._handles:
+        if self._probes is not None:
             raise RuntimeError("this AttentionRecorder is already recording")
-        for records, attend in zip(self._records, self._attends, strict=True):
-            self._handles.append(attend.register_forward_hook(self._hook(records), with_kwargs=True))
+        hooks = [(attend.hook_pattern, self._keep(kept)) for kept, attend in zip(self._records, self._attends)]
         if hasattr(self._patch_embed, "layout"):
-            self._handles.append(self._patch_embed.register_forward_pre_hook(self._layout_hook))
+            hooks.append((self._patch_embed.hook_image, self._layout_hook))
+        self._probes = ExitStack()
+        self._probes.enter_context(attached(hooks))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        probes, self._probes = self._probes, None
+        if probes is not None:
+            probes.close()
 
     @staticmethod
-    def _hook(records: list[torch.Tensor]):
-        def hook(attend: Attend, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
-            # Attend.forward(q, k, v, mask=None): positional or keyword, as the caller chose.
-            bound = dict(zip(("q", "k", "v", "mask"), args, strict=False), **kwargs)  # args may stop early
-            with torch.no_grad():
-                records.append(
-                    attention_matrix(bound["q"].detach(), bound["k"].detach(), attend.scale, bound.get("mask"))
-                )
+    def _keep(records: list[torch.Tensor]):
+        def keep(attn: torch.Tensor, hook: HookPoint) -> None:
+            records.append(attn.detach())
 
-        return hook
+        return keep
 
-    def _layout_hook(self, patch_embed: nn.Module, args: tuple) -> None:
-        self._layouts.append(patch_embed.layout(args[0].shape[-2:]))
+    def _layout_hook(self, images: torch.Tensor, hook: HookPoint) -> None:
+        self._layouts.append(self._patch_embed.layout(images.shape[-2:]))
 
     @property
     def layout(self) -> TokenLayout | None:

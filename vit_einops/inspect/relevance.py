@@ -18,10 +18,12 @@ with the input's token layout) is its relevance map. (A model with ``pool="mean"
 of the patch tokens, not the class token; the mean of R's patch rows, :func:`~vit_einops.inspect.patch_attention_grid`,
 is then the closer reading.) Only the encoder's layers (``model.blocks``) enter R.
 
-Fused implementations (sdpa, chunked) never form A, so it has no gradient there. Here a forward hook on every
-:class:`~vit_einops.network.attention.Attend` recomputes A from the layer's q and k inside the autograd graph and
-replaces the layer's output with A v (Eq. 7), the einsum path's own arithmetic; dy_t/dA is then exact on
-every implementation, and the model's code is untouched.
+Fused implementations (sdpa, chunked) never form A, so it has no autograd node there; the chosen kernel still runs
+its own forward and backward here. Since each head's output is O = A v (Eq. 7, the probe site ``hook_z``), the
+gradient of A is dy_t/dA = (dy_t/dO) v^T: it is read at the probe sites (docs/probes.md) from the gradient of
+``hook_z`` and the ``hook_v`` the kernel took, and A itself is formed from ``hook_q`` and ``hook_k`` outside the
+graph, with the einsum kernel's arithmetic (the encoder's layers take no mask). With attention dropout active
+(training mode, ``attn_dropout`` > 0) O is not A v, so the methods refuse it: call ``model.eval()`` first.
 
 Axes: l layers, b images, h heads, i queries, j keys, k target classes per image.
 """
@@ -35,29 +37,71 @@ from einops import einsum, reduce
 from torch import nn
 
 from ..base.checks import check_dense_tensor, check_index
-from ..network.attention import Attend
 from ..inputs import model_inputs
+from ..network.probes import attached
 from ..network.sizes import check_model_forward
-from .record import attention_matrix, encoder_attends
+from .record import attention_matrix
 from .targets import BACKBONE_TARGETS, class_targets, resolve_target, target_scores
 
 
-def _attention_in_graph(maps: list[torch.Tensor]):
-    """A forward hook for Attend that recomputes A from q, k in the graph, keeps it, and returns A v."""
+class _GradientProbes:
+    """What :func:`attention_gradients` reads at each encoder layer's probe sites: A from q and k (outside the graph),
+    v, and O = A v kept in the graph (the hook hands it back, so the rest of the pass is computed from it and its
+    gradient exists).
 
-    def hook(attend: Attend, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor:
-        bound = dict(zip(("q", "k", "v", "mask"), args, strict=False), **kwargs)
-        attn = attention_matrix(bound["q"], bound["k"], attend.scale, bound.get("mask"))
-        maps.append(attn)
-        return einsum(attend.dropout(attn), bound["v"], "b h i j, b h j d -> b h i d")
+    Axes as the sites give them: q, k, v, O (b, n, h, d); A (b, h, n, n).
+    """
 
-    return hook
+    def __init__(self, model: nn.Module) -> None:
+        blocks = getattr(model, "blocks", None)
+        if not hasattr(model, "probe_sites") or not isinstance(blocks, nn.Module):
+            raise ValueError(f"{type(model).__name__} is not a ViT with probe sites (model.probe_sites())")
+        for layer, block in enumerate(blocks):
+            if block.attn.mha.attend.dropout_p > 0:
+                raise ValueError(
+                    f"attention dropout is active in layer {layer} (p={block.attn.mha.attend.dropout_p} in training "
+                    "mode): the output is then not A v and dy/dA cannot be read from it; call model.eval() first"
+                )
+        self.depth = len(blocks)
+        self.scales = [block.attn.mha.attend.scale for block in blocks]
+        self.maps: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.outputs: list[torch.Tensor] = []
+        self._q: torch.Tensor | None = None
+        sites = model.probe_sites()
+        self.hooks = []
+        for layer in range(self.depth):
+            site = f"blocks.{layer}.attn.hook_"
+            self.hooks += [(sites[site + "q"], self._keep_q), (sites[site + "k"], self._form_attention(layer))]
+            self.hooks += [(sites[site + "v"], self._keep_v), (sites[site + "z"], self._keep_output)]
 
+    def _keep_q(self, q: torch.Tensor, hook: Any) -> None:
+        self._q = q.detach()
 
-def _grads(score: torch.Tensor, maps: list[torch.Tensor], retain: bool) -> list[torch.Tensor]:
-    """d score / d A_l for every layer, zeros where A_l does not reach the score."""
-    g = torch.autograd.grad(score, maps, retain_graph=retain, allow_unused=True)
-    return [torch.zeros_like(a) if d is None else d for a, d in zip(maps, g, strict=True)]
+    def _form_attention(self, layer: int):
+        def form(k: torch.Tensor, hook: Any) -> None:
+            with torch.no_grad():
+                q, k = self._q.transpose(1, 2), k.detach().transpose(1, 2)
+                self.maps.append(attention_matrix(q, k, self.scales[layer]))
+            self._q = None
+
+        return form
+
+    def _keep_v(self, v: torch.Tensor, hook: Any) -> None:
+        self.values.append(v.detach())
+
+    def _keep_output(self, output: torch.Tensor, hook: Any) -> torch.Tensor:
+        self.outputs.append(output)
+        return output  # handed back: the pass goes on from this tensor, so d score / d output exists
+
+    def gradients(self, score: torch.Tensor, retain: bool) -> torch.Tensor:
+        """(l, b, h, n, n): d score / d A_l = (d score / d O_l) v_l^T for every layer, zeros where O_l does not reach
+        the score."""
+        grads = torch.autograd.grad(score, self.outputs, retain_graph=retain, allow_unused=True)
+        return torch.stack([
+            torch.zeros_like(a) if d is None else einsum(d, v.to(d.dtype), "b i h d, b j h d -> b h i j")
+            for a, d, v in zip(self.maps, grads, self.values, strict=True)
+        ])  # fmt: skip
 
 
 def attention_gradients(
@@ -65,9 +109,10 @@ def attention_gradients(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A of every layer and the gradient of the target logit with respect to it, on any attention impl.
 
-    One forward pass with A recomputed in the graph (see the module docstring), then one backward pass per
-    target class. Parameters' ``.grad`` are left untouched (``torch.autograd.grad``), and no hook remains.
-    The model's train/eval mode is the caller's: call ``model.eval()`` first, as for any explanation.
+    One forward pass of the chosen kernel with the probe sites read (see the module docstring), then one backward
+    pass per target class. Parameters' ``.grad`` are left untouched (``torch.autograd.grad``), and no hook remains.
+    The model's train/eval mode is the caller's: call ``model.eval()`` first, as for any explanation (attention
+    dropout, active in training, is refused).
 
     Args:
         target: None (each image's predicted class), an int (the same class for all), (b,) (one class per
@@ -80,29 +125,23 @@ def attention_gradients(
     """
     target = resolve_target(model, target, len(images))  # an image's embedding first, outside the recording
     backbone = isinstance(target, BACKBONE_TARGETS)
-    layers = encoder_attends(model)
-    check_model_forward(model, images, kept=len(layers), grad=True)
-    maps: list[torch.Tensor] = []
-    handles = [attend.register_forward_hook(_attention_in_graph(maps), with_kwargs=True) for attend in layers]
-    try:
-        with torch.enable_grad():
-            # The input requires grad so the graph exists even where every parameter is frozen.
-            if backbone:
-                output, scores = target_scores(model, images.detach().requires_grad_(True), target)
-                grads = [torch.stack(_grads(scores.sum(), maps, retain=False))]  # images do not interact
-                return output.detach(), torch.stack(maps).detach(), torch.stack(grads), scores.detach()[:, None]
-            logits = model(images.detach().requires_grad_(True))
-            if logits.ndim != 2:
-                raise ValueError(f"expected the model to return logits (b, classes), got {tuple(logits.shape)}")
-            targets = class_targets(target, logits.detach())
-            grads = []
-            for t in range(targets.shape[1]):
-                score = logits.gather(1, targets[:, t : t + 1]).sum()  # images do not interact: one sum serves all
-                grads.append(torch.stack(_grads(score, maps, retain=t + 1 < targets.shape[1])))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return logits.detach(), torch.stack(maps).detach(), torch.stack(grads), targets
+    probes = _GradientProbes(model)
+    check_model_forward(model, images, kept=probes.depth, grad=True)
+    with attached(probes.hooks), torch.enable_grad():
+        # The input requires grad so the graph exists even where every parameter is frozen.
+        if backbone:
+            output, scores = target_scores(model, images.detach().requires_grad_(True), target)
+            grads = [probes.gradients(scores.sum(), retain=False)]  # images do not interact
+            return output.detach(), torch.stack(probes.maps), torch.stack(grads), scores.detach()[:, None]
+        logits = model(images.detach().requires_grad_(True))
+        if logits.ndim != 2:
+            raise ValueError(f"expected the model to return logits (b, classes), got {tuple(logits.shape)}")
+        targets = class_targets(target, logits.detach())
+        grads = []
+        for t in range(targets.shape[1]):
+            score = logits.gather(1, targets[:, t : t + 1]).sum()  # images do not interact: one sum serves all
+            grads.append(probes.gradients(score, retain=t + 1 < targets.shape[1]))
+    return logits.detach(), torch.stack(probes.maps), torch.stack(grads), targets
 
 
 def relevance_from_gradients(maps: torch.Tensor, grads: torch.Tensor, start_layer: int = 0) -> torch.Tensor:

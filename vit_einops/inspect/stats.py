@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..network.patch_embed import TokenLayout
+from ..network.probes import HookPoint, attached
 from ..network.sizes import check_model_forward
 from .distance import distance_sums, ratio_or_nan
 from .tokens import check_layout
@@ -81,9 +82,10 @@ def prefix_token_share(maps: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
 
 def _encoder_blocks(model: nn.Module) -> list[nn.Module]:
     blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.Module) or len(list(blocks.children())) == 0:
+    children = list(blocks.children()) if isinstance(blocks, nn.Module) else []
+    if not children or not all(hasattr(block, "hook_resid_post") for block in children):
         raise ValueError(f"{type(model).__name__} has no `blocks` of encoder blocks to measure token norms on")
-    return list(blocks.children())
+    return children
 
 
 class TokenNorms(NamedTuple):
@@ -103,17 +105,15 @@ class TokenNorms(NamedTuple):
 @contextmanager
 def recording_token_norms(model: nn.Module) -> Iterator[list[torch.Tensor]]:
     """Inside the ``with`` block, every forward of ``model`` appends each encoder block's token norms (b, n) to the
-    list it yields, in block order; the hooks are removed on exit."""
+    list it yields, in block order, read at the blocks' ``hook_resid_post`` probe sites (z_l); they are detached on
+    exit."""
     records: list[torch.Tensor] = []
-    handles = [
-        block.register_forward_hook(lambda _m, _args, out: records.append(out.detach().norm(dim=-1)))
-        for block in _encoder_blocks(model)
-    ]
-    try:
+
+    def keep(z: torch.Tensor, hook: HookPoint) -> None:
+        records.append(z.detach().norm(dim=-1))
+
+    with attached([(block.hook_resid_post, keep) for block in _encoder_blocks(model)]):
         yield records
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @torch.no_grad()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,24 +22,29 @@ class ResidualAdd(nn.Sequential):
     ``ResidualAdd(norm, layer[, ls])`` is a pre-norm residual branch, its children named as its keys read
     (``blocks.0.attn.norm``, ``blocks.0.attn.mha.qkv``). Each keyword argument of ``forward`` (the attention's
     ``rope``) goes by name to the modules whose ``forward`` takes a parameter of that name; one that none takes is a
-    TypeError naming it."""
+    TypeError naming it.
+
+    Probe site: ``hook_normalized``, the pre-norm's output (b, n, D) that the layer takes (TransformerLens's
+    ``blocks.{l}.ln1.hook_normalized`` for the attention branch, ``ln2`` for the MLP's)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.hook_normalized = HookPoint("(b, n, D)")
 
     def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
         return x + self.branch(x, **kwargs)
 
     def branch(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
         """What the block adds to the residual stream: the modules in order, LayerScale (``ls``) last."""
-        if not kwargs:
-            for module in self:
-                x = module(x)
-            return x
         routed = [(module, {k: v for k, v in kwargs.items() if forward_takes(module, k)}) for module in self]
         unknown = [k for k in kwargs if not any(k in given for _, given in routed)]
         if unknown:
             children = ", ".join(f"{name} ({type(m).__name__})" for name, m in self.named_children())
             raise TypeError(f"ResidualAdd got keyword arguments {unknown} that none of its modules takes: {children}")
-        for module, given in routed:
+        for i, (module, given) in enumerate(routed):
             x = module(x, **given)
+            if i == 0 and len(self) > 1:  # the pre-norm's output, which the layer takes
+                x = self.hook_normalized(x)
         return x
 
 
@@ -210,6 +216,7 @@ class TransformerEncoderBlock(Sequential):
         mha, ff = self.attn.mha, self.mlp.ff
         return {
             "hook_resid_pre": self.hook_resid_pre,
+            "ln1.hook_normalized": self.attn.hook_normalized,
             **{f"attn.{name}": getattr(mha, name) for name in ("hook_q", "hook_k", "hook_v")},
             "attn.hook_attn_scores": mha.attend.hook_attn_scores,
             "attn.hook_pattern": mha.attend.hook_pattern,
@@ -217,6 +224,7 @@ class TransformerEncoderBlock(Sequential):
             "attn.hook_result": mha.hook_result,
             "hook_attn_out": self.hook_attn_out,
             "hook_resid_mid": self.hook_resid_mid,
+            "ln2.hook_normalized": self.mlp.hook_normalized,
             "mlp.hook_pre": ff.hook_pre,
             "mlp.hook_post": ff.hook_post,
             "hook_mlp_out": self.hook_mlp_out,

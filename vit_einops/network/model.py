@@ -401,15 +401,18 @@ class ViT(Sequential):
 
     def probe_sites(self) -> dict[str, HookPoint]:
         """Every probe site by name, in the order a forward pass reaches them (shapes in docs/probes.md):
-        ``hook_embed`` and ``hook_pos_embed`` (the tokens E_pos is added to, and E_pos); per block l,
-        ``blocks.{l}.hook_resid_pre``, ``.attn.hook_q``/``hook_k``/``hook_v``, ``.attn.hook_attn_scores``,
-        ``.attn.hook_pattern``, ``.attn.hook_z``, ``.attn.hook_result``, ``.hook_attn_out``, ``.hook_resid_mid``,
-        ``.mlp.hook_pre``, ``.mlp.hook_post``, ``.hook_mlp_out``, ``.hook_resid_post``; then
+        ``hook_image`` (the input the patch embedding takes), ``hook_embed`` and ``hook_pos_embed`` (the tokens E_pos
+        is added to, and E_pos); per block l,
+        ``blocks.{l}.hook_resid_pre``, ``.ln1.hook_normalized``, ``.attn.hook_q``/``hook_k``/``hook_v``,
+        ``.attn.hook_attn_scores``, ``.attn.hook_pattern``, ``.attn.hook_z``, ``.attn.hook_result``,
+        ``.hook_attn_out``, ``.hook_resid_mid``, ``.ln2.hook_normalized``, ``.mlp.hook_pre``, ``.mlp.hook_post``,
+        ``.hook_mlp_out``, ``.hook_resid_post``; then
         ``ln_final.hook_normalized`` (the final LayerNorm's output) and ``hook_pooled`` (the pooling's), in the
         order the head applies them. Each HookPoint's ``hooks`` are the functions attached now (none outside a
         :meth:`run_with_hooks` or :meth:`run_with_cache` call)."""
         pos = self.patch_embed.pos_embed
-        sites = {"hook_embed": pos.hook_embed, "hook_pos_embed": pos.hook_pos_embed}
+        sites = {"hook_image": self.patch_embed.hook_image, "hook_embed": pos.hook_embed}
+        sites["hook_pos_embed"] = pos.hook_pos_embed
         for l, block in enumerate(self.blocks):
             sites.update({f"blocks.{l}.{name}": site for name, site in block.probe_sites().items()})
         head = {"ln_final.hook_normalized": self.head.hook_normalized, "hook_pooled": self.head.hook_pooled}

@@ -386,6 +386,7 @@ class PatchEmbedding(Sequential):
             stages.append(("norm_pre", nn.LayerNorm(dim, eps=layer_norm_eps)))
         super().__init__(OrderedDict(stages))
         self.image_size, self.patch_size, self.grid_size = image_size, patch_size, grid
+        self.hook_image = HookPoint("(b, C, H, W)")
         self.patchify, self.in_channels = patchify, c
 
     @classmethod
@@ -410,6 +411,7 @@ class PatchEmbedding(Sequential):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.hook_image(x)
         grid = (x.shape[-2] // self.patch_size[0], x.shape[-1] // self.patch_size[1])  # dynamic_size resamples E_pos
         for stage in self:  # the grid goes by name to the stage that takes one (PositionEmbedding)
             x = stage(x, grid=grid) if forward_takes(stage, "grid") else stage(x)

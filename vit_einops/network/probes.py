@@ -75,9 +75,9 @@ ALIASES = {"attn": "pattern", "scores": "attn_scores", "mlp_pre": "pre", "mlp_po
 def site_name(key: Any, depth: int) -> str:
     """The full name of a site given as TransformerLens's ActivationCache takes it: a full name
     ("blocks.3.attn.hook_pattern"), or (short name, layer) such as ("pattern", 3) or ("resid_post", -1); the
-    embedding sites by short name alone ("embed", "pos_embed")."""
+    embedding sites by short name alone ("image", "embed", "pos_embed")."""
     if isinstance(key, str):
-        if key in ("embed", "pos_embed", "pooled"):
+        if key in ("image", "embed", "pos_embed", "pooled"):
             return f"hook_{key}"
         return "ln_final.hook_normalized" if key == "normalized" else key
     if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str) and isinstance(key[1], int)):
