@@ -172,8 +172,8 @@ def test_an_unknown_flag_is_echoed_escaped_on_one_line(tmp_path, capsys):
     result = cli(capsys, "--bogus\x1b[2J")
     assert_one_line_error(
         result,
-        "vit-einops: error: a command is required (one of summary, bench, train, inspect, faithfulness, convert, "
-        "predict, explore); unrecognized arguments: --bogus\\x1b[2J",
+        f"vit-einops: error: a command is required (one of {', '.join(COMMANDS)}); unrecognized arguments: "
+        "--bogus\\x1b[2J",
     )
 
 
