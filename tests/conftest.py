@@ -36,6 +36,19 @@ def _torch_state():
     torch.set_num_threads(SESSION_THREADS)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_disk_flush():
+    """os.fsync is a no-op in the test processes. A flush to the disk only counts against a power loss or a kernel
+    crash, which no test can cause; a killed process (kill -9, what the write tests do) leaves its written pages to
+    the kernel all the same, so every outcome a test checks is the same with or without it. Each real flush waits
+    for the disk, behind every other process's writes: on a shared machine the writing tests (test_hostile_train.py)
+    spent half their time there. The write tests still see each call: they wrap os.fsync to count or kill at it.
+    Subprocesses (the command line at its process boundary, torchrun) keep the real one."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "fsync", lambda fd: None)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _own_working_directory(tmp_path_factory, monkeypatch):
     """Each test runs in an empty folder of its own: nothing it writes by default (./bench-results, runs/) lands in,
