@@ -81,6 +81,23 @@ def unrendered(monkeypatch):
     monkeypatch.setattr(report_module, "save_figure", lambda fig, path, dpi=120: Path(path).write_bytes(b"png"))
 
 
+@pytest.fixture
+def rendered_only(monkeypatch):
+    """``rendered_only(*names)``: write_report makes every figure (its titles and texts are there to read) but
+    renders only the named ones (``"attention"`` for attention.png) as its PNGs; every other PNG is a stub ("png").
+    For tests that read a figure or two of a whole report: rendering is most of a report's time."""
+    import vit_einops.inspect.report as report_module
+
+    save, names = report_module.save_figure, set()
+
+    def save_named(fig, path, *args, **kwargs):
+        if Path(path).stem in names:
+            return save(fig, path, *args, **kwargs)
+        Path(path).write_bytes(b"png")
+        return Path(path)
+
+    monkeypatch.setattr(report_module, "save_figure", save_named)
+    return lambda *chosen: names.update(chosen)
 
 # The longest files first: pytest-xdist hands whole files (--dist loadfile) to whichever worker is free, so a long
 # file that starts last keeps one worker busy while the other idles; longest first evens out the two workers' ends.

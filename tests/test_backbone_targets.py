@@ -260,7 +260,7 @@ def backbone_file(tmp_path):
     return save_vit(model, tmp_path / "dino.safetensors")
 
 
-def test_cli_targets_reach_the_page_and_the_report(backbone_file, tmp_path, capsys):
+def test_cli_targets_reach_the_page_and_the_report(backbone_file, tmp_path, capsys, unrendered):
     from vit_einops.commands.cli import main
 
     base = [str(backbone_file), "--image", str(tmp_path / "a.png")]
@@ -281,9 +281,10 @@ def test_cli_targets_reach_the_page_and_the_report(backbone_file, tmp_path, caps
     assert arrays["target_similarity"][0, 1, 3] == pytest.approx(1.0, abs=1e-6)
 
 
-def test_a_backbone_report_titles_no_prediction(backbone_file, tmp_path):
+def test_a_backbone_report_titles_no_prediction(backbone_file, tmp_path, rendered_only):
     from vit_einops.inspect import write_report
 
+    rendered_only()  # the titles are made with the figures, not when they are rendered
     with suptitles() as texts:
         write_report(tiny_vit(BACKBONE), torch.rand(2, 3, 16, 16), tmp_path / "r", titles=["x", "y"])
     assert_no_prediction(texts)
@@ -430,12 +431,15 @@ def test_an_embedding_head_takes_backbone_targets_and_refuses_classes(clip):
     assert list(explain_all(clip, x, EmbeddingTarget(e), preprocessed=True)) == list(METHODS)
 
 
-def test_an_embedding_head_page_and_report_explain_the_target_embedding_and_list_no_class(clip_file, tmp_path):
+def test_an_embedding_head_page_and_report_explain_the_target_embedding_and_list_no_class(
+    clip_file, tmp_path, rendered_only
+):
     from vit_einops import load_vit
     from vit_einops.commands.cli import main
     from vit_einops.inputs import model_inputs
     from vit_einops.inspect import explain
 
+    rendered_only()  # the titles are made with the figures, not when they are rendered
     e = torch.randn(12)
     torch.save(e, tmp_path / "e.pt")
     base = [str(clip_file), "--image", str(tmp_path / "a.png"), "--target-embedding", str(tmp_path / "e.pt")]
