@@ -281,10 +281,10 @@ def test_cli_targets_reach_the_page_and_the_report(backbone_file, tmp_path, caps
     assert arrays["target_similarity"][0, 1, 3] == pytest.approx(1.0, abs=1e-6)
 
 
-def test_a_backbone_report_titles_no_prediction(backbone_file, tmp_path, rendered_only):
+def test_a_backbone_report_titles_no_prediction(backbone_file, tmp_path):
+    """Every figure rendered: the one whole report of a model without a classifier nor a target."""
     from vit_einops.inspect import write_report
 
-    rendered_only()  # the titles are made with the figures, not when they are rendered
     with suptitles() as texts:
         write_report(tiny_vit(BACKBONE), torch.rand(2, 3, 16, 16), tmp_path / "r", titles=["x", "y"])
     assert_no_prediction(texts)
@@ -439,7 +439,7 @@ def test_an_embedding_head_page_and_report_explain_the_target_embedding_and_list
     from vit_einops.inputs import model_inputs
     from vit_einops.inspect import explain
 
-    rendered_only()  # the titles are made with the figures, not when they are rendered
+    rendered_only("target")  # the other figures' titles are made with them, not when they are rendered
     e = torch.randn(12)
     torch.save(e, tmp_path / "e.pt")
     base = [str(clip_file), "--image", str(tmp_path / "a.png"), "--target-embedding", str(tmp_path / "e.pt")]
