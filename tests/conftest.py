@@ -36,6 +36,19 @@ def _torch_state():
     torch.set_num_threads(SESSION_THREADS)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_disk_flush():
+    """os.fsync is a no-op in the test processes. A flush to the disk only counts against a power loss or a kernel
+    crash, which no test can cause; a killed process (kill -9, what the write tests do) leaves its written pages to
+    the kernel all the same, so every outcome a test checks is the same with or without it. Each real flush waits
+    for the disk, behind every other process's writes: on a shared machine the writing tests (test_hostile_train.py)
+    spent half their time there. The write tests still see each call: they wrap os.fsync to count or kill at it.
+    Subprocesses (the command line at its process boundary, torchrun) keep the real one."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "fsync", lambda fd: None)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _own_working_directory(tmp_path_factory, monkeypatch):
     """Each test runs in an empty folder of its own: nothing it writes by default (./bench-results, runs/) lands in,
@@ -71,6 +84,23 @@ def unrendered(monkeypatch):
     monkeypatch.setattr(report_module, "save_figure", lambda fig, path, dpi=120: Path(path).write_bytes(b"png"))
 
 
+@pytest.fixture
+def rendered_only(monkeypatch):
+    """``rendered_only(*names)``: write_report makes every figure (its titles and texts are there to read) but
+    renders only the named ones (``"attention"`` for attention.png) as its PNGs; every other PNG is a stub ("png").
+    For tests that read a figure or two of a whole report: rendering is most of a report's time."""
+    import vit_einops.inspect.report as report_module
+
+    save, names = report_module.save_figure, set()
+
+    def save_named(fig, path, *args, **kwargs):
+        if Path(path).stem in names:
+            return save(fig, path, *args, **kwargs)
+        Path(path).write_bytes(b"png")
+        return Path(path)
+
+    monkeypatch.setattr(report_module, "save_figure", save_named)
+    return lambda *chosen: names.update(chosen)
 
 # The longest files first: pytest-xdist hands whole files (--dist loadfile) to whichever worker is free, so a long
 # file that starts last keeps one worker busy while the other idles; longest first evens out the two workers' ends.

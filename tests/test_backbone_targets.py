@@ -260,7 +260,7 @@ def backbone_file(tmp_path):
     return save_vit(model, tmp_path / "dino.safetensors")
 
 
-def test_cli_targets_reach_the_page_and_the_report(backbone_file, tmp_path, capsys):
+def test_cli_targets_reach_the_page_and_the_report(backbone_file, tmp_path, capsys, unrendered):
     from vit_einops.commands.cli import main
 
     base = [str(backbone_file), "--image", str(tmp_path / "a.png")]
@@ -282,6 +282,7 @@ def test_cli_targets_reach_the_page_and_the_report(backbone_file, tmp_path, caps
 
 
 def test_a_backbone_report_titles_no_prediction(backbone_file, tmp_path):
+    """Every figure rendered: the one whole report of a model without a classifier nor a target."""
     from vit_einops.inspect import write_report
 
     with suptitles() as texts:
@@ -430,12 +431,15 @@ def test_an_embedding_head_takes_backbone_targets_and_refuses_classes(clip):
     assert list(explain_all(clip, x, EmbeddingTarget(e), preprocessed=True)) == list(METHODS)
 
 
-def test_an_embedding_head_page_and_report_explain_the_target_embedding_and_list_no_class(clip_file, tmp_path):
+def test_an_embedding_head_page_and_report_explain_the_target_embedding_and_list_no_class(
+    clip_file, tmp_path, rendered_only
+):
     from vit_einops import load_vit
     from vit_einops.commands.cli import main
     from vit_einops.inputs import model_inputs
     from vit_einops.inspect import explain
 
+    rendered_only("target")  # the other figures' titles are made with them, not when they are rendered
     e = torch.randn(12)
     torch.save(e, tmp_path / "e.pt")
     base = [str(clip_file), "--image", str(tmp_path / "a.png"), "--target-embedding", str(tmp_path / "e.pt")]

@@ -65,7 +65,7 @@ def _recorded(model_file, photo) -> torch.Tensor:
     return maps
 
 
-def test_inspect_records_the_attention_with_rope(tiny_eva02, tmp_path, capsys):
+def test_inspect_records_the_attention_with_rope(tiny_eva02, tmp_path, capsys, unrendered):
     model_file, photo = tiny_eva02
     out = tmp_path / "out"
     assert main(["inspect", str(model_file), "--image", str(photo), "--out", str(out), "--arrays", "full"]) == 0

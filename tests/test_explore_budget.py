@@ -105,9 +105,10 @@ def test_one_recorded_pass_serves_every_view_of_the_explorer(tmp_path):
     assert len(calls) == 2 + methods
 
 
-def test_inspect_draws_a_backbone_targets_relevance_and_similarity_from_one_recorded_pass(tmp_path):
+def test_inspect_draws_a_backbone_targets_relevance_and_similarity_from_one_recorded_pass(tmp_path, rendered_only):
     """The report's figures and arrays read one recorded pass (the PCA, token norms and similarity map included);
     the target's relevance adds its differentiable pass."""
+    rendered_only("target")  # every figure is made from the pass; the target's is the one read here
     tower = ViT(image_size=16, patch_size=4, dim=32, depth=2, heads=2, mlp_dim=64, num_classes=0).eval()
     images = torch.rand(2, 3, 16, 16)
     methods = method_passes(tower, images, PatchTarget(1, 2))

@@ -284,7 +284,8 @@ def test_tokens_all_equal_have_zero_projections_and_ratios_not_nan(monkeypatch):
     assert (result.rgb == 0).all()
 
 
-def test_inspect_report_draws_the_pca_of_its_images(tmp_path):
+def test_inspect_report_draws_the_pca_of_its_images(tmp_path, rendered_only):
+    rendered_only("patch_pca")
     model, prefix = family("deit")
     x = images_for(model, 2)
     paths = write_report(model, x, tmp_path / "r")

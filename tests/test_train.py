@@ -243,7 +243,8 @@ def test_resume_refuses_a_different_recipe(digits, tmp_path):
         run_tiny(digits, tmp_path / "empty", resume=True)
 
 
-def test_cli_train_then_inspect(tmp_path, capsys):
+def test_cli_train_then_inspect(tmp_path, capsys, rendered_only):
+    rendered_only("attention", "attention_distance", "position_similarity", "embedding_filters")  # read below
     out = tmp_path / "run"
     assert main(["train", "--limit", "96", "--epochs", "1", "--out", str(out), "--no-progress", *model_flags()]) == 0
     assert "test accuracy" in capsys.readouterr().out
@@ -268,7 +269,7 @@ def test_cli_train_then_inspect(tmp_path, capsys):
     assert str(out / "inspect" / "attention.png") in capsys.readouterr().out  # the run's inspect/, as before
 
 
-def test_cli_trains_on_a_folder_and_inspects_a_given_image(tmp_path):
+def test_cli_trains_on_a_folder_and_inspects_a_given_image(tmp_path, unrendered):
     make_folder(tmp_path / "data", per_class=6)
     out = tmp_path / "run"
     args = ["--data", str(tmp_path / "data"), "--image-size", "8", "--patch-size", "4", "--dim", "16", "--depth", "1"]
