@@ -5,8 +5,8 @@ and what the panes share (:func:`page_payload`). A pane carries the token layout
 (``layout``: its prefix tokens "cls", "dist", "reg1", ... and its patch grid, as
 :class:`~vit_einops.network.patch_embed.TokenLayout` has them): maps over the image show the patches, the prefix tokens are
 listed beside them with their share of each row (``head_statistics`` gives the patches' mean share per layer and
-head). DINO's view (:func:`dino_view`) is the last layer's class-token attention over the patches per head, with the
-mask that keeps 60% of its mass (:func:`dino_mask`), computed from the recorded attention before it is quantised.
+head). DINO's view (:func:`dino_pane`, from :func:`~vit_einops.inspect.dino_view`) is the last layer's class-token
+attention over the patches per head, with the mask that keeps 60% of its mass (:func:`dino_mask`), computed from the recorded attention before it is quantised.
 
 Sizes: ViT-B/16 at 224 px records 12 layers x 12 heads x 197 x 197 = 5.6 million attention weights per image.
 Each row of A (one query, all keys) is stored as integers of ``bits`` bits (8 by default, L = 2^bits - 1
@@ -75,8 +75,8 @@ from ..inspect import (
     attention_gradients,
     attention_relevance,
     attention_rollout,
-    class_attention_grid,
     dino_mask,
+    dino_view,
     explain_all,
     fit_patch_pca,
     head_statistics,
@@ -159,19 +159,21 @@ def relevance_is_identity(relevance: torch.Tensor) -> bool:
     return bool(torch.equal(relevance, torch.eye(relevance.shape[-1], dtype=relevance.dtype, device=relevance.device)))
 
 
-def dino_view(maps: torch.Tensor, layout: TokenLayout) -> dict[str, Any] | None:
-    """The last layer's class-token attention over the patches, per head and for the mean of the heads, and
-    :func:`dino_mask` of each: {"masks" (b, h + 1, patches) bool, "kept" (b, h + 1) the share of the row's mass
-    each mask holds}, the last entry the mean of heads. A row with no weight on any patch (the class token reads
-    only prefix tokens) has no mask: all False, ``kept`` nan. None for a model with no class token (no "cls" in
-    ``layout.prefix``)."""
+def dino_pane(maps: torch.Tensor, layout: TokenLayout) -> dict[str, Any] | None:
+    """What a pane keeps of DINO's view (:func:`~vit_einops.inspect.dino_view`, the last layer): each head's mask
+    and, beside them, the mask of the heads' mean, with the share of the row's mass each mask holds: {"masks" (b,
+    h + 1, patches) bool, "kept" (b, h + 1)}, the last entry the mean of heads. A row with no weight on any patch
+    (the class token reads only prefix tokens) has no mask: all False, ``kept`` nan. None for a model with no class
+    token (no "cls" in ``layout.prefix``)."""
     if ClassToken.NAME not in layout.prefix:
         return None
-    rows = class_attention_grid(maps[-1].double(), layout).flatten(-2)  # (b, h, patches)
-    rows = torch.cat([rows, rows.mean(dim=1, keepdim=True)], dim=1)
+    view = dino_view(maps, layout)  # each head's attention and mask, (b, h, gh, gw)
+    rows = view.attention.double().flatten(-2)  # (b, h, patches)
+    mean = rows.mean(dim=1, keepdim=True)
+    rows = torch.cat([rows, mean], dim=1)
+    masks = torch.cat([view.mask.flatten(-2), dino_mask(mean)], dim=1)  # all False where a row has no patch weight
     total = rows.sum(dim=-1)
     some = total > 0
-    masks = dino_mask(rows)  # all False where the row has no weight on the patches
     kept = torch.where(some, (rows * masks).sum(dim=-1) / torch.where(some, total, 1.0), torch.nan)
     return {"masks": masks, "kept": kept}
 
@@ -349,7 +351,7 @@ def build_payload(
         fused_heads = fused
     rollout = attention_rollout(fused_heads[:, :, None], **rollout_params, kept=class_index(layout))  # (b, n, n)
     del fused_heads
-    dino = dino_view(maps, layout)
+    dino = dino_pane(maps, layout)
     pca = fit_patch_pca(run.tokens, layout, min(3, run.tokens.shape[-1], b * layout.num_patches))
     pca_codes = pca_colours(pca.rgb)  # (b, gh, gw, 3)
     queries, mean = attention_rows(b, depth, heads, n, layout.num_prefix, attention_budget)
