@@ -66,7 +66,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from einops import reduce
 
 from ..base.checks import check_int
 from ..inspect import (
@@ -74,7 +73,6 @@ from ..inspect import (
     METHODS,
     attention_gradients,
     attention_relevance,
-    attention_rollout,
     dino_mask,
     dino_view,
     explain_all,
@@ -83,7 +81,7 @@ from ..inspect import (
     patch_distances,
     relevance_from_gradients,
 )
-from ..inspect.methods import TARGET_NEEDED, class_index, unexplained
+from ..inspect.methods import TARGET_NEEDED, recorded_rollout, unexplained
 from ..inspect.recorded import record_pass
 from ..inspect.targets import BACKBONE_TARGETS, TARGET_KINDS, has_classifier, target_name
 from ..network.patch_embed import ClassToken, TokenLayout
@@ -341,16 +339,9 @@ def build_payload(
         del target_maps, target_grads
         check_finite_outputs("relevance maps", target_relevance, f"the gradients overflowed; {weights}")
     patch_size = tuple(model.config.patch_size)
+    rollout = recorded_rollout(maps, layout, method_params)  # (b, n, n), before the statistics' float64 copies
     stats = _by_layer(maps, layout, patch_size)  # each (l, b, h), prefix_share (.., p), fused (l, b, n, n)
     fused = stats.pop("fused")  # (l, b, n, n), float64
-    rollout_params = dict(METHODS["rollout"].resolve(method_params.get("rollout", {})))
-    fusion = rollout_params.pop("head_fusion")  # the heads are fused here, a layer at a time in float64
-    if fusion != "mean":
-        fused_heads = torch.stack([reduce(layer.double(), "b h i j -> b i j", fusion) for layer in maps])
-    else:
-        fused_heads = fused
-    rollout = attention_rollout(fused_heads[:, :, None], **rollout_params, kept=class_index(layout))  # (b, n, n)
-    del fused_heads
     dino = dino_pane(maps, layout)
     pca = fit_patch_pca(run.tokens, layout, min(3, run.tokens.shape[-1], b * layout.num_patches))
     pca_codes = pca_colours(pca.rgb)  # (b, gh, gw, 3)

@@ -31,12 +31,12 @@ from .figures import (
     plot_target_relevance,
     plot_token_norms,
 )
-from .methods import METHODS, TARGET_NEEDED, class_index, explain_all, unexplained
+from .methods import METHODS, TARGET_NEEDED, explain_all, recorded_rollout, unexplained
 from .pca import fit_patch_pca, plot_patch_pca
 from .record import AttentionRecorder
 from .recorded import record_pass
 from .relevance import attention_gradients, relevance_from_gradients
-from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
+from .rollout import class_attention_grid, patch_attention_grid
 from .stats import prefix_token_share
 from .targets import BACKBONE_TARGETS, TARGET_KINDS, PatchTarget, target_name
 from .tokens import CLASS_TOKEN
@@ -198,8 +198,7 @@ def write_report(
     # Without a class token, the attention each patch receives from the patches is the map there is to draw.
     token_map = class_attention_grid if has_class else patch_attention_grid
     heads = token_map(maps[layer], layout)  # (b, h, gh, gw)
-    rollout_params = METHODS["rollout"].resolve(method_params.get("rollout", {}))
-    rollout = attention_rollout(maps, **rollout_params, kept=class_index(layout))
+    rollout = recorded_rollout(maps, layout, method_params)
     rollout_grid = token_map(rollout, layout)
     labels = {name: METHODS[name].label(method_params.get(name), every=True) for name in method_maps}
     unexplained_methods = unexplained(model, target)
