@@ -6,7 +6,8 @@ and what the panes share (:func:`page_payload`). A pane carries the token layout
 :class:`~vit_einops.network.patch_embed.TokenLayout` has them): maps over the image show the patches, the prefix tokens are
 listed beside them with their share of each row (``head_statistics`` gives the patches' mean share per layer and
 head). DINO's view (:func:`dino_pane`, from :func:`~vit_einops.inspect.dino_view`) is the last layer's class-token
-attention over the patches per head, with the mask that keeps 60% of its mass (:func:`dino_mask`), computed from the recorded attention before it is quantised.
+attention over the patches per head, with the mask that keeps 60% of its mass (:func:`dino_mask`), computed from the
+recorded attention before it is quantised.
 
 Sizes: ViT-B/16 at 224 px records 12 layers x 12 heads x 197 x 197 = 5.6 million attention weights per image.
 Each row of A (one query, all keys) is stored as integers of ``bits`` bits (8 by default, L = 2^bits - 1
@@ -82,12 +83,11 @@ from ..inspect import (
     relevance_from_gradients,
 )
 from ..inspect.methods import TARGET_NEEDED, recorded_rollout, unexplained
-from ..inspect.recorded import record_pass
+from ..inspect.recorded import record_pass, study_memory
 from ..inspect.targets import BACKBONE_TARGETS, TARGET_KINDS, has_classifier, target_name
 from ..network.patch_embed import ClassToken, TokenLayout
 from ..network.config import ViTConfig
 from ..prediction import check_finite_outputs, class_name
-from ..network.sizes import forward_bytes
 
 DEFAULT_BITS = 8
 # The bytes of attention codes a pane may hold (one per stored weight, before compression): every row of every head
@@ -211,26 +211,18 @@ def pane_memory(config: ViTConfig, b: int, *, classes: int, target: bool, budget
     ``config`` (its ``image_size`` the inputs') on ``b`` images with relevance for ``classes`` classes and a
     ``target`` or not, from the sizes alone.
 
-    Working: the recorded pass (:func:`~vit_einops.network.sizes.forward_bytes` keeping every layer's maps, and their one
-    copy), then beside the float32 maps (l b h n^2) the float64 copies of one layer at a time, the heads' mean of
-    every layer and the rollout's matrices (l b n^2 each), or a differentiable pass for relevance with its
-    gradients (three float32 copies of the maps per class: the gradients, their stack and the weighted product).
+    Working (:func:`~vit_einops.inspect.recorded.study_memory`): beside the recorded float32 maps the float64
+    copies of one layer at a time, the heads' mean of every layer and the rollout's matrices (l b n^2 each); the
+    classes' and the target's relevance; the explanation methods.
     Kept: the pane's stored arrays (:func:`attention_rows`, float16 rollout, relevance and tokens) as base64 text,
     4/3 of their bytes (compression only shrinks them)."""
     n, depth, heads = config.num_tokens, config.depth, config.heads
-    maps = depth * b * heads * n * n * 4
-    record = forward_bytes(config, b, kept=depth) + maps
-    analysis = maps + 6 * b * heads * n * n * 8 + 3 * depth * b * n * n * 8
-    # The classes' gradients come from one differentiable pass, the target's from another.
-    grad_pass = maps + forward_bytes(config, b, kept=depth, grad=True)
-    grads = [grad_pass + 3 * k * maps for k in (classes, int(target)) if k]
-    # explain_all, before the recorded pass: the rollout's own recording (its maps and their copy, three l b n^2
-    # matrices), and where there is something to explain the gradient methods' passes (three copies of the maps).
-    methods = [record + 3 * depth * b * n * n * 4, *([grad_pass + 3 * maps] if classes or target else [])]
+    beside = 6 * b * heads * n * n * 8 + 3 * depth * b * n * n * 8
+    work = study_memory(config, b, beside_maps=beside, classes=classes, target=target, explain=bool(classes or target))
     queries, mean = attention_rows(b, depth, heads, n, config.num_prefix_tokens, budget)
     stored = b * depth * (heads * queries * n + (n * n if mean else 0)) + b * n * n * 2 * (1 + classes + int(target))
     stored += b * n * config.dim * 2
-    return max(record, analysis, *grads, *methods), stored * 4 // 3
+    return work, stored * 4 // 3
 
 
 def _left_out(b: int, depth: int, heads: int, n: int, prefix: int, queries: int, mean: bool, budget: int) -> list[str]:

@@ -16,7 +16,6 @@ from ..base.io import atomic_write_chunks, staged_directory
 from ..base.plot import save_figure
 from ..network.config import ViTConfig
 from ..network.model import ViT
-from ..network.sizes import forward_bytes
 from ..prediction import check_finite_logits, check_finite_outputs, class_name
 from .dino import DINO_KEEP, dino_view
 from .distance import distance_sums, mean_attention_distance, patch_distances, ratio_or_nan
@@ -34,7 +33,7 @@ from .figures import (
 from .methods import METHODS, TARGET_NEEDED, explain_all, recorded_rollout, unexplained
 from .pca import fit_patch_pca, plot_patch_pca
 from .record import AttentionRecorder
-from .recorded import record_pass
+from .recorded import record_pass, study_memory
 from .relevance import attention_gradients, relevance_from_gradients
 from .rollout import class_attention_grid, patch_attention_grid
 from .stats import prefix_token_share
@@ -75,21 +74,17 @@ def attention_maps_bytes(config: ViTConfig, b: int) -> int:
 
 
 def report_memory(config: ViTConfig, b: int, *, target: bool, arrays: str = "figures") -> int:
-    """The memory :func:`write_report` works in on ``b`` images of ``config``'s size, from the sizes alone: the
-    recorded pass (:func:`~vit_einops.network.sizes.forward_bytes` keeping every layer's maps, and their copy), then beside
-    the float32 maps (l b h n^2) the rollout's matrices (l b n^2, three of them) and one layer's float64 copies, a
-    target's or a method's differentiable pass with its gradients (three copies of the maps), the explanation
-    methods (:func:`~vit_einops.inspect.explain_all`, run before the recorded pass), and at the end ``arrays.npz``'s
-    buffer (with ``arrays="full"`` a copy of the maps, and the rest) beside the figures."""
+    """The memory :func:`write_report` works in on ``b`` images of ``config``'s size (:func:`study_memory`): beside
+    the recorded maps the rollout's float64 matrices (l b n^2, three of them) and one layer's float64 copies; a
+    target's relevance; the explanation methods, with a gradient one wherever there is a class or target to
+    explain; and at the end ``arrays.npz``'s buffer (with ``arrays="full"`` a copy of the maps, and the rest)
+    beside the figures."""
     n, depth, heads = config.num_tokens, config.depth, config.heads
     maps = attention_maps_bytes(config, b)
-    record = forward_bytes(config, b, kept=depth) + maps
-    analysis = maps + 3 * depth * b * n * n * 4 + 4 * b * heads * n * n * 8
-    grad_pass = maps + forward_bytes(config, b, kept=depth, grad=True)
-    grads = grad_pass + 3 * maps if target or config.has_classifier else 0  # a target's relevance; explain_all's
-    methods = record + 3 * depth * b * n * n * 4  # explain_all's rollout, which records the maps again
+    beside = 3 * depth * b * n * n * 8 + 4 * b * heads * n * n * 8
     written = 2 * maps * (arrays == "full") + 2 * depth * b * n * n * 4 + FIGURE_BYTES
-    return max(record, analysis, grads, methods, written)
+    explain = target or config.has_classifier
+    return study_memory(config, b, beside_maps=beside, target=target, explain=explain, after=written)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
