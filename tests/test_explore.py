@@ -26,7 +26,8 @@ from vit_einops.inspect import (
     token_norms,
     write_report,
 )
-from vit_einops.explore.payload import to_half
+from vit_einops.explore.payload import pca_colours, to_half
+from vit_einops.inspect.study import run_study
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing
 
@@ -261,3 +262,20 @@ def test_the_pages_rollout_is_the_reports_for_the_same_model_images_and_params(t
         values, scale = to_half(report[i])
         assert image["rollout_scale"] == scale
         assert np.array_equal(decode(image["rollout"], np.float16, (n, n)), values)
+
+
+def test_the_report_and_the_page_draw_one_study(tmp_path):
+    """One study run, two renderers: the report's arrays and the page's pane are run_study's rollout and PCA."""
+    torch.manual_seed(0)
+    model = tiny_vit(EXPLORED).eval()
+    images = torch.rand(2, 3, 16, 16)
+    study = run_study(model, images, None, {}, lambda run: None)
+    write_report(model, images, tmp_path / "r")
+    with np.load(tmp_path / "r" / "arrays.npz") as arrays:
+        assert np.array_equal(arrays["rollout"], study.rollout.numpy())
+        assert np.array_equal(arrays["patch_pca"], study.pca.projections.numpy())
+        assert np.array_equal(arrays["method_rollout"], study.methods["rollout"].numpy())
+    [pane] = embedded(write_explorer(model, images, tmp_path / "e.html"))["panes"]
+    for i, image in enumerate(pane["images"]):
+        picture = np.asarray(Image.open(io.BytesIO(base64.b64decode(image["pca"]))))
+        assert np.array_equal(picture, pca_colours(study.pca.rgb)[i])

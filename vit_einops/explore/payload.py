@@ -76,14 +76,13 @@ from ..inspect import (
     attention_relevance,
     dino_mask,
     dino_view,
-    explain_all,
-    fit_patch_pca,
     head_statistics,
     patch_distances,
     relevance_from_gradients,
 )
-from ..inspect.methods import TARGET_NEEDED, recorded_rollout, unexplained
-from ..inspect.recorded import record_pass, study_memory
+from ..inspect.methods import TARGET_NEEDED, unexplained
+from ..inspect.recorded import study_memory
+from ..inspect.study import run_study
 from ..inspect.targets import BACKBONE_TARGETS, TARGET_KINDS, has_classifier, target_name
 from ..network.patch_embed import ClassToken, TokenLayout
 from ..network.config import ViTConfig
@@ -298,25 +297,18 @@ def build_payload(
     if target is not None and not isinstance(target, BACKBONE_TARGETS):
         raise TypeError(f"the explorer's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
     method_params = dict(method_params or {})
-    # Every method on the grid; the gradient ones explain the target, else the top class. First, so that the
-    # methods' own passes never hold their maps beside the recorded pass's.
-    try:
-        method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
-    except ValueError:
-        # A method met non-finite numbers: the recorded pass names the cause where it is the model's own.
-        run = record_pass(model, images)
+
+    def check(run: Any) -> None:
         check_finite_outputs("model's logits", run.output, weights)
-        check_finite_outputs("attention maps", run.maps, weights)
-        raise
-    # The encoder's layers only: an attention-pooling head has an Attend too, which the recorder leaves out.
-    run = record_pass(model, images)
-    logits, maps, layout = run.output, run.maps, run.layout
-    check_finite_outputs("model's logits", logits, weights)
-    check_finite_outputs("attention maps", maps, weights)  # (l, b, h, n, n)
+        check_finite_outputs("attention maps", run.maps, weights)  # (l, b, h, n, n)
+        check_finite_outputs("token norms", run.norms, weights)  # (l, b, n)
+        check_finite_outputs("final tokens", run.tokens, weights)
+
+    # Every method on the grid; the gradient ones explain the target, else the top class.
+    study = run_study(model, images, target, method_params, check)
+    method_maps, run, rollout, pca = study  # {name: (b, gh, gw)}, the recorded pass, (b, n, n), the patch PCA
+    logits, maps, layout, norms = run.output, run.maps, run.layout, run.norms
     depth, b, heads, n, _ = maps.shape
-    norms = run.norms  # (l, b, n)
-    check_finite_outputs("token norms", norms, weights)
-    check_finite_outputs("final tokens", run.tokens, weights)
     check_finite_outputs("explanation maps", torch.stack(list(method_maps.values())), weights)  # after the model's
     classifier = has_classifier(model)  # not pooled features, not an embedding projection (CLIP's)
     k = min(top_k, logits.shape[-1]) if classifier else 0
@@ -331,11 +323,9 @@ def build_payload(
         del target_maps, target_grads
         check_finite_outputs("relevance maps", target_relevance, f"the gradients overflowed; {weights}")
     patch_size = tuple(model.config.patch_size)
-    rollout = recorded_rollout(maps, layout, method_params)  # (b, n, n), before the statistics' float64 copies
     stats = _by_layer(maps, layout, patch_size)  # each (l, b, h), prefix_share (.., p), fused (l, b, n, n)
     fused = stats.pop("fused")  # (l, b, n, n), float64
     dino = dino_pane(maps, layout)
-    pca = fit_patch_pca(run.tokens, layout, min(3, run.tokens.shape[-1], b * layout.num_patches))
     pca_codes = pca_colours(pca.rgb)  # (b, gh, gw, 3)
     queries, mean = attention_rows(b, depth, heads, n, layout.num_prefix, attention_budget)
 

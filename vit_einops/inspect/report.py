@@ -30,13 +30,14 @@ from .figures import (
     plot_target_relevance,
     plot_token_norms,
 )
-from .methods import METHODS, TARGET_NEEDED, explain_all, recorded_rollout, unexplained
-from .pca import fit_patch_pca, plot_patch_pca
+from .methods import METHODS, TARGET_NEEDED, unexplained
+from .pca import plot_patch_pca
 from .record import AttentionRecorder
-from .recorded import record_pass, study_memory
+from .recorded import study_memory
 from .relevance import attention_gradients, relevance_from_gradients
 from .rollout import class_attention_grid, patch_attention_grid
 from .stats import prefix_token_share
+from .study import run_study
 from .targets import BACKBONE_TARGETS, TARGET_KINDS, PatchTarget, target_name
 from .tokens import CLASS_TOKEN
 
@@ -179,21 +180,13 @@ def write_report(
     model.eval()
     out = Path(out_dir)
     method_params = dict(method_params or {})
-    # The methods first, so that their own passes never hold their maps beside the recorded pass's.
-    try:
-        method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
-    except ValueError:
-        # A method met non-finite numbers: the model's own outputs say why, if they are the cause.
-        check_finite_logits(images, record_pass(model, images).output)
-        raise
-    run = record_pass(model, images)  # the one pass every other array below reads
+    study = run_study(model, images, target, method_params, lambda run: check_finite_logits(images, run.output))
+    method_maps, run, rollout, pca = study  # {name: (b, gh, gw)}, the recorded pass, (b, n, n), the patch PCA
     logits, maps, layout = run.output, run.maps, run.layout  # maps (l, b, h, n, n)
-    check_finite_logits(images, logits)
     has_class = CLASS_TOKEN in layout.prefix
     # Without a class token, the attention each patch receives from the patches is the map there is to draw.
     token_map = class_attention_grid if has_class else patch_attention_grid
     heads = token_map(maps[layer], layout)  # (b, h, gh, gw)
-    rollout = recorded_rollout(maps, layout, method_params)
     rollout_grid = token_map(rollout, layout)
     labels = {name: METHODS[name].label(method_params.get(name), every=True) for name in method_maps}
     unexplained_methods = unexplained(model, target)
@@ -226,7 +219,6 @@ def write_report(
     components, explained = embedding_filter_components(model)
     share = torch.cat([prefix_token_share(m[None], layout) for m in maps])  # (l, b, h, p), a layer at a time
     norms = run.norms  # (l, b, n)
-    pca = fit_patch_pca(run.tokens, layout, min(3, run.tokens.shape[-1], len(images) * layout.num_patches))
 
     saved = {
         "images": images,
