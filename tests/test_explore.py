@@ -24,7 +24,10 @@ from vit_einops.inspect import (
     head_statistics,
     record_attention,
     token_norms,
+    write_report,
 )
+from vit_einops.explore.payload import pca_colours, to_half
+from vit_einops.inspect.study import run_study
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing
 
@@ -242,3 +245,37 @@ def test_explore_command_errors_are_one_line(tmp_path, capsys):
     assert main(["explore", str(tmp_path / "nope.safetensors"), "--out", str(tmp_path / "e.html")]) == 2
     assert "no such model file" in capsys.readouterr().err
     assert not (tmp_path / "e.html").exists()
+
+
+@pytest.mark.parametrize("params", [{}, {"rollout": {"head_fusion": "max", "discard_ratio": 0.5}}])
+def test_the_pages_rollout_is_the_reports_for_the_same_model_images_and_params(tmp_path, params):
+    """One rollout: the pane stores the report's rollout matrices (arrays.npz), float16 after the same scale."""
+    torch.manual_seed(0)
+    model = tiny_vit(EXPLORED)
+    images = torch.rand(2, 3, 16, 16)
+    write_report(model, images, tmp_path / "r", method_params=params)
+    with np.load(tmp_path / "r" / "arrays.npz") as arrays:
+        report = arrays["rollout"]
+    [pane] = embedded(write_explorer(model, images, tmp_path / "e.html", method_params=params))["panes"]
+    n = report.shape[-1]
+    for i, image in enumerate(pane["images"]):
+        values, scale = to_half(report[i])
+        assert image["rollout_scale"] == scale
+        assert np.array_equal(decode(image["rollout"], np.float16, (n, n)), values)
+
+
+def test_the_report_and_the_page_draw_one_study(tmp_path):
+    """One study run, two renderers: the report's arrays and the page's pane are run_study's rollout and PCA."""
+    torch.manual_seed(0)
+    model = tiny_vit(EXPLORED).eval()
+    images = torch.rand(2, 3, 16, 16)
+    study = run_study(model, images, None, {}, lambda run: None)
+    write_report(model, images, tmp_path / "r")
+    with np.load(tmp_path / "r" / "arrays.npz") as arrays:
+        assert np.array_equal(arrays["rollout"], study.rollout.numpy())
+        assert np.array_equal(arrays["patch_pca"], study.pca.projections.numpy())
+        assert np.array_equal(arrays["method_rollout"], study.methods["rollout"].numpy())
+    [pane] = embedded(write_explorer(model, images, tmp_path / "e.html"))["panes"]
+    for i, image in enumerate(pane["images"]):
+        picture = np.asarray(Image.open(io.BytesIO(base64.b64decode(image["pca"]))))
+        assert np.array_equal(picture, pca_colours(study.pca.rgb)[i])

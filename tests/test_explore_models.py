@@ -15,8 +15,8 @@ from test_explore_stats import class_sink, per_query_distance
 
 from vit_einops import TokenLayout
 from vit_einops.explore import write_explorer
-from vit_einops.explore.payload import dino_view
-from vit_einops.inspect import patch_feature_pca, record_attention, token_norms
+from vit_einops.explore.payload import dino_pane
+from vit_einops.inspect import dino_mask, dino_view, patch_feature_pca, record_attention, token_norms
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing
 
@@ -88,10 +88,18 @@ def test_register_model_payload_shares_statistics_and_dino_masks_are_the_recorde
         assert codes.shape[-1] == 21  # every token's column is stored: the page lists the prefix ones apart
 
 
-def test_dino_view_needs_a_class_token():
+def test_dino_pane_needs_a_class_token():
     maps = torch.rand(2, 1, 2, 5, 5).softmax(-1)
-    assert dino_view(maps, TokenLayout((), (1, 5))) is None and dino_view(maps, TokenLayout(("reg1",), (2, 2))) is None
-    assert dino_view(maps, TokenLayout(("cls",), (2, 2)))["masks"].shape == (1, 3, 4)
+    assert dino_pane(maps, TokenLayout((), (1, 5))) is None and dino_pane(maps, TokenLayout(("reg1",), (2, 2))) is None
+    assert dino_pane(maps, TokenLayout(("cls",), (2, 2)))["masks"].shape == (1, 3, 4)
+
+
+def test_dino_pane_keeps_the_heads_masks_of_inspects_dino_view_and_the_mean_of_heads():
+    torch.manual_seed(0)
+    maps, layout = torch.rand(2, 3, 2, 6, 6).softmax(-1), TokenLayout(("cls", "reg1"), (2, 2))
+    pane, view = dino_pane(maps, layout), dino_view(maps, layout)
+    assert torch.equal(pane["masks"][:, :2], view.mask.flatten(-2))
+    assert torch.equal(pane["masks"][:, 2], dino_mask(view.attention.double().mean(1).flatten(-2)))
 
 
 def test_a_class_token_reading_only_itself_has_no_dino_mask(tmp_path):
@@ -279,7 +287,7 @@ def test_siglip_and_deit_panes_name_their_tokens_and_only_deit_has_a_dino_view(t
     assert first["images"][0]["dino"] is None
     assert second["layout"] == {"prefix": ["cls", "dist"], "grid": [8, 8]}
     _, maps, layout = record_attention(deit, images, preprocessed=True)
-    view = dino_view(maps.double(), layout)
+    view = dino_pane(maps.double(), layout)
     assert second["images"][0]["dino"]["masks"] == view["masks"][0].int().tolist()
     share = second["images"][0]["stats"]["prefix_share"]  # (l, h, 2): cls and dist columns over patch queries
     expected = maps[..., 2:, :2].double().mean(-2)[:, 0]

@@ -5,8 +5,9 @@ and what the panes share (:func:`page_payload`). A pane carries the token layout
 (``layout``: its prefix tokens "cls", "dist", "reg1", ... and its patch grid, as
 :class:`~vit_einops.network.patch_embed.TokenLayout` has them): maps over the image show the patches, the prefix tokens are
 listed beside them with their share of each row (``head_statistics`` gives the patches' mean share per layer and
-head). DINO's view (:func:`dino_view`) is the last layer's class-token attention over the patches per head, with the
-mask that keeps 60% of its mass (:func:`dino_mask`), computed from the recorded attention before it is quantised.
+head). DINO's view (:func:`dino_pane`, from :func:`~vit_einops.inspect.dino_view`) is the last layer's class-token
+attention over the patches per head, with the mask that keeps 60% of its mass (:func:`dino_mask`), computed from the
+recorded attention before it is quantised.
 
 Sizes: ViT-B/16 at 224 px records 12 layers x 12 heads x 197 x 197 = 5.6 million attention weights per image.
 Each row of A (one query, all keys) is stored as integers of ``bits`` bits (8 by default, L = 2^bits - 1
@@ -66,7 +67,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from einops import reduce
 
 from ..base.checks import check_int
 from ..inspect import (
@@ -74,22 +74,19 @@ from ..inspect import (
     METHODS,
     attention_gradients,
     attention_relevance,
-    attention_rollout,
-    class_attention_grid,
     dino_mask,
-    explain_all,
-    fit_patch_pca,
+    dino_view,
     head_statistics,
     patch_distances,
     relevance_from_gradients,
 )
-from ..inspect.methods import TARGET_NEEDED, class_index, unexplained
-from ..inspect.recorded import record_pass
+from ..inspect.methods import TARGET_NEEDED, unexplained
+from ..inspect.recorded import study_memory
+from ..inspect.study import run_study
 from ..inspect.targets import BACKBONE_TARGETS, TARGET_KINDS, has_classifier, target_name
 from ..network.patch_embed import ClassToken, TokenLayout
 from ..network.config import ViTConfig
 from ..prediction import check_finite_outputs, class_name
-from ..network.sizes import forward_bytes
 
 DEFAULT_BITS = 8
 # The bytes of attention codes a pane may hold (one per stored weight, before compression): every row of every head
@@ -159,19 +156,21 @@ def relevance_is_identity(relevance: torch.Tensor) -> bool:
     return bool(torch.equal(relevance, torch.eye(relevance.shape[-1], dtype=relevance.dtype, device=relevance.device)))
 
 
-def dino_view(maps: torch.Tensor, layout: TokenLayout) -> dict[str, Any] | None:
-    """The last layer's class-token attention over the patches, per head and for the mean of the heads, and
-    :func:`dino_mask` of each: {"masks" (b, h + 1, patches) bool, "kept" (b, h + 1) the share of the row's mass
-    each mask holds}, the last entry the mean of heads. A row with no weight on any patch (the class token reads
-    only prefix tokens) has no mask: all False, ``kept`` nan. None for a model with no class token (no "cls" in
-    ``layout.prefix``)."""
+def dino_pane(maps: torch.Tensor, layout: TokenLayout) -> dict[str, Any] | None:
+    """What a pane keeps of DINO's view (:func:`~vit_einops.inspect.dino_view`, the last layer): each head's mask
+    and, beside them, the mask of the heads' mean, with the share of the row's mass each mask holds: {"masks" (b,
+    h + 1, patches) bool, "kept" (b, h + 1)}, the last entry the mean of heads. A row with no weight on any patch
+    (the class token reads only prefix tokens) has no mask: all False, ``kept`` nan. None for a model with no class
+    token (no "cls" in ``layout.prefix``)."""
     if ClassToken.NAME not in layout.prefix:
         return None
-    rows = class_attention_grid(maps[-1].double(), layout).flatten(-2)  # (b, h, patches)
-    rows = torch.cat([rows, rows.mean(dim=1, keepdim=True)], dim=1)
+    view = dino_view(maps, layout)  # each head's attention and mask, (b, h, gh, gw)
+    rows = view.attention.double().flatten(-2)  # (b, h, patches)
+    mean = rows.mean(dim=1, keepdim=True)
+    rows = torch.cat([rows, mean], dim=1)
+    masks = torch.cat([view.mask.flatten(-2), dino_mask(mean)], dim=1)  # all False where a row has no patch weight
     total = rows.sum(dim=-1)
     some = total > 0
-    masks = dino_mask(rows)  # all False where the row has no weight on the patches
     kept = torch.where(some, (rows * masks).sum(dim=-1) / torch.where(some, total, 1.0), torch.nan)
     return {"masks": masks, "kept": kept}
 
@@ -211,26 +210,18 @@ def pane_memory(config: ViTConfig, b: int, *, classes: int, target: bool, budget
     ``config`` (its ``image_size`` the inputs') on ``b`` images with relevance for ``classes`` classes and a
     ``target`` or not, from the sizes alone.
 
-    Working: the recorded pass (:func:`~vit_einops.network.sizes.forward_bytes` keeping every layer's maps, and their one
-    copy), then beside the float32 maps (l b h n^2) the float64 copies of one layer at a time, the heads' mean of
-    every layer and the rollout's matrices (l b n^2 each), or a differentiable pass for relevance with its
-    gradients (three float32 copies of the maps per class: the gradients, their stack and the weighted product).
+    Working (:func:`~vit_einops.inspect.recorded.study_memory`): beside the recorded float32 maps the float64
+    copies of one layer at a time, the heads' mean of every layer and the rollout's matrices (l b n^2 each); the
+    classes' and the target's relevance; the explanation methods.
     Kept: the pane's stored arrays (:func:`attention_rows`, float16 rollout, relevance and tokens) as base64 text,
     4/3 of their bytes (compression only shrinks them)."""
     n, depth, heads = config.num_tokens, config.depth, config.heads
-    maps = depth * b * heads * n * n * 4
-    record = forward_bytes(config, b, kept=depth) + maps
-    analysis = maps + 6 * b * heads * n * n * 8 + 3 * depth * b * n * n * 8
-    # The classes' gradients come from one differentiable pass, the target's from another.
-    grad_pass = maps + forward_bytes(config, b, kept=depth, grad=True)
-    grads = [grad_pass + 3 * k * maps for k in (classes, int(target)) if k]
-    # explain_all, before the recorded pass: the rollout's own recording (its maps and their copy, three l b n^2
-    # matrices), and where there is something to explain the gradient methods' passes (three copies of the maps).
-    methods = [record + 3 * depth * b * n * n * 4, *([grad_pass + 3 * maps] if classes or target else [])]
+    beside = 6 * b * heads * n * n * 8 + 3 * depth * b * n * n * 8
+    work = study_memory(config, b, beside_maps=beside, classes=classes, target=target, explain=bool(classes or target))
     queries, mean = attention_rows(b, depth, heads, n, config.num_prefix_tokens, budget)
     stored = b * depth * (heads * queries * n + (n * n if mean else 0)) + b * n * n * 2 * (1 + classes + int(target))
     stored += b * n * config.dim * 2
-    return max(record, analysis, *grads, *methods), stored * 4 // 3
+    return work, stored * 4 // 3
 
 
 def _left_out(b: int, depth: int, heads: int, n: int, prefix: int, queries: int, mean: bool, budget: int) -> list[str]:
@@ -306,25 +297,18 @@ def build_payload(
     if target is not None and not isinstance(target, BACKBONE_TARGETS):
         raise TypeError(f"the explorer's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
     method_params = dict(method_params or {})
-    # Every method on the grid; the gradient ones explain the target, else the top class. First, so that the
-    # methods' own passes never hold their maps beside the recorded pass's.
-    try:
-        method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
-    except ValueError:
-        # A method met non-finite numbers: the recorded pass names the cause where it is the model's own.
-        run = record_pass(model, images)
+
+    def check(run: Any) -> None:
         check_finite_outputs("model's logits", run.output, weights)
-        check_finite_outputs("attention maps", run.maps, weights)
-        raise
-    # The encoder's layers only: an attention-pooling head has an Attend too, which the recorder leaves out.
-    run = record_pass(model, images)
-    logits, maps, layout = run.output, run.maps, run.layout
-    check_finite_outputs("model's logits", logits, weights)
-    check_finite_outputs("attention maps", maps, weights)  # (l, b, h, n, n)
+        check_finite_outputs("attention maps", run.maps, weights)  # (l, b, h, n, n)
+        check_finite_outputs("token norms", run.norms, weights)  # (l, b, n)
+        check_finite_outputs("final tokens", run.tokens, weights)
+
+    # Every method on the grid; the gradient ones explain the target, else the top class.
+    study = run_study(model, images, target, method_params, check)
+    method_maps, run, rollout, pca = study  # {name: (b, gh, gw)}, the recorded pass, (b, n, n), the patch PCA
+    logits, maps, layout, norms = run.output, run.maps, run.layout, run.norms
     depth, b, heads, n, _ = maps.shape
-    norms = run.norms  # (l, b, n)
-    check_finite_outputs("token norms", norms, weights)
-    check_finite_outputs("final tokens", run.tokens, weights)
     check_finite_outputs("explanation maps", torch.stack(list(method_maps.values())), weights)  # after the model's
     classifier = has_classifier(model)  # not pooled features, not an embedding projection (CLIP's)
     k = min(top_k, logits.shape[-1]) if classifier else 0
@@ -341,16 +325,7 @@ def build_payload(
     patch_size = tuple(model.config.patch_size)
     stats = _by_layer(maps, layout, patch_size)  # each (l, b, h), prefix_share (.., p), fused (l, b, n, n)
     fused = stats.pop("fused")  # (l, b, n, n), float64
-    rollout_params = dict(METHODS["rollout"].resolve(method_params.get("rollout", {})))
-    fusion = rollout_params.pop("head_fusion")  # the heads are fused here, a layer at a time in float64
-    if fusion != "mean":
-        fused_heads = torch.stack([reduce(layer.double(), "b h i j -> b i j", fusion) for layer in maps])
-    else:
-        fused_heads = fused
-    rollout = attention_rollout(fused_heads[:, :, None], **rollout_params, kept=class_index(layout))  # (b, n, n)
-    del fused_heads
-    dino = dino_view(maps, layout)
-    pca = fit_patch_pca(run.tokens, layout, min(3, run.tokens.shape[-1], b * layout.num_patches))
+    dino = dino_pane(maps, layout)
     pca_codes = pca_colours(pca.rgb)  # (b, gh, gw, 3)
     queries, mean = attention_rows(b, depth, heads, n, layout.num_prefix, attention_budget)
 

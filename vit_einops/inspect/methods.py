@@ -53,6 +53,17 @@ def class_index(layout: TokenLayout) -> int | None:
     return layout.index(CLASS_TOKEN) if CLASS_TOKEN in layout.prefix else None
 
 
+def recorded_rollout(
+    maps: torch.Tensor, layout: TokenLayout, method_params: Mapping[str, Mapping[str, Any]] | None = None
+) -> torch.Tensor:
+    """The rollout every study view shows (:func:`~vit_einops.inspect.write_report`'s figure and arrays, the
+    explorer's pane): :func:`attention_rollout` of recorded maps (l, b, h, n, n) with the "rollout" method's
+    parameters from ``method_params`` (the others' defaults), the class token's entry spared from discarding
+    -> (b, n, n)."""
+    params = METHODS["rollout"].resolve(dict(method_params or {}).get("rollout", {}))
+    return attention_rollout(maps, **params, kept=class_index(layout))
+
+
 def _rollout(
     model: nn.Module, images: torch.Tensor, target: Any, *, residual: float, head_fusion: str, discard_ratio: float
 ) -> torch.Tensor:

@@ -17,7 +17,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ..network.config import ViTConfig
 from ..network.patch_embed import TokenLayout
+from ..network.sizes import forward_bytes
 from .record import AttentionRecorder
 from .stats import recording_token_norms
 
@@ -45,3 +47,34 @@ def record_pass(model: nn.Module, images: torch.Tensor) -> RecordedPass:
         tokens = model.forward_features(images)
         output = model.forward_head(tokens)
     return RecordedPass(output, tokens, recorder.maps, torch.stack(norms), recorder.layout)
+
+
+def study_memory(
+    config: ViTConfig,
+    b: int,
+    *,
+    beside_maps: int,
+    explain: bool,
+    classes: int = 0,
+    target: bool = False,
+    after: int = 0,
+) -> int:
+    """The memory a study of ``b`` images of ``config``'s size works in (``write_report``'s, an explorer pane's),
+    from what it holds, phase by phase, from the sizes alone:
+
+    - the explanation methods (:func:`~vit_einops.inspect.explain_all`, run first): the rollout's own recorded
+      pass (:func:`~vit_einops.network.sizes.forward_bytes` keeping every layer's float32 maps, l b h n^2, and
+      their copy) with its float64 matrices (three of l b n^2), and where there is something to ``explain`` a
+      gradient method's differentiable pass with its gradients (three float32 copies of the maps);
+    - the recorded pass (:func:`record_pass`), then beside its maps the study's float64 work, ``beside_maps``
+      bytes (the caller's: the rollout's matrices, one layer's copies);
+    - relevance for ``classes`` classes from one differentiable pass and a ``target``'s from another, three
+      copies of the maps per class;
+    - ``after``: what the caller holds once the maps are gone (its written arrays, its figures)."""
+    n, depth = config.num_tokens, config.depth
+    maps = depth * b * config.heads * n * n * 4
+    record = forward_bytes(config, b, kept=depth) + maps
+    grad_pass = maps + forward_bytes(config, b, kept=depth, grad=True)
+    phases = [record, record + 3 * depth * b * n * n * 8, maps + beside_maps, after]
+    phases += [grad_pass + 3 * k * maps for k in (classes, int(target), int(explain)) if k]
+    return max(phases)

@@ -16,7 +16,6 @@ from ..base.io import atomic_write_chunks, staged_directory
 from ..base.plot import save_figure
 from ..network.config import ViTConfig
 from ..network.model import ViT
-from ..network.sizes import forward_bytes
 from ..prediction import check_finite_logits, check_finite_outputs, class_name
 from .dino import DINO_KEEP, dino_view
 from .distance import distance_sums, mean_attention_distance, patch_distances, ratio_or_nan
@@ -31,13 +30,14 @@ from .figures import (
     plot_target_relevance,
     plot_token_norms,
 )
-from .methods import METHODS, TARGET_NEEDED, class_index, explain_all, unexplained
-from .pca import fit_patch_pca, plot_patch_pca
+from .methods import METHODS, TARGET_NEEDED, unexplained
+from .pca import plot_patch_pca
 from .record import AttentionRecorder
-from .recorded import record_pass
+from .recorded import study_memory
 from .relevance import attention_gradients, relevance_from_gradients
-from .rollout import attention_rollout, class_attention_grid, patch_attention_grid
+from .rollout import class_attention_grid, patch_attention_grid
 from .stats import prefix_token_share
+from .study import run_study
 from .targets import BACKBONE_TARGETS, TARGET_KINDS, PatchTarget, target_name
 from .tokens import CLASS_TOKEN
 
@@ -75,21 +75,17 @@ def attention_maps_bytes(config: ViTConfig, b: int) -> int:
 
 
 def report_memory(config: ViTConfig, b: int, *, target: bool, arrays: str = "figures") -> int:
-    """The memory :func:`write_report` works in on ``b`` images of ``config``'s size, from the sizes alone: the
-    recorded pass (:func:`~vit_einops.network.sizes.forward_bytes` keeping every layer's maps, and their copy), then beside
-    the float32 maps (l b h n^2) the rollout's matrices (l b n^2, three of them) and one layer's float64 copies, a
-    target's or a method's differentiable pass with its gradients (three copies of the maps), the explanation
-    methods (:func:`~vit_einops.inspect.explain_all`, run before the recorded pass), and at the end ``arrays.npz``'s
-    buffer (with ``arrays="full"`` a copy of the maps, and the rest) beside the figures."""
+    """The memory :func:`write_report` works in on ``b`` images of ``config``'s size (:func:`study_memory`): beside
+    the recorded maps the rollout's float64 matrices (l b n^2, three of them) and one layer's float64 copies; a
+    target's relevance; the explanation methods, with a gradient one wherever there is a class or target to
+    explain; and at the end ``arrays.npz``'s buffer (with ``arrays="full"`` a copy of the maps, and the rest)
+    beside the figures."""
     n, depth, heads = config.num_tokens, config.depth, config.heads
     maps = attention_maps_bytes(config, b)
-    record = forward_bytes(config, b, kept=depth) + maps
-    analysis = maps + 3 * depth * b * n * n * 4 + 4 * b * heads * n * n * 8
-    grad_pass = maps + forward_bytes(config, b, kept=depth, grad=True)
-    grads = grad_pass + 3 * maps if target or config.has_classifier else 0  # a target's relevance; explain_all's
-    methods = record + 3 * depth * b * n * n * 4  # explain_all's rollout, which records the maps again
+    beside = 3 * depth * b * n * n * 8 + 4 * b * heads * n * n * 8
     written = 2 * maps * (arrays == "full") + 2 * depth * b * n * n * 4 + FIGURE_BYTES
-    return max(record, analysis, grads, methods, written)
+    explain = target or config.has_classifier
+    return study_memory(config, b, beside_maps=beside, target=target, explain=explain, after=written)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -184,22 +180,13 @@ def write_report(
     model.eval()
     out = Path(out_dir)
     method_params = dict(method_params or {})
-    # The methods first, so that their own passes never hold their maps beside the recorded pass's.
-    try:
-        method_maps = explain_all(model, images, target, method_params, preprocessed=True)  # {name: (b, gh, gw)}
-    except ValueError:
-        # A method met non-finite numbers: the model's own outputs say why, if they are the cause.
-        check_finite_logits(images, record_pass(model, images).output)
-        raise
-    run = record_pass(model, images)  # the one pass every other array below reads
+    study = run_study(model, images, target, method_params, lambda run: check_finite_logits(images, run.output))
+    method_maps, run, rollout, pca = study  # {name: (b, gh, gw)}, the recorded pass, (b, n, n), the patch PCA
     logits, maps, layout = run.output, run.maps, run.layout  # maps (l, b, h, n, n)
-    check_finite_logits(images, logits)
     has_class = CLASS_TOKEN in layout.prefix
     # Without a class token, the attention each patch receives from the patches is the map there is to draw.
     token_map = class_attention_grid if has_class else patch_attention_grid
     heads = token_map(maps[layer], layout)  # (b, h, gh, gw)
-    rollout_params = METHODS["rollout"].resolve(method_params.get("rollout", {}))
-    rollout = attention_rollout(maps, **rollout_params, kept=class_index(layout))
     rollout_grid = token_map(rollout, layout)
     labels = {name: METHODS[name].label(method_params.get(name), every=True) for name in method_maps}
     unexplained_methods = unexplained(model, target)
@@ -232,7 +219,6 @@ def write_report(
     components, explained = embedding_filter_components(model)
     share = torch.cat([prefix_token_share(m[None], layout) for m in maps])  # (l, b, h, p), a layer at a time
     norms = run.norms  # (l, b, n)
-    pca = fit_patch_pca(run.tokens, layout, min(3, run.tokens.shape[-1], len(images) * layout.num_patches))
 
     saved = {
         "images": images,

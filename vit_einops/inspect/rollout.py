@@ -106,13 +106,17 @@ def attention_rollout(
     to 1, so it makes no difference there; with max or min fusion or a discard ratio it does. Here each row is
     divided by its own sum.
 
+    The heads are fused and the product taken in float64, a layer at a time; R has the maps' dtype.
+
     Shapes: maps (l, b, h, n, n) -> R (b, n, n); row i of R is token i's mixture over input tokens.
     """
     check_maps(maps)
     check_choice("head_fusion", head_fusion, HEAD_FUSIONS)
-    fused = reduce(maps, "l b h i j -> l b i j", head_fusion)
+    # A layer at a time in float64: the float64 copy of one layer's maps, never of all.
+    fused = torch.stack([reduce(layer.double(), "b h i j -> b i j", head_fusion) for layer in maps])
     what = f"the {head_fusion} of the heads' attention" + (" after discarding" if discard_ratio else "")
-    return _roll_out(fused, residual, discard_ratio, kept, what, " or another head_fusion" * (head_fusion == "min"))
+    hint = " or another head_fusion" * (head_fusion == "min")
+    return _roll_out(fused, residual, discard_ratio, kept, what, hint).to(maps.dtype)
 
 
 def gradient_rollout(maps: torch.Tensor, grads: torch.Tensor, discard_ratio: float = 0.9, kept: int | None = None):
