@@ -231,6 +231,26 @@ def test_a_backbone_page_lists_no_class_and_holds_the_targets_relevance(backbone
         assert image["top"] == []
 
 
+def test_the_report_and_the_page_explain_a_target_from_the_relevance_methods_start_layer(
+    backbone, tmp_path, unrendered
+):
+    """The relevance method's start_layer reaches the target's relevance in both renderers of one study."""
+    from vit_einops.explore import write_explorer
+    from vit_einops.inspect import write_report
+
+    x, target = torch.rand(1, 3, 16, 16, dtype=torch.float64), PatchTarget(1, 2)
+    params = {"relevance": {"start_layer": 1}}
+    expected = attention_relevance(backbone, x, target, preprocessed=True, start_layer=1).numpy()
+    assert not np.allclose(expected, attention_relevance(backbone, x, target, preprocessed=True).numpy())
+    write_report(backbone, x, tmp_path / "r", target=target, method_params=params)
+    np.testing.assert_allclose(np.load(tmp_path / "r" / "arrays.npz")["target_relevance"], expected, rtol=0, atol=1e-6)
+    page = write_explorer(backbone, x, tmp_path / "p.html", preprocessed=True, target=target, method_params=params)
+    entry = _payload(page)["panes"][0]["images"][0]["target"]
+    stored = np.frombuffer(zlib.decompress(base64.b64decode(entry["relevance"])), "<f2").reshape(19, 19)
+    scale = entry["relevance_scale"]
+    np.testing.assert_allclose(stored * scale, expected[0], rtol=2**-11, atol=scale * 2**-25)
+
+
 def test_a_classifier_page_keeps_its_classes_beside_the_target(tmp_path):
     from vit_einops.explore import write_explorer
 

@@ -239,7 +239,8 @@ def write_report(
     }
     if target is not None:
         _, target_maps, target_grads, scores = attention_gradients(model, images, target)
-        saved["target_relevance"] = relevance_from_gradients(target_maps, target_grads)[0]  # (b, n, n)
+        start_layer = METHODS["relevance"].resolve(method_params.get("relevance", {}))["start_layer"]
+        saved["target_relevance"] = relevance_from_gradients(target_maps, target_grads, start_layer)[0]  # (b, n, n)
         saved["target_score"] = scores[:, 0]
         if isinstance(target, PatchTarget):
             saved["target_similarity"] = target.similarity(run.tokens, layout)
