@@ -9,7 +9,7 @@ from vit_einops.base.budget import max_memory
 from vit_einops.bench import report
 from vit_einops.bench.attention import Point, grid
 from vit_einops.bench.budget import einsum_memory_tokens, point_bytes
-from vit_einops.bench.runner import plan_jobs, with_overrides
+from vit_einops.bench.runner import _compile_text, plan_jobs, with_overrides
 
 MIB = 2**20
 
@@ -95,3 +95,17 @@ def test_no_verdict_jobs_without_a_path_to_compare_with_sdpa(paths):
     options = with_overrides("smoke", core_paths=paths)
     verdict, _ = plan_jobs(options, grid(options.batches, options.heads, options.tokens, options.head_dims))
     assert verdict == []
+
+
+def test_the_compile_lines_fit_the_tables_width_at_any_count():
+    """The compiled paths' header wraps at the tables' 120 columns (a full run's took 140), each path a row."""
+    calls = [{"path": "einsum_compiled"}] * 8 + [{"path": "flex_compiled"}] * 4
+    info = dict(attempted=True, skip_reason=None, first_calls=calls, total_first_call_s=1234.5,
+                first_call_s_by_path={"einsum_compiled": 1000.0, "flex_compiled": 234.5})
+    lines = _compile_text(info).splitlines()
+    assert max(map(len, lines)) <= report.TABLE_WIDTH
+    assert " ".join(lines[:-2]).endswith("took 1234.5 s in all")
+    assert lines[-2:] == [
+        "  einsum_compiled   1000.0 s over 8 first calls",
+        "  flex_compiled      234.5 s over 4 first calls",
+    ]

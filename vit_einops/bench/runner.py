@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -482,13 +483,11 @@ def _compile_text(info: dict) -> str:
         f"  {path:<16}{seconds:>8.1f} s over {sum(c['path'] == path for c in info['first_calls'])} first calls"
         for path, seconds in info["first_call_s_by_path"].items()
     ]
-    return "\n".join(
-        [
-            f"torch.compile of the einsum path and flex_attention, measured last: {len(info['first_calls'])} first "
-            f"calls (compile included, not in the timings) took {info['total_first_call_s']:.1f} s in all",
-            *rows,
-        ]
+    line = (
+        f"torch.compile of the einsum path and flex_attention, measured last: {len(info['first_calls'])} first "
+        f"calls (compile included, not in the timings) took {info['total_first_call_s']:.1f} s in all"
     )
+    return "\n".join([textwrap.fill(line, report.TABLE_WIDTH), *rows])
 
 
 def _jsonable(options: dict) -> dict:
