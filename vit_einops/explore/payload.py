@@ -309,7 +309,6 @@ def build_payload(
     method_maps, run, rollout, pca = study  # {name: (b, gh, gw)}, the recorded pass, (b, n, n), the patch PCA
     logits, maps, layout, norms = run.output, run.maps, run.layout, run.norms
     depth, b, heads, n, _ = maps.shape
-    check_finite_outputs("explanation maps", torch.stack(list(method_maps.values())), weights)  # after the model's
     classifier = has_classifier(model)  # not pooled features, not an embedding projection (CLIP's)
     k = min(top_k, logits.shape[-1]) if classifier else 0
     start_layer = METHODS["relevance"].resolve(method_params.get("relevance", {}))["start_layer"]
