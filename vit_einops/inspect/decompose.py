@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base.checks import check_choice, check_int
+from ..base.threads import follow_free_cores
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
 from ..network.sizes import check_model_forward
@@ -443,6 +444,7 @@ def ablate_heads(
     clean = score(model, _final(model, x))
     changes = []
     for chosen in sets:
+        follow_free_cores()
         values = means if means is not None else {l: _zeros(model, x) for l, _ in chosen}
         hooks = _replacing(values, chosen)
         changes.append(score(model, _final(model, x, hooks)) - clean)
@@ -492,6 +494,7 @@ def _patched_scores(model, y, jobs: list, score: _Score, passes: int) -> torch.T
     out = []
     try:
         for hooks in jobs:
+            follow_free_cores()  # a command's thread policy, between passes (nothing without one)
             out.append(score(model, _final(model, y, hooks)).sum())
             if bar is not None:
                 bar.update()

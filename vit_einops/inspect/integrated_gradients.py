@@ -30,6 +30,7 @@ from einops import reduce
 from torch import nn
 
 from ..base.checks import check_choice, check_int
+from ..base.threads import follow_free_cores
 from ..inputs import model_inputs
 from ..network.sizes import check_model_forward
 from .targets import BACKBONE_TARGETS, class_targets, one_class_each, resolve_target, target_scores
@@ -38,7 +39,7 @@ from .targets import BACKBONE_TARGETS, class_targets, one_class_each, resolve_ta
 # (pixels 0, normalised by the model's preprocessing; 0 for a model that records none, whose input is taken as it
 # is), Sundararajan et al.'s choice for images; "zero" is the all-zero input, captum's default (the mean colour
 # under mean/std normalisation).
-BASELINES = ("black", "zero")
+PATH_BASELINES = ("black", "zero")
 # The quadratures, by captum's names for its ``method`` (captum.attr._utils.approximation_methods).
 QUADRATURES = ("gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid")
 MAX_STEPS = 4096  # each step is a forward and backward pass of the batch: far past any useful accuracy
@@ -69,8 +70,8 @@ def quadrature_points(steps: int, quadrature: str = "gausslegendre") -> tuple[li
 
 
 def baseline_input(model: nn.Module, images: torch.Tensor, baseline: str) -> torch.Tensor:
-    """x' for the model's batch ``images`` (b, c, H, W): see :data:`BASELINES`."""
-    check_choice("baseline", baseline, BASELINES)
+    """x' for the model's batch ``images`` (b, c, H, W): see :data:`PATH_BASELINES`."""
+    check_choice("baseline", baseline, PATH_BASELINES)
     if baseline == "zero" or getattr(model, "preprocessing", None) is None:
         return torch.zeros_like(images)
     black = model.transforms().normalise(torch.zeros(images.shape[1], 1, 1))  # (c, 1, 1)
@@ -87,7 +88,7 @@ def integrated_gradients(
         images: paths, PIL images, uint8 or float tensors, or a list of them, as :func:`vit_einops.predict` takes
             them (``preprocessed``: how a float tensor is taken).
         target: None (each image's predicted class), a class index, one per image (b,), or a backbone target.
-        baseline: x', "black" or "zero" (:data:`BASELINES`).
+        baseline: x', "black" or "zero" (:data:`PATH_BASELINES`).
         steps, quadrature: the quadrature (captum's ``n_steps`` and ``method``; 50 Gauss-Legendre points by
             default; see :func:`quadrature_points`).
 
@@ -113,6 +114,7 @@ def integrated_gradients(
     path = torch.zeros_like(x)
     with torch.enable_grad():  # the input requires grad, so a graph exists even where every weight is frozen
         for alpha, weight in zip(alphas, weights):
+            follow_free_cores()  # a command's thread policy, between the path's passes (nothing without one)
             point = (start + alpha * (x - start)).requires_grad_(True)
             (grad,) = torch.autograd.grad(scores(point, classes).sum(), point)  # images do not interact
             path += weight * grad

@@ -27,7 +27,7 @@ from ..network.sizes import check_model_forward
 from ..prediction import check_finite_logits
 from .decompose import decompose
 from .gradcam import grad_cam
-from .integrated_gradients import BASELINES, MAX_STEPS, QUADRATURES, integrated_gradients, patch_sums
+from .integrated_gradients import MAX_STEPS, PATH_BASELINES, QUADRATURES, integrated_gradients, patch_sums
 from .record import AttentionRecorder
 from .relevance import attention_gradients, relevance_from_gradients
 from .rollout import HEAD_FUSIONS, attention_rollout, class_attention_grid, gradient_rollout, patch_attention_grid
@@ -174,7 +174,7 @@ METHODS: dict[str, Method] = {
             "Sundararajan, Taly and Yan 2017, Integrated Gradients in the input space as captum's, summed per patch",
             params={"baseline": "black", "steps": 50, "quadrature": "gausslegendre"},
             checks={
-                "baseline": lambda v: check_choice("baseline", v, BASELINES),
+                "baseline": lambda v: check_choice("baseline", v, PATH_BASELINES),
                 "steps": lambda v: check_int("steps", v, 1, MAX_STEPS),
                 "quadrature": lambda v: check_choice("quadrature", v, QUADRATURES),
             },
