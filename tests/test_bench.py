@@ -84,8 +84,9 @@ def test_smoke_run_exits_cleanly_and_prints_the_table(smoke):
     # Every line fits 120 columns; the kernels are in results.json.
     assert max(map(len, table.splitlines())) <= report.TABLE_WIDTH and "kernel" not in table
     printed, wrote = text.split("\nwrote ")
-    assert f" to {smoke['out'].parent}/out\\x1b[2J/ (wall " in wrote and "\x1b" not in text
-    assert wrote.endswith("; threads: 1 (--threads))\n")
+    assert f" plots) to\n  {smoke['out'].parent}/out\\x1b[2J/\n    " in wrote and "\x1b" not in text
+    assert wrote.endswith("\nthreads: 1 (--threads)\n")
+    assert max(map(len, text.splitlines())) <= report.TABLE_WIDTH  # all that is printed, the "wrote" lines too
     if results["noisy"]:  # the noise report and advice follow the tables (and head table.txt)
         warning = "\n" + report.noise_text(results["noise"]) + "\n"
         assert printed.endswith(warning) and table.startswith("NOISY RUN: ")
@@ -98,6 +99,22 @@ def test_smoke_run_exits_cleanly_and_prints_the_table(smoke):
     assert (start + after).count("NOISY RUN (so far): ") == results["noisy"]
     assert start_header.startswith("vit-einops bench ") and start_header.count("vit-einops bench ") == 1
     assert start_header.count("matmul ceiling") == 1 and "torch.compile of the einsum path" not in start_header
+
+
+def test_the_wrote_lines_fit_the_table_width_with_long_paths():
+    """The bench's last lines once ran to 330 columns (every file name, the folder and the threads on one line):
+    now the folder and the names are wrapped on their own lines, each line within 120 columns."""
+    names = sorted(["table.txt", "results.json", "attention.csv", "model.csv", *plots.PLOTS])
+    out = "/home/someone/" + "/".join(["a-rather-long-folder-name"] * 3) + "/bench-results"
+    threads = "threads: 2, then 1 (followed the free cores; at the last check 1 of 2 cores busy with other processes; "
+    threads += "--threads or VIT_EINOPS_THREADS fixes it)"
+    text = report.wrote_text(names, out, 647.4, len(plots.PLOTS), threads)
+    lines = text.splitlines()
+    assert lines[:2] == [f"wrote {len(names)} files (wall 647 s, {len(plots.PLOTS)} plots) to", f"  {out}/"]
+    assert max(map(len, lines)) <= report.TABLE_WIDTH < len(", ".join(names) + out + threads)
+    listed = " ".join(line.strip() for line in lines[2:] if line.startswith("    "))
+    assert listed.split(", ") == names  # every name whole, in order
+    assert " ".join(line.strip() for line in lines if not line.startswith("    ") and line not in lines[:2]) == threads
 
 
 def test_results_json_schema(smoke):

@@ -113,6 +113,18 @@ def noise_text(noise: dict) -> str:
     return textwrap.fill(verdict, TABLE_WIDTH) + "\n" + textwrap.fill("Advice: " + noise["advice"], TABLE_WIDTH)
 
 
+def wrote_text(names: list[str], out: str, wall_s: float, plot_count: int, threads: str) -> str:
+    """The run's last lines: how many files it wrote, its wall time and plots, then the folder (``out``, already
+    printable) on its own line, the file names wrapped beneath it, and the thread count and why (``threads``), all
+    within TABLE_WIDTH (only a folder name longer than that cannot be)."""
+    return "\n".join(
+        [f"wrote {len(names)} files (wall {wall_s:.0f} s, {plot_count} plots) to", f"  {out}/"]
+        + textwrap.wrap(", ".join(names), TABLE_WIDTH, initial_indent="    ", subsequent_indent="    ",
+                        break_long_words=False, break_on_hyphens=False)  # fmt: skip
+        + textwrap.wrap(threads, TABLE_WIDTH, subsequent_indent="  ")
+    )
+
+
 def header_text(meta: dict, ceiling: dict, noise: dict | None = None) -> str:
     """The machine, versions, load and ceiling; with ``noise`` (the end of a noisy run), its warning first."""
     warning = [noise_text(noise)] if noise and noise["noisy"] else []

@@ -454,14 +454,11 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, policy: Thr
         if model_rows:
             report.write_csv(staging / "model.csv", model_rows, report.MODEL_FIELDS, replace=False)
         written_plots = plots.save_figures(staging, plots.figures(attention_rows, model_rows), replace=False)
-        written = ", ".join(sorted(entry.name for entry in staging.iterdir()))
+        written = sorted(entry.name for entry in staging.iterdir())
     if noise["noisy"]:
         print("\n" + report.noise_text(noise), file=stdout)
-    line = (
-        f"wrote {written} to {printable(out)}/ (wall {meta['wall_s']:.0f} s, {len(written_plots)} plots; "
-        f"{policy.describe()})"
-    )
-    print("\n" + line, file=stdout)
+    wrote = report.wrote_text(written, printable(out), meta["wall_s"], len(written_plots), policy.describe())
+    print("\n" + wrote, file=stdout)
     return results
 
 
