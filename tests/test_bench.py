@@ -78,8 +78,9 @@ def test_smoke_run_exits_cleanly_and_prints_the_table(smoke):
     verdict = results["verdict"]
     assert verdict.startswith("Verdict: at N 17 (batch 2, 2 heads of 8), against SDPA's time: einsum takes ")
     header = report.header_text(results["meta"], results["matmul_ceiling"], results["noise"])
-    assert table.startswith(header + "\n\n" + verdict + "\n\n")
-    body = table.removeprefix(header + "\n\n" + verdict + "\n\n")
+    overhead = report.overhead_text(results["overhead"])  # the per-call overhead's line follows the verdict
+    assert table.startswith(header + "\n\n" + verdict + "\n\n" + overhead + "\n\n")
+    body = table.removeprefix(header + "\n\n" + verdict + "\n\n" + overhead + "\n\n")
     assert body.startswith("torch.compile of the einsum path") and "whole model" in body
     # Every line fits 120 columns; the kernels are in results.json.
     assert max(map(len, table.splitlines())) <= report.TABLE_WIDTH and "kernel" not in table
@@ -94,6 +95,7 @@ def test_smoke_run_exits_cleanly_and_prints_the_table(smoke):
     assert printed.endswith("\n" + body)
     # The verdict comes first: after the header and the line that announces it, before any table.
     start, after = printed.removesuffix("\n" + body).split("\n\n" + verdict + "\n")
+    assert after.startswith("\n" + overhead + "\n")
     start_header, announced = start.split("\nMeasuring einsum, chunked, sdpa at N 17 first, for the verdict")
     # A noisy run said so once before its rows; a quiet one never did.
     assert (start + after).count("NOISY RUN (so far): ") == results["noisy"]
@@ -126,6 +128,12 @@ def test_results_json_schema(smoke):
     assert meta["threads"] == 1 and meta["threads_source"] == "--threads"  # as the run measured under it
     assert f"threads 1 (of {meta['cpu_count']} CPUs; from --threads)" in smoke["stdout"]
     assert meta["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    # The per-call overhead: both times, their difference and the paired ratio (one round in smoke: no interval),
+    # measured on outputs that agree.
+    overhead = results["overhead"]
+    check_numbers(overhead, ("model_s", "plain_s", "time_ratio"))
+    assert overhead["rounds"] == 1 and overhead["time_ratio_low"] is None and overhead["max_abs_diff"] <= 1e-6
+    assert overhead["overhead_s"] == overhead["model_s"] - overhead["plain_s"]
     check_numbers(results["matmul_ceiling"], ("size", "median_s", "gflop_per_s"))
     # The smoke grid does not compile, and says why.
     assert results["compile"]["attempted"] is False and "smoke" in results["compile"]["skip_reason"]
