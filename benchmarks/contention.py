@@ -27,15 +27,15 @@ import os
 import signal
 import sys
 import time
-from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from vit_einops.base.io import check_file_output, output_lock, write_file
+from vit_einops.base.io import write_file
 from vit_einops.base.text import printable
-from vit_einops.bench.busy import BUSY_LIMIT_S, Terminated, check_busy, sigterm_raises, start_busy, stop
+from vit_einops.bench.busy import (
+    BUSY_LIMIT_S, Terminated, add_out_arguments, check_busy, guarded, start_busy, stop,
+)  # fmt: skip
 from vit_einops.bench.env import machine_info
 from vit_einops.bench.names import RANGES
 from vit_einops.bench.paired import paired_ratio
@@ -126,15 +126,10 @@ def main(argv=None) -> int:
         help="seconds a busy process lives at most",
     )
     parser.add_argument("--in-turn", action="store_true", help="also time the blocks in turn, ops on all threads")
-    parser.add_argument("--out", type=Path, default=None, help="JSON file for every number")
-    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
+    add_out_arguments(parser, "every number")
     args = parser.parse_args(argv)
     try:
-        # The output is checked before anything is measured and written under its lock: a missing folder, a FIFO or
-        # an existing file (without --force) is refused at once, not after the whole run.
-        with sigterm_raises(), output_lock(args.out) if args.out else nullcontext():
-            if args.out:
-                check_file_output(args.out, args.force, "pass --force to replace it")
+        with guarded(args.out, args.force):
             record = measure(args)
             if args.out:
                 write_file(args.out, (json.dumps(record, indent=1) + "\n").encode(), replace=args.force)

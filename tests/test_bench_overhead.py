@@ -48,7 +48,8 @@ def test_the_row_and_its_line_on_fake_timings():
     assert 2.8 - 1e-9 <= row["time_ratio_low"] <= row["time_ratio"] <= row["time_ratio_high"] <= 3.0 + 1e-9
     line = report.overhead_text(row)
     words = " ".join(line.split())
-    assert words.startswith("Per-call overhead: a tiny ViT's forward call (2 blocks of width 48, 32 px images, batch 2)")
+    assert words.startswith("Per-call overhead: a tiny ViT's forward call (2 blocks of width 48, 32 px images, "
+                            "batch 2)")  # fmt: skip
     assert f"takes 300 us, the same math in plain torch ops 100 us: {report.ratio_cell(row)} times as long" in words
     assert words.endswith("(+200 us a call).") and max(map(len, line.splitlines())) <= report.TABLE_WIDTH
 

@@ -1,16 +1,20 @@
 """Busy processes for the benchmark scripts that measure beside other work (benchmarks/contention.py,
 benchmarks/command_threads.py): each a Python loop (``while True: pass``) that keeps one core busy, started by the
-script for a condition and stopped after it, on SIGTERM and Ctrl-C too (:func:`sigterm_raises`); each also ends by
-itself once its script is gone or after its limit, so none outlives a killed run."""
+script for a condition and stopped after it, on SIGTERM and Ctrl-C too (:func:`guarded`); each also ends by itself
+once its script is gone or after its limit, so none outlives a killed run."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+
+from ..base.io import check_file_output, output_lock
 
 # Spins until the limit has passed or its parent is gone (reparented: killed with no chance to stop it), looking
 # every 100,000 empty iterations (milliseconds) so that the loop itself stays pure Python.
@@ -31,13 +35,24 @@ def _terminate(signum, frame) -> None:
     raise Terminated(signal.Signals(signum).name)
 
 
+def add_out_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """The scripts' --out (a JSON file of ``what``) and --force (replace it), which :func:`guarded` checks."""
+    parser.add_argument("--out", type=Path, default=None, help=f"JSON file for {what}")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
+
+
 @contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`Terminated` in the main thread (as Ctrl-C raises
-    KeyboardInterrupt), so that the ``finally`` that stops the busy processes runs; the handler before is put back."""
+def guarded(out: Path | None, force: bool) -> Iterator[None]:
+    """A script's run: within the block SIGTERM raises :class:`Terminated` in the main thread (as Ctrl-C raises
+    KeyboardInterrupt), so that the ``finally`` that stops the busy processes runs (the handler before is put back);
+    and the ``out`` file, when given, is locked for the whole run and checked before anything is measured (a missing
+    folder, a FIFO or an existing file without ``force`` is refused at once, not after the run)."""
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        yield
+        with output_lock(out) if out else contextlib.nullcontext():
+            if out:
+                check_file_output(out, force, "pass --force to replace it")
+            yield
     finally:
         signal.signal(signal.SIGTERM, previous)
 
