@@ -244,7 +244,7 @@ def table_text(rows: list[dict], meta: dict) -> str:
                f"{default_goal:>30}{quiet_goal:>27}")  # fmt: skip
     lines = [*head, "", columns]
     for r in rows:
-        used = ";".join(u.replace(", then ", ">") for u in r["busy_threads_used"])
+        used = ";".join(dict.fromkeys(u.replace(", then ", ">") for u in r["busy_threads_used"]))  # each once
         default_mark = "ok" if r["meets_default_goal"] else "OVER"
         quiet_mark = "ok" if r["meets_quiet_goal"] else "OVER"
         lines.append(
