@@ -9,8 +9,9 @@ Untimed first, in a temporary folder: a digits model trained for a few epochs, a
 Then, timed, on that model: ``faithfulness``, ``inspect``, ``explore`` (on the PNG folder) and ``train`` (the
 digits, from scratch), at the sizes of SIZES (each about 5 to 15 s on one idle core). Each run is a fresh process
 that times ``vit_einops.commands.cli.main`` alone (the imports take the same time at any thread count), with
-VIT_EINOPS_THREADS unset: at the policy's default (no --threads) and at each --threads 1 to the CPUs. ``--smoke``
-runs the commands in this process instead, at tiny sizes: its times mean nothing.
+VIT_EINOPS_THREADS unset: at the policy's default (no --threads) and at each --threads 1 to the CPUs (--max-threads
+lowers the largest; --threads at the CPUs is torch's own default count, what the commands used before the policy).
+``--smoke`` runs the commands in this process instead, at tiny sizes: its times mean nothing.
 
 Conditions: quiet (no process started by this script; the default only), then busy: one Python loop
 (vit_einops.bench.busy) beside every run, started before the condition's first run and stopped after its last, also

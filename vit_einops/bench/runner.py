@@ -27,11 +27,11 @@ from .device import Meter, check_device, check_dtype
 from .env import machine_info
 from .measure import matmul_ceiling
 from .model import measure_model
-from .overhead import measure_overhead
 from .names import (
     COMPILED_PATHS, CORE_PATHS, DTYPES, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, RANGES, check_in_range,
 )  # fmt: skip
 from .noise import LoadProbe, machine_verdict, noise_score, summary
+from .overhead import measure_overhead
 
 
 @dataclass

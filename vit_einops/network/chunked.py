@@ -22,7 +22,8 @@ another device; a tensor subclass; torch.compile's or the JIT's tracing, the pro
 only the ops of their own thread) the blocks run one after another here, each op split between torch's threads.
 The backward pass of a call whose forward handed its blocks to the workers hands them the same way (each task
 recomputes its block's A and computes its gradients); blocks of query rows that add into one row's dk and dv form
-one task, so no two workers write the same rows.
+one task, so no two workers write the same rows (a call of one image and one head is then one task: its blocks run
+in turn here instead).
 """
 
 from __future__ import annotations
