@@ -19,8 +19,9 @@ from .attention import REFERENCE
 # 2: the noise columns, results['noisy'] and results['noise']; 3: others_cores, optimizer; 4: paired ratios (their
 # interval, ratio_unresolved, rounds) and meta's threads_source; 5: each attention row's kernel, the torch kernel
 # paths, and attention_unavailable (the paths refused at a point, with the reason); 6: results['verdict'] (the
-# paragraph printed first), meta's threads_used, compile's first_call_s_by_path
-SCHEMA_VERSION = 6
+# paragraph printed first), meta's threads_used, compile's first_call_s_by_path; 7: results['overhead'] (the per-call
+# overhead of a tiny ViT over plain torch ops)
+SCHEMA_VERSION = 7
 
 ATTENTION_FIELDS = (
     "section", "mode", "path", "kernel", "batch", "heads", "tokens", "head_dim", "dtype",
@@ -111,6 +112,29 @@ def noise_text(noise: dict) -> str:
     """The verdict printed after the tables and at the top of table.txt when the run was noisy."""
     verdict = "NOISY RUN: " + "; ".join(noise["reasons"]) + ". Rows marked ! are not trustworthy."
     return textwrap.fill(verdict, TABLE_WIDTH) + "\n" + textwrap.fill("Advice: " + noise["advice"], TABLE_WIDTH)
+
+
+def overhead_text(row: dict) -> str:
+    """The line printed after the verdict (row: vit_einops.bench.overhead.overhead_row): both times per call, the
+    model's over the plain ops' with its interval, and the difference."""
+    return textwrap.fill(
+        f"Per-call overhead: a tiny ViT's forward call ({row['model']}, batch {row['batch']}) takes "
+        f"{row['model_s'] * 1e6:.0f} us, the same math in plain torch ops {row['plain_s'] * 1e6:.0f} us: "
+        f"{ratio_cell(row)} times as long ({row['overhead_s'] * 1e6:+.0f} us a call).",
+        TABLE_WIDTH,
+    )
+
+
+def wrote_text(names: list[str], out: str, wall_s: float, plot_count: int, threads: str) -> str:
+    """The run's last lines: how many files it wrote, its wall time and plots, then the folder (``out``, already
+    printable) on its own line, the file names wrapped beneath it, and the thread count and why (``threads``), all
+    within TABLE_WIDTH (only a folder name longer than that cannot be)."""
+    return "\n".join(
+        [f"wrote {len(names)} files (wall {wall_s:.0f} s, {plot_count} plots) to", f"  {out}/"]
+        + textwrap.wrap(", ".join(names), TABLE_WIDTH, initial_indent="    ", subsequent_indent="    ",
+                        break_long_words=False, break_on_hyphens=False)  # fmt: skip
+        + textwrap.wrap(threads, TABLE_WIDTH, subsequent_indent="  ")
+    )
 
 
 def header_text(meta: dict, ceiling: dict, noise: dict | None = None) -> str:

@@ -31,6 +31,7 @@ from .names import (
     COMPILED_PATHS, CORE_PATHS, DTYPES, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, RANGES, check_in_range,
 )  # fmt: skip
 from .noise import LoadProbe, machine_verdict, noise_score, summary
+from .overhead import measure_overhead
 
 
 @dataclass
@@ -364,6 +365,9 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, policy: Thr
             r["ceiling_fraction"] = r["gflop_per_s"] / start_ceiling["gflop_per_s"]
         verdict = report.verdict_text(verdict_rows, start_ceiling["gflop_per_s"], oom, limit_text())
         print("\n" + verdict + "\n", file=stdout, flush=True)
+    # A fraction of a second: right after the verdict, as part of the answer a newcomer reads first.
+    overhead = measure_overhead(dtype, options.rounds, options.min_run_time, meter)
+    print(report.overhead_text(overhead) + "\n", file=stdout, flush=True)
     costs = [job_cost(job, options, start_ceiling["gflop_per_s"]) for job in jobs]
     progress = tqdm(
         total=sum(costs), file=sys.stderr, dynamic_ncols=True, disable=None if options.progress else True,
@@ -425,7 +429,7 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, policy: Thr
     meta["threads_used"] = list(policy.used)
     results = dict(
         schema=report.SCHEMA_VERSION, meta=meta, noisy=noise["noisy"], noise=noise, verdict=verdict,
-        matmul_ceiling=ceiling,
+        overhead=overhead, matmul_ceiling=ceiling,
         compile=compile_info, attention=attention_rows, attention_unavailable=unavailable_rows, model=model_rows,
     )  # fmt: skip
     notes = [
@@ -441,9 +445,10 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, policy: Thr
     if noise["noisy"] and not announced:  # known only now (the machine busy at the end): still before the rows
         print(report.early_noise_text(noise["reasons"]), file=stdout)
     print(body, file=stdout)  # the header was printed before the progress bar
-    # table.txt: the header as it stands at the end (the better ceiling, the load at the end), the verdict as
-    # printed, then the body.
-    table = report.header_text(meta, ceiling, noise) + "\n" + (f"\n{verdict}\n\n" if verdict else "") + body
+    # table.txt: the header as it stands at the end (the better ceiling, the load at the end), the verdict and the
+    # overhead as printed, then the body.
+    table = (report.header_text(meta, ceiling, noise) + "\n" + (f"\n{verdict}\n" if verdict else "")
+             + f"\n{report.overhead_text(overhead)}\n\n" + body)  # fmt: skip
     # Written as one unit: a run that fails part-way (a full disk) leaves the earlier run's folder as it was, or no
     # folder; what is at ``out`` is checked again at the commit (a link, a file or foreign files are never replaced).
     with staged_directory(out, owned=result_files(), replace=options.force) as staging:
@@ -454,14 +459,11 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, policy: Thr
         if model_rows:
             report.write_csv(staging / "model.csv", model_rows, report.MODEL_FIELDS, replace=False)
         written_plots = plots.save_figures(staging, plots.figures(attention_rows, model_rows), replace=False)
-        written = ", ".join(sorted(entry.name for entry in staging.iterdir()))
+        written = sorted(entry.name for entry in staging.iterdir())
     if noise["noisy"]:
         print("\n" + report.noise_text(noise), file=stdout)
-    line = (
-        f"wrote {written} to {printable(out)}/ (wall {meta['wall_s']:.0f} s, {len(written_plots)} plots; "
-        f"{policy.describe()})"
-    )
-    print("\n" + line, file=stdout)
+    wrote = report.wrote_text(written, printable(out), meta["wall_s"], len(written_plots), policy.describe())
+    print("\n" + wrote, file=stdout)
     return results
 
 
