@@ -16,7 +16,7 @@ from torch import nn
 from ..base.checks import check_choice, check_dense_tensor, check_index, check_nonnegative_int, check_positive_int
 from ..base.init import trunc_normal_
 from ..base.sequential import Sequential
-from .attention import attn_impl_of, per_layer_impls, set_attn_impl
+from .attention import attn_impl_of, check_kernels_move, per_layer_impls, set_attn_impl
 from .blocks import TransformerEncoder, TransformerEncoderBlock
 from .config import FIELDS, ViTConfig
 from .head import ClassificationHead, head_swap_help
@@ -491,6 +491,12 @@ class ViT(Sequential):
         sequence of ``depth`` impls); returns the model. The weights and ``model.config`` are unchanged."""
         set_attn_impl(self, impl)
         return self
+
+    def _apply(self, fn: Any, recurse: bool = True) -> ViT:
+        # torch's one path for .to(), .cuda(), .half(): a kernel that would not run there is refused before any
+        # tensor moves, so a refused move leaves the whole model where it was
+        check_kernels_move(self, fn)
+        return super()._apply(fn, recurse)
 
     # -- safe head swaps ---------------------------------------------------------------------------------
 
