@@ -95,6 +95,12 @@ def test_a_kernel_is_refused_on_a_device_it_does_not_run_on(toy):
                                              r"float16\); on cpu in float32, the kernels that do: 'einsum', 'chunked', "
                                              r"'sdpa', 'toy'"):  # fmt: skip
             tiny_vit(attn_impl="gpu_only")
+        # the bench lists it, but a run on this CPU leaves it out of its default rows and refuses it by name
+        assert "gpu_only" in core_paths() and "mha_gpu_only" in layer_paths()
+        options = with_overrides("smoke")
+        assert "gpu_only" not in options.core_paths + options.model_paths and "mha_toy" not in options.layer_paths
+        with pytest.raises(ValueError, match="attention kernel 'gpu_only' does not run on cpu"):
+            with_overrides("smoke", layer_paths=("mha_gpu_only",))
         with torch.device("meta"):  # shapes only: every kernel is taken there (the loaders build on it)
             assert tiny_vit(attn_impl="gpu_only").attn_impl == "gpu_only"
     finally:

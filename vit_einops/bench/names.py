@@ -13,20 +13,26 @@ MODES = ("forward", "forward_backward")
 
 
 # The paths are read from the kernel registry at each call, so a kernel registered after import has its rows too.
-def core_paths() -> tuple[str, ...]:
+# Given a device type and a dtype, only the kernels that run there (Kernel.runs_on): a run's default paths.
+def _kernels(device: str | None, dtype: str | None) -> list[str]:
+    return [name for name, kernel in KERNELS.items() if device is None or kernel.runs_on(device, dtype)]
+
+
+def core_paths(device: str | None = None, dtype: str | None = None) -> tuple[str, ...]:
     """Every kernel of the registry, then the bench's own variants of them."""
-    return (*KERNELS, COMPILED_PATHS[0], *SDPA_BACKEND_PATHS, COMPILED_PATHS[1])
+    return (*_kernels(device, dtype), COMPILED_PATHS[0], *SDPA_BACKEND_PATHS, COMPILED_PATHS[1])
 
 
-def layer_paths() -> tuple[str, ...]:
+def layer_paths(device: str | None = None, dtype: str | None = None) -> tuple[str, ...]:
     """Our MultiHeadAttention on each kernel that never forms A (the einsum one is the core rows' reference), and
     torch's."""
-    return (*(f"mha_{name}" for name, kernel in KERNELS.items() if not kernel.forms_attention), "torch_mha")
+    kernels = (name for name in _kernels(device, dtype) if not KERNELS[name].forms_attention)
+    return (*(f"mha_{name}" for name in kernels), "torch_mha")
 
 
-def model_paths() -> tuple[str, ...]:
+def model_paths(device: str | None = None, dtype: str | None = None) -> tuple[str, ...]:
     """A whole ViT on each kernel, and torchvision's."""
-    return (*KERNELS, "torch")
+    return (*_kernels(device, dtype), "torch")
 
 
 MODEL_MODES = ("inference", "train_step")

@@ -18,7 +18,7 @@ from ..base.io import check_directory_output, staged_directory
 from ..base.text import printable
 from ..base.threads import ThreadPolicy, check_threads, thread_policy
 from ..network.config import ViTConfig
-from ..network.kernels import KERNELS
+from ..network.kernels import KERNELS, check_kernel_runs
 from ..network.sizes import parameter_count
 from ..presets import preset_config
 from . import plots, report
@@ -45,11 +45,11 @@ class BenchOptions:
     tokens: tuple[int, ...] = (50, 197, 577, 1025)  # 32/16, 224/16, 384/16, 512/16 images, class token included
     head_dims: tuple[int, ...] = (64,)
     modes: tuple[str, ...] = MODES
-    core_paths: tuple[str, ...] = field(default_factory=core_paths)
-    layer_paths: tuple[str, ...] = field(default_factory=layer_paths)
+    core_paths: tuple[str, ...] | None = None  # None: every one whose kernel runs on device in dtype
+    layer_paths: tuple[str, ...] | None = None  # None: every one whose kernel runs on device in dtype
     compile_skip_reason: str | None = None  # set: the compiled paths are not attempted, and their rows say this
     models: tuple[str, ...] = ("vit_ti_16", "vit_s_16", "vit_b_16")
-    model_paths: tuple[str, ...] = field(default_factory=model_paths)
+    model_paths: tuple[str, ...] | None = None  # None: every one whose kernel runs on device in dtype
     model_modes: tuple[str, ...] = MODEL_MODES
     model_batch: int = 1
     model_overrides: dict = field(default_factory=dict)  # ViT keywords applied to every preset (smoke: depth)
@@ -82,7 +82,7 @@ class BenchOptions:
             "model_modes": MODEL_MODES,
         }  # fmt: skip
         for name, allowed in choices.items():
-            unknown = [v for v in getattr(self, name) if v not in allowed]
+            unknown = [v for v in getattr(self, name) or () if v not in allowed]
             if unknown:
                 raise ValueError(
                     f"{name}: unknown {', '.join(map(str, unknown))}; expected some of {', '.join(allowed)}"
@@ -92,6 +92,13 @@ class BenchOptions:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         self.device = str(check_device(self.device))  # CUDA where there is none: refused here, saying what is missing
+        device = torch.device(self.device).type
+        for name, every in (("core_paths", core_paths), ("layer_paths", layer_paths), ("model_paths", model_paths)):
+            if getattr(self, name) is None:
+                setattr(self, name, every(device, self.dtype))
+            for kernel in (p.removeprefix("mha_") for p in getattr(self, name)):
+                if kernel in KERNELS:  # a kernel asked for by name that cannot run here: refused by name
+                    check_kernel_runs(kernel, device, self.dtype)
 
 
 # The named grids, as BenchOptions's keywords (made into options by with_overrides, so that the paths are the

@@ -176,7 +176,7 @@ class Attend(nn.Module):
         return einsum(self.dropout(attn), v, "b h i j, b h j d -> b h i d")
 
     def extra_repr(self) -> str:
-        chunks = f", chunk_elements={self.chunk_elements}" if self._impl == "chunked" and self.chunk_elements else ""
+        chunks = f", chunk_elements={self.chunk_elements}" if self.chunk_elements else ""
         return f"impl={self._impl!r}, scale={self.scale:.6g}{chunks}"
 
 
