@@ -56,9 +56,11 @@ class Kernel:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise ValueError(f"a kernel's name is what attn_impl calls it, an identifier such as 'flash'; got {self.name!r}")
+            raise ValueError(f"a kernel's name is what attn_impl calls it, an identifier such as 'flash'; got "
+                             f"{self.name!r}")  # fmt: skip
         if not (callable(self.function) or isinstance(self.function, str) and ":" in self.function):
-            raise TypeError(f"kernel {self.name!r}: function is 'module:attribute' or a callable, got {self.function!r}")
+            raise TypeError(f"kernel {self.name!r}: function is 'module:attribute' or a callable, got "
+                            f"{self.function!r}")  # fmt: skip
         if not isinstance(self.forms_attention, bool):
             raise TypeError(f"kernel {self.name!r}: forms_attention is True or False, got {self.forms_attention!r}")
         if not (isinstance(self.devices, tuple) and self.devices and all(isinstance(d, str) for d in self.devices)):

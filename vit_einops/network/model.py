@@ -409,8 +409,9 @@ class ViT(Sequential):
         ``.hook_mlp_out``, ``.hook_resid_post``; then
         ``ln_final.hook_normalized`` (the final LayerNorm's output), with attention pooling (pool "map") its
         ``attn_pool.hook_q``/``hook_k``/``hook_v``, ``.hook_attn_scores``, ``.hook_pattern`` (b, h, 1, n) and
-        ``.hook_z``, and ``hook_pooled`` (the pooling's output), in the order the head applies them. Each HookPoint's ``hooks`` are the functions attached now (none outside a
-        :meth:`run_with_hooks` or :meth:`run_with_cache` call)."""
+        ``.hook_z``, and ``hook_pooled`` (the pooling's output), in the order the head applies them. Each
+        HookPoint's ``hooks`` are the functions attached now (none outside a :meth:`run_with_hooks` or
+        :meth:`run_with_cache` call)."""
         pos = self.patch_embed.pos_embed
         sites = {"hook_image": self.patch_embed.hook_image, "hook_embed": pos.hook_embed}
         sites["hook_pos_embed"] = pos.hook_pos_embed
