@@ -21,7 +21,7 @@ from vit_einops.bench import plots, report
 from vit_einops.bench.attention import Point
 from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
 from vit_einops.bench.model import OPTIMIZER, counted_flops, make_optimizer
-from vit_einops.bench.names import COMPILED_PATHS, CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES
+from vit_einops.bench.names import COMPILED_PATHS, MODEL_MODES, MODES, core_paths, layer_paths, model_paths
 from vit_einops.bench.noise import IQR_THRESHOLD, CpuUse, machine_verdict
 from vit_einops.presets import create_architecture
 
@@ -142,7 +142,7 @@ def test_results_json_schema(smoke):
     smoke_grid = meta["options"]
     expected = {
         (section, mode, path, b, n)
-        for section, paths in (("core", CORE_PATHS), ("layer", LAYER_PATHS))
+        for section, paths in (("core", core_paths()), ("layer", layer_paths()))
         for mode in MODES
         for path in paths
         for b in smoke_grid["batches"]
@@ -168,7 +168,7 @@ def test_results_json_schema(smoke):
             assert r["time_ratio"] == 1.0 and r["mem_ratio"] == 1.0
 
     model_rows = results["model"]
-    assert {(r["mode"], r["path"]) for r in model_rows} == {(m, p) for m in MODEL_MODES for p in MODEL_PATHS}
+    assert {(r["mode"], r["path"]) for r in model_rows} == {(m, p) for m in MODEL_MODES for p in model_paths()}
     for r in model_rows:
         assert set(r) == set(report.MODEL_FIELDS)
         check_numbers(r, report.MODEL_FIELDS)
@@ -183,7 +183,7 @@ def test_results_json_schema(smoke):
     weights = create_architecture(preset, image_size=options["image_size"], **options["model_overrides"]).parameters()
     gradient_bytes = sum(p.numel() * p.element_size() for p in weights)
     train = [r for r in model_rows if r["mode"] == "train_step"]
-    assert len(train) == len(MODEL_PATHS) and all(r["peak_bytes"] >= gradient_bytes for r in train), [
+    assert len(train) == len(model_paths()) and all(r["peak_bytes"] >= gradient_bytes for r in train), [
         (r["path"], r["peak_bytes"], gradient_bytes) for r in train
     ]
     # The run's flag: noisy exactly when a row is, or the run's own check of the machine said busy.

@@ -14,7 +14,9 @@ import textwrap
 from pathlib import Path
 
 from ..base.io import atomic_write_bytes
+from ..network.kernels import KERNELS
 from .attention import REFERENCE
+from .names import REFERENCE_KERNEL
 
 # 2: the noise columns, results['noisy'] and results['noise']; 3: others_cores, optimizer; 4: paired ratios (their
 # interval, ratio_unresolved, rounds) and meta's threads_source; 5: each attention row's kernel, the torch kernel
@@ -277,7 +279,6 @@ def model_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-VERDICT_PATHS = ("einsum", "chunked")  # each against sdpa, the reference of the core section
 MODE_WORDS = {"forward": "forward", "forward_backward": "forward+backward"}
 
 
@@ -290,24 +291,25 @@ def _verdict_ratio(row: dict) -> str:
 
 
 def verdict_text(rows: list[dict], ceiling_gflop_per_s: float, oom_tokens: dict[str, int | None], limit: str) -> str:
-    """The answer the bench prints first: einsum's and chunked's time over SDPA's at one point (the grid's largest N),
-    forward and forward+backward, with their 95% intervals; each path's share of the matmul ceiling
+    """The answer the bench prints first: each other kernel's time over SDPA's (the reference) at one point (the
+    grid's largest N), forward and forward+backward, with their 95% intervals; each path's share of the matmul ceiling
     (``ceiling_gflop_per_s``); and the N from which einsum's attention matrix no longer fits ``limit`` (the memory
     budget, in words), per mode (``oom_tokens``; None: not below 2^24). ``rows``: the core rows of that point."""
     by = {(r["path"], r["mode"]): r for r in rows if r["section"] == "core"}
-    modes = [m for m in MODE_WORDS if ("sdpa", m) in by]
+    modes = [m for m in MODE_WORDS if (REFERENCE_KERNEL, m) in by]
     point = next(iter(by.values()), None)
-    if point is None or not modes or not any((p, m) in by for p in VERDICT_PATHS for m in modes):
-        return "Verdict: none: the grid measures no core einsum or chunked path beside sdpa to compare."
+    verdict_paths = [k for k in KERNELS if k != REFERENCE_KERNEL]  # each kernel against the reference
+    if point is None or not modes or not any((p, m) in by for p in verdict_paths for m in modes):
+        return f"Verdict: none: the grid measures no other kernel's core path beside {REFERENCE_KERNEL} to compare."
     where = f"N {point['tokens']} (batch {point['batch']}, {point['heads']} heads of {point['head_dim']})"
     claims = []
-    for path in VERDICT_PATHS:
+    for path in verdict_paths:
         parts = [f"{_verdict_ratio(by[path, m])} {MODE_WORDS[m]}" for m in modes if (path, m) in by]
         if parts:
             claims.append(f"{path} takes {' and '.join(parts)}")
     shares = []
     for m in modes:
-        cells = [f"{p} {by[p, m]['gflop_per_s'] / ceiling_gflop_per_s:.0%}" for p in ("sdpa", *VERDICT_PATHS)
+        cells = [f"{p} {by[p, m]['gflop_per_s'] / ceiling_gflop_per_s:.0%}" for p in (REFERENCE_KERNEL, *verdict_paths)
                  if (p, m) in by]  # fmt: skip
         shares.append(f"{MODE_WORDS[m]} {', '.join(cells)}")
     memory = []
