@@ -118,3 +118,20 @@ def test_registration_refuses_what_it_cannot_keep(toy):
         Kernel("x", toy_attention, True, ("cpu",), ("float8",), "")
     with pytest.raises(TypeError, match="register_kernel takes a Kernel"):
         register_kernel(toy_attention)
+
+
+def test_the_package_kernels_run_on_every_device_type_a_listed_one_only_where_it_says():
+    # einsum, chunked and sdpa are plain torch ops: a device nobody listed (xpu, hpu, a privateuse1 backend) is not
+    # refused, while a kernel that lists its devices is refused elsewhere, naming what it runs on
+    from vit_einops.network.kernels import KERNELS, check_kernel_runs
+
+    for name in ("einsum", "chunked", "sdpa"):
+        assert KERNELS[name].runs_on("xpu", "bfloat16") and check_kernel_runs(name, "hpu", "float32") == name
+    register_kernel(Kernel("gpu_only", toy_attention, False, ("cuda",), ("float16",), "a kernel for GPUs only"))
+    try:
+        assert not KERNELS["gpu_only"].runs_on("xpu", "float16")
+        with pytest.raises(ValueError, match=r"'gpu_only' does not run on xpu \(it runs on cuda in float16\); on xpu "
+                                             r"in float16, the kernels that do: 'einsum', 'chunked', 'sdpa'$"):
+            check_kernel_runs("gpu_only", "xpu", "float16")
+    finally:
+        unregister_kernel("gpu_only")

@@ -27,6 +27,9 @@ from typing import Any
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 # The device that holds shapes and no values (loaders build models there): every kernel "runs" on it.
 SHAPES_ONLY_DEVICE = "meta"
+# A kernel written in plain torch ops runs wherever torch does (xpu, hpu, privateuse1 backends...): its devices say so
+# with this one entry instead of a list that would refuse a device nobody wrote down.
+ANY_DEVICE = "*"
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class Kernel:
             vit_einops.network), or the function itself.
         forms_attention: True when it holds the whole (b, h, n, n) matrix A at once (the memory estimate counts
             it); False when it holds at most a block of it.
-        devices: the torch device types it runs on ("cpu", "cuda", "mps", ...).
+        devices: the torch device types it runs on ("cpu", "cuda", "mps", ...), or (ANY_DEVICE,) for every one.
         dtypes: the dtypes of q, k, v it computes in, of :data:`FLOAT_DTYPES`.
         summary: one line for tables and ``--help``.
         prepare: "module:attribute" of a function run when a layer selects the kernel (its one-time planning,
@@ -73,7 +76,8 @@ class Kernel:
 
     def runs_on(self, device: str, dtype: str) -> bool:
         """Whether it computes on device type ``device`` in ``dtype`` (a name of FLOAT_DTYPES)."""
-        return device == SHAPES_ONLY_DEVICE or device in self.devices and dtype in self.dtypes
+        on_device = device == SHAPES_ONLY_DEVICE or device in self.devices or ANY_DEVICE in self.devices
+        return on_device and (device == SHAPES_ONLY_DEVICE or dtype in self.dtypes)
 
     def select(self) -> Callable[..., Any]:
         """The kernel's function, imported on first use, after its planning."""
@@ -93,12 +97,12 @@ def _load(function: str | Callable[..., Any]) -> Callable[..., Any]:
 KERNELS: dict[str, Kernel] = {
     kernel.name: kernel
     for kernel in (
-        Kernel("einsum", ".attention:einsum_attention", True, ("cpu", "cuda", "mps"), FLOAT_DTYPES,
+        Kernel("einsum", ".attention:einsum_attention", True, (ANY_DEVICE,), FLOAT_DTYPES,
                "the paper literally: A = softmax(q k^T / sqrt(D_h)) formed whole, then A v"),
-        Kernel("chunked", ".chunked:chunked_kernel", False, ("cpu", "cuda", "mps"), FLOAT_DTYPES,
+        Kernel("chunked", ".chunked:chunked_kernel", False, (ANY_DEVICE,), FLOAT_DTYPES,
                "the same einsums over blocks of queries, one block of A at a time; backward recomputes A",
                prepare=".chunk_plan:plan_blocks"),
-        Kernel("sdpa", ".attention:sdpa_attention", False, ("cpu", "cuda", "mps"), FLOAT_DTYPES,
+        Kernel("sdpa", ".attention:sdpa_attention", False, (ANY_DEVICE,), FLOAT_DTYPES,
                "torch.nn.functional.scaled_dot_product_attention, torch's fused kernel"),
     )
 }  # fmt: skip
@@ -160,9 +164,10 @@ def check_kernel_runs(name: str, device: str, dtype: str) -> str:
     if kernel.runs_on(device, dtype):
         return name
     able = [other for other, k in KERNELS.items() if k.runs_on(device, dtype)]
-    where = f"on {device}" if device not in kernel.devices else f"in {dtype}"
+    where = f"in {dtype}" if device in kernel.devices or ANY_DEVICE in kernel.devices else f"on {device}"
+    devices = "any device" if ANY_DEVICE in kernel.devices else ", ".join(kernel.devices)
     instead = f"the kernels that do: {', '.join(map(repr, able))}" if able else "no registered kernel does"
     raise ValueError(
-        f"attention kernel {name!r} does not run {where} (it runs on {', '.join(kernel.devices)} in "
+        f"attention kernel {name!r} does not run {where} (it runs on {devices} in "
         f"{', '.join(kernel.dtypes)}); on {device} in {dtype}, {instead}"
     )
