@@ -181,7 +181,7 @@ def write_report(
     out = Path(out_dir)
     method_params = dict(method_params or {})
     study = run_study(model, images, target, method_params, lambda run: check_finite_logits(images, run.output))
-    method_maps, run, rollout, pca = study  # {name: (b, gh, gw)}, the recorded pass, (b, n, n), the patch PCA
+    method_maps, run, rollout, pca, decomposed = study  # {name: (b, gh, gw)}, the pass, (b, n, n), PCA, decomposition
     logits, maps, layout = run.output, run.maps, run.layout  # maps (l, b, h, n, n)
     has_class = CLASS_TOKEN in layout.prefix
     # Without a class token, the attention each patch receives from the patches is the map there is to draw.
