@@ -598,7 +598,8 @@ function viewNote(pane, row) {
     const share = head === "mean" ? dec.heads[layer].reduce((a, b) => a + b, 0) : dec.heads[layer][head];
     notes.push(`Gandelsman et al. 2024: each source token j's part of the head's direct share of the score, ` +
       `Σ_i A_ij r_i · v_j W_O (r the final norm and head read at their observed scale); over every token it sums to ` +
-      `the share ${share.toPrecision(6)}. It decomposes ${explained(pane)}. Negative parts are drawn as 0.`);
+      `the share ${share.toPrecision(6)}. It decomposes ${explained(pane)}. Negative parts are drawn as 0` +
+      (patchPeak(pane, row) <= 0 ? "; no patch adds to the score here, so the map is blank." : "."));
   } else if (row === null && state.view === "method") {
     notes.push(`${state.method} explains a class or a target: this model has no classifier and the page no target.`);
   } else if (row === null && state.view === "dino") {

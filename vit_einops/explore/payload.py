@@ -337,9 +337,6 @@ def build_payload(
     study = run_study(model, images, target, method_params, check)
     method_maps, run, rollout, pca, decomposed = study  # {name: (b, gh, gw)}, the pass, (b, n, n), PCA, decomposition
     logits, maps, layout, norms = run.output, run.maps, run.layout, run.norms
-    if decomposed is not None:
-        check_finite_outputs("decomposition", decomposed.decomposition.by_source, weights)
-        check_finite_outputs("logit lens", decomposed.lens, weights)
     depth, b, heads, n, _ = maps.shape
     classifier = has_classifier(model)  # not pooled features, not an embedding projection (CLIP's)
     k = min(top_k, logits.shape[-1]) if classifier else 0
