@@ -1305,8 +1305,8 @@ function describe() {
     `explain the target where one was given, else the top class. Decomposition (Elhage et al. 2021; Gandelsman ` +
     `et al. 2024): that same score split exactly into each head's and MLP's direct share and the rest (the final ` +
     `norm's scale, the output's norm and an attention pool's weights at their observed values), stored as the ` +
-    `float32 numbers; each head's share by source token stored as float16 like the methods' maps; the logit lens ` +
-    `applies the final norm and head to the residual stream after each layer.`;
+    `float32 numbers; each head's share by source token stored as float16 like the methods' maps; the lens strip ` +
+    `is the score with the final norm and head applied to the residual stream after each layer.`;
 }
 
 // A method's label (its name and parameters) as the first pane holding it computed it.

@@ -25,6 +25,15 @@ from .pca import PatchPCA, fit_patch_pca
 from .recorded import RecordedPass, record_pass
 
 
+class StudyDecomposition(NamedTuple):
+    """:func:`study_decomposition`'s result: ``decomposition`` the score split into heads, MLPs and the rest, each
+    head's share by source token (:meth:`Decomposition.numbers`), and ``lens`` (b, L + 1) the logit lens of the
+    same score (:func:`logit_lens`)."""
+
+    decomposition: Decomposition
+    lens: torch.Tensor
+
+
 class Study(NamedTuple):
     """:func:`run_study`'s result: ``methods`` {name: (b, gh, gw)} the explanation methods' maps, ``run`` the
     recorded pass, ``rollout`` (b, n, n), ``pca`` the patch PCA of the final tokens and ``decomposition`` the
@@ -35,15 +44,6 @@ class Study(NamedTuple):
     rollout: torch.Tensor
     pca: PatchPCA
     decomposition: StudyDecomposition | None
-
-
-class StudyDecomposition(NamedTuple):
-    """:func:`study_decomposition`'s result: ``decomposition`` the score split into heads, MLPs and the rest, each
-    head's share by source token (:meth:`Decomposition.numbers`), and ``lens`` (b, L + 1) the logit lens of the
-    same score (:func:`logit_lens`)."""
-
-    decomposition: Decomposition
-    lens: torch.Tensor
 
 
 def study_decomposition(model: nn.Module, images: torch.Tensor, target: Any) -> StudyDecomposition | None:
