@@ -29,6 +29,7 @@ from .faithfulness import METRICS, Faithfulness, faithfulness
 from .figures import (
     plot_attention_distance,
     plot_attention_overlays,
+    plot_decomposition,
     plot_dino_view,
     plot_filters,
     plot_methods,
@@ -105,6 +106,7 @@ __all__ = [
     "patch_feature_pca",
     "plot_attention_distance",
     "plot_attention_overlays",
+    "plot_decomposition",
     "plot_dino_view",
     "plot_filters",
     "plot_methods",

@@ -20,6 +20,7 @@ from torch import nn
 from ..network.config import ViTConfig
 from ..network.patch_embed import TokenLayout
 from ..network.sizes import forward_bytes
+from .decompose import decompose_memory, decomposition_bytes
 from .record import AttentionRecorder
 from .stats import recording_token_norms
 
@@ -70,11 +71,17 @@ def study_memory(
       bytes (the caller's: the rollout's matrices, one layer's copies);
     - relevance for ``classes`` classes from one differentiable pass and a ``target``'s from another, three
       copies of the maps per class;
-    - ``after``: what the caller holds once the maps are gone (its written arrays, its figures)."""
+    - ``after``: what the caller holds once the maps are gone (its written arrays, its figures);
+    - where there is something to ``explain``, the study's decomposition
+      (:func:`~vit_einops.inspect.decompose.decompose_memory`), run before the recorded pass, and its numbers kept
+      beside every later phase (:func:`~vit_einops.inspect.decompose.decomposition_bytes`)."""
     n, depth = config.num_tokens, config.depth
     maps = depth * b * config.heads * n * n * 4
     record = forward_bytes(config, b, kept=depth) + maps
     grad_pass = maps + forward_bytes(config, b, kept=depth, grad=True)
     phases = [record, record + 3 * depth * b * n * n * 8, maps + beside_maps, after]
     phases += [grad_pass + 3 * k * maps for k in (classes, int(target), int(explain)) if k]
+    if explain:
+        kept = decomposition_bytes(config, b)
+        phases = [decompose_memory(config, b), *(phase + kept for phase in phases)]
     return max(phases)
