@@ -41,23 +41,14 @@ GAMMAS = [(0.25, 0.1), (0.0, 0.0), (100.0, 1.0)]  # our defaults, LRP-epsilon, a
 TOLERANCES = {torch.float64: 1e-10, torch.float32: 2e-5}
 REFERENCE = Path(__file__).with_name("_lxt_reference.py")
 DIFFS: dict[str, float] = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _report():
-    yield
-    report_diffs(DIFFS)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread(one_thread):
-    """One torch thread, as the reference process runs: one order of every sum on both sides."""
+pytestmark = pytest.mark.usefixtures("one_thread")  # as the reference process runs: one order of every sum
 
 
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory):
     """{dtype: (our tiny RGB model with noise on every parameter, two images, their predicted classes)}, and
-    {(rule, dtype): lxt's relevance per pair of GAMMAS}, one reference process per rule."""
+    {(rule, dtype): lxt's relevance per pair of GAMMAS}, one reference process per rule; the measured differences
+    go to the interop report afterwards."""
     torch.manual_seed(0)
     model = perturbed(tiny_vit(TINY), std=0.2).double()
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
@@ -76,7 +67,8 @@ def twins(tmp_path_factory):
                               capture_output=True, text=True, timeout=300)  # fmt: skip
         assert done.returncode == 0, done.stderr[-4000:]
         theirs.update({(rule, dtype): result for dtype, result in zip(DTYPES, torch.load(out), strict=True)})
-    return ours, theirs
+    yield ours, theirs
+    report_diffs(DIFFS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
