@@ -42,6 +42,7 @@ from .figures import (
 from .methods import METHODS, Method, explain, explain_all, token_grid
 from .gradcam import grad_cam
 from .integrated_gradients import Attributions, integrated_gradients
+from .lrp import lrp
 from .pca import PatchPCA, fit_patch_pca, patch_feature_pca, plot_patch_pca
 from .record import AttentionRecorder, attention_matrix, record_attention
 from .recorded import RecordedPass, record_pass
@@ -94,6 +95,7 @@ __all__ = [
     "integrated_gradients",
     "load_embedding",
     "logit_lens",
+    "lrp",
     "mean_attention_distance",
     "model_position_similarity",
     "patch_attention_grid",
