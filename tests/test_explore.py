@@ -266,7 +266,7 @@ def test_the_pages_rollout_is_the_reports_for_the_same_model_images_and_params(t
         assert np.array_equal(decode(image["rollout"], np.float16, (n, n)), values)
 
 
-def test_the_report_and_the_page_draw_one_study(tmp_path, unrendered):
+def test_the_report_and_the_page_draw_one_study(tmp_path, unrendered, one_thread):
     """One study run, two renderers: run_study called directly gives the arrays the report writes and the page
     embeds (the page's as it stores them): the rollout, the methods, the patch PCA, DINO's view (of the last layer in
     both) and the target's relevance from the relevance method's start_layer, with its scores."""
