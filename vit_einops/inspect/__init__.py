@@ -4,10 +4,12 @@
 writes (``decompose``, the logit lens, head ablation and patching), draw DINO's view (the class token's attention
 and the mask keeping 60% of it) and DINOv2's PCA of the patch features, and draw the paper's Figure 6, 7 and 11
 style plots (``vit-einops inspect``): each plot function returns a matplotlib Figure, shown inline in a notebook,
-and ``save_figure(fig, path)`` writes it atomically. ``run_study`` computes once what both of a study's renderers
-draw (``write_report``'s figures and arrays, the explorer's page): the recorded pass, every explanation method, the
-rollout, DINO's view, the patch PCA and a target's relevance, as a ``Study``. Every tool reads the tokens by the input's token layout
-(``recorder.layout``, ``model.patch_embed.layout(image_size)``): the prefix tokens by name, then the patch grid."""
+and ``save_figure(fig, path)`` writes it atomically. Every tool reads the tokens by the input's token layout
+(``recorder.layout``, ``model.patch_embed.layout(image_size)``): the prefix tokens by name, then the patch grid.
+
+``run_study`` computes once what both of a study's renderers draw (``write_report``'s figures and arrays, the
+explorer's page): the recorded pass, every explanation method, the rollout, DINO's view, the patch PCA and a target's
+relevance, as a ``Study``."""
 
 from ..base.plot import save_figure
 from .decompose import (
