@@ -73,8 +73,8 @@ def test_default_photos_for_a_register_model_not_trained_on_digits(tmp_path, cap
     assert main(["inspect", str(tmp_path / "m.safetensors"), "--out", str(tmp_path / "out"), *flags]) == 0
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == [
-        "arrays.npz", "attention.png", "attention_distance.png", "embedding_filters.png", "methods.png",
-        "patch_pca.png", "position_similarity.png", "prefix_share.png", "token_norms.png",
+        "arrays.npz", "attention.png", "attention_distance.png", "decomposition.png", "embedding_filters.png",
+        "methods.png", "patch_pca.png", "position_similarity.png", "prefix_share.png", "token_norms.png",
     ]  # fmt: skip
     arrays = np.load(out / "arrays.npz")
     assert arrays["method_labels"].tolist() == [

@@ -30,6 +30,12 @@ their largest magnitude into (1/2, 1]: a relative error of at most 2^-11, or 2^-
 float16. Every binary array is compressed with zlib (the page inflates it with the browser's own
 DecompressionStream) and written as base64.
 
+The decomposition view (:func:`~vit_einops.inspect.decompose`, computed once in the study run) splits the score the
+gradient methods explain (the target, else each image's top class) into each head's and MLP's direct share and the
+rest, with the logit lens beside it; those numbers are stored exactly (float32 values as JSON numbers), each head's
+share by source token as float16 like the methods' maps. A model without a classifier and no target has no score
+to decompose: its images' ``decomposition`` is null and ``decomposition_note`` says why.
+
 Every number is finite: non-finite logits, maps, norms or relevance (a model with nan, inf or huge weights) are a
 ValueError naming the array, never a page of nan. The undefined statistics are written as null: the mean
 attention distance of a head that sends no attention between patches (it attends only to the prefix tokens),
@@ -190,6 +196,25 @@ def _method_entry(grid: torch.Tensor) -> dict[str, Any]:
     return {"map": pack(values), "scale": scale}
 
 
+def decomposition_entry(decomposed: Any, image: int) -> dict[str, Any]:
+    """One image's decomposition (:func:`~vit_einops.inspect.study.study_decomposition`) as the page stores it: the
+    total, each head's (L x H) and MLP's (L) share, the rest and its named parts, and the logit lens (L + 1) as
+    numbers (float64 from float32, exact); each head's share by source token (L, H, n) as float16 after a
+    power-of-two scale (:func:`to_half`)."""
+    d = decomposed.decomposition
+    sources, scale = to_half(d.by_source[image].detach().double().cpu().numpy())
+    return {
+        "total": float(d.total[image]),
+        "heads": d.heads[image].double().tolist(),
+        "mlps": d.mlps[image].double().tolist(),
+        "rest": float(d.rest[image]),
+        "parts": [[name, float(value[image])] for name, value in d.parts.items()],
+        "lens": decomposed.lens[image].double().tolist(),
+        "sources": pack(sources),
+        "sources_scale": scale,
+    }
+
+
 def attention_rows(b: int, depth: int, heads: int, n: int, prefix: int, budget: int) -> tuple[int, bool]:
     """Which rows of A a pane stores, its codes (one byte each) within ``budget`` bytes: (Q, mean) where each
     head's rows of the first Q queries are kept (n: every query; ``prefix``: the prefix tokens' rows alone) and
@@ -211,15 +236,19 @@ def pane_memory(config: ViTConfig, b: int, *, classes: int, target: bool, budget
     Working: its study's (:func:`~vit_einops.inspect.recorded.study_memory`) with, beside the study's recorded
     float32 maps, the pane's own float64 work (the copies of one layer at a time, the heads' mean of every layer,
     l b n^2) and the classes' relevance.
-    Kept: the pane's stored arrays (:func:`attention_rows`, float16 rollout, relevance and tokens) as base64 text,
-    4/3 of their bytes (compression only shrinks them)."""
+    Kept: the pane's stored arrays (:func:`attention_rows`, float16 rollout, relevance, tokens and, where there is
+    something to explain, the decomposition's sources, b L H n) as base64 text, 4/3 of their bytes (compression only
+    shrinks them), and the decomposition's numbers as JSON text (b (L H + 2 L + 16) numbers, 25 characters each)."""
     n, depth, heads = config.num_tokens, config.depth, config.heads
     beside = 6 * b * heads * n * n * 8 + depth * b * n * n * 8
     work = study_memory(config, b, target=target, beside_maps=beside, classes=classes)
     queries, mean = attention_rows(b, depth, heads, n, config.num_prefix_tokens, budget)
     stored = b * depth * (heads * queries * n + (n * n if mean else 0)) + b * n * n * 2 * (1 + classes + int(target))
     stored += b * n * config.dim * 2
-    return work, stored * 4 // 3
+    explained = bool(classes or target)  # the decomposition is the gradient methods' score: absent where they are
+    stored += explained * b * depth * heads * n * 2
+    numbers = explained * b * (depth * heads + 2 * depth + 16) * 25
+    return work, stored * 4 // 3 + numbers
 
 
 def _left_out(b: int, depth: int, heads: int, n: int, prefix: int, queries: int, mean: bool, budget: int) -> list[str]:
@@ -305,6 +334,7 @@ def build_payload(
     # layer's (the study's default), as the page draws it.
     study = run_study(model, images, target, method_params, check)
     method_maps, run, rollout, pca = study.methods, study.run, study.rollout, study.pca
+    decomposed = study.decomposition
     logits, maps, layout, norms = run.output, run.maps, run.layout, run.norms
     depth, b, heads, n, _ = maps.shape
     classifier = has_classifier(model)  # not pooled features, not an embedding projection (CLIP's)
@@ -366,6 +396,7 @@ def build_payload(
                 "dino": None
                 if dino is None
                 else {"masks": dino["masks"][i].int().tolist(), "kept": _as_list(dino["kept"][i])},
+                "decomposition": None if decomposed is None else decomposition_entry(decomposed, i),
             }
         )
     return {
@@ -391,6 +422,8 @@ def build_payload(
             for name in method_maps
         ],  # fmt: skip
         "methods_note": _methods_note(model, target),
+        # Absent where the gradient methods are, for their reason: without a classifier or a target, no score.
+        "decomposition_note": "" if decomposed else f"the decomposition is not on this page; it would {TARGET_NEEDED}",
         "images": pages,
     }
 

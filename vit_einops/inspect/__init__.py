@@ -33,6 +33,7 @@ from .faithfulness import METRICS, Faithfulness, faithfulness
 from .figures import (
     plot_attention_distance,
     plot_attention_overlays,
+    plot_decomposition,
     plot_dino_view,
     plot_filters,
     plot_methods,
@@ -112,6 +113,7 @@ __all__ = [
     "patch_feature_pca",
     "plot_attention_distance",
     "plot_attention_overlays",
+    "plot_decomposition",
     "plot_dino_view",
     "plot_filters",
     "plot_methods",

@@ -20,6 +20,7 @@ from torch import nn
 from ..network.config import ViTConfig
 from ..network.patch_embed import TokenLayout
 from ..network.sizes import forward_bytes
+from .decompose import decompose_memory, decomposition_bytes
 from .record import AttentionRecorder
 from .stats import recording_token_norms
 
@@ -60,6 +61,9 @@ def study_memory(
       their copy) with its float64 matrices (three of l b n^2), and where there is something to explain (a
       classifier, or a ``target``) a gradient method's differentiable pass with its gradients (three float32
       copies of the maps); a ``target``'s relevance is one such pass, run before the recorded maps exist;
+    - where there is something to explain, the study's decomposition
+      (:func:`~vit_einops.inspect.decompose.decompose_memory`), run before the recorded pass, and its numbers kept
+      beside every later phase (:func:`~vit_einops.inspect.decompose.decomposition_bytes`);
     - the recorded pass (:func:`record_pass`), then its rollout's float64 matrices beside its maps; DINO's view and
       the PCA are a few (b, h, gh, gw) and (b, n, D) arrays beside them.
 
@@ -77,4 +81,7 @@ def study_memory(
     phases = [record, record + 3 * depth * b * n * n * 8, maps + beside_maps, after]
     phases += [grad_pass + 3 * maps] * explain
     phases += [maps + grad_pass + 3 * classes * maps] * bool(classes)
+    if explain:
+        kept = decomposition_bytes(config, b)
+        phases = [decompose_memory(config, b), *(phase + kept for phase in phases)]
     return max(phases)

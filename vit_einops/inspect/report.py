@@ -22,6 +22,7 @@ from .embeddings import embedding_filter_components, model_position_similarity
 from .figures import (
     plot_attention_distance,
     plot_attention_overlays,
+    plot_decomposition,
     plot_filters,
     plot_methods,
     plot_position_similarity,
@@ -49,8 +50,9 @@ FIGURES = (
     "patch_pca",
 )
 TARGET_FIGURE = "target"  # drawn only for a backbone target
+DECOMPOSITION_FIGURE = "decomposition"  # drawn only where there is a score to decompose (a classifier or a target)
 # Everything write_report puts in its folder: the only names a folder it replaces may hold.
-REPORT_FILES = frozenset((*(f"{name}.png" for name in (*FIGURES, TARGET_FIGURE)), "arrays.npz"))
+REPORT_FILES = frozenset((*(f"{name}.png" for name in (*FIGURES, TARGET_FIGURE, DECOMPOSITION_FIGURE)), "arrays.npz"))
 # What arrays.npz holds, by --arrays: every layer's recorded maps (l, b, h, n, n) are most of a full file (562 MB for
 # one image at 518 px in DINOv2-S), so they are kept only when asked for; the arrays every figure draws are small.
 ARRAYS = {
@@ -148,6 +150,11 @@ def write_report(
     ``patch_pca.png`` is DINOv2's PCA picture: the first three components of one PCA over the drawn images' final
     patch tokens as RGB (:func:`~vit_einops.inspect.patch_feature_pca`).
 
+    ``decomposition.png`` draws the score the gradient methods explain split into each head's and MLP's direct
+    share (the L x H grid, the MLPs beside it) and the source maps of the top heads over each image
+    (:func:`~vit_einops.inspect.plot_decomposition`, from the study's :func:`~vit_einops.inspect.decompose`); it
+    is left out, as those methods are, for a model without a classifier and no target.
+
     With a ``target``, ``target.png`` draws its relevance over each image (the class token's row of R, or the mean
     of the patch rows for a model without one) and, for a patch target, the similarity map with the patch outlined
     (:func:`~vit_einops.inspect.plot_target_relevance`).
@@ -157,15 +164,17 @@ def write_report(
     (:func:`~vit_einops.inspect.record_pass`), again only with gradients for a target's relevance (and in the
     explanation methods), and for ``distance_images`` other than ``images``.
 
-    Returns the written paths by name (``target`` too when there is one): attention, methods, attention_distance,
-    position_similarity, embedding_filters, prefix_share, token_norms, patch_pca (each ``<name>.png``, written
+    Returns the written paths by name (``target`` and ``decomposition`` too where drawn): attention, methods,
+    attention_distance, position_similarity, embedding_filters, prefix_share, token_norms, patch_pca (each ``<name>.png``, written
     atomically), arrays (``arrays.npz``, unless ``arrays="none"``: ``attention``, the recorded maps (l, b, h, n, n),
     with ``arrays="full"`` only; the drawn ``class_attention`` (or ``patch_attention``) of layer
     ``class_attention_layer``, rollout, distances, similarities, filters, ``prefix_tokens`` (their names),
     ``prefix_share`` (l, b, h, p), ``token_norms`` (l, b, n), ``dino_attention`` and ``dino_mask`` (b, h, gh, gw):
     DINO's view of the drawn layer, ``patch_pca`` (b, gh, gw, k) and ``patch_pca_components`` (k, D): the PCA's
     projections and components, k = 3 or fewer where D or the patches are fewer; ``method_<name>`` (b, gh, gw) for
-    each method drawn, ``-`` in its name written ``_``, and ``method_labels``, their titles).
+    each method drawn, ``-`` in its name written ``_``, and ``method_labels``, their titles; with a decomposition,
+    ``decomposition_total``, ``_heads`` (b, L, H), ``_mlps`` (b, L), ``_rest`` (b,), ``_sources`` (b, L, H, n),
+    ``_parts`` (k, b) with ``decomposition_part_names`` (k,), and ``logit_lens`` (b, L + 1)).
     """
     check_study_target("write_report", target)
     if arrays not in ARRAYS:
@@ -179,6 +188,7 @@ def write_report(
         model, images, target, method_params, lambda run: check_finite_logits(images, run.output), layer=layer
     )
     method_maps, run, rollout, pca, layer = study.methods, study.run, study.rollout, study.pca, study.layer
+    decomposed = study.decomposition
     logits, maps, layout = run.output, run.maps, run.layout  # maps (l, b, h, n, n)
     has_class = study.dino is not None  # DINO's view is the class token's
     # Without a class token, the attention each patch receives from the patches is the map there is to draw.
@@ -234,6 +244,13 @@ def write_report(
         "patch_pca_components": pca.components,
         **{f"method_{name.replace('-', '_')}": value for name, value in method_maps.items()},
     }
+    if decomposed is not None:
+        d = decomposed.decomposition
+        saved.update(
+            decomposition_total=d.total, decomposition_heads=d.heads, decomposition_mlps=d.mlps,
+            decomposition_rest=d.rest, decomposition_sources=d.by_source,
+            decomposition_parts=torch.stack(list(d.parts.values())), logit_lens=decomposed.lens,
+        )  # fmt: skip
     if study.target is not None:
         saved["target_relevance"] = study.target.relevance  # (b, n, n)
         saved["target_score"] = study.target.scores
@@ -274,6 +291,11 @@ def write_report(
             similarity=saved.get("target_similarity"),
             patch=(target.row, target.col) if isinstance(target, PatchTarget) else None,
         )
+    if decomposed is not None:
+        d = decomposed.decomposition
+        figures[DECOMPOSITION_FIGURE] = plot_decomposition(
+            shown, d.heads, d.mlps, d.total, d.by_source, d.layout, method_titles
+        )
     if arrays != "full":
         del saved["attention"]  # checked above all the same: maps that overflow are refused whatever is kept
     buf = None if arrays == "none" else io.BytesIO()
@@ -282,6 +304,7 @@ def write_report(
             buf,
             prefix_tokens=np.array(layout.prefix, dtype=str),
             method_labels=np.array(list(labels.values()), dtype=str),
+            **({} if decomposed is None else {"decomposition_part_names": np.array(list(d.parts), dtype=str)}),
             **{k: v.detach().cpu().numpy() for k, v in saved.items()},
         )
     with staged_directory(out, owned=REPORT_FILES, replace=overwrite) as staging:

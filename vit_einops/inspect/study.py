@@ -5,10 +5,12 @@ its own.
 
 A study runs the explanation methods of :data:`~vit_einops.inspect.METHODS` first (:func:`explain_all`: their own
 passes never hold their maps beside the recorded pass's), then a backbone target's relevance (its differentiable
-pass, before the recorded maps exist), then the one recorded pass (:func:`record_pass`) that every other array
-reads: its rollout (:func:`recorded_rollout`), DINO's view of its ``layer`` (:func:`dino_view`) and the patch PCA of
-its final tokens (:func:`fit_patch_pca`, jointly over the images). Its memory is
-:func:`~vit_einops.inspect.recorded.study_memory` (a renderer adds its own work there).
+pass, before the recorded maps exist), then it decomposes the score the gradient methods explain
+(:func:`study_decomposition`, so that its working copies of every layer's pattern are gone before the recorded maps
+are held), then the one recorded pass (:func:`record_pass`) that every other array reads: its rollout
+(:func:`recorded_rollout`), DINO's view of its ``layer`` (:func:`dino_view`) and the patch PCA of its final tokens
+(:func:`fit_patch_pca`, jointly over the images). Its memory is :func:`~vit_einops.inspect.recorded.study_memory`
+(a renderer adds its own work there).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from torch import nn
 from ..base.checks import check_index
 from ..inputs import model_inputs
 from ..prediction import check_finite_logits, check_finite_outputs
+from .decompose import Decomposition, decompose, logit_lens
 from .dino import DinoView, dino_view
-from .methods import METHODS, explain_all, recorded_rollout
+from .methods import METHODS, explain_all, recorded_rollout, unexplained
 from .pca import PatchPCA, fit_patch_pca
 from .recorded import RecordedPass, record_pass
 from .relevance import attention_gradients, relevance_from_gradients
@@ -43,6 +46,15 @@ class TargetRelevance(NamedTuple):
     scores: torch.Tensor
 
 
+class StudyDecomposition(NamedTuple):
+    """:func:`study_decomposition`'s result: ``decomposition`` the score split into heads, MLPs and the rest, each
+    head's share by source token (:meth:`Decomposition.numbers`), and ``lens`` (b, L + 1) the logit lens of the
+    same score (:func:`logit_lens`)."""
+
+    decomposition: Decomposition
+    lens: torch.Tensor
+
+
 class Study(NamedTuple):
     """:func:`run_study`'s result.
 
@@ -54,7 +66,9 @@ class Study(NamedTuple):
     - ``layer``: the layer DINO's view reads, from 0;
     - ``dino``: DINO's view of that layer (:class:`~vit_einops.inspect.DinoView`, (b, h, gh, gw) each), None for a
       model without a class token;
-    - ``target``: the target's relevance (:class:`TargetRelevance`), None without a target.
+    - ``target``: the target's relevance (:class:`TargetRelevance`), None without a target;
+    - ``decomposition``: the score the gradient methods explain, decomposed (:func:`study_decomposition`), None
+      where there is nothing to explain.
     """
 
     methods: dict[str, torch.Tensor]
@@ -64,6 +78,7 @@ class Study(NamedTuple):
     layer: int
     dino: DinoView | None
     target: TargetRelevance | None
+    decomposition: StudyDecomposition | None
 
 
 def check_finite_pass(images: torch.Tensor, run: RecordedPass) -> None:
@@ -81,6 +96,16 @@ def target_relevance(model: nn.Module, images: torch.Tensor, target: Any, start_
     relevance = relevance_from_gradients(maps, grads, start_layer)[0]  # (b, n, n)
     check_finite_outputs("target's relevance maps", relevance, f"the gradients overflowed; {OVERFLOW}")
     return TargetRelevance(relevance, scores[:, 0])
+
+
+def study_decomposition(model: nn.Module, images: torch.Tensor, target: Any) -> StudyDecomposition | None:
+    """The decomposition of the score the study's gradient methods explain: ``target``, else each image's
+    predicted class; None for a model without a classifier and no target, which has no score to decompose (the
+    gradient methods are left out then too: :func:`~vit_einops.inspect.methods.unexplained`)."""
+    if unexplained(model, target):
+        return None
+    decomposition = decompose(model, images, target, by_source=True, preprocessed=True).numbers()
+    return StudyDecomposition(decomposition, logit_lens(model, images, target, preprocessed=True))
 
 
 def run_study(
@@ -134,10 +159,11 @@ def run_study(
     except ValueError:
         check(record_pass(model, images))
         raise
+    decomposition = study_decomposition(model, images, target)
     run = record_pass(model, images)
     check(run)
     rollout = recorded_rollout(run.maps, run.layout, method_params)
     dino = dino_view(run.maps, run.layout, layer=layer) if CLASS_TOKEN in run.layout.prefix else None
     b, d = len(images), run.tokens.shape[-1]
     pca = fit_patch_pca(run.tokens, run.layout, min(3, d, b * run.layout.num_patches))
-    return Study(methods, run, rollout, pca, layer, dino, chosen)
+    return Study(methods, run, rollout, pca, layer, dino, chosen, decomposition)
