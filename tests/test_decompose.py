@@ -207,7 +207,7 @@ def test_hostile_inputs_give_exact_messages():
         patch_heads(model, x, _x(2, TINY_DIGITS), preprocessed=True)
     with pytest.raises(ValueError, match=r"^this model has no classifier \(num_classes 0"):
         decompose(_model(TINY_DIGITS, num_classes=0), x, preprocessed=True)
-    with pytest.raises(ValueError, match=r"^decompose reads a linear classifier; .* tanh pre_logits"):
+    with pytest.raises(ValueError, match=r"^decompose needs a linear classifier: .* tanh pre_logits"):
         decompose(_model(TINY_DIGITS, representation_size=8), x, preprocessed=True)
     with pytest.raises(ValueError, match=r"^decompose explains one class per image"):
         decompose(model, x, [[1, 2]], preprocessed=True)

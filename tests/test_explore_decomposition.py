@@ -59,3 +59,23 @@ def test_a_tower_without_a_target_has_no_decomposition_and_says_why_and_with_one
     check_entry(pane["images"][0]["decomposition"], decomposition, lens, 0)
     assert pane["images"][0]["decomposition"]["total"] == pytest.approx(pane["images"][0]["target"]["score"], rel=1e-5)
 
+
+
+def test_a_head_with_a_tanh_pre_logits_layer_is_studied_without_the_decomposition_and_both_renderers_say_why(tmp_path):
+    # decompose refuses such a head (not linear: no exact split); the page and the report still draw every other
+    # method, and name the decomposition with its own reason instead of failing
+    from vit_einops.inspect import write_report
+    from vit_einops.inspect.methods import METHODS
+
+    torch.manual_seed(0)
+    model = tiny_vit(EXPLORED, representation_size=8).eval()
+    images = torch.rand(1, 3, 16, 16)
+    why = "needs a linear classifier: this model's head has a tanh pre_logits layer (representation_size), which no"
+    [pane] = embedded(write_explorer(model, images, tmp_path / "e.html", preprocessed=True, top_k=1))["panes"]
+    assert pane["images"][0]["decomposition"] is None
+    assert pane["decomposition_note"].startswith(f"the decomposition is not on this page; it {why}")
+    assert pane["methods_note"].startswith(f"decomposition: not on this page; it {why}")
+    assert [m["name"] for m in pane["methods"]] == [name for name in METHODS if name != "decomposition"]
+    write_report(model, images, tmp_path / "r")
+    assert not (tmp_path / "r" / "decomposition.png").exists() and "decomposition_heads" not in np.load(
+        tmp_path / "r" / "arrays.npz")

@@ -432,3 +432,18 @@ def test_an_image_folders_images_are_its_image_files_in_name_order(tmp_path):
         (tmp_path / name).write_bytes(b"")
     (tmp_path / "e.png").mkdir()  # a folder named like an image is opened, and refused, where it is read
     assert [p.name for p in image_files(tmp_path)] == ["a.JPG", "b.png", "d.webp", "e.png"]
+
+
+def test_a_method_that_cannot_read_the_model_is_left_out_of_every_method_and_refused_by_name_before_scoring():
+    # decompose needs a linear head: with a tanh pre_logits layer, "every method" scores the others, and asking
+    # for it by name says why before any map is made
+    from vit_einops.inspect import faithfulness
+    from vit_einops.inspect.methods import METHODS
+
+    torch.manual_seed(0)
+    model = tiny_vit(representation_size=8).eval()
+    images = torch.rand(2, 1, 8, 8)
+    with pytest.raises(ValueError, match=r"^method 'decomposition' needs a linear classifier: this model's head has"):
+        faithfulness(model, images, methods=["rollout", "decomposition"], preprocessed=True)
+    result = faithfulness(model, images, methods=None, preprocessed=True, steps=2)
+    assert list(result.aucs) == [name for name in METHODS if name != "decomposition"]

@@ -111,7 +111,7 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     from ..inspect import write_report
     from ..base.budget import check_peak_memory, format_bytes
     from ..base.threads import follow_free_cores, threads_summary
-    from ..inspect.methods import TARGET_NEEDED, unexplained
+    from ..inspect.methods import left_out_clauses, unexplained
     from ..inspect.report import REPORT_FILES, attention_maps_bytes, report_memory
 
     check_directory_output(out, REPORT_FILES, args.force)  # before the work; checked again at the commit
@@ -148,9 +148,9 @@ def _inspect(args: argparse.Namespace, path: Path, out: Path) -> int:
     # What a figure leaves out is said where the files are listed, as the figure says it. arrays.npz can be the
     # largest file by far: its size is said, and what --arrays would change.
     notes = {}
-    left_out = unexplained(model, target)
-    if left_out:
-        notes["methods"] = f" (without {', '.join(left_out)}: they {TARGET_NEEDED})"
+    clauses = left_out_clauses(unexplained(model, target))
+    if clauses:
+        notes["methods"] = "".join(f" (without {names}: {why})" for names, why in clauses)
     if not model.patch_embed.layout(config.image_size).prefix:
         notes["prefix_share"] = " (a note only: this model has no prefix tokens, no class token nor registers)"
     if "arrays" in paths:

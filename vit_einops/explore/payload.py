@@ -86,7 +86,7 @@ from ..inspect import (
     patch_distances,
     run_study,
 )
-from ..inspect.methods import TARGET_NEEDED, unexplained
+from ..inspect.methods import TARGET_NEEDED, left_out_clauses, unexplained
 from ..inspect.recorded import study_memory
 from ..inspect.targets import check_study_target, has_classifier, target_name
 from ..network.patch_embed import TokenLayout
@@ -422,16 +422,23 @@ def build_payload(
             for name in method_maps
         ],  # fmt: skip
         "methods_note": _methods_note(model, target),
-        # Absent where the gradient methods are, for their reason: without a classifier or a target, no score.
-        "decomposition_note": "" if decomposed else f"the decomposition is not on this page; it would {TARGET_NEEDED}",
+        # Absent where the decomposition method is, for its reason: without a classifier or a target, no score; a
+        # head that is not linear, no exact split.
+        "decomposition_note": "" if decomposed else _decomposition_note(model, target),
         "images": pages,
     }
 
 
 def _methods_note(model: Any, target: Any) -> str:
-    """Why the page holds no gradient method (:func:`~vit_einops.inspect.methods.unexplained`), or ""."""
-    left_out = unexplained(model, target)
-    return f"{', '.join(left_out)}: not on this page; they {TARGET_NEEDED}" if left_out else ""
+    """Why the page leaves methods out (:func:`~vit_einops.inspect.methods.unexplained`), or ""."""
+    clauses = left_out_clauses(unexplained(model, target))
+    return " ".join(f"{names}: not on this page; {why}." for names, why in clauses).removesuffix(".")
+
+
+def _decomposition_note(model: Any, target: Any) -> str:
+    """Why the page has no decomposition view: the decomposition method's reason."""
+    why = unexplained(model, target)["decomposition"]
+    return f"the decomposition is not on this page; it {'would ' if why == TARGET_NEEDED else ''}{why}"
 
 
 def page_payload(panes: Sequence[dict[str, Any]], titles: Sequence[str], bits: int) -> dict[str, Any]:

@@ -237,14 +237,20 @@ def _pool_reader(model: nn.Module, pool_in: torch.Tensor, u: torch.Tensor, parts
     return reader
 
 
+def not_decomposable(model: nn.Module) -> str:
+    """Why :func:`decompose` cannot split ``model``'s score, as a clause after "it" ("" where it can): a head
+    with a tanh pre_logits layer is not linear, so no part's share passes through it exactly."""
+    if "pre_logits" in model.head._modules:
+        return ("needs a linear classifier: this model's head has a tanh pre_logits layer (representation_size), "
+                "which no part's share passes through exactly")  # fmt: skip
+    return ""
+
+
 def _reader(model: nn.Module, cache: Any, score: _Score) -> tuple[torch.Tensor, dict]:
     """(r (b, n, D), the named constants): score = sum_i r_i . z_L[i] + sum(constants)."""
     head = model.head
-    if "pre_logits" in head._modules:
-        raise ValueError(
-            "decompose reads a linear classifier; this model's head has a tanh pre_logits layer "
-            "(representation_size), which no part's share passes through exactly"
-        )
+    if why := not_decomposable(model):
+        raise ValueError(f"decompose {why}")
     z = cache["resid_post", -1]
     parts: dict[str, torch.Tensor] = {}
     target, classes, layout = score.target, score.classes, score.layout

@@ -351,7 +351,7 @@ def faithfulness(
     Args:
         images: paths, PIL images, uint8 or float tensors, or a list of them, as :func:`vit_einops.predict` takes
             them (``preprocessed``: how a float tensor is taken).
-        methods: None (every method of :data:`METHODS`), a name, a list of names and (name, params) pairs, e.g.
+        methods: None (every method of :data:`METHODS` that reads ``model``: ``Method.refuses``), a name, a list of names and (name, params) pairs, e.g.
             ``["relevance", ("rollout", {"head_fusion": "max"})]``, or a mapping name -> params, e.g.
             ``{"relevance": {}, "rollout": {"head_fusion": "max"}}``. The random map is always scored beside them.
         target: None (each image's predicted class), a class index or one per image (b,), or a backbone target
@@ -366,6 +366,12 @@ def faithfulness(
         progress: a tqdm bar on stderr.
     """
     chosen = chosen_methods(methods)
+    for label, (name, _) in list(chosen.items()):  # a method that cannot read this model: left out, or refused if asked
+        why = METHODS[name].refuses(model) if METHODS[name].refuses else ""
+        if why and methods is not None:
+            raise ValueError(f"method {name!r} {why}")
+        if why:
+            del chosen[label]
     batch_size = check_positive_int("batch_size", batch_size)
     seed = check_int("seed", seed)
     images = model_inputs(model, images, preprocessed=preprocessed)

@@ -33,7 +33,7 @@ from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
 from ..network.sizes import check_model_forward
 from ..prediction import check_finite_logits
-from .decompose import decompose
+from .decompose import decompose, not_decomposable
 from .gradcam import grad_cam
 from .integrated_gradients import MAX_STEPS, PATH_BASELINES, QUADRATURES, integrated_gradients, patch_sums
 from .lrp import LINEAR_GAMMA, PATCH_GAMMA, STABILIZER, lrp
@@ -146,7 +146,9 @@ class Method:
 
     ``gradient``: whether it differentiates a target (a class logit or a backbone target's score); the others
     read the attention alone and ignore ``target``. ``params`` are its keyword parameters and their defaults,
-    ``checks`` each parameter's check (value -> checked value), ``reference`` the paper or code it follows."""
+    ``checks`` each parameter's check (value -> checked value), ``reference`` the paper or code it follows.
+    ``refuses(model)`` says why it cannot read ``model`` (a clause after "it"), "" where it can; None: it reads any
+    model of the package."""
 
     name: str
     compute: Callable[..., torch.Tensor]
@@ -154,6 +156,7 @@ class Method:
     reference: str
     params: Mapping[str, Any] = field(default_factory=dict)
     checks: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)
+    refuses: Callable[[nn.Module], str] | None = None
 
     def resolve(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Its parameters with ``params`` over the defaults, each checked; an unknown name is a TypeError."""
@@ -224,6 +227,7 @@ METHODS: dict[str, Method] = {
             "decomposition", _decomposition, True,
             "Gandelsman et al. 2024, every head's direct share of the score from each patch, summed (exact, the "
             "final norm's scale observed)",
+            refuses=not_decomposable,
         ),
         Method(
             "random", _random, False, "uniform noise on the grid, seeded (the baseline every method must beat)",
@@ -276,13 +280,27 @@ TARGET_NEEDED = (
 )
 
 
-def unexplained(model: nn.Module, target: Any) -> list[str]:
-    """The gradient methods of :data:`METHODS` :func:`explain_all` leaves out for ``model`` and ``target``: every
-    one for a model without a classifier (pooled features or an embedding head) and no target (nothing for them to
-    differentiate), else none."""
-    if target is not None or has_classifier(model):
-        return []
-    return [name for name, method in METHODS.items() if method.gradient]
+def unexplained(model: nn.Module, target: Any) -> dict[str, str]:
+    """The methods of :data:`METHODS` :func:`explain_all` leaves out for ``model`` and ``target``, each with why (a
+    clause after "they" or "it"): every gradient method for a model without a classifier (pooled features or an
+    embedding head) and no target, which gives them nothing to differentiate (:data:`TARGET_NEEDED`); a method that
+    cannot read this model, for its own reason (``Method.refuses``)."""
+    no_score = target is None and not has_classifier(model)
+    left_out = {}
+    for name, method in METHODS.items():
+        why = TARGET_NEEDED if method.gradient and no_score else method.refuses(model) if method.refuses else ""
+        if why:
+            left_out[name] = why
+    return left_out
+
+
+def left_out_clauses(left_out: Mapping[str, str]) -> list[tuple[str, str]]:
+    """:func:`unexplained`'s methods grouped by their reason: ("grad-cam, relevance", "they need a target: ...")
+    pairs, the pronoun agreeing with the count, for the figures, the page and the commands to say."""
+    groups: dict[str, list[str]] = {}
+    for name, why in left_out.items():
+        groups.setdefault(why, []).append(name)
+    return [(", ".join(names), f"{'they' if len(names) > 1 else 'it'} {why}") for why, names in groups.items()]
 
 
 def explain_all(

@@ -30,7 +30,7 @@ from .figures import (
     plot_target_relevance,
     plot_token_norms,
 )
-from .methods import METHODS, TARGET_NEEDED, unexplained
+from .methods import METHODS, left_out_clauses, unexplained
 from .pca import plot_patch_pca
 from .record import AttentionRecorder
 from .recorded import study_memory
@@ -196,8 +196,7 @@ def write_report(
     heads = study.dino.attention if has_class else patch_attention_grid(maps[layer], layout)  # (b, h, gh, gw)
     rollout_grid = token_map(rollout, layout)
     labels = {name: METHODS[name].label(method_params.get(name), every=True) for name in method_maps}
-    unexplained_methods = unexplained(model, target)
-    left_out = f"Not drawn: {', '.join(unexplained_methods)}; they {TARGET_NEEDED}." if unexplained_methods else ""
+    left_out = " ".join(f"Not drawn: {names}; {why}." for names, why in left_out_clauses(unexplained(model, target)))
     titles = titles or [f"image {i}" for i in range(len(images))]
     if model.has_classifier:  # pooled features or an embedding (CLIP's projection) predict nothing
         predicted = [class_name(p, classes) for p in logits.argmax(-1).tolist()]

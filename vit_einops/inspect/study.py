@@ -100,9 +100,9 @@ def target_relevance(model: nn.Module, images: torch.Tensor, target: Any, start_
 
 def study_decomposition(model: nn.Module, images: torch.Tensor, target: Any) -> StudyDecomposition | None:
     """The decomposition of the score the study's gradient methods explain: ``target``, else each image's
-    predicted class; None for a model without a classifier and no target, which has no score to decompose (the
-    gradient methods are left out then too: :func:`~vit_einops.inspect.methods.unexplained`)."""
-    if unexplained(model, target):
+    predicted class; None where the decomposition method is left out (:func:`~vit_einops.inspect.methods.unexplained`):
+    a model without a classifier and no target, which has no score to decompose, or a head that is not linear."""
+    if "decomposition" in unexplained(model, target):
         return None
     decomposition = decompose(model, images, target, by_source=True, preprocessed=True).numbers()
     return StudyDecomposition(decomposition, logit_lens(model, images, target, preprocessed=True))
