@@ -209,8 +209,9 @@ def _through_norm(norm: nn.LayerNorm, x: torch.Tensor, u: torch.Tensor) -> tuple
     return _center(u * gamma / sigma), shift
 
 
-def _pool_reader(model: nn.Module, pool_in: torch.Tensor, u: torch.Tensor, parts: dict) -> torch.Tensor:
-    """Slot readers u (b, S, D) on the pooling's output -> token readers (b, n, D) on its input ``pool_in``."""
+def _pool_reader(model: nn.Module, cache: Any, pool_in: torch.Tensor, u: torch.Tensor, parts: dict) -> torch.Tensor:
+    """Slot readers u (b, S, D) on the pooling's output -> token readers (b, n, D) on its input ``pool_in``; an
+    attention pool's weights and heads' outputs are read at its probe sites (``attn_pool.hook_pattern``, ``hook_z``)."""
     head = model.head
     pool = head.pool
     reader = torch.zeros_like(pool_in)
@@ -221,11 +222,10 @@ def _pool_reader(model: nn.Module, pool_in: torch.Tensor, u: torch.Tensor, parts
         reader[:, prefix:] = u[:, :1] / (pool_in.shape[1] - prefix)
     else:  # "map": the latent query's attention weights A (b, H, n) at their observed values
         b, n, dim = pool_in.shape
-        q = pool.split_q(pool.q(pool.latent.expand(b, -1, -1)))  # (b, H, 1, d)
-        k, v = pool.split_kv(pool.kv(pool_in))
-        heads, d = q.shape[1], q.shape[-1]
-        weights = torch.softmax(torch.einsum("bhqd,bhjd->bhqj", q * pool.attend.scale, k), dim=-1)[:, :, 0]
-        attended = pool.proj(torch.einsum("bhj,bhjd->bhd", weights, v).flatten(1))  # (b, D)
+        weights = cache["attn_pool.hook_pattern"][:, :, 0]  # (b, H, n)
+        z = cache["attn_pool.hook_z"][:, 0]  # (b, H, d): each head's A v
+        heads, d = z.shape[1], z.shape[-1]
+        attended = pool.proj(z.flatten(1))  # (b, D)
         g = (u[:, 0] @ pool.proj.weight).view(b, heads, d)  # u W_O, per head
         w_v = pool.kv.weight[dim:].view(heads, d, dim)
         reader = torch.einsum("bhj,bhd,hdD->bjD", weights, g, w_v)
@@ -284,19 +284,21 @@ def _reader(model: nn.Module, cache: Any, score: _Score) -> tuple[torch.Tensor, 
     parts["classifier's bias"] = bias
     u = torch.stack(u, dim=1)  # (b, S, D)
     if head.token_norm:
-        reader = _pool_reader(model, cache["ln_final.hook_normalized"], u, parts)
+        reader = _pool_reader(model, cache, cache["ln_final.hook_normalized"], u, parts)
         reader, parts["final norm's shift"] = _through_norm(head.norm, z, reader)
     else:
         u, parts["final norm's shift"] = _through_norm(head.norm, cache["hook_pooled"][:, None], u)
-        reader = _pool_reader(model, z, u, parts)
+        reader = _pool_reader(model, cache, z, u, parts)
     return reader, parts
 
 
 # -- decompose ----------------------------------------------------------------------------------------------
 
 
-def _sites(depth: int, extra: Sequence[str] = ()) -> list[str]:
-    names = ["hook_embed", "hook_pos_embed", "blocks.0.hook_resid_pre", f"blocks.{depth - 1}.hook_resid_post"]
+def _sites(model: nn.Module, extra: Sequence[str] = ()) -> list[str]:
+    depth = len(model.blocks)
+    pool = ["attn_pool.hook_pattern", "attn_pool.hook_z"] if model.head.pool.mode == "map" else []
+    names = pool + ["hook_embed", "hook_pos_embed", "blocks.0.hook_resid_pre", f"blocks.{depth - 1}.hook_resid_post"]
     for l in range(depth):
         names += [f"blocks.{l}.attn.hook_result", f"blocks.{l}.hook_attn_out", f"blocks.{l}.hook_mlp_out"]
         names += [f"blocks.{l}.attn.{site}" for site in extra]
@@ -323,8 +325,7 @@ def decompose(
         by_source: also split every head's share over its source tokens (``Decomposition.by_source``).
     """
     x, score = _prepare(model, images, target, preprocessed, "decompose")
-    depth = len(model.blocks)
-    logits, cache = model.run_with_cache(x, _sites(depth, ("hook_pattern", "hook_v")))
+    logits, cache = model.run_with_cache(x, _sites(model, ("hook_pattern", "hook_v")))
     z = cache["resid_post", -1]
     total = logits.gather(1, score.classes[:, None])[:, 0] if score.classes is not None else score(model, z)
     reader, parts = _reader(model, cache, score)
