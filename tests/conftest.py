@@ -69,14 +69,16 @@ def _own_working_directory(tmp_path_factory, monkeypatch):
 IG_TEST_STEPS = 2
 
 
-@pytest.fixture(autouse=True)
-def _few_integrated_gradients_steps(monkeypatch):
+@pytest.fixture(autouse=True, scope="session")
+def _few_integrated_gradients_steps():
+    """For the whole session, so that a module's fixture (a report, a page, maps) and its tests take the same."""
     from vit_einops.inspect.methods import METHODS
 
     method = METHODS["integrated-gradients"]
     few = dataclasses.replace(method, params={**method.params, "steps": IG_TEST_STEPS})
-    monkeypatch.setitem(METHODS, method.name, few)
-    yield method
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(METHODS, method.name, few)
+        yield method
 
 
 @pytest.fixture
