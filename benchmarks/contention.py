@@ -3,12 +3,12 @@
     python benchmarks/contention.py                          # b 1,8; N 577,1025; h 12, D_h 64; forward
     python benchmarks/contention.py --busy 0,1 --cycles 3 --rounds 8 --out contention.json
 
-Busy processes are Python loops (``while True: pass``) that this script starts for each condition and kills after
-it (on SIGTERM and Ctrl-C too); each also ends by itself once this script is gone or after --busy-limit seconds, so
-none outlives a killed run. A busy process that ended before its condition did (--busy-limit too short) is an
-error: that condition was not measured beside it. The conditions take turns
---cycles times (quiet, one busy, two busy, quiet, ...), so that whatever else the machine does while the script
-runs falls on every condition alike.
+Busy processes (vit_einops.bench.busy) are Python loops (``while True: pass``) that this script starts for each
+condition and kills after it (on SIGTERM and Ctrl-C too); each also ends by itself once this script is gone or after
+--busy-limit seconds, so none outlives a killed run. A busy process that ended before its condition did (--busy-limit
+too short) is an error: that condition was not measured beside it. The conditions take turns --cycles times (quiet,
+one busy, two busy, quiet, ...), so that whatever else the machine does while the script runs falls on every
+condition alike.
 
 Within a condition, for each (b, N), the paths take turns round by round (their order reversed every other round):
 each round times every path over at least --window seconds (whole calls, at least one) and divides each path's time
@@ -25,17 +25,17 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
-from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from vit_einops.base.io import check_file_output, output_lock, write_file
+from vit_einops.base.io import write_file
 from vit_einops.base.text import printable
+from vit_einops.bench.busy import (
+    BUSY_LIMIT_S, Terminated, add_out_arguments, check_busy, guarded, start_busy, stop,
+)  # fmt: skip
 from vit_einops.bench.env import machine_info
 from vit_einops.bench.names import RANGES
 from vit_einops.bench.paired import paired_ratio
@@ -43,47 +43,7 @@ from vit_einops.commands.bench import list_arg, number_arg
 from vit_einops.network.chunk_plan import chunk_elements, plan_for
 from vit_einops.network.chunked import _chunked_forward, chunked_attention
 
-# Spins until --busy-limit seconds have passed or its parent is gone (reparented: killed with no chance to stop it),
-# looking every 100,000 empty iterations (milliseconds) so that the loop itself stays pure Python.
-BUSY_LOOP = """import os, time
-parent, end = {parent}, time.monotonic() + {limit}
-while time.monotonic() < end and os.getppid() == parent:
-    for _ in range(100_000):
-        pass
-"""
 MAX_BUSY = 256  # busy processes per condition: past a few per core it measures the scheduler, not the paths
-BUSY_LIMIT_S = (1.0, 86_400.0)  # a busy process must outlive a condition (seconds at least), a day at most
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived: raised in the main thread so that every ``finally`` on the way out stops the busy loops."""
-
-
-def _terminate(signum, frame) -> None:
-    raise Terminated(signal.Signals(signum).name)
-
-
-def start_busy(count: int, limit: float) -> list[subprocess.Popen]:
-    """``count`` processes that each keep one core busy for ``limit`` seconds at most, and end once this process is
-    gone."""
-    loop = BUSY_LOOP.format(parent=os.getpid(), limit=limit)
-    return [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(count)]
-
-
-def check_busy(processes: list[subprocess.Popen], limit: float, seconds: float) -> None:
-    """ValueError if a busy process ended before the condition did: the condition was measured without it."""
-    ended = [p for p in processes if p.poll() is not None]
-    if ended:
-        raise ValueError(
-            f"{len(ended)} of {len(processes)} busy processes ended before their condition did (after {seconds:.1f} "
-            f"s; --busy-limit {limit:g} s): raise --busy-limit past the time one condition takes"
-        )
-
-
-def stop(processes: list[subprocess.Popen]) -> None:
-    for process in processes:
-        process.kill()
-        process.wait()
 
 
 def paths(q, k, v, in_turn: bool) -> dict:
@@ -166,16 +126,10 @@ def main(argv=None) -> int:
         help="seconds a busy process lives at most",
     )
     parser.add_argument("--in-turn", action="store_true", help="also time the blocks in turn, ops on all threads")
-    parser.add_argument("--out", type=Path, default=None, help="JSON file for every number")
-    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
+    add_out_arguments(parser, "every number")
     args = parser.parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        # The output is checked before anything is measured and written under its lock: a missing folder, a FIFO or
-        # an existing file (without --force) is refused at once, not after the whole run.
-        with output_lock(args.out) if args.out else nullcontext():
-            if args.out:
-                check_file_output(args.out, args.force, "pass --force to replace it")
+        with guarded(args.out, args.force):
             record = measure(args)
             if args.out:
                 write_file(args.out, (json.dumps(record, indent=1) + "\n").encode(), replace=args.force)
@@ -184,8 +138,6 @@ def main(argv=None) -> int:
     except Terminated as signal_name:  # the busy processes were stopped on the way here
         print(f"{parser.prog}: stopped by {signal_name}; its busy processes were ended", file=sys.stderr)
         return 128 + signal.SIGTERM
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     return 0
 
 

@@ -369,13 +369,13 @@ def doubled_einsum(attend, q, k, v, mask):
 
 def test_every_list_of_kernels_is_derived_from_the_registry(capsys):
     """ATTN_IMPLS, the train command's --attn-impl and the bench's rows all read KERNELS."""
-    from vit_einops.bench.names import CORE_PATHS, LAYER_PATHS, MODEL_PATHS
+    from vit_einops.bench.names import core_paths, layer_paths, model_paths
     from vit_einops.commands.cli import main
     from vit_einops.network.kernels import KERNELS
 
     assert ATTN_IMPLS == tuple(KERNELS) == ("einsum", "chunked", "sdpa")
-    assert CORE_PATHS[: len(KERNELS)] == ATTN_IMPLS and MODEL_PATHS == (*ATTN_IMPLS, "torch")
-    assert LAYER_PATHS == ("mha_chunked", "mha_sdpa", "torch_mha")  # the kernels that never form A, and torch's
+    assert core_paths()[: len(KERNELS)] == ATTN_IMPLS and model_paths() == (*ATTN_IMPLS, "torch")
+    assert layer_paths() == ("mha_chunked", "mha_sdpa", "torch_mha")  # the kernels that never form A, and torch's
     assert {name: k.forms_attention for name, k in KERNELS.items()} == {"einsum": True, "chunked": False, "sdpa": False}
     with pytest.raises(SystemExit):
         main(["train", "--attn-impl", "flash"])

@@ -21,7 +21,7 @@ from vit_einops.bench import plots, report
 from vit_einops.bench.attention import Point
 from vit_einops.bench.measure import peak_memory_bytes, time_interleaved
 from vit_einops.bench.model import OPTIMIZER, counted_flops, make_optimizer
-from vit_einops.bench.names import COMPILED_PATHS, CORE_PATHS, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES
+from vit_einops.bench.names import COMPILED_PATHS, MODEL_MODES, MODES, core_paths, layer_paths, model_paths
 from vit_einops.bench.noise import IQR_THRESHOLD, CpuUse, machine_verdict
 from vit_einops.presets import create_architecture
 
@@ -78,14 +78,16 @@ def test_smoke_run_exits_cleanly_and_prints_the_table(smoke):
     verdict = results["verdict"]
     assert verdict.startswith("Verdict: at N 17 (batch 2, 2 heads of 8), against SDPA's time: einsum takes ")
     header = report.header_text(results["meta"], results["matmul_ceiling"], results["noise"])
-    assert table.startswith(header + "\n\n" + verdict + "\n\n")
-    body = table.removeprefix(header + "\n\n" + verdict + "\n\n")
+    overhead = report.overhead_text(results["overhead"])  # the per-call overhead's line follows the verdict
+    assert table.startswith(header + "\n\n" + verdict + "\n\n" + overhead + "\n\n")
+    body = table.removeprefix(header + "\n\n" + verdict + "\n\n" + overhead + "\n\n")
     assert body.startswith("torch.compile of the einsum path") and "whole model" in body
     # Every line fits 120 columns; the kernels are in results.json.
     assert max(map(len, table.splitlines())) <= report.TABLE_WIDTH and "kernel" not in table
     printed, wrote = text.split("\nwrote ")
-    assert f" to {smoke['out'].parent}/out\\x1b[2J/ (wall " in wrote and "\x1b" not in text
-    assert wrote.endswith("; threads: 1 (--threads))\n")
+    assert f" plots) to\n  {smoke['out'].parent}/out\\x1b[2J/\n    " in wrote and "\x1b" not in text
+    assert wrote.endswith("\nthreads: 1 (--threads)\n")
+    assert max(map(len, text.splitlines())) <= report.TABLE_WIDTH  # all that is printed, the "wrote" lines too
     if results["noisy"]:  # the noise report and advice follow the tables (and head table.txt)
         warning = "\n" + report.noise_text(results["noise"]) + "\n"
         assert printed.endswith(warning) and table.startswith("NOISY RUN: ")
@@ -93,11 +95,28 @@ def test_smoke_run_exits_cleanly_and_prints_the_table(smoke):
     assert printed.endswith("\n" + body)
     # The verdict comes first: after the header and the line that announces it, before any table.
     start, after = printed.removesuffix("\n" + body).split("\n\n" + verdict + "\n")
+    assert after.startswith("\n" + overhead + "\n")
     start_header, announced = start.split("\nMeasuring einsum, chunked, sdpa at N 17 first, for the verdict")
     # A noisy run said so once before its rows; a quiet one never did.
     assert (start + after).count("NOISY RUN (so far): ") == results["noisy"]
     assert start_header.startswith("vit-einops bench ") and start_header.count("vit-einops bench ") == 1
     assert start_header.count("matmul ceiling") == 1 and "torch.compile of the einsum path" not in start_header
+
+
+def test_the_wrote_lines_fit_the_table_width_with_long_paths():
+    """The bench's last lines once ran to 330 columns (every file name, the folder and the threads on one line):
+    now the folder and the names are wrapped on their own lines, each line within 120 columns."""
+    names = sorted(["table.txt", "results.json", "attention.csv", "model.csv", *plots.PLOTS])
+    out = "/home/someone/" + "/".join(["a-rather-long-folder-name"] * 3) + "/bench-results"
+    threads = "threads: 2, then 1 (followed the free cores; at the last check 1 of 2 cores busy with other processes; "
+    threads += "--threads or VIT_EINOPS_THREADS fixes it)"
+    text = report.wrote_text(names, out, 647.4, len(plots.PLOTS), threads)
+    lines = text.splitlines()
+    assert lines[:2] == [f"wrote {len(names)} files (wall 647 s, {len(plots.PLOTS)} plots) to", f"  {out}/"]
+    assert max(map(len, lines)) <= report.TABLE_WIDTH < len(", ".join(names) + out + threads)
+    listed = " ".join(line.strip() for line in lines[2:] if line.startswith("    "))
+    assert listed.split(", ") == names  # every name whole, in order
+    assert " ".join(line.strip() for line in lines if not line.startswith("    ") and line not in lines[:2]) == threads
 
 
 def test_results_json_schema(smoke):
@@ -109,6 +128,12 @@ def test_results_json_schema(smoke):
     assert meta["threads"] == 1 and meta["threads_source"] == "--threads"  # as the run measured under it
     assert f"threads 1 (of {meta['cpu_count']} CPUs; from --threads)" in smoke["stdout"]
     assert meta["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    # The per-call overhead: both times, their difference and the paired ratio (one round in smoke: no interval),
+    # measured on outputs that agree.
+    overhead = results["overhead"]
+    check_numbers(overhead, ("model_s", "plain_s", "time_ratio"))
+    assert overhead["rounds"] == 1 and overhead["time_ratio_low"] is None and overhead["max_abs_diff"] <= 1e-6
+    assert overhead["overhead_s"] == overhead["model_s"] - overhead["plain_s"]
     check_numbers(results["matmul_ceiling"], ("size", "median_s", "gflop_per_s"))
     # The smoke grid does not compile, and says why.
     assert results["compile"]["attempted"] is False and "smoke" in results["compile"]["skip_reason"]
@@ -117,7 +142,7 @@ def test_results_json_schema(smoke):
     smoke_grid = meta["options"]
     expected = {
         (section, mode, path, b, n)
-        for section, paths in (("core", CORE_PATHS), ("layer", LAYER_PATHS))
+        for section, paths in (("core", core_paths()), ("layer", layer_paths()))
         for mode in MODES
         for path in paths
         for b in smoke_grid["batches"]
@@ -143,7 +168,7 @@ def test_results_json_schema(smoke):
             assert r["time_ratio"] == 1.0 and r["mem_ratio"] == 1.0
 
     model_rows = results["model"]
-    assert {(r["mode"], r["path"]) for r in model_rows} == {(m, p) for m in MODEL_MODES for p in MODEL_PATHS}
+    assert {(r["mode"], r["path"]) for r in model_rows} == {(m, p) for m in MODEL_MODES for p in model_paths()}
     for r in model_rows:
         assert set(r) == set(report.MODEL_FIELDS)
         check_numbers(r, report.MODEL_FIELDS)
@@ -158,7 +183,7 @@ def test_results_json_schema(smoke):
     weights = create_architecture(preset, image_size=options["image_size"], **options["model_overrides"]).parameters()
     gradient_bytes = sum(p.numel() * p.element_size() for p in weights)
     train = [r for r in model_rows if r["mode"] == "train_step"]
-    assert len(train) == len(MODEL_PATHS) and all(r["peak_bytes"] >= gradient_bytes for r in train), [
+    assert len(train) == len(model_paths()) and all(r["peak_bytes"] >= gradient_bytes for r in train), [
         (r["path"], r["peak_bytes"], gradient_bytes) for r in train
     ]
     # The run's flag: noisy exactly when a row is, or the run's own check of the machine said busy.

@@ -5,7 +5,9 @@ benchmarks/chunked.py on tiny shapes and one short round: every grid point gets 
 row of the full table, on tiny shapes): every row within its dtype's tolerance. Both keep an existing output file
 unless --force. benchmarks/contention.py on tiny shapes, quiet and beside one busy process: a row with its paired
 ratios per condition and shape, and no busy process left running. benchmarks/compare.py on two hand-made
-runs: the change of each ratio, and how many stayed within 25%.
+runs: the change of each ratio, and how many stayed within 25%. benchmarks/command_threads.py --smoke with its runs
+faked: the table's rows and ratios from known times, its busy process ended (also when a run fails), its command
+lines taken by each command's parser.
 
 Hostile inputs (tests/test_hostile_*.py's style): compare.py on files that are not a bench run's results, and
 contention.py on bad options, a missing output folder and SIGTERM; each with its exit status and its error line.
@@ -31,6 +33,7 @@ from _fork import fork
 from _hostile import bounded
 
 from vit_einops import ATTN_IMPLS
+from vit_einops.commands import cli
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "chunked.py"
 CONTENTION = SCRIPT.with_name("contention.py")
@@ -417,3 +420,132 @@ def test_contention_busy_processes_end_with_the_script(signum):
         for pid in (child, locals().get("busy")):
             if pid is not None and alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+COMMAND_THREADS = SCRIPT.with_name("command_threads.py")
+# Fake seconds of each run beside the busy process, per thread setting ("default": the policy's); quiet runs take 2 s.
+BUSY_SECONDS = {"default": 3.0, "1": 2.5, "2": 6.0}
+
+
+def fake_command_runs(script, calls: list[list[str]]) -> None:
+    """command_threads.py's runs replaced: no command runs; each returns BUSY_SECONDS (train's default 4 s) or 2 s
+    quiet, and the summary line of a policy that used 1 thread beside the busy process and 2 when quiet."""
+
+    def run(argv, timeout):
+        calls.append(argv)
+        out = Path(argv[argv.index("--out") + 1])
+        label = (out.parent if out.suffix == ".html" else out).name  # command-condition-setting-repeat, or setup
+        if label == "setup":
+            return 0.1, ""
+        command, condition, setting, _ = label.split("-")
+        assert command == argv[0] and ("--threads" in argv) == (setting != "default")
+        if condition == "quiet":
+            return 2.0, "...; threads: 2 (all 2 cores free; --threads or VIT_EINOPS_THREADS fixes it)\n"
+        seconds = 4.0 if (command, setting) == ("train", "default") else BUSY_SECONDS[setting]
+        used = "1" if setting == "default" else setting
+        return seconds, f"wrote x/; threads: {used} (why)\n"
+
+    script.run_in_process = run
+
+
+def command_threads_script() -> tuple[object, list[subprocess.Popen], list[list[str]]]:
+    """command_threads.py loaded, its runs faked (fake_command_runs), and the lists its busy processes and its runs'
+    command lines go into."""
+    script = load_script(COMMAND_THREADS)
+    started: list[subprocess.Popen] = []
+    start_busy = script.start_busy
+    script.start_busy = lambda count, limit: started.extend(start_busy(count, limit)) or started[-count:]
+    calls: list[list[str]] = []
+    fake_command_runs(script, calls)
+    return script, started, calls
+
+
+def test_command_threads_smoke_table_from_fake_runs(tmp_path, capsys):
+    """benchmarks/command_threads.py --smoke, its runs faked (the times of fake_command_runs): a row per command with
+    the quiet time, the busy default's, the fastest fixed count beside the busy process and its time, and the two
+    ratios with their goals (train's default 4 s over 2.5 s is 1.60, over the 1.25 goal); the quiet default once and
+    each setting once beside the busy process, which was started for that condition and ended; every line within 120
+    columns; the JSON keeps every run and row."""
+    script, started, calls = command_threads_script()
+    counts = min(2, os.cpu_count())
+    out = tmp_path / "threads.json"
+    assert script.main(["--smoke", "--max-threads", str(counts), "--out", str(out)]) == 0
+    assert len(started) == 1 and started[0].poll() is not None  # one busy process, ended
+    assert len(calls) == 1 + 4 * (2 + counts)  # the setup, then per command: quiet default, busy default and counts
+    printed = capsys.readouterr().out
+    assert max(map(len, printed.splitlines())) <= 120
+    table = printed[printed.index("\ncommand ") + 1 :].splitlines()
+    assert table[0].split()[:6] == ["command", "quiet", "s", "busy", "s", "used"]
+    expected = {command: ["2.00", "3.00", "1", "1", "2.50", "1.20", "ok", "1.50", "ok"] for command in script.COMMANDS}
+    expected["train"] = ["2.00", "4.00", "1", "1", "2.50", "1.60", "OVER", "2.00", "ok"]
+    assert {line.split()[0]: line.split()[1:] for line in table[1:5]} == expected
+    record = json.loads(out.read_text())
+    assert [r["command"] for r in record["rows"]] == list(script.COMMANDS)
+    train = record["rows"][-1]
+    assert train["fixed_busy_s"] == {str(c): BUSY_SECONDS[str(c)] for c in range(1, counts + 1)}
+    assert (train["default_over_best"], train["busy_over_quiet"], train["meets_default_goal"]) == (1.6, 2.0, False)
+    assert record["meta"]["cpu_model"] and len(record["meta"]["load_average"]) == 3
+    assert len(record["runs"]) == len(calls) - 1 and {r["threads_used"] for r in record["runs"]} == {"1", "2"}
+
+
+@pytest.mark.parametrize("size", ["full", "smoke"])
+def test_command_threads_command_lines_are_the_commands_own(size, tmp_path):
+    """Each timed run's command line, at either size and with --threads, is one the command's parser takes."""
+    script = load_script(COMMAND_THREADS)
+    for command in script.COMMANDS:
+        argv = script.command_argv(command, tmp_path, tmp_path / "out", script.SIZES[size]) + ["--threads", "1"]
+        args = cli.build_parser(command).parse_args(argv)
+        assert args.command == command and args.threads == 1
+
+
+# argv -> command_threads.py's error line after "PROG: error: "
+COMMAND_THREADS_OPTIONS = {
+    "--commands pizza": "argument --commands: expected some of faithfulness,inspect,explore,train, each once, got "
+    "'pizza'",
+    "--commands train,train": "argument --commands: expected some of faithfulness,inspect,explore,train, each once, "
+    "got 'train,train'",
+    "--repeats 0": "argument --repeats: repeats must be an int in [1, 100], got 0",
+    "--timeout nan": "argument --timeout: timeout must be a finite float in [1, 86400], got nan",
+    "--busy-limit 0.5": "argument --busy-limit: busy_limit must be a finite float in [1, 86400], got 0.5",
+}
+
+
+@pytest.mark.parametrize("argv", [*COMMAND_THREADS_OPTIONS, "--max-threads"])
+def test_command_threads_refuses_bad_options_by_name_before_running(argv, capsys):
+    """Refused before any run (the runs faked: none may be called), more fixed threads than the CPUs too."""
+    script, _, calls = command_threads_script()
+    if argv == "--max-threads":
+        cpus = os.cpu_count()
+        argv, expected = f"--max-threads {cpus + 1}", f"max_threads must be an int in [1, {cpus}], got {cpus + 1}"
+        expected = f"argument --max-threads: {expected}"
+    else:
+        expected = COMMAND_THREADS_OPTIONS[argv]
+    assert contention_refuses(capsys, ["--smoke", *argv.split()], script) == expected
+    assert calls == []
+
+
+def test_command_threads_keeps_an_existing_out_file_unless_forced(tmp_path, capsys):
+    script, _, calls = command_threads_script()
+    out = tmp_path / "threads.json"
+    out.write_text("mine\n")
+    assert contention_refuses(capsys, ["--smoke", "--out", str(out)], script) == (
+        f"{out} already exists; pass --force to replace it"
+    )
+    assert out.read_text() == "mine\n" and calls == []
+
+
+def test_command_threads_stops_its_busy_process_when_a_run_fails(capsys):
+    """A run that fails beside the busy process (a command exiting with status 2) ends the script with that command's
+    error line, and the busy process is stopped on the way out."""
+    script, started, calls = command_threads_script()
+    succeed = script.run_in_process
+
+    def fail_beside_the_busy_process(argv, timeout):
+        if started:
+            raise RuntimeError(f"{argv[0]} exited with status 2: vit-einops {argv[0]}: error: no such file")
+        return succeed(argv, timeout)
+
+    script.run_in_process = fail_beside_the_busy_process
+    line = contention_refuses(capsys, ["--smoke", "--max-threads", "1"], script)
+    assert line == "faithfulness exited with status 2: vit-einops faithfulness: error: no such file"
+    assert len(started) == 1 and started[0].poll() is not None

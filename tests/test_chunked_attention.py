@@ -5,8 +5,8 @@ The generic equivalence (MultiHeadAttention against nn.MultiheadAttention, every
 larger than N, one query row per block, uneven groups of images and heads, at several thread counts, and random
 shapes and budgets), masks whose pattern crosses blocks, gradients from the recomputing backward, dropout redrawn
 identically in backward, that A is never stored for backward, the planner's promises (every query once, no more
-scores at once than q's size or one default block), and the threaded forward (the blocks as tasks for worker threads):
-the same bits whatever the thread count, callers on several threads at once, and a forked child.
+scores at once than q's size or one default block), and the threaded forward and backward (the blocks as tasks for
+worker threads): the same bits whatever the thread count, callers on several threads at once, and a forked child.
 
 Reference: torch's own F.scaled_dot_product_attention, and our full-matrix "einsum" path. Tolerances are those of
 tests/_equiv.py: float64 at rtol 1e-9 / atol 1e-10 (the paths differ only in summation order), float32 at rtol
@@ -41,7 +41,8 @@ from vit_einops.network.chunk_plan import (
     task_elements,
     task_plan,
 )
-from vit_einops.network.chunk_pool import workers
+from vit_einops.network import chunked
+from vit_einops.network.chunk_pool import run_tasks, workers
 from vit_einops.network.chunked import chunked_attention
 
 
@@ -475,6 +476,57 @@ def test_threaded_forward_gives_the_same_bits_whatever_the_thread_count(restore_
     assert_close(outs[0], F.scaled_dot_product_attention(q, k, v, attn_mask=mask), F32_TOL, "vs sdpa")
 
 
+def counted_pool(monkeypatch) -> list[tuple[int, list[str]]]:
+    """chunked.py's run_tasks, recording per call its task count and the name of the thread each task ran on."""
+    calls = []
+
+    def counting(task, count, threads):
+        ran: list[str] = []
+        run_tasks(lambda i: ran.append(threading.current_thread().name) or task(i), count, threads)
+        calls.append((count, ran))
+
+    monkeypatch.setattr(chunked, "run_tasks", counting)
+    return calls
+
+
+# budget -> how the call's blocks fall: the default (heads, or query rows where one head's scores pass one L2), and
+# blocks of 40 query rows of one head (then a task is one (b h) row's blocks, which add into that row's dk and dv).
+BACKWARD_BUDGETS = {"default blocks": None, "blocks of query rows": 257 * 40}
+
+
+@pytest.mark.parametrize("budget", BACKWARD_BUDGETS.values(), ids=list(BACKWARD_BUDGETS))
+def test_threaded_backward_runs_on_the_pool_and_gives_the_same_bits_whatever_the_thread_count(
+    budget, monkeypatch, restore_threads
+):
+    """A call whose forward handed its blocks to the pool hands its backward's blocks to the same workers: at 2
+    threads every backward task runs on a pool worker (none on the caller with its ops split between torch's
+    threads); blocks of query rows go as one task per (b h) row. The gradients are the same to the bit at 1, 2 and
+    3 threads, and SDPA's within float32 rounding, with a mask."""
+    q, k, v = qkv(1, 4, 257, 16, dtype=torch.float32, seed=13)
+    mask = MASKS["causal (n, n)"](1, 4, 257, None)
+    upstream = torch.randn_like(q)
+    calls = counted_pool(monkeypatch)
+    results = {}
+    for threads in (2, 1, 3):
+        torch.set_num_threads(threads)
+        results[threads] = value_and_grads(
+            lambda *t: chunked_attention(*t, mask, scale=0.25, max_elements=budget), q, k, v, upstream
+        )
+        if threads == 2:
+            assert len(calls) == 2, calls  # the forward's tasks, then the backward's
+            (forward, _), (backward, ran) = calls
+            plan = task_plan(q, 257, budget or chunk_elements())
+            assert forward == len(plan.blocks) > 1
+            assert backward == (forward if plan.whole else 4), (plan.whole, backward)
+            assert len(ran) == backward and all(name.startswith("vit-einops-chunked-") for name in ran), ran
+    assert len(calls) == 4  # 3 threads: two calls more; 1 thread runs the same tasks in turn on the caller
+    for threads in (1, 3):
+        out, grads = results[threads]
+        assert torch.equal(out, results[2][0]) and all(map(torch.equal, grads, results[2][1])), threads
+    reference = value_and_grads(lambda *t: F.scaled_dot_product_attention(*t, attn_mask=mask), q, k, v, upstream)
+    assert_matches(results[2], reference, F32_TOL, "vs sdpa")
+
+
 def test_callers_on_several_threads_at_once_each_get_their_own_result(restore_threads):
     """Two threads calling the path at once share its workers; each call's blocks stay its own."""
     torch.set_num_threads(2)
@@ -539,8 +591,8 @@ def test_callers_of_different_thread_counts_at_once_all_return_on_the_same_worke
 
 def test_a_dispatch_mode_and_the_profiler_see_every_product(restore_threads):
     """Modes and the profiler watch only their own thread's ops: under them the blocks run on the calling thread,
-    so FlopCounterMode counts the two products' 4 b h n m d flops (as for the einsum path) and the profiler records
-    them, where worker threads would have hidden them."""
+    so FlopCounterMode counts the two products' 4 b h n m d flops (as for the einsum path), and the backward's too,
+    and the profiler records them, where worker threads would have hidden them."""
     torch.set_num_threads(2)
     q, k, v, _ = threaded_case()
     b, h, n, d = q.shape
@@ -550,6 +602,11 @@ def test_a_dispatch_mode_and_the_profiler_see_every_product(restore_threads):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         chunked_attention(q, k, v, scale=0.25)
     assert {"aten::baddbmm", "aten::bmm"} <= {event.name for event in prof.events()}
+    q.requires_grad_(True)
+    with FlopCounterMode(display=False) as flops:
+        chunked_attention(q, k, v, scale=0.25).sum().backward()
+    # the backward's five products (A recomputed, dv, dP, dq, dk) beside the forward's two, all counted
+    assert flops.get_total_flops() == 14 * b * h * n * n * d
 
 
 def _child_runs(q, k, v, mask, queue):

@@ -19,15 +19,17 @@ from vit_einops.commands.cli import main
 from vit_einops.explore import write_explorer
 from vit_einops.images import to_uint8
 from vit_einops.inspect import (
+    PatchTarget,
     attention_relevance,
     attention_rollout,
     head_statistics,
     record_attention,
+    run_study,
+    token_grid,
     token_norms,
     write_report,
 )
-from vit_einops.explore.payload import pca_colours, to_half
-from vit_einops.inspect.study import run_study
+from vit_einops.explore.payload import dino_pane, pca_colours, to_half
 from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing
 
@@ -264,18 +266,43 @@ def test_the_pages_rollout_is_the_reports_for_the_same_model_images_and_params(t
         assert np.array_equal(decode(image["rollout"], np.float16, (n, n)), values)
 
 
-def test_the_report_and_the_page_draw_one_study(tmp_path, unrendered):
-    """One study run, two renderers: the report's arrays and the page's pane are run_study's rollout and PCA."""
+def test_the_report_and_the_page_draw_one_study(tmp_path, unrendered, one_thread):
+    """One study run, two renderers: run_study called directly gives the arrays the report writes and the page
+    embeds (the page's as it stores them): the rollout, the methods, the patch PCA, DINO's view (of the last layer in
+    both) and the target's relevance from the relevance method's start_layer, with its scores."""
     torch.manual_seed(0)
     model = tiny_vit(EXPLORED).eval()
-    images = torch.rand(2, 3, 16, 16)
-    study = run_study(model, images, None, {}, lambda run: None)
-    write_report(model, images, tmp_path / "r")
+    images, target = torch.rand(1, 3, 16, 16), PatchTarget(1, 2)
+    params = {"relevance": {"start_layer": 1}, "integrated-gradients": {"steps": 2}}  # 2 steps: the test's time
+    study = run_study(model, images, target, params)
+    assert study.layer == 1 and study.dino.mask.shape == (1, 4, 4, 4) and study.target.relevance.shape == (1, 17, 17)
+    # The relevance method's map is the class token's row of the target's relevance: one rule, one start_layer.
+    assert torch.equal(study.methods["relevance"], token_grid(study.target.relevance, study.run.layout))
+    write_report(model, images, tmp_path / "r", target=target, method_params=params)
     with np.load(tmp_path / "r" / "arrays.npz") as arrays:
-        assert np.array_equal(arrays["rollout"], study.rollout.numpy())
-        assert np.array_equal(arrays["patch_pca"], study.pca.projections.numpy())
-        assert np.array_equal(arrays["method_rollout"], study.methods["rollout"].numpy())
-    [pane] = embedded(write_explorer(model, images, tmp_path / "e.html"))["panes"]
-    for i, image in enumerate(pane["images"]):
-        picture = np.asarray(Image.open(io.BytesIO(base64.b64decode(image["pca"]))))
-        assert np.array_equal(picture, pca_colours(study.pca.rgb)[i])
+        written = {name: arrays[name] for name in arrays.files}
+    expected = {
+        "rollout": study.rollout,
+        "patch_pca": study.pca.projections,
+        **{f"method_{name.replace('-', '_')}": value for name, value in study.methods.items()},
+        "dino_attention": study.dino.attention,
+        "dino_mask": study.dino.mask,
+        "class_attention": study.dino.attention,
+        "target_relevance": study.target.relevance,
+        "target_score": study.target.scores,
+    }
+    for name, value in expected.items():
+        assert np.array_equal(written[name], value.numpy()), name
+    assert written["class_attention_layer"] == study.layer
+    page = write_explorer(model, images, tmp_path / "e.html", top_k=1, target=target, method_params=params)
+    [image] = embedded(page)["panes"][0]["images"]
+    picture = np.asarray(Image.open(io.BytesIO(base64.b64decode(image["pca"]))))
+    assert np.array_equal(picture, pca_colours(study.pca.rgb)[0])
+    values, scale = to_half(study.rollout[0].numpy())
+    assert image["rollout_scale"] == scale and np.array_equal(decode(image["rollout"], np.float16, (17, 17)), values)
+    assert image["dino"]["masks"] == dino_pane(study.dino)["masks"][0].int().tolist()
+    assert image["dino"]["masks"][:4] == study.dino.mask[0].flatten(-2).int().tolist()
+    values, scale = to_half(study.target.relevance[0].double().numpy())
+    assert image["target"]["relevance_scale"] == scale
+    assert np.array_equal(decode(image["target"]["relevance"], np.float16, (17, 17)), values)
+    assert image["target"]["score"] == float(study.target.scores[0])

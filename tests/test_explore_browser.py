@@ -624,3 +624,64 @@ def test_a_siglip_like_tower_without_a_target_says_why_dino_and_the_gradient_met
         "FILE, --target-image PATH or --target-patch ROW,COL (target= in Python)"
     )
     assert _console_errors(browser) == []
+
+
+def test_the_decomposition_view_draws_the_payloads_shares_and_a_clicked_heads_source_map(browser, tmp_path):
+    """The decomposition view: an L x H grid of head cells and L MLP cells holding the payload's shares exactly, a
+    logit-lens strip of L + 1; clicking a head selects it and draws its source map (the payload's float16 sources,
+    each patch's colour within the stored precision), and the readout prints the head's share; another image
+    brings its own numbers. A tower without a target does not offer the view and says why."""
+    from test_explore import decode, embedded
+
+    torch.manual_seed(0)
+    model = perturbed(tiny_vit(TINY_RGB16, depth=3, heads=2), std=0.2)
+    page = write_explorer(model, torch.rand(2, 3, 16, 16), tmp_path / "d.html", preprocessed=True, top_k=1)
+    [pane] = embedded(page)["panes"]
+    _open(browser, page)
+    browser.execute_script(
+        "const o = document.getElementById('opacity'); o.value = 100; o.dispatchEvent(new Event('input'));"
+    )
+    values = "return Array.from(document.querySelectorAll('#pane-0 .%s'), (c) => Number(c.dataset.value));"
+    for image in (0, 1):
+        _select(browser, "image-select", image)
+        _select(browser, "view-select", "decomposition")
+        numbers = pane["images"][image]["decomposition"]
+        assert browser.execute_script(values % "head-cell") == [s for row in numbers["heads"] for s in row]
+        assert browser.execute_script(values % "mlp-cell") == numbers["mlps"]
+        assert browser.execute_script(values % "lens-cell") == numbers["lens"]
+        sources = decode(numbers["sources"], np.float16, (3, 2, 17)).astype(np.float64) * numbers["sources_scale"]
+        before = np.array(browser.execute_script(CENTRES + "return pixels;"), dtype=float)
+        drawn_heads = [(l, h) for l in range(3) for h in range(2) if sources[l, h, 1:].max() > 0]  # not blank
+        assert len(drawn_heads) >= 2
+        for layer, head in (drawn_heads[-1], drawn_heads[0]):
+            cell = f'#pane-0 .head-cell[data-layer="{layer}"][data-head="{head}"]'
+            browser.find_element("css selector", cell).click()
+            assert browser.find_element("id", "layer-select").get_attribute("value") == str(layer)
+            assert browser.find_element("id", "head-select").get_attribute("value") == str(head)
+            chosen = browser.find_elements("css selector", "#pane-0 .head-cell.chosen")
+            assert [(c.get_attribute("data-layer"), c.get_attribute("data-head")) for c in chosen] == [
+                (str(layer), str(head))
+            ]
+            shown = browser.execute_script(SHOWN)
+            row = sources[layer, head]
+            peak = row[1:].max()
+            assert abs(shown["max"] - peak) <= peak * 2**-10, (shown["max"], peak)
+            drawn = np.array(shown["pixels"], dtype=float)
+            assert np.abs(drawn - viridis(row[1:] / peak)).max() <= STEEPEST * 2**-10 + 1.5
+            assert not np.array_equal(drawn, before)  # the click changed the map
+            before = drawn
+            readout = browser.find_element("css selector", "#pane-0 .decomp-readout")
+            share = numbers["heads"][layer][head]
+            assert float(readout.get_attribute("data-share")) == share
+            printed = re.fullmatch(rf"layer {layer}, head {head}: share (\S+) of the total (\S+)", readout.text)
+            assert printed and float(printed[1]) == pytest.approx(share, rel=5e-6)
+            assert float(printed[2]) == pytest.approx(numbers["total"], rel=5e-6)
+            assert shown["text"]["query-line"] == (
+                f"share of the score by source token, layer {layer}, head {head} (every source token; no query row)"
+            )
+    assert _console_errors(browser) == []
+    tower = ViT(image_size=16, patch_size=4, dim=32, depth=2, heads=2, mlp_dim=64, num_classes=0).eval()
+    _open(browser, write_explorer(tower, torch.rand(1, 3, 16, 16), tmp_path / "t.html", preprocessed=True))
+    option = browser.find_element("id", "decomposition-option")
+    assert option.get_attribute("disabled") and "it would need a target: this model has no classifier" in option.text
+    assert _console_errors(browser) == []

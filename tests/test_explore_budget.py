@@ -18,7 +18,10 @@ from vit_einops.commands.cli import main
 from vit_einops.explore import write_explorer
 from vit_einops.explore.payload import COSINE_BOUND, pane_memory
 from vit_einops.inspect import PatchTarget, explain_all, patch_similarity, record_attention, write_report
+from vit_einops.inspect.decompose import decomposition_bytes
+from vit_einops.inspect.recorded import study_memory
 from vit_einops.inspect.report import report_memory
+from vit_einops.inspect.study import study_decomposition
 from vit_einops.modelfile import save_vit
 from vit_einops.network.config import ViTConfig
 from vit_einops.network.sizes import forward_bytes
@@ -84,9 +87,11 @@ def count_forwards(model):
 
 
 def method_passes(model, images, target=None):
-    """The passes of the explanation methods' maps (explain_all), which a page or report adds to its own."""
+    """The passes of the explanation methods' maps (explain_all) and of the study's decomposition (none for a model
+    with no score to decompose), which a page or report adds to its own."""
     calls = count_forwards(model)
     explain_all(model, images, target, preprocessed=True)
+    study_decomposition(model, images, target)
     return len(calls)
 
 
@@ -158,11 +163,41 @@ def test_a_run_over_max_memory_is_refused_with_one_line_before_any_work(tmp_path
 
 def test_the_report_and_the_pane_estimate_one_study_the_same_where_it_holds_the_same():
     """One estimate: where a target's differentiable pass is the peak (ViT-B/16 on 4 images), the report and the
-    pane both hold its gradients beside the maps, and estimate it alike: the pass with four copies of the maps."""
+    pane both hold its gradients beside the maps, and estimate it alike: the pass with four copies of the maps, beside
+    the study's decomposition (its numbers)."""
     config = ViTConfig(image_size=224, patch_size=16, num_classes=1000, dim=768, depth=12, heads=12, mlp_dim=3072)
     maps = 12 * 4 * 12 * 197**2 * 4
-    peak = forward_bytes(config, 4, kept=12, grad=True) + 4 * maps
+    peak = forward_bytes(config, 4, kept=12, grad=True) + 4 * maps + decomposition_bytes(config, 4)
     assert report_memory(config, 4, target=True) == peak
     assert pane_memory(config, 4, classes=0, target=True, budget=24_000_000)[0] == peak
-    # Relevance for 5 classes from one pass holds three copies of the maps per class.
-    assert pane_memory(config, 4, classes=5, target=True, budget=24_000_000)[0] == peak + 12 * maps
+    # The pane's relevance for 5 classes, from one pass, holds three copies of the maps per class, and runs beside
+    # the study's recorded maps (the target's pass runs before they exist).
+    assert pane_memory(config, 4, classes=5, target=True, budget=24_000_000)[0] == peak + 13 * maps
+
+
+STUDIED = {
+    "ViT-B/16": dict(image_size=224, patch_size=16, num_classes=1000, dim=768, depth=12, heads=12, mlp_dim=3072),
+    "DINOv2-S/14 at 518 px": dict(
+        image_size=518, patch_size=14, num_classes=0, dim=384, depth=12, heads=6, mlp_dim=1536, register_tokens=4
+    ),
+    "tiny": dict(EXPLORED),
+}
+
+
+@pytest.mark.parametrize("name", STUDIED)
+@pytest.mark.parametrize("b", [1, 4])
+@pytest.mark.parametrize("target", [False, True])
+def test_each_renderers_estimate_is_its_studys_and_never_below_it(name, b, target):
+    """One estimate of the study (study_memory with no renderer's work): the report's and the pane's add their own
+    work to it, so neither is below it, and where the study's own phases are the peak (a backbone with no target:
+    no gradient pass) the report's is the study's exactly; the study's rollout is counted there once."""
+    config = ViTConfig(**STUDIED[name])
+    own = study_memory(config, b, target=target)
+    reports = [report_memory(config, b, target=target, arrays=arrays) for arrays in ("none", "figures", "full")]
+    assert own <= reports[0] <= reports[1] <= reports[2]
+    for classes in (0, 5):
+        assert pane_memory(config, b, classes=classes, target=target, budget=24_000_000)[0] >= own
+    if name == "DINOv2-S/14 at 518 px" and not target:
+        n, maps = 1374, 12 * b * 6 * 1374**2 * 4
+        record = forward_bytes(config, b, kept=12) + maps
+        assert reports[1] == own == record + 3 * 12 * b * n * n * 8

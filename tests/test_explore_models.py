@@ -88,16 +88,19 @@ def test_register_model_payload_shares_statistics_and_dino_masks_are_the_recorde
         assert codes.shape[-1] == 21  # every token's column is stored: the page lists the prefix ones apart
 
 
-def test_dino_pane_needs_a_class_token():
+def test_dino_pane_is_none_where_the_study_has_no_dino_view():
+    """The study holds no DINO view for a model without a class token (its pane in
+    test_siglip_and_deit_panes_name_their_tokens_and_only_deit_has_a_dino_view); the pane then has none either."""
     maps = torch.rand(2, 1, 2, 5, 5).softmax(-1)
-    assert dino_pane(maps, TokenLayout((), (1, 5))) is None and dino_pane(maps, TokenLayout(("reg1",), (2, 2))) is None
-    assert dino_pane(maps, TokenLayout(("cls",), (2, 2)))["masks"].shape == (1, 3, 4)
+    assert dino_pane(None) is None
+    assert dino_pane(dino_view(maps, TokenLayout(("cls",), (2, 2))))["masks"].shape == (1, 3, 4)
 
 
 def test_dino_pane_keeps_the_heads_masks_of_inspects_dino_view_and_the_mean_of_heads():
     torch.manual_seed(0)
     maps, layout = torch.rand(2, 3, 2, 6, 6).softmax(-1), TokenLayout(("cls", "reg1"), (2, 2))
-    pane, view = dino_pane(maps, layout), dino_view(maps, layout)
+    view = dino_view(maps, layout)
+    pane = dino_pane(view)
     assert torch.equal(pane["masks"][:, :2], view.mask.flatten(-2))
     assert torch.equal(pane["masks"][:, 2], dino_mask(view.attention.double().mean(1).flatten(-2)))
 
@@ -287,7 +290,7 @@ def test_siglip_and_deit_panes_name_their_tokens_and_only_deit_has_a_dino_view(t
     assert first["images"][0]["dino"] is None
     assert second["layout"] == {"prefix": ["cls", "dist"], "grid": [8, 8]}
     _, maps, layout = record_attention(deit, images, preprocessed=True)
-    view = dino_pane(maps.double(), layout)
+    view = dino_pane(dino_view(maps.double(), layout))
     assert second["images"][0]["dino"]["masks"] == view["masks"][0].int().tolist()
     share = second["images"][0]["stats"]["prefix_share"]  # (l, h, 2): cls and dist columns over patch queries
     expected = maps[..., 2:, :2].double().mean(-2)[:, 0]

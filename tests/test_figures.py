@@ -19,10 +19,13 @@ from PIL import Image
 from vit_einops import TokenLayout, ViT
 from vit_einops.inspect import (
     DinoView,
+    decompose,
     dino_mask,
+    logit_lens,
     model_position_similarity,
     plot_attention_distance,
     plot_attention_overlays,
+    plot_decomposition,
     plot_dino_view,
     plot_filters,
     plot_methods,
@@ -388,3 +391,47 @@ def test_target_figure_panels_line_up_in_columns_and_its_colour_bar_says_relevan
     assert min(bar.get_position().x0 for bar in bars) > max(ax.get_position().x1 for ax in panels)
     assert fig.get_figwidth() == pytest.approx(2.4 * b + 1.2)  # as wide as its panels: no empty column
     assert [ax.get_title() for ax in panels[:b]] == [f"img{i}.png" for i in range(b)]
+
+
+def test_the_decomposition_figure_is_whole_with_a_grid_the_mlps_and_the_top_heads_source_maps():
+    """decomposition.png's figure at ViT-B's 12 x 12 heads and at 2 x 4 on two images: whole at its default size,
+    a grid and an MLP column per image, and the top heads' maps titled with their shares, largest first."""
+    torch.manual_seed(0)
+    for depth, heads, b in ((12, 12, 1), (2, 4, 2)):
+        model = tiny_vit(TINY_RGB, image_size=16, patch_size=4, dim=4 * heads, depth=depth, heads=heads).eval()
+        images = torch.rand(b, 3, 16, 16)
+        d = decompose(model, images, by_source=True, preprocessed=True)
+        fig = plot_decomposition(images, d.heads, d.mlps, d.total, d.by_source, d.layout, ["a.jpg\npredicted 3"] * b)
+        assert unreadable(fig) == []
+        assert len(image_axes(fig)) == b * (2 + 3)
+        shares = d.heads[0].flatten()
+        top = shares.abs().argsort(descending=True)[:3].tolist()
+        expected = [f"layer {i // heads} head {i % heads}\nshare {float(shares[i]):.3g}" for i in top]
+        assert [ax.get_title() for ax in fig.get_axes()[2:5]] == expected
+    with pytest.raises(ValueError, match="top must be a positive int, got 0"):
+        plot_decomposition(images, d.heads, d.mlps, d.total, d.by_source, d.layout, top=0)
+
+
+def test_write_report_draws_decomposition_png_and_saves_decomposes_numbers(tmp_path, rendered_only):
+    """A classifier's report: decomposition.png written whole, and its arrays are decompose's and logit_lens's
+    numbers for the predicted class; a tower without a target has neither (nothing to decompose)."""
+    rendered_only("decomposition")
+    torch.manual_seed(0)
+    model, images = vit(), torch.rand(2, 3, 16, 16)
+    paths = write_report(model, images, tmp_path / "r")
+    data = paths["decomposition"].read_bytes()
+    assert paths["decomposition"] == tmp_path / "r" / "decomposition.png" and data.startswith(PNG_MAGIC)
+    Image.open(io.BytesIO(data)).verify()  # whole: a truncated PNG fails here
+    d = decompose(model, images, by_source=True, preprocessed=True)
+    with np.load(paths["arrays"]) as arrays:
+        for name in ("total", "heads", "mlps", "rest"):
+            np.testing.assert_array_equal(arrays[f"decomposition_{name}"], getattr(d, name).numpy())
+        np.testing.assert_array_equal(arrays["decomposition_sources"], d.by_source.numpy())
+        assert list(arrays["decomposition_part_names"]) == list(d.parts)
+        np.testing.assert_array_equal(arrays["decomposition_parts"], torch.stack(list(d.parts.values())).numpy())
+        np.testing.assert_array_equal(arrays["logit_lens"], logit_lens(model, images, preprocessed=True).numpy())
+    tower = ViT(image_size=16, patch_size=4, dim=32, depth=2, heads=2, mlp_dim=64, num_classes=0).eval()
+    paths = write_report(tower, images, tmp_path / "t")
+    assert "decomposition" not in paths and not (tmp_path / "t" / "decomposition.png").exists()
+    with np.load(paths["arrays"]) as arrays:
+        assert not [name for name in arrays.files if "decomposition" in name or name == "logit_lens"]

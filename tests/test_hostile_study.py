@@ -6,6 +6,7 @@ seed past torch's int64 is refused by name while both of its ends are seeds."""
 
 from __future__ import annotations
 
+import doctest
 import json
 import re
 
@@ -27,6 +28,7 @@ from vit_einops.inspect import (
     plot_prefix_share,
     plot_token_norms,
     position_similarity,
+    run_study,
 )
 from vit_einops.modelfile import save_vit
 
@@ -110,6 +112,55 @@ def test_plot_prefix_share_with_a_name_count_other_than_its_columns_names_both_c
     share = torch.full((2, 1, 2, 2), 0.25)  # (l, b, h, p): two prefix tokens
     with pytest.raises(ValueError, match=re.escape(f"{len(names)} prefix tokens {names} for 2 prefix-token columns")):
         plot_prefix_share(share, TokenLayout(names, (2, 2)))
+
+
+# --- run_study, the one study both renderers draw -------------------------------------------------------------------
+
+
+def forwards(model):
+    calls = []
+    model.patch_embed.register_forward_pre_hook(lambda *_: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda m, x: run_study(nn.Linear(2, 2), x), TypeError, "run_study needs a vit-einops ViT, got Linear"),
+        (lambda m, x: run_study(m, x, 3), TypeError, "run_study's target is a backbone target (EmbeddingTarget"),
+        (lambda m, x: run_study(m, x, layer=2), ValueError, "layer 2 out of range for a ViT of depth 2 (valid: -2..1)"),
+        (lambda m, x: run_study(m, x, layer=1.0), TypeError, "layer must be an int"),
+        (lambda m, x: run_study(m, x[0, 0]), ValueError,
+         "images must be an image (C, H, W) or a batch (B, C, H, W), got shape (8, 8)"),
+        (lambda m, x: run_study(m, x.expand(2, 3, 8, 8)), ValueError, "expected 1 channels, got 3"),
+    ],
+    ids=["not a ViT", "a class target", "a layer past the depth", "a float layer", "a bare grid", "RGB for grey"],
+)
+def test_run_study_refuses_bad_arguments_by_name_before_any_forward_pass(call, error, message):
+    model = tiny_vit()
+    calls = forwards(model)
+    with pytest.raises(error, match=re.escape(message)):
+        call(model, torch.rand(2, 1, 8, 8))
+    assert calls == []
+
+
+def test_run_study_of_a_model_of_nan_weights_names_the_first_image_and_the_weights():
+    """Its default check: the methods meet the nan first; the recorded pass then names the cause."""
+    model = tiny_vit()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.fill_(float("nan"))
+    with pytest.raises(ValueError, match=re.escape(
+        "the model's outputs hold 20 non-finite values (nan or inf) of 20: in image 0 (and 1 more), whose "
+        "preprocessed pixels are finite, so the model's weights are the likely cause"
+    )):  # fmt: skip
+        run_study(model, torch.rand(2, 1, 8, 8))
+
+
+def test_run_studys_docstring_example_runs_as_written():
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    [example] = finder.find(run_study, "run_study", globs={})
+    assert runner.run(example).failed == 0 and len(example.examples) == 6
 
 
 # --- a distilled head's two classifiers -----------------------------------------------------------------------------

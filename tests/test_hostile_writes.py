@@ -29,8 +29,8 @@ from vit_einops.modelfile import save_vit
 from vit_einops.preprocess import Preprocessing
 
 REPORT = [
-    "arrays.npz", "attention.png", "attention_distance.png", "embedding_filters.png", "methods.png", "patch_pca.png",
-    "position_similarity.png", "prefix_share.png", "token_norms.png",
+    "arrays.npz", "attention.png", "attention_distance.png", "decomposition.png", "embedding_filters.png",
+    "methods.png", "patch_pca.png", "position_similarity.png", "prefix_share.png", "token_norms.png",
 ]  # fmt: skip
 INSPECT = ["--num-images", "1", "--distance-images", "2"]  # the smallest report
 

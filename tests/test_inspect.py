@@ -29,6 +29,7 @@ from vit_einops.inspect import (
     show_attention,
     write_report,
 )
+from vit_einops.inspect.study import study_decomposition
 from vit_einops.reference import torch_mha_from
 
 
@@ -287,6 +288,7 @@ def test_report_runs_the_model_once_when_distance_images_are_the_drawn_ones(tmp_
     report_calls = list(calls)
     calls.clear()
     explain_all(model, images, preprocessed=True)  # methods.png's maps: the passes the report adds to its one
+    study_decomposition(model, images, None)  # and the study's decomposition of the same score
     assert report_calls == [3] * (1 + len(calls))
     arrays = np.load(tmp_path / "arrays.npz")
     expected = mean_attention_distance(torch.from_numpy(arrays["attention"]), model.patch_embed.layout(), 2)

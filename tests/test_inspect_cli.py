@@ -74,14 +74,16 @@ def test_default_photos_for_a_register_model_not_trained_on_digits(tmp_path, cap
     assert main(["inspect", str(tmp_path / "m.safetensors"), "--out", str(tmp_path / "out"), *flags]) == 0
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == [
-        "arrays.npz", "attention.png", "attention_distance.png", "embedding_filters.png", "methods.png",
-        "patch_pca.png", "position_similarity.png", "prefix_share.png", "token_norms.png",
+        "arrays.npz", "attention.png", "attention_distance.png", "decomposition.png", "embedding_filters.png",
+        "methods.png", "patch_pca.png", "position_similarity.png", "prefix_share.png", "token_norms.png",
     ]  # fmt: skip
     arrays = np.load(out / "arrays.npz")
     assert arrays["method_labels"].tolist() == [
         "attention", "rollout (residual 0.5, head_fusion max, discard_ratio 0.5)",
         "gradient-rollout (discard_ratio 0.5)", "relevance (start_layer 1)", "grad-cam (layer -1)",
-        "integrated-gradients (baseline black, steps 50, quadrature gausslegendre)", "decomposition", "random (seed 0)",
+        "integrated-gradients (baseline black, steps 50, quadrature gausslegendre)",
+        "attnlrp (patch_gamma 0.25, linear_gamma 0.1, stabilizer 1e-06)",
+        "cp-lrp (patch_gamma 0.25, linear_gamma 0.1, stabilizer 1e-06)", "decomposition", "random (seed 0)",
     ]  # fmt: skip
     images = torch.from_numpy(arrays["images"])
     for name, params in (("rollout", dict(head_fusion="max", discard_ratio=0.5)), ("relevance", dict(start_layer=1))):

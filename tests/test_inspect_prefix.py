@@ -310,11 +310,11 @@ def test_report_of_a_register_model_names_its_prefix_tokens(tmp_path, unrendered
     x = torch.rand(2, 3, 16, 16)
     paths = write_report(model, x, tmp_path / "r", layer=0, arrays="full")
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [
-        "arrays.npz", "attention.png", "attention_distance.png", "embedding_filters.png", "methods.png",
-        "patch_pca.png", "position_similarity.png", "prefix_share.png", "token_norms.png",
+        "arrays.npz", "attention.png", "attention_distance.png", "decomposition.png", "embedding_filters.png",
+        "methods.png", "patch_pca.png", "position_similarity.png", "prefix_share.png", "token_norms.png",
     ]  # fmt: skip
-    assert set(paths) == {"arrays", "attention", "attention_distance", "embedding_filters", "methods", "patch_pca",
-                          "position_similarity", "prefix_share", "token_norms"}  # fmt: skip
+    assert set(paths) == {"arrays", "attention", "attention_distance", "decomposition", "embedding_filters",
+                          "methods", "patch_pca", "position_similarity", "prefix_share", "token_norms"}  # fmt: skip
     arrays = np.load(paths["arrays"])
     assert arrays["prefix_tokens"].tolist() == list(NAMES)
     rows = class_rows_by_softmax_hook(model, x)

@@ -3,7 +3,9 @@ timm's modules (the input of each block's attn.proj split into its heads' slices
 attention matrix of attn_drop with timm's fused attention off, v from the branch's normed input) and a reader r
 that autograd finds on a linearised copy of timm's head written here (the final norm's sigma, the output's norm
 and an attention pool's weights and MLP detached), for a tiny timm ViT, DINOv2 with registers, SigLIP (attention
-pool) and EVA-02 (mean pool, fc_norm, RoPE, SwiGLU). float32, max |difference| <= 1e-5."""
+pool) and EVA-02 (mean pool, fc_norm, RoPE, SwiGLU). float32, max |difference| <= 1e-5. On the same four, a head
+zeroed through our hooks (ablate_heads, mode "zero") changes the score as timm's own model does with that head's
+columns of attn.proj.weight zeroed."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from _interop import interop_library, perturbed, report_diffs
 
-from vit_einops.inspect import EmbeddingTarget, decompose
+from vit_einops.inspect import EmbeddingTarget, ablate_heads, decompose
 from vit_einops.interop import load_timm
 
 timm = interop_library("timm")
@@ -134,3 +136,47 @@ def test_heads_mlps_and_sources_are_timms(name, impl):
     ):  # fmt: skip
         diff = DIFFS[f"decompose timm {name} {impl} {what}"] = (actual - expected).abs().max().item()
         assert diff <= TOL, f"{name} {impl} {what}: max |difference| {diff:.2e} > {TOL:g}"
+
+
+def _timm_score(theirs: torch.nn.Module, x: torch.Tensor, target) -> torch.Tensor:
+    """timm's own score of x (b,): the target class's logit, or the cosine of its pooled output to the embedding."""
+    with torch.no_grad():
+        out = theirs(x)
+    if isinstance(target, EmbeddingTarget):
+        return F.cosine_similarity(out, target.vector[None], dim=-1)
+    return out.gather(1, target[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_head_zeroed_through_our_hooks_changes_the_score_as_timms_proj_columns_zeroed(name):
+    """ablate_heads(mode="zero") replaces a head's A v (hook_z) by zeros; timm's model with that head's columns of
+    attn.proj.weight zeroed is the same model without it: the score changes alike, head by head and for a set of
+    heads in two layers zeroed together."""
+    theirs, ours = _models(name)
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, *ours.config.image_size)
+    if ours.has_classifier:
+        with torch.no_grad():
+            target = theirs(x).argmax(-1)
+    else:
+        target = EmbeddingTarget(torch.randn(ours.num_features))
+    depth, count = len(ours.blocks), ours.blocks[0].attn.mha.heads
+    sets = [[(0, 0)], [(depth - 1, count - 1)], [(0, count - 1), (depth - 1, 0)]]
+    changes = ablate_heads(ours, x, sets, mode="zero", target=target, preprocessed=True)  # (sets, b)
+    clean = _timm_score(theirs, x, target)
+    for chosen, change in zip(sets, changes, strict=True):
+        saved = {l: theirs.blocks[l].attn.proj.weight.detach().clone() for l, _ in chosen}
+        try:
+            with torch.no_grad():
+                for l, h in chosen:
+                    weight = theirs.blocks[l].attn.proj.weight
+                    d = weight.shape[1] // count
+                    weight[:, h * d : (h + 1) * d] = 0
+            expected = _timm_score(theirs, x, target) - clean
+        finally:
+            with torch.no_grad():
+                for l, weight in saved.items():
+                    theirs.blocks[l].attn.proj.weight.copy_(weight)
+        assert expected.abs().max() > 1e-4, f"{name} {chosen}: zeroing the head changes nothing to compare"
+        diff = DIFFS[f"ablate_heads zero timm {name} {chosen}"] = (change - expected).abs().max().item()
+        assert diff <= TOL, f"{name} {chosen}: max |difference| {diff:.2e} > {TOL:g}"

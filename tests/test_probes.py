@@ -64,8 +64,9 @@ def rotated(t: torch.Tensor, model: ViT, prefix: int) -> torch.Tensor:
     return torch.cat([t[:, :prefix], patches * cos + turned * sin], dim=1)
 
 
-def written_out(model: ViT, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Every probe site's value (and the output, "out") of ``model`` on ``x``, from its weights alone."""
+def written_out(model: ViT, x: torch.Tensor, pool_pattern: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Every probe site's value (and the output, "out") of ``model`` on ``x``, from its weights alone; with
+    ``pool_pattern``, the attention pool attends with that A instead of its own."""
     c, pe = model.config, model.patch_embed
     ln = lambda t, norm: F.layer_norm(t, norm.normalized_shape, norm.weight, norm.bias, norm.eps)  # noqa: E731
     sites = {}
@@ -106,9 +107,20 @@ def written_out(model: ViT, x: torch.Tensor) -> dict[str, torch.Tensor]:
         z = s["hook_resid_post"] = z + s["hook_mlp_out"]
         sites.update({f"blocks.{layer}.{name}": value for name, value in s.items()})
     head = model.head
-    if c.pool == "map":  # the attention pool is checked against the einsum kernel only
-        return sites
-    if c.fc_norm:
+    if c.pool == "map":  # SigLIP's MAP head: one learned query attends over the normed tokens, then a residual MLP
+        pool, tokens = head.pool, ln(z, head.norm)
+        q = F.linear(pool.latent.expand(b, 1, dim), pool.q.weight, pool.q.bias).view(b, 1, h, d)
+        k, v = F.linear(tokens, pool.kv.weight, pool.kv.bias).view(b, n, 2, h, d).unbind(2)
+        scores = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(d)
+        pattern = scores.softmax(-1) if pool_pattern is None else pool_pattern
+        z_pool = torch.einsum("bhij,bjhd->bihd", pattern, v)
+        attended = F.linear(z_pool.reshape(b, 1, dim), pool.proj.weight, pool.proj.bias)
+        hidden = F.gelu(F.linear(ln(attended, pool.norm), pool.mlp.fc1.weight, pool.mlp.fc1.bias))
+        pooled = (attended + F.linear(hidden, pool.mlp.fc2.weight, pool.mlp.fc2.bias))[:, 0]
+        sites["ln_final.hook_normalized"] = tokens
+        sites.update({"attn_pool.hook_q": q, "attn_pool.hook_k": k, "attn_pool.hook_v": v, "attn_pool.hook_z": z_pool,
+                      "attn_pool.hook_attn_scores": scores, "attn_pool.hook_pattern": pattern, "hook_pooled": pooled})
+    elif c.fc_norm:
         sites["hook_pooled"] = z[:, c.num_prefix_tokens :].mean(1)
         sites["ln_final.hook_normalized"] = pooled = ln(sites["hook_pooled"], head.norm)
     else:
@@ -228,6 +240,24 @@ def test_a_replaced_pattern_changes_the_output_identically_on_every_kernel():
     model.run_with_hooks(x, [("blocks.0.attn.hook_pattern", uniform),
                              ("blocks.0.attn.hook_z", lambda value, hook: z.setdefault("z", value))])  # fmt: skip
     torch.testing.assert_close(z["z"], cache["v", 0].mean(1, keepdim=True).expand_as(z["z"]), **F32)
+
+
+def test_the_attention_pools_pattern_is_a_site_that_can_be_replaced():
+    """SigLIP's MAP head: its sites sit between the final LayerNorm and the pooled output, A is (b, h, 1, n) with
+    rows summing to 1, and a replaced A (uniform over the tokens) is what the pool attends with, as the pool
+    written out with that A computes."""
+    model, x = family_vit(FAMILIES["siglip (attention pool)"], torch.float64), images(torch.float64)
+    names = list(model.probe_sites())
+    assert names[-8:] == ["ln_final.hook_normalized", "attn_pool.hook_q", "attn_pool.hook_k", "attn_pool.hook_v",
+                          "attn_pool.hook_attn_scores", "attn_pool.hook_pattern", "attn_pool.hook_z", "hook_pooled"]
+    assert model.probe_sites()["attn_pool.hook_pattern"].shape == "(b, h, 1, n)"
+    pattern = model.run_with_cache(x, "attn_pool.hook_pattern")[1]["attn_pool.hook_pattern"]
+    assert pattern.shape == (2, 4, 1, 16)  # 16 patch tokens, no class token
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(2, 4, 1, dtype=torch.float64))
+    uniform = torch.full_like(pattern, 1 / 16)
+    replaced = model.run_with_hooks(x, [("attn_pool.hook_pattern", lambda value, hook: uniform)])
+    torch.testing.assert_close(replaced, written_out(model, x, pool_pattern=uniform)["out"], **F64)
+    assert not torch.allclose(replaced, model(x), atol=1e-3)
 
 
 def test_hooks_run_in_order_and_a_wrong_replacement_is_named():

@@ -15,7 +15,7 @@ from vit_einops.base.threads import ENV_VAR, LoadProbe, ThreadPolicy, fixed_thre
 from vit_einops.commands.cli import main
 from vit_einops.modelfile import save_vit
 
-from _tiny import tiny_vit
+from _tiny import model_flags, tiny_vit
 
 
 class Machine:
@@ -173,6 +173,18 @@ def test_faithfulness_follows_the_cores_while_it_runs(digits_file, capsys, two_c
     assert code == 0
     assert (f"threads: 1, then 2 (followed the free cores; at the last check all 2 cores free; --threads or {ENV_VAR} "
             "fixes it)") in out.out  # fmt: skip
+
+
+def test_train_follows_the_free_cores_by_default(tmp_path, capsys, two_cpus, monkeypatch):
+    """train chooses its count as every command does (docs/training.md says so): from the free cores, not a fixed
+    one thread, and its last line says which and why."""
+    monkeypatch.setattr(threads, "LoadProbe", Machine(1.0).probe)
+    out = tmp_path / "run"
+    code, printed = run(capsys, "train", "--limit", "96", "--epochs", "1", "--out", str(out), "--no-progress",
+                        *model_flags())  # fmt: skip
+    assert code == 0
+    last = printed.out.splitlines()[-1]
+    assert last.endswith(f"; threads: 1 (1 of 2 cores busy with other processes; --threads or {ENV_VAR} fixes it)")
 
 
 def test_inspect_prints_its_threads(digits_file, capsys, unrendered):

@@ -11,6 +11,9 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "ATTN_IMPLS": "network.kernels",
+    "Kernel": "network.kernels",
+    "register_kernel": "network.kernels",
+    "unregister_kernel": "network.kernels",
     "ViTConfig": "network.config",
     "Attend": "network.attention",
     "MultiHeadAttention": "network.attention",

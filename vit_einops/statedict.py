@@ -202,7 +202,8 @@ def build_vit(
     check_model_memory(config, itemsize, action="loading")
     model = _meta_vit(config, attn_impl)
     model.load_state_dict({k: v.detach().clone() for k, v in state_dict.items()}, assign=True)
-    return model
+    # assign=True put the weights on their device and dtype without a move: the kernels are checked there now
+    return model.set_attn_impl(attn_impl)
 
 
 def check_free_fields(overrides: Mapping[str, Any]) -> None:

@@ -25,11 +25,11 @@ from ..network.chunk_plan import default_chunk_elements
 from ..reference import torch_mha_from
 from .device import Meter
 from .kernels import SDPA_BACKENDS, compiled_flex, flex_backward_refusal, kernel_ran, refusal, sdpa_backend_call
-from .names import COMPILED_PATHS
+from .names import COMPILED_PATHS, REFERENCE_KERNEL
 from .noise import LoadProbe
 from .paired import paired_ratios, ratio_fields
 
-REFERENCE = {"core": "sdpa", "layer": "torch_mha"}
+REFERENCE = {"core": REFERENCE_KERNEL, "layer": "torch_mha"}
 
 
 @dataclass(frozen=True)

@@ -3,16 +3,38 @@
 from __future__ import annotations
 
 from ..base.checks import check_int, check_real_in_range
-from ..network.kernels import ATTN_IMPLS, KERNELS
+from ..network.kernels import KERNELS
 
 COMPILED_PATHS = ("einsum_compiled", "flex_compiled")  # the core paths torch.compile builds
 SDPA_BACKEND_PATHS = ("sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")  # sdpa, one torch backend forced
-# Every kernel of the registry, then the bench's own variants of them.
-CORE_PATHS = (*ATTN_IMPLS, COMPILED_PATHS[0], *SDPA_BACKEND_PATHS, COMPILED_PATHS[1])
-# Our MultiHeadAttention on each kernel that never forms A (the einsum one is the core rows' reference), and torch's.
-LAYER_PATHS = (*(f"mha_{name}" for name, kernel in KERNELS.items() if not kernel.forms_attention), "torch_mha")
+# torch's fused kernel: the reference of the core rows' ratios and of the verdict
+REFERENCE_KERNEL = "sdpa"
 MODES = ("forward", "forward_backward")
-MODEL_PATHS = (*ATTN_IMPLS, "torch")
+
+
+# The paths are read from the kernel registry at each call, so a kernel registered after import has its rows too.
+# Given a device type and a dtype, only the kernels that run there (Kernel.runs_on): a run's default paths.
+def _kernels(device: str | None, dtype: str | None) -> list[str]:
+    return [name for name, kernel in KERNELS.items() if device is None or kernel.runs_on(device, dtype)]
+
+
+def core_paths(device: str | None = None, dtype: str | None = None) -> tuple[str, ...]:
+    """Every kernel of the registry, then the bench's own variants of them."""
+    return (*_kernels(device, dtype), COMPILED_PATHS[0], *SDPA_BACKEND_PATHS, COMPILED_PATHS[1])
+
+
+def layer_paths(device: str | None = None, dtype: str | None = None) -> tuple[str, ...]:
+    """Our MultiHeadAttention on each kernel that never forms A (the einsum one is the core rows' reference), and
+    torch's."""
+    kernels = (name for name in _kernels(device, dtype) if not KERNELS[name].forms_attention)
+    return (*(f"mha_{name}" for name in kernels), "torch_mha")
+
+
+def model_paths(device: str | None = None, dtype: str | None = None) -> tuple[str, ...]:
+    """A whole ViT on each kernel, and torchvision's."""
+    return (*_kernels(device, dtype), "torch")
+
+
 MODEL_MODES = ("inference", "train_step")
 # float32 everywhere; float16 and bfloat16 where the device computes them in hardware (vit_einops.bench.device).
 DTYPES = ("float32", "float16", "bfloat16")

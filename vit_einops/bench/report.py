@@ -14,13 +14,16 @@ import textwrap
 from pathlib import Path
 
 from ..base.io import atomic_write_bytes
+from ..network.kernels import KERNELS
 from .attention import REFERENCE
+from .names import REFERENCE_KERNEL
 
 # 2: the noise columns, results['noisy'] and results['noise']; 3: others_cores, optimizer; 4: paired ratios (their
 # interval, ratio_unresolved, rounds) and meta's threads_source; 5: each attention row's kernel, the torch kernel
 # paths, and attention_unavailable (the paths refused at a point, with the reason); 6: results['verdict'] (the
-# paragraph printed first), meta's threads_used, compile's first_call_s_by_path
-SCHEMA_VERSION = 6
+# paragraph printed first), meta's threads_used, compile's first_call_s_by_path; 7: results['overhead'] (the per-call
+# overhead of a tiny ViT over plain torch ops)
+SCHEMA_VERSION = 7
 
 ATTENTION_FIELDS = (
     "section", "mode", "path", "kernel", "batch", "heads", "tokens", "head_dim", "dtype",
@@ -111,6 +114,29 @@ def noise_text(noise: dict) -> str:
     """The verdict printed after the tables and at the top of table.txt when the run was noisy."""
     verdict = "NOISY RUN: " + "; ".join(noise["reasons"]) + ". Rows marked ! are not trustworthy."
     return textwrap.fill(verdict, TABLE_WIDTH) + "\n" + textwrap.fill("Advice: " + noise["advice"], TABLE_WIDTH)
+
+
+def overhead_text(row: dict) -> str:
+    """The line printed after the verdict (row: vit_einops.bench.overhead.overhead_row): both times per call, the
+    model's over the plain ops' with its interval, and the difference."""
+    return textwrap.fill(
+        f"Per-call overhead: a tiny ViT's forward call ({row['model']}, batch {row['batch']}) takes "
+        f"{row['model_s'] * 1e6:.0f} us, the same math in plain torch ops {row['plain_s'] * 1e6:.0f} us: "
+        f"{ratio_cell(row)} times as long ({row['overhead_s'] * 1e6:+.0f} us a call).",
+        TABLE_WIDTH,
+    )
+
+
+def wrote_text(names: list[str], out: str, wall_s: float, plot_count: int, threads: str) -> str:
+    """The run's last lines: how many files it wrote, its wall time and plots, then the folder (``out``, already
+    printable) on its own line, the file names wrapped beneath it, and the thread count and why (``threads``), all
+    within TABLE_WIDTH (only a folder name longer than that cannot be)."""
+    return "\n".join(
+        [f"wrote {len(names)} files (wall {wall_s:.0f} s, {plot_count} plots) to", f"  {out}/"]
+        + textwrap.wrap(", ".join(names), TABLE_WIDTH, initial_indent="    ", subsequent_indent="    ",
+                        break_long_words=False, break_on_hyphens=False)  # fmt: skip
+        + textwrap.wrap(threads, TABLE_WIDTH, subsequent_indent="  ")
+    )
 
 
 def header_text(meta: dict, ceiling: dict, noise: dict | None = None) -> str:
@@ -253,7 +279,6 @@ def model_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-VERDICT_PATHS = ("einsum", "chunked")  # each against sdpa, the reference of the core section
 MODE_WORDS = {"forward": "forward", "forward_backward": "forward+backward"}
 
 
@@ -266,24 +291,25 @@ def _verdict_ratio(row: dict) -> str:
 
 
 def verdict_text(rows: list[dict], ceiling_gflop_per_s: float, oom_tokens: dict[str, int | None], limit: str) -> str:
-    """The answer the bench prints first: einsum's and chunked's time over SDPA's at one point (the grid's largest N),
-    forward and forward+backward, with their 95% intervals; each path's share of the matmul ceiling
+    """The answer the bench prints first: each other kernel's time over SDPA's (the reference) at one point (the
+    grid's largest N), forward and forward+backward, with their 95% intervals; each path's share of the matmul ceiling
     (``ceiling_gflop_per_s``); and the N from which einsum's attention matrix no longer fits ``limit`` (the memory
     budget, in words), per mode (``oom_tokens``; None: not below 2^24). ``rows``: the core rows of that point."""
     by = {(r["path"], r["mode"]): r for r in rows if r["section"] == "core"}
-    modes = [m for m in MODE_WORDS if ("sdpa", m) in by]
+    modes = [m for m in MODE_WORDS if (REFERENCE_KERNEL, m) in by]
     point = next(iter(by.values()), None)
-    if point is None or not modes or not any((p, m) in by for p in VERDICT_PATHS for m in modes):
-        return "Verdict: none: the grid measures no core einsum or chunked path beside sdpa to compare."
+    verdict_paths = [k for k in KERNELS if k != REFERENCE_KERNEL]  # each kernel against the reference
+    if point is None or not modes or not any((p, m) in by for p in verdict_paths for m in modes):
+        return f"Verdict: none: the grid measures no other kernel's core path beside {REFERENCE_KERNEL} to compare."
     where = f"N {point['tokens']} (batch {point['batch']}, {point['heads']} heads of {point['head_dim']})"
     claims = []
-    for path in VERDICT_PATHS:
+    for path in verdict_paths:
         parts = [f"{_verdict_ratio(by[path, m])} {MODE_WORDS[m]}" for m in modes if (path, m) in by]
         if parts:
             claims.append(f"{path} takes {' and '.join(parts)}")
     shares = []
     for m in modes:
-        cells = [f"{p} {by[p, m]['gflop_per_s'] / ceiling_gflop_per_s:.0%}" for p in ("sdpa", *VERDICT_PATHS)
+        cells = [f"{p} {by[p, m]['gflop_per_s'] / ceiling_gflop_per_s:.0%}" for p in (REFERENCE_KERNEL, *verdict_paths)
                  if (p, m) in by]  # fmt: skip
         shares.append(f"{MODE_WORDS[m]} {', '.join(cells)}")
     memory = []

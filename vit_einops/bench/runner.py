@@ -7,7 +7,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -18,6 +18,7 @@ from ..base.io import check_directory_output, staged_directory
 from ..base.text import printable
 from ..base.threads import ThreadPolicy, check_threads, thread_policy
 from ..network.config import ViTConfig
+from ..network.kernels import KERNELS, check_kernel_runs
 from ..network.sizes import parameter_count
 from ..presets import preset_config
 from . import plots, report
@@ -28,9 +29,11 @@ from .env import machine_info
 from .measure import matmul_ceiling
 from .model import measure_model
 from .names import (
-    COMPILED_PATHS, CORE_PATHS, DTYPES, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, RANGES, check_in_range,
+    COMPILED_PATHS, DTYPES, MODEL_MODES, MODES, RANGES, REFERENCE_KERNEL, check_in_range, core_paths, layer_paths,
+    model_paths,
 )  # fmt: skip
 from .noise import LoadProbe, machine_verdict, noise_score, summary
+from .overhead import measure_overhead
 
 
 @dataclass
@@ -43,11 +46,11 @@ class BenchOptions:
     tokens: tuple[int, ...] = (50, 197, 577, 1025)  # 32/16, 224/16, 384/16, 512/16 images, class token included
     head_dims: tuple[int, ...] = (64,)
     modes: tuple[str, ...] = MODES
-    core_paths: tuple[str, ...] = CORE_PATHS
-    layer_paths: tuple[str, ...] = LAYER_PATHS
+    core_paths: tuple[str, ...] | None = None  # None: every one whose kernel runs on device in dtype
+    layer_paths: tuple[str, ...] | None = None  # None: every one whose kernel runs on device in dtype
     compile_skip_reason: str | None = None  # set: the compiled paths are not attempted, and their rows say this
     models: tuple[str, ...] = ("vit_ti_16", "vit_s_16", "vit_b_16")
-    model_paths: tuple[str, ...] = MODEL_PATHS
+    model_paths: tuple[str, ...] | None = None  # None: every one whose kernel runs on device in dtype
     model_modes: tuple[str, ...] = MODEL_MODES
     model_batch: int = 1
     model_overrides: dict = field(default_factory=dict)  # ViT keywords applied to every preset (smoke: depth)
@@ -76,11 +79,11 @@ class BenchOptions:
             for v in values:
                 check_in_range(f.name, v, float if f.name in ("min_run_time", "ceiling_run_time") else int)
         choices = {
-            "modes": MODES, "core_paths": CORE_PATHS, "layer_paths": LAYER_PATHS, "model_paths": MODEL_PATHS,
+            "modes": MODES, "core_paths": core_paths(), "layer_paths": layer_paths(), "model_paths": model_paths(),
             "model_modes": MODEL_MODES,
         }  # fmt: skip
         for name, allowed in choices.items():
-            unknown = [v for v in getattr(self, name) if v not in allowed]
+            unknown = [v for v in getattr(self, name) or () if v not in allowed]
             if unknown:
                 raise ValueError(
                     f"{name}: unknown {', '.join(map(str, unknown))}; expected some of {', '.join(allowed)}"
@@ -90,12 +93,21 @@ class BenchOptions:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         self.device = str(check_device(self.device))  # CUDA where there is none: refused here, saying what is missing
+        device = torch.device(self.device).type
+        for name, every in (("core_paths", core_paths), ("layer_paths", layer_paths), ("model_paths", model_paths)):
+            if getattr(self, name) is None:
+                setattr(self, name, every(device, self.dtype))
+            for kernel in (p.removeprefix("mha_") for p in getattr(self, name)):
+                if kernel in KERNELS:  # a kernel asked for by name that cannot run here: refused by name
+                    check_kernel_runs(kernel, device, self.dtype)
 
 
-GRIDS: dict[str, BenchOptions] = {
+# The named grids, as BenchOptions's keywords (made into options by with_overrides, so that the paths are the
+# registry's at that moment).
+GRIDS: dict[str, dict] = {
     # A few minutes on an idle 2-core machine, most of it the models; benchmarks/README.md has the time and memory.
-    "default": BenchOptions(),
-    "quick": BenchOptions(
+    "default": {},
+    "quick": dict(
         tokens=(50, 197, 577),
         compile_skip_reason="skipped in --quick: a cold torch.compile takes tens of seconds (run the default grid)",
         models=("vit_ti_16",),
@@ -105,7 +117,7 @@ GRIDS: dict[str, BenchOptions] = {
     ),
     # Seconds: every code path once on tiny shapes, for CI. Numbers from it mean nothing. One batch (of 2: batched
     # shapes) is one row of plot panels; two token counts make each plotted path a line with two measured ticks.
-    "smoke": BenchOptions(
+    "smoke": dict(
         batches=(2,),
         heads=(2,),
         tokens=(9, 17),
@@ -177,19 +189,16 @@ class Job:
     drop: tuple = ()
 
 
-VERDICT_PATHS = ("einsum", "chunked", "sdpa")
-
-
 def plan_jobs(options: BenchOptions, points: list) -> tuple[list[Job], list[Job]]:
-    """(the verdict's jobs, the rest) in the order they run. The verdict: the core einsum, chunked and sdpa paths at
+    """(the verdict's jobs, the rest) in the order they run. The verdict: every kernel's core path (KERNELS) at
     the grid's largest N (its first point of that N), in every mode, measured first so that the answer comes in the
     run's first minute. Then every point's other paths, the models, and last the compiled paths (a cold
     torch.compile takes tens of seconds: it comes after everything else has been measured)."""
     plain = tuple(p for p in options.core_paths if p not in COMPILED_PATHS)
     compiled = tuple(p for p in options.core_paths if p in COMPILED_PATHS)
-    chosen = tuple(p for p in VERDICT_PATHS if p in plain)
+    chosen = tuple(p for p in KERNELS if p in plain)  # every kernel of the registry is in the verdict
     first = None
-    if points and "sdpa" in chosen and len(chosen) > 1:
+    if points and REFERENCE_KERNEL in chosen and len(chosen) > 1:
         first = max(points, key=lambda p: p.tokens)  # max keeps the first of equals
     verdict = [Job("attention", first, mode, {"core": chosen}) for mode in options.modes] if first else []
     rest = []
@@ -197,15 +206,15 @@ def plan_jobs(options: BenchOptions, points: list) -> tuple[list[Job], list[Job]
         core, drop = plain, ()
         if point == first:
             left = [p for p in plain if p not in chosen]
-            core = tuple(p for p in plain if p in left or (left and p == "sdpa"))
-            drop = (("core", "sdpa"),)
+            core = tuple(p for p in plain if p in left or (left and p == REFERENCE_KERNEL))
+            drop = (("core", REFERENCE_KERNEL),)
         if core or options.layer_paths:
             rest += [Job("attention", point, mode, {"core": core, "layer": options.layer_paths}, drop)
                      for mode in options.modes]  # fmt: skip
     rest += [Job("model", name) for name in options.models]
     if compiled:
-        reference = ("sdpa",) if "sdpa" in plain and options.compile_skip_reason is None else ()
-        drop = (("core", "sdpa"),) if reference else ()
+        reference = (REFERENCE_KERNEL,) if REFERENCE_KERNEL in plain and options.compile_skip_reason is None else ()
+        drop = (("core", REFERENCE_KERNEL),) if reference else ()
         rest += [Job("attention", point, mode, {"core": (*reference, *compiled)}, drop)
                  for point in points for mode in options.modes]  # fmt: skip
     return verdict, rest
@@ -243,7 +252,7 @@ def job_cost(job: Job, options: BenchOptions, ceiling_gflop_per_s: float) -> flo
 
 def _row_order(row: dict) -> tuple:
     """The tables' order: section, mode, then the grid's order of points, then the paths' order in names.py."""
-    paths = CORE_PATHS if row["section"] == "core" else LAYER_PATHS
+    paths = core_paths() if row["section"] == "core" else layer_paths()
     return (
         row["section"] != "core", MODES.index(row["mode"]), row["heads"], row["head_dim"], row["batch"],
         row["tokens"], paths.index(row["path"]),
@@ -346,7 +355,7 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, policy: Thr
         policy.follow()  # between grid points: the cores other processes left free now
         return rows
 
-    # The verdict first: einsum, chunked and SDPA at the grid's largest N, a few seconds; then the rest.
+    # The verdict first: every kernel at the grid's largest N, a few seconds; then the rest.
     verdict = None
     if verdict_jobs:
         point = verdict_jobs[0].what
@@ -364,6 +373,9 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, policy: Thr
             r["ceiling_fraction"] = r["gflop_per_s"] / start_ceiling["gflop_per_s"]
         verdict = report.verdict_text(verdict_rows, start_ceiling["gflop_per_s"], oom, limit_text())
         print("\n" + verdict + "\n", file=stdout, flush=True)
+    # A fraction of a second: right after the verdict, as part of the answer a newcomer reads first.
+    overhead = measure_overhead(dtype, options.rounds, options.min_run_time, meter)
+    print(report.overhead_text(overhead) + "\n", file=stdout, flush=True)
     costs = [job_cost(job, options, start_ceiling["gflop_per_s"]) for job in jobs]
     progress = tqdm(
         total=sum(costs), file=sys.stderr, dynamic_ncols=True, disable=None if options.progress else True,
@@ -425,7 +437,7 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, policy: Thr
     meta["threads_used"] = list(policy.used)
     results = dict(
         schema=report.SCHEMA_VERSION, meta=meta, noisy=noise["noisy"], noise=noise, verdict=verdict,
-        matmul_ceiling=ceiling,
+        overhead=overhead, matmul_ceiling=ceiling,
         compile=compile_info, attention=attention_rows, attention_unavailable=unavailable_rows, model=model_rows,
     )  # fmt: skip
     notes = [
@@ -441,9 +453,10 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, policy: Thr
     if noise["noisy"] and not announced:  # known only now (the machine busy at the end): still before the rows
         print(report.early_noise_text(noise["reasons"]), file=stdout)
     print(body, file=stdout)  # the header was printed before the progress bar
-    # table.txt: the header as it stands at the end (the better ceiling, the load at the end), the verdict as
-    # printed, then the body.
-    table = report.header_text(meta, ceiling, noise) + "\n" + (f"\n{verdict}\n\n" if verdict else "") + body
+    # table.txt: the header as it stands at the end (the better ceiling, the load at the end), the verdict and the
+    # overhead as printed, then the body.
+    table = (report.header_text(meta, ceiling, noise) + "\n" + (f"\n{verdict}\n" if verdict else "")
+             + f"\n{report.overhead_text(overhead)}\n\n" + body)  # fmt: skip
     # Written as one unit: a run that fails part-way (a full disk) leaves the earlier run's folder as it was, or no
     # folder; what is at ``out`` is checked again at the commit (a link, a file or foreign files are never replaced).
     with staged_directory(out, owned=result_files(), replace=options.force) as staging:
@@ -454,14 +467,11 @@ def _run(options: BenchOptions, out: Path, stdout, probe: LoadProbe, policy: Thr
         if model_rows:
             report.write_csv(staging / "model.csv", model_rows, report.MODEL_FIELDS, replace=False)
         written_plots = plots.save_figures(staging, plots.figures(attention_rows, model_rows), replace=False)
-        written = ", ".join(sorted(entry.name for entry in staging.iterdir()))
+        written = sorted(entry.name for entry in staging.iterdir())
     if noise["noisy"]:
         print("\n" + report.noise_text(noise), file=stdout)
-    line = (
-        f"wrote {written} to {printable(out)}/ (wall {meta['wall_s']:.0f} s, {len(written_plots)} plots; "
-        f"{policy.describe()})"
-    )
-    print("\n" + line, file=stdout)
+    wrote = report.wrote_text(written, printable(out), meta["wall_s"], len(written_plots), policy.describe())
+    print("\n" + wrote, file=stdout)
     return results
 
 
@@ -496,4 +506,4 @@ def _jsonable(options: dict) -> dict:
 
 def with_overrides(grid_name: str, **overrides) -> BenchOptions:
     """The named grid with every non-None override applied."""
-    return replace(GRIDS[grid_name], **{k: v for k, v in overrides.items() if v is not None})
+    return BenchOptions(**{**GRIDS[grid_name], **{k: v for k, v in overrides.items() if v is not None}})

@@ -189,7 +189,7 @@ def load_model_from_args(args: argparse.Namespace, path: str | None = None) -> A
     return model
 
 
-def model_inputs(path: str | Path, source: str | None = None) -> list[Path]:
+def files_read_by_model(path: str | Path, source: str | None = None) -> list[Path]:
     """The files and directories that loading MODEL ``path`` reads: what no output of the command may be, hold,
     or lie inside (:func:`vit_einops.base.io.check_output`).
 

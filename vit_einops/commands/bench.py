@@ -9,7 +9,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ..bench.names import CORE_PATHS, DTYPES, LAYER_PATHS, MODEL_MODES, MODEL_PATHS, MODES, check_in_range
+from ..bench.names import DTYPES, MODEL_MODES, MODES, check_in_range, core_paths, layer_paths, model_paths
 from ..presets import list_presets
 
 
@@ -96,9 +96,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--head-dims", type=list_arg(int, name="head_dims"), help="head sizes D_h (default 64)")
     a.add_argument("--modes", type=list_arg(str, MODES), help=f"of {', '.join(MODES)}")
     a.add_argument(
-        "--paths", dest="core_paths", type=list_arg(str, CORE_PATHS), help=f"core paths, of {', '.join(CORE_PATHS)}"
+        "--paths", dest="core_paths", type=list_arg(str, core_paths()), help=f"core paths, of {', '.join(core_paths())}"
     )
-    a.add_argument("--layer-paths", type=list_arg(str, LAYER_PATHS), help=f"layer paths, of {', '.join(LAYER_PATHS)}")
+    a.add_argument(
+        "--layer-paths", type=list_arg(str, layer_paths()), help=f"layer paths, of {', '.join(layer_paths())}"
+    )
     a.add_argument(
         "--skip-layer", action="store_true", help="only the core section (no projections, no nn.MultiheadAttention)"
     )
@@ -110,7 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model-batch", type=number_arg("model_batch", int), help="images per call (default 1; 32 is slow on 2 cores)"
     )
     m.add_argument("--model-modes", type=list_arg(str, MODEL_MODES), help=f"of {', '.join(MODEL_MODES)}")
-    m.add_argument("--model-paths", type=list_arg(str, MODEL_PATHS), help=f"of {', '.join(MODEL_PATHS)}")
+    m.add_argument("--model-paths", type=list_arg(str, model_paths()), help=f"of {', '.join(model_paths())}")
     m.add_argument("--skip-model", action="store_true", help="no whole-model benchmark")
     t = parser.add_argument_group("timing")
     t.add_argument(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..base.text import printable
 from ..sources import SOURCES
-from ._model import add_model_arguments, load_model_from_args, model_inputs, parse_size
+from ._model import add_model_arguments, files_read_by_model, load_model_from_args, parse_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from ..base.io import check_output, output_lock
 
     src, dst = Path(args.src), Path(args.dst)
-    check_output(dst, model_inputs(src, args.source))
+    check_output(dst, files_read_by_model(src, args.source))
     # Held from the first check to the commit: a second convert to DST fails at once, naming this one.
     with output_lock(dst, parents=args.target == "hf"):
         return _convert(args, src, dst)

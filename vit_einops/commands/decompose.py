@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ._model import add_model_arguments, add_target_arguments, load_model_from_args, model_inputs
+from ._model import add_model_arguments, add_target_arguments, files_read_by_model, load_model_from_args
 
 OUT_FILES = frozenset(("decomposition.json", "decomposition.png"))
 
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from ..base.io import check_output, output_lock
 
     check_positive_int("--top", args.top)
-    check_output(args.out, [*model_inputs(args.model, args.source), args.image])
+    check_output(args.out, [*files_read_by_model(args.model, args.source), args.image])
     with output_lock(args.out, parents=True):  # held from the first check to the commit
         return _decompose(args)
 

@@ -22,11 +22,11 @@ from ._model import (
     add_model_arguments,
     add_target_arguments,
     default_images,
+    files_read_by_model,
     image_files,
     is_digits_model,
     load_model_from_args,
     method_params_from_args,
-    model_inputs,
     target_from_args,
     training_run,
 )
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
     if len(args.models) > 2:
         raise ValueError(f"explore shows one MODEL or two side by side, got {len(args.models)}")
-    inputs = [path for model in args.models for path in model_inputs(model, args.source)]
+    inputs = [path for model in args.models for path in files_read_by_model(model, args.source)]
     check_output(args.out, [*inputs, *(args.image or ()), *([args.images] if args.images else [])])
     with output_lock(args.out):  # held from the first check to the commit: a second writer fails at once
         return _explore(args)

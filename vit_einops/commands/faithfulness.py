@@ -20,10 +20,10 @@ from ._model import (
     add_images_argument,
     add_model_arguments,
     add_target_arguments,
+    files_read_by_model,
     image_files,
     is_digits_model,
     load_model_from_args,
-    model_inputs,
 )
 
 OUT_FILES = frozenset(("faithfulness.json", "faithfulness.png"))
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_positive_int("--num-images", args.num_images)
     methods = [parse_method(text) for text in args.methods] if args.methods else None
-    check_output(args.out, [*model_inputs(args.model, args.source), *([args.images] if args.images else [])])
+    check_output(args.out, [*files_read_by_model(args.model, args.source), *([args.images] if args.images else [])])
     with output_lock(args.out, parents=True):  # held from the first check to the commit
         return _faithfulness(args, methods)
 

@@ -23,10 +23,10 @@ from ._model import (
     add_model_arguments,
     add_target_arguments,
     default_images,
+    files_read_by_model,
     image_files,
     load_model_from_args,
     method_params_from_args,
-    model_inputs,
     target_from_args,
     training_run,
 )
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(path, args.source)
     folder = [args.images] if args.images else []
     try:
-        check_output(out, [*model_inputs(path, args.source), *(args.image or ()), *folder])
+        check_output(out, [*files_read_by_model(path, args.source), *(args.image or ()), *folder])
     except ValueError as err:
         if args.out:
             raise

@@ -15,7 +15,7 @@ const $ = (id) => document.getElementById(id);
 // width), so that each pane finds its own token there whatever its grid.
 const state = {
   image: 0,
-  view: "attention", // attention | dino | rollout | relevance | norms | similarity | pca | method
+  view: "attention", // attention | dino | rollout | relevance | norms | similarity | pca | method | decomposition
   layer: 0,
   head: "mean", // "mean" or a head index
   classRank: 0, // which of the image's relevance entries (its top classes, then the target) the relevance is for
@@ -99,6 +99,10 @@ async function decodeImage(page, dim) {
       entries(page).map(async (c) => halfMatrix(await inflate(c.relevance), c.relevance_scale)),
     ),
     methods: await Promise.all(page.methods.map(async (m) => halfMatrix(await inflate(m.map), m.scale))),
+    // Each head's share of the score by source token, (layer, head, token); null where the pane has no score.
+    sources: page.decomposition === null
+      ? null
+      : halfMatrix(await inflate(page.decomposition.sources), page.decomposition.sources_scale),
     picture: await loadPicture(page.png),
     pca,
     pcaRgb: pixels(pca), // RGBA, patch p at 4 p
@@ -256,6 +260,24 @@ function currentRow(pane) {
     }
     return { values, bounds, name: pane.data.methods[k].label, digits: "significant" };
   }
+  if (state.view === "decomposition") {
+    // A head's share of the score from each source token (all N of them), or with "mean of heads" the layer's
+    // heads summed: float16 like the methods' maps, the bounds of summed heads added.
+    if (d.sources === null) return null;
+    const head = paneHead(pane);
+    const H = pane.data.heads;
+    const heads = head === "mean" ? [...Array(H).keys()] : [head];
+    const scale = page.decomposition.sources_scale;
+    for (const h of heads) {
+      for (let j = 0; j < N; j++) {
+        const v = d.sources[(layer * H + h) * N + j];
+        values[j] += v;
+        bounds[j] += Math.abs(v) * DATA.half_relative + scale * DATA.half_subnormal;
+      }
+    }
+    const named = head === "mean" ? `every head of layer ${layer}, summed` : `layer ${layer}, head ${head}`;
+    return { values, bounds, name: `share of the score by source token, ${named}`, digits: "significant" };
+  }
   if (state.view === "norms") {
     const norms = page.stats.norms[layer];
     for (let j = 0; j < N; j++) {
@@ -360,7 +382,7 @@ function drawImage(pane, row, peak) {
   if (dino !== null) drawMask(ctx, pane, dino.mask, cellW, cellH);
   // The query patch (dashed white) and the key under the pointer (solid red).
   const query = paneQuery(pane);
-  if (!["norms", "dino", "method"].includes(state.view) && query >= P) {
+  if (!["norms", "dino", "method", "decomposition"].includes(state.view) && query >= P) {
     outline(ctx, pane, query, cellW, cellH, "#fff", [5, 3]);
   }
   const hover = tokenOf(pane, state.hover);
@@ -505,6 +527,8 @@ function missingReason(pane) {
 
 function rowName(pane, row) {
   if (row === null && state.view === "method") return `nothing: ${state.method} was not computed for this model`;
+  if (row === null && state.view === "decomposition") return "nothing: this model's score was not decomposed";
+  if (state.view === "decomposition") return `${row.name} (every source token; no query row)`;
   if (row === null) return missingReason(pane);
   if (state.view === "norms") return `${row.name} (every token; no query row)`;
   if (state.view === "method") return `${row.name} (the patch grid; no query row)`;
@@ -515,9 +539,10 @@ function rowName(pane, row) {
 function drawLegend(pane) {
   const q = paneQuery(pane);
   const hover = tokenOf(pane, state.hover);
+  const noQuery = { norms: "token norms have", method: "a method's map has", decomposition: "a head's source map has" };
   pane.el("legend-query").textContent =
-    state.view === "norms" || state.view === "method"
-      ? `query (dashed white box): none, ${state.view === "norms" ? "token norms have" : "a method's map has"} no query`
+    noQuery[state.view] !== undefined
+      ? `query (dashed white box): none, ${noQuery[state.view]} no query`
       : `query (dashed white box${q < pane.P ? "; for a prefix token, the dashed box beside the map" : ""}): ` +
         (q < 0 ? "none" : tokenName(pane, q));
   pane.el("legend-hover").textContent =
@@ -527,7 +552,8 @@ function drawLegend(pane) {
   const used = { attention: "", dino: "", rollout: "; the rollout uses every head",
     relevance: "; relevance uses every head", norms: "; token norms have no heads",
     similarity: "; the similarity reads the final tokens, not a head",
-    method: "; the method's map is its own (its parameters in its name)" }[state.view];
+    method: "; the method's map is its own (its parameters in its name)",
+    decomposition: "; the mean of heads is the layer's heads summed here" }[state.view];
   pane.el("legend-head").textContent = `selected head (charts: blue dots, the others grey): ${named}${used}`;
   const layers = ["rollout", "relevance"].includes(state.view)
     ? `; the ${state.view} combines every layer`
@@ -545,7 +571,8 @@ function clampNote(pane) {
     notes.push(`this model has ${pane.data.depth} layers: layer ${state.layer} is past its last, layer ` +
       `${pane.data.depth - 1} is shown`);
   }
-  if (state.head !== "mean" && state.head > pane.data.heads - 1 && ["attention", "dino"].includes(state.view)) {
+  const headed = ["attention", "dino", "decomposition"].includes(state.view);
+  if (state.head !== "mean" && state.head > pane.data.heads - 1 && headed) {
     notes.push(`this model has ${pane.data.heads} heads: head ${state.head} is past its last, head ` +
       `${pane.data.heads - 1} is shown`);
   }
@@ -561,7 +588,19 @@ function clampNote(pane) {
 function viewNote(pane, row) {
   const notes = [];
   const cls = entries(pane.data.images[state.image])[state.classRank];
-  if (row === null && state.view === "method") {
+  if (row === null && state.view === "decomposition") {
+    notes.push(`The decomposition splits a class's or a target's score: this model has no classifier and the page ` +
+      "no target.");
+  } else if (state.view === "decomposition") {
+    const head = paneHead(pane);
+    const dec = pane.data.images[state.image].decomposition;
+    const layer = paneLayer(pane);
+    const share = head === "mean" ? dec.heads[layer].reduce((a, b) => a + b, 0) : dec.heads[layer][head];
+    notes.push(`Gandelsman et al. 2024: each source token j's part of the head's direct share of the score, ` +
+      `Σ_i A_ij r_i · v_j W_O (r the final norm and head read at their observed scale); over every token it sums to ` +
+      `the share ${share.toPrecision(6)}. It decomposes ${explained(pane)}. Negative parts are drawn as 0` +
+      (patchPeak(pane, row) <= 0 ? "; no patch adds to the score here, so the map is blank." : "."));
+  } else if (row === null && state.view === "method") {
     notes.push(`${state.method} explains a class or a target: this model has no classifier and the page no target.`);
   } else if (row === null && state.view === "dino") {
     notes.push("This model has no class token (no \"cls\" among its prefix tokens), so it has no class-token " +
@@ -649,8 +688,8 @@ function drawReadout(pane, row) {
     return;
   }
   const what = { attention: "weight", dino: "weight", rollout: "weight", relevance: "relevance", norms: "norm",
-    similarity: "cosine", method: "value" }[state.view];
-  const query = ["norms", "method"].includes(state.view) ? "" : `query ${paneQuery(pane)} · `;
+    similarity: "cosine", method: "value", decomposition: "share" }[state.view];
+  const query = ["norms", "method", "decomposition"].includes(state.view) ? "" : `query ${paneQuery(pane)} · `;
   pane.el("readout").textContent =
     `${query}key ${key} · ${what} ${formatValue(row.values[key], row.bounds[key], row.digits)} · ` +
     tokenName(pane, key);
@@ -701,6 +740,100 @@ function drawPca(pane) {
     const [r, g, b] = d.pcaRgb.slice(4 * p, 4 * p + 3);
     pane.el("readout").textContent = `${tokenName(pane, hover)} · colour rgb(${r}, ${g}, ${b})`;
   }
+}
+
+// ---- the score decomposed: an L x H grid of the heads' shares, the MLPs beside it, the rest, the logit lens -------
+
+// A share on a diverging scale: 0 white, +top red, -top blue.
+function diverging(value, top) {
+  const t = top > 0 ? Math.min(Math.abs(value) / top, 1) : 0;
+  const [r, g, b] = value >= 0 ? [178, 24, 43] : [33, 102, 172];
+  const mix = (c) => Math.round(255 + t * (c - 255));
+  return `rgb(${mix(r)}, ${mix(g)}, ${mix(b)})`;
+}
+
+function cell(className, text, value, title) {
+  const div = document.createElement("div");
+  div.className = className;
+  div.textContent = text;
+  if (value !== undefined) div.dataset.value = String(value);
+  if (title !== undefined) div.title = title;
+  return div;
+}
+
+// The grid and the strip are rebuilt when the image changes (data-value: the payload's number exactly), the chosen
+// head marked on every update. The grid: one row per layer, one column per head, then the layer's MLP.
+function drawDecomposition(pane) {
+  const box = pane.el("decomposition");
+  const dec = pane.data.images[state.image].decomposition;
+  box.hidden = state.view !== "decomposition";
+  if (dec === null) {
+    pane.el("decomp-line").textContent = pane.data.decomposition_note;
+    for (const name of ["decomp-grid", "lens-strip"]) pane.el(name).replaceChildren();
+    for (const name of ["decomp-readout", "decomp-rest", "lens-line"]) pane.el(name).textContent = "";
+    return;
+  }
+  const { depth, heads } = pane.data;
+  if (pane.decompFor !== state.image) {
+    pane.decompFor = state.image;
+    const top = Math.max(...dec.heads.flat().map(Math.abs), ...dec.mlps.map(Math.abs));
+    const grid = pane.el("decomp-grid");
+    grid.style.gridTemplateColumns = `5.5em repeat(${heads}, minmax(14px, 1fr)) 0.8em minmax(3em, 2fr)`;
+    const items = [cell("", ""), ...[...Array(heads).keys()].map((h) => cell("", `h${h}`)), cell("", ""),
+      cell("", "MLP")];
+    for (let l = 0; l < depth; l++) {
+      items.push(cell("", `layer ${l}`));
+      dec.heads[l].forEach((share, h) => {
+        const item = cell("head-cell", "", share, `layer ${l}, head ${h}: share ${share.toPrecision(6)} (click: ` +
+          "its source map)");
+        item.dataset.layer = String(l);
+        item.dataset.head = String(h);
+        item.style.background = diverging(share, top);
+        item.addEventListener("click", () => update({ view: "decomposition", layer: l, head: h }));
+        items.push(item);
+      });
+      items.push(cell("", ""));
+      const mlp = cell("mlp-cell", "", dec.mlps[l], `layer ${l}'s MLP: share ${dec.mlps[l].toPrecision(6)} (it ` +
+        "reads each token alone: no source map)");
+      mlp.style.background = diverging(dec.mlps[l], top);
+      items.push(mlp);
+    }
+    grid.replaceChildren(...items);
+    const sum = (values) => values.reduce((a, b) => a + b, 0);
+    const headsSum = sum(dec.heads.flat());
+    const mlpsSum = sum(dec.mlps);
+    pane.el("decomp-rest").textContent =
+      `total ${dec.total.toPrecision(6)} = heads ${headsSum.toPrecision(6)} + MLPs ${mlpsSum.toPrecision(6)} + ` +
+      `rest ${dec.rest.toPrecision(6)} (${dec.parts.map(([name, v]) => `${name} ${v.toPrecision(4)}`).join("; ")})`;
+    pane.el("decomp-rest").dataset.rest = String(dec.rest);
+    const low = Math.min(...dec.lens);
+    const high = Math.max(...dec.lens);
+    const strip = pane.el("lens-strip");
+    strip.style.gridTemplateColumns = `repeat(${depth + 1}, minmax(14px, 1fr))`;
+    strip.replaceChildren(...dec.lens.map((v, l) => {
+      const where = l === 0 ? "the embeddings" : `layer ${l - 1}`;
+      const item = cell("lens-cell", l === 0 ? "emb" : String(l - 1), v, `after ${where}: score ${v.toPrecision(6)}`);
+      item.style.background = colour(high > low ? (v - low) / (high - low) : 0.5, 0.8);
+      item.style.color = high > low && (v - low) / (high - low) > 0.6 ? "#000" : "#fff";
+      return item;
+    }));
+    pane.el("lens-line").textContent =
+      `from ${dec.lens[0].toPrecision(4)} after the embeddings to ${dec.lens[depth].toPrecision(4)} after layer ` +
+      `${depth - 1} (the model's score); colour: viridis from ${low.toPrecision(4)} to ${high.toPrecision(4)}`;
+  }
+  pane.el("decomp-line").textContent =
+    `the score of ${explained(pane)}: red adds to it, blue takes from it (white 0, full colour the largest share)`;
+  const layer = paneLayer(pane);
+  const head = paneHead(pane);
+  for (const item of pane.el("decomp-grid").querySelectorAll(".head-cell")) {
+    const chosen = Number(item.dataset.layer) === layer && (head === "mean" || Number(item.dataset.head) === head);
+    item.classList.toggle("chosen", chosen && state.view === "decomposition");
+  }
+  const share = head === "mean" ? dec.heads[layer].reduce((a, b) => a + b, 0) : dec.heads[layer][head];
+  const named = head === "mean" ? `every head of layer ${layer}` : `layer ${layer}, head ${head}`;
+  const readout = pane.el("decomp-readout");
+  readout.textContent = `${named}: share ${share.toPrecision(6)} of the total ${dec.total.toPrecision(6)}`;
+  readout.dataset.share = String(share);
 }
 
 // ---- the selected layer's token norms, token by token: prefix tokens marked, the patches' outliers named ------
@@ -985,8 +1118,8 @@ function update(changes) {
   $("view-select").value = state.view;
   $("layer-select").value = String(state.layer);
   $("head-select").value = String(state.head);
-  $("layer-select").disabled = !["attention", "norms"].includes(state.view);
-  $("head-select").disabled = !["attention", "dino"].includes(state.view);
+  $("layer-select").disabled = !["attention", "norms", "decomposition"].includes(state.view);
+  $("head-select").disabled = !["attention", "dino", "decomposition"].includes(state.view);
   $("class-select").disabled = state.view !== "relevance";
   $("method-select").value = state.method;
   $("method-select").disabled = state.view !== "method";
@@ -1006,6 +1139,7 @@ function update(changes) {
     }
   });
   for (const pane of panes) {
+    drawDecomposition(pane);
     drawTokenChart(pane);
     CHARTS.forEach((chart) => drawChart(pane, chart, pane.el(`chart-${chart.key}`)));
     pane.el("chart-note").textContent = undefinedDistances(pane);
@@ -1073,6 +1207,11 @@ function wireControls() {
     option.textContent = note;
     $("method-select").append(option);
   });
+  // The decomposition needs a score (a class or a target): where no pane has one, it is not offered, and says why.
+  if (panes.every((pane) => pane.data.decomposition_note)) {
+    $("decomposition-option").disabled = true;
+    $("decomposition-option").textContent += ` (none: ${panes[0].data.decomposition_note})`;
+  }
   // DINO's view reads the class token's attention: where no pane has one, it is not offered, and says why.
   if (!panes.some((pane) => pane.prefix.includes("cls"))) {
     $("dino-option").disabled = true;
@@ -1163,7 +1302,11 @@ function describe() {
     `scikit-learn's rule; components 0..2 as red, green, blue, each min-max scaled, stored as round(255 c) ` +
     `(within 1/510 of the colour). Explanation methods (vit_einops.inspect.METHODS): each map on the patch grid ` +
     `as that method computes it, named with its parameters, stored as float16 like rollout; the gradient methods ` +
-    `explain the target where one was given, else the top class.`;
+    `explain the target where one was given, else the top class. Decomposition (Elhage et al. 2021; Gandelsman ` +
+    `et al. 2024): that same score split exactly into each head's and MLP's direct share and the rest (the final ` +
+    `norm's scale, the output's norm and an attention pool's weights at their observed values), stored as the ` +
+    `float32 numbers; each head's share by source token stored as float16 like the methods' maps; the lens strip ` +
+    `is the score with the final norm and head applied to the residual stream after each layer.`;
 }
 
 // A method's label (its name and parameters) as the first pane holding it computed it.

@@ -5,9 +5,9 @@ and what the panes share (:func:`page_payload`). A pane carries the token layout
 (``layout``: its prefix tokens "cls", "dist", "reg1", ... and its patch grid, as
 :class:`~vit_einops.network.patch_embed.TokenLayout` has them): maps over the image show the patches, the prefix tokens are
 listed beside them with their share of each row (``head_statistics`` gives the patches' mean share per layer and
-head). DINO's view (:func:`dino_pane`, from :func:`~vit_einops.inspect.dino_view`) is the last layer's class-token
-attention over the patches per head, with the mask that keeps 60% of its mass (:func:`dino_mask`), computed from the
-recorded attention before it is quantised.
+head). DINO's view (:func:`dino_pane`, from the study's :func:`~vit_einops.inspect.dino_view`, the one the report
+draws at its default layer) is the last layer's class-token attention over the patches per head, with the mask that
+keeps 60% of its mass (:func:`dino_mask`), computed from the recorded attention before it is quantised.
 
 Sizes: ViT-B/16 at 224 px records 12 layers x 12 heads x 197 x 197 = 5.6 million attention weights per image.
 Each row of A (one query, all keys) is stored as integers of ``bits`` bits (8 by default, L = 2^bits - 1
@@ -30,6 +30,12 @@ their largest magnitude into (1/2, 1]: a relative error of at most 2^-11, or 2^-
 float16. Every binary array is compressed with zlib (the page inflates it with the browser's own
 DecompressionStream) and written as base64.
 
+The decomposition view (:func:`~vit_einops.inspect.decompose`, computed once in the study run) splits the score the
+gradient methods explain (the target, else each image's top class) into each head's and MLP's direct share and the
+rest, with the logit lens beside it; those numbers are stored exactly (float32 values as JSON numbers), each head's
+share by source token as float16 like the methods' maps. A model without a classifier and no target has no score
+to decompose: its images' ``decomposition`` is null and ``decomposition_note`` says why.
+
 Every number is finite: non-finite logits, maps, norms or relevance (a model with nan, inf or huge weights) are a
 ValueError naming the array, never a page of nan. The undefined statistics are written as null: the mean
 attention distance of a head that sends no attention between patches (it attends only to the prefix tokens),
@@ -47,8 +53,9 @@ the similarity view's cosines: each element is within 2^-11 of itself relatively
 the scale, at most max|z|), so each token moves by at most about 2^-11 of its norm and the cosine of two by at most
 twice that, within ``COSINE_BOUND`` = 2^-9 with room for the subnormals and the browser's float64 sums.
 
-Every array is computed from one recorded pass (:func:`~vit_einops.inspect.record_pass`); the float64 work (the
-statistics, the heads' mean, the quantisation) runs one layer at a time, so its memory is one layer's maps, not all.
+Every array is computed from one study (:func:`~vit_einops.inspect.run_study`, the one ``vit-einops inspect``
+draws: its recorded pass, rollout, DINO view, patch PCA and target's relevance); the float64 work (the statistics,
+the heads' mean, the quantisation) runs one layer at a time, so its memory is one layer's maps, not all.
 
 The patch PCA view (DINOv2's picture, :func:`~vit_einops.inspect.patch_feature_pca` with its defaults) is fitted
 on each pane's own tokens, jointly over the page's images; each image carries its ``rgb`` (gh, gw, 3) as uint8,
@@ -72,19 +79,17 @@ from ..base.checks import check_int
 from ..inspect import (
     DINO_KEEP,
     METHODS,
-    attention_gradients,
+    DinoView,
     attention_relevance,
     dino_mask,
-    dino_view,
     head_statistics,
     patch_distances,
-    relevance_from_gradients,
+    run_study,
 )
 from ..inspect.methods import TARGET_NEEDED, unexplained
 from ..inspect.recorded import study_memory
-from ..inspect.study import run_study
-from ..inspect.targets import BACKBONE_TARGETS, TARGET_KINDS, has_classifier, target_name
-from ..network.patch_embed import ClassToken, TokenLayout
+from ..inspect.targets import check_study_target, has_classifier, target_name
+from ..network.patch_embed import TokenLayout
 from ..network.config import ViTConfig
 from ..prediction import check_finite_outputs, class_name
 
@@ -156,15 +161,14 @@ def relevance_is_identity(relevance: torch.Tensor) -> bool:
     return bool(torch.equal(relevance, torch.eye(relevance.shape[-1], dtype=relevance.dtype, device=relevance.device)))
 
 
-def dino_pane(maps: torch.Tensor, layout: TokenLayout) -> dict[str, Any] | None:
-    """What a pane keeps of DINO's view (:func:`~vit_einops.inspect.dino_view`, the last layer): each head's mask
-    and, beside them, the mask of the heads' mean, with the share of the row's mass each mask holds: {"masks" (b,
-    h + 1, patches) bool, "kept" (b, h + 1)}, the last entry the mean of heads. A row with no weight on any patch
-    (the class token reads only prefix tokens) has no mask: all False, ``kept`` nan. None for a model with no class
-    token (no "cls" in ``layout.prefix``)."""
-    if ClassToken.NAME not in layout.prefix:
+def dino_pane(view: DinoView | None) -> dict[str, Any] | None:
+    """What a pane keeps of the study's DINO view (``Study.dino``, :func:`~vit_einops.inspect.dino_view`): each
+    head's mask and, beside them, the mask of the heads' mean, with the share of the row's mass each mask holds:
+    {"masks" (b, h + 1, patches) bool, "kept" (b, h + 1)}, the last entry the mean of heads. A row with no weight on
+    any patch (the class token reads only prefix tokens) has no mask: all False, ``kept`` nan. None where the study
+    has no view (a model with no class token)."""
+    if view is None:
         return None
-    view = dino_view(maps, layout)  # each head's attention and mask, (b, h, gh, gw)
     rows = view.attention.double().flatten(-2)  # (b, h, patches)
     mean = rows.mean(dim=1, keepdim=True)
     rows = torch.cat([rows, mean], dim=1)
@@ -192,6 +196,25 @@ def _method_entry(grid: torch.Tensor) -> dict[str, Any]:
     return {"map": pack(values), "scale": scale}
 
 
+def decomposition_entry(decomposed: Any, image: int) -> dict[str, Any]:
+    """One image's decomposition (:func:`~vit_einops.inspect.study.study_decomposition`) as the page stores it: the
+    total, each head's (L x H) and MLP's (L) share, the rest and its named parts, and the logit lens (L + 1) as
+    numbers (float64 from float32, exact); each head's share by source token (L, H, n) as float16 after a
+    power-of-two scale (:func:`to_half`)."""
+    d = decomposed.decomposition
+    sources, scale = to_half(d.by_source[image].detach().double().cpu().numpy())
+    return {
+        "total": float(d.total[image]),
+        "heads": d.heads[image].double().tolist(),
+        "mlps": d.mlps[image].double().tolist(),
+        "rest": float(d.rest[image]),
+        "parts": [[name, float(value[image])] for name, value in d.parts.items()],
+        "lens": decomposed.lens[image].double().tolist(),
+        "sources": pack(sources),
+        "sources_scale": scale,
+    }
+
+
 def attention_rows(b: int, depth: int, heads: int, n: int, prefix: int, budget: int) -> tuple[int, bool]:
     """Which rows of A a pane stores, its codes (one byte each) within ``budget`` bytes: (Q, mean) where each
     head's rows of the first Q queries are kept (n: every query; ``prefix``: the prefix tokens' rows alone) and
@@ -210,18 +233,22 @@ def pane_memory(config: ViTConfig, b: int, *, classes: int, target: bool, budget
     ``config`` (its ``image_size`` the inputs') on ``b`` images with relevance for ``classes`` classes and a
     ``target`` or not, from the sizes alone.
 
-    Working (:func:`~vit_einops.inspect.recorded.study_memory`): beside the recorded float32 maps the float64
-    copies of one layer at a time, the heads' mean of every layer and the rollout's matrices (l b n^2 each); the
-    classes' and the target's relevance; the explanation methods.
-    Kept: the pane's stored arrays (:func:`attention_rows`, float16 rollout, relevance and tokens) as base64 text,
-    4/3 of their bytes (compression only shrinks them)."""
+    Working: its study's (:func:`~vit_einops.inspect.recorded.study_memory`) with, beside the study's recorded
+    float32 maps, the pane's own float64 work (the copies of one layer at a time, the heads' mean of every layer,
+    l b n^2) and the classes' relevance.
+    Kept: the pane's stored arrays (:func:`attention_rows`, float16 rollout, relevance, tokens and, where there is
+    something to explain, the decomposition's sources, b L H n) as base64 text, 4/3 of their bytes (compression only
+    shrinks them), and the decomposition's numbers as JSON text (b (L H + 2 L + 16) numbers, 25 characters each)."""
     n, depth, heads = config.num_tokens, config.depth, config.heads
-    beside = 6 * b * heads * n * n * 8 + 3 * depth * b * n * n * 8
-    work = study_memory(config, b, beside_maps=beside, classes=classes, target=target, explain=bool(classes or target))
+    beside = 6 * b * heads * n * n * 8 + depth * b * n * n * 8
+    work = study_memory(config, b, target=target, beside_maps=beside, classes=classes)
     queries, mean = attention_rows(b, depth, heads, n, config.num_prefix_tokens, budget)
     stored = b * depth * (heads * queries * n + (n * n if mean else 0)) + b * n * n * 2 * (1 + classes + int(target))
     stored += b * n * config.dim * 2
-    return work, stored * 4 // 3
+    explained = bool(classes or target)  # the decomposition is the gradient methods' score: absent where they are
+    stored += explained * b * depth * heads * n * 2
+    numbers = explained * b * (depth * heads + 2 * depth + 16) * 25
+    return work, stored * 4 // 3 + numbers
 
 
 def _left_out(b: int, depth: int, heads: int, n: int, prefix: int, queries: int, mean: bool, budget: int) -> list[str]:
@@ -294,8 +321,7 @@ def build_payload(
     prefix tokens in token order, then the patches of the input's grid in row-major order.
     """
     weights = "check the model's weights (non-finite or huge values); the explorer shows recorded numbers only"
-    if target is not None and not isinstance(target, BACKBONE_TARGETS):
-        raise TypeError(f"the explorer's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
+    check_study_target("the explorer", target)
     method_params = dict(method_params or {})
 
     def check(run: Any) -> None:
@@ -304,9 +330,11 @@ def build_payload(
         check_finite_outputs("token norms", run.norms, weights)  # (l, b, n)
         check_finite_outputs("final tokens", run.tokens, weights)
 
-    # Every method on the grid; the gradient ones explain the target, else the top class.
+    # Every method on the grid; the gradient ones explain the target, else the top class. DINO's view is the last
+    # layer's (the study's default), as the page draws it.
     study = run_study(model, images, target, method_params, check)
-    method_maps, run, rollout, pca = study  # {name: (b, gh, gw)}, the recorded pass, (b, n, n), the patch PCA
+    method_maps, run, rollout, pca = study.methods, study.run, study.rollout, study.pca
+    decomposed = study.decomposition
     logits, maps, layout, norms = run.output, run.maps, run.layout, run.norms
     depth, b, heads, n, _ = maps.shape
     classifier = has_classifier(model)  # not pooled features, not an embedding projection (CLIP's)
@@ -316,15 +344,10 @@ def build_payload(
         top = logits.double().softmax(dim=-1).topk(k, dim=-1)
         relevance = attention_relevance(model, images, top.indices, preprocessed=True, start_layer=start_layer)
         check_finite_outputs("relevance maps", relevance, f"the gradients overflowed; {weights}")
-    if target is not None:
-        _, target_maps, target_grads, scores = attention_gradients(model, images, target)
-        target_relevance = relevance_from_gradients(target_maps, target_grads, start_layer)[0]  # (b, n, n)
-        del target_maps, target_grads
-        check_finite_outputs("relevance maps", target_relevance, f"the gradients overflowed; {weights}")
     patch_size = tuple(model.config.patch_size)
     stats = _by_layer(maps, layout, patch_size)  # each (l, b, h), prefix_share (.., p), fused (l, b, n, n)
     fused = stats.pop("fused")  # (l, b, n, n), float64
-    dino = dino_pane(maps, layout)
+    dino = dino_pane(study.dino)
     pca_codes = pca_colours(pca.rgb)  # (b, gh, gw, 3)
     queries, mean = attention_rows(b, depth, heads, n, layout.num_prefix, attention_budget)
 
@@ -345,8 +368,9 @@ def build_payload(
             for c in range(k)
         ]
         chosen = None
-        if target is not None:
-            chosen = _relevance_entry(target_relevance[i], name=target_name(target), score=float(scores[i, 0]))
+        if study.target is not None:
+            relevance_i, score = study.target.relevance[i], float(study.target.scores[i])
+            chosen = _relevance_entry(relevance_i, name=target_name(target), score=score)
         pages.append(
             {
                 "png": png_base64(pictures[i]),
@@ -372,6 +396,7 @@ def build_payload(
                 "dino": None
                 if dino is None
                 else {"masks": dino["masks"][i].int().tolist(), "kept": _as_list(dino["kept"][i])},
+                "decomposition": None if decomposed is None else decomposition_entry(decomposed, i),
             }
         )
     return {
@@ -397,6 +422,8 @@ def build_payload(
             for name in method_maps
         ],  # fmt: skip
         "methods_note": _methods_note(model, target),
+        # Absent where the gradient methods are, for their reason: without a classifier or a target, no score.
+        "decomposition_note": "" if decomposed else f"the decomposition is not on this page; it would {TARGET_NEEDED}",
         "images": pages,
     }
 

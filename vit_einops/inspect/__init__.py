@@ -5,7 +5,11 @@ writes (``decompose``, the logit lens, head ablation and patching), draw DINO's 
 and the mask keeping 60% of it) and DINOv2's PCA of the patch features, and draw the paper's Figure 6, 7 and 11
 style plots (``vit-einops inspect``): each plot function returns a matplotlib Figure, shown inline in a notebook,
 and ``save_figure(fig, path)`` writes it atomically. Every tool reads the tokens by the input's token layout
-(``recorder.layout``, ``model.patch_embed.layout(image_size)``): the prefix tokens by name, then the patch grid."""
+(``recorder.layout``, ``model.patch_embed.layout(image_size)``): the prefix tokens by name, then the patch grid.
+
+``run_study`` computes once what both of a study's renderers draw (``write_report``'s figures and arrays, the
+explorer's page): the recorded pass, every explanation method, the rollout, DINO's view, the patch PCA and a target's
+relevance, as a ``Study``."""
 
 from ..base.plot import save_figure
 from .decompose import (
@@ -29,6 +33,7 @@ from .faithfulness import METRICS, Faithfulness, faithfulness
 from .figures import (
     plot_attention_distance,
     plot_attention_overlays,
+    plot_decomposition,
     plot_dino_view,
     plot_filters,
     plot_methods,
@@ -41,11 +46,13 @@ from .figures import (
 from .methods import METHODS, Method, explain, explain_all, token_grid
 from .gradcam import grad_cam
 from .integrated_gradients import Attributions, integrated_gradients
+from .lrp import lrp
 from .pca import PatchPCA, fit_patch_pca, patch_feature_pca, plot_patch_pca
 from .record import AttentionRecorder, attention_matrix, record_attention
 from .recorded import RecordedPass, record_pass
 from .relevance import attention_gradients, attention_relevance, relevance_from_gradients
 from .report import write_report
+from .study import Study, TargetRelevance, run_study
 from .targets import EmbeddingTarget, ImageTarget, PatchTarget, load_embedding, patch_similarity
 from .rollout import attention_rollout, class_attention_grid, gradient_rollout, patch_attention_grid
 from .stats import (
@@ -71,6 +78,8 @@ __all__ = [
     "DinoView",
     "PatchPCA",
     "RecordedPass",
+    "Study",
+    "TargetRelevance",
     "TokenNorms",
     "ablate_heads",
     "attention_entropy",
@@ -93,6 +102,7 @@ __all__ = [
     "integrated_gradients",
     "load_embedding",
     "logit_lens",
+    "lrp",
     "mean_attention_distance",
     "model_position_similarity",
     "patch_attention_grid",
@@ -105,6 +115,7 @@ __all__ = [
     "patch_feature_pca",
     "plot_attention_distance",
     "plot_attention_overlays",
+    "plot_decomposition",
     "plot_dino_view",
     "plot_filters",
     "plot_methods",
@@ -118,6 +129,7 @@ __all__ = [
     "record_attention",
     "record_pass",
     "relevance_from_gradients",
+    "run_study",
     "save_figure",
     "show_attention",
     "token_grid",

@@ -18,6 +18,7 @@ DeiT's class and distillation tokens).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ from ..base.checks import check_choice, check_int
 from ..base.threads import follow_free_cores
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
-from ..network.sizes import check_model_forward
+from ..network.sizes import check_model_forward, forward_bytes
 from .targets import (
     BACKBONE_TARGETS,
     PatchTarget,
@@ -71,11 +72,15 @@ class Decomposition:
         layers, heads = self.heads.shape[1:]
         layer = check_int("layer", layer, 0, layers - 1)
         head = check_int("head", head, 0, heads - 1)
+        if self.by_source is not None:
+            return self.by_source[:, layer, head]
         pattern, values = self._patterns[layer][:, head], self._values[layer][:, :, head]
         return torch.einsum("bij,biD,bjD->bj", pattern, self._reader, values)
 
     def all_sources(self) -> torch.Tensor:
         """(b, L, H, n): :meth:`sources` of every head."""
+        if self.by_source is not None:
+            return self.by_source
         return torch.stack(
             [torch.einsum("bhij,biD,bjhD->bhj", a, self._reader, v) for a, v in zip(self._patterns, self._values)],
             dim=1,
@@ -86,6 +91,11 @@ class Decomposition:
         contributions come from (the prefix tokens' shares left out)."""
         shares = self.by_source if self.by_source is not None else self.all_sources()
         return shares.sum((1, 2))[:, self.layout.num_prefix :].unflatten(-1, self.layout.grid)
+
+    def numbers(self) -> Decomposition:
+        """The numbers alone, as a study keeps them: ``by_source`` computed, the reader and every layer's attention
+        pattern and values dropped (they are the size of the recorded maps again, times the width)."""
+        return dataclasses.replace(self, by_source=self.all_sources(), _reader=None, _patterns=(), _values=())
 
     def to_json(self, image: int = 0) -> dict[str, Any]:
         """Image ``image``'s numbers: total, heads [L][H], mlps [L], rest and its named parts."""
@@ -340,6 +350,23 @@ def decompose(
     if by_source:
         object.__setattr__(decomposition, "by_source", decomposition.all_sources())
     return decomposition
+
+
+def decompose_memory(config: Any, b: int) -> int:
+    """The bytes :func:`decompose` with ``by_source`` (and :func:`logit_lens` after it) works in on ``b`` images of
+    ``config``'s size (a :class:`~vit_einops.network.config.ViTConfig`): its pass, and beside it every layer's
+    cached sites, float32: each head's result and its values through W_O (b n H D each), the branch outputs
+    (b n D, two), the attention pattern (b H n^2) and v (b n D); the sources' einsum works on one layer's b H n D."""
+    n, depth, heads, dim = config.num_tokens, config.depth, config.heads, config.dim
+    cached = depth * b * (2 * n * heads * dim + 3 * n * dim + heads * n * n) + b * heads * n * dim
+    return forward_bytes(config, b) + 4 * cached
+
+
+def decomposition_bytes(config: Any, b: int) -> int:
+    """The bytes a study keeps of a decomposition (:meth:`Decomposition.numbers`) and its logit lens, float32:
+    the sources (b L H n), the heads' shares (b L H), the MLPs' and the lens (b L each) and a few (b,) numbers."""
+    depth, heads = config.depth, config.heads
+    return 4 * b * (depth * heads * (config.num_tokens + 1) + 2 * depth + 16)
 
 
 # -- the logit lens -----------------------------------------------------------------------------------------

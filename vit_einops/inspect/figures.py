@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..base.checks import check_dense_tensor, check_index
+from ..base.checks import check_dense_tensor, check_index, check_int
 from ..base.plot import new_figure
 from ..base.text import printable_lines
 from ..images import to_display
@@ -223,6 +223,63 @@ def plot_methods(
         # A method's name (gradient-rollout) is never split at its hyphen: the note names methods to type.
         wrapped = textwrap.fill(printable_lines(note), max(20, int(14 * width)), break_on_hyphens=False)
         fig.supxlabel(wrapped, fontsize=7, parse_math=False)
+    return fig
+
+
+def plot_decomposition(
+    images: torch.Tensor,
+    heads: torch.Tensor,
+    mlps: torch.Tensor,
+    total: torch.Tensor,
+    sources: torch.Tensor,
+    layout: TokenLayout,
+    titles: list[str] | None = None,
+    *,
+    top: int = 3,
+):
+    """The score decomposed (:func:`~vit_einops.inspect.decompose`), one row per image: each head's direct share
+    as an L x H grid with the MLPs' shares beside it, on one diverging scale (red adds to the score, blue takes
+    from it), then the source maps of the ``top`` heads of largest absolute share laid over the image, each on its
+    own diverging scale (its largest absolute part over the patches; the prefix tokens' parts are left out).
+
+    Shapes: images (b, C, H, W); heads (b, L, H); mlps (b, L); total (b,); sources (b, L, H, n), ``layout``'s
+    tokens. Returns a Figure.
+    """
+    b, depth, count = heads.shape
+    top = min(check_int("top", top, 1), depth * count)
+    h, w = images.shape[-2:]
+    size = (h, w)
+    row_inches = max(1.9, 0.22 * depth + 1.0)
+    fig = new_figure(figsize=(max(MIN_WIDTH_INCHES, 0.3 * count + 2.2 + 1.7 * top), b * row_inches + 0.4))
+    ratios = [max(2, count) * 0.3, 0.45] + [1.5] * top
+    axes = fig.subplots(b, 2 + top, squeeze=False, gridspec_kw={"width_ratios": ratios})
+    for i in range(b):
+        shares, own = heads[i].detach().double().cpu(), mlps[i].detach().double().cpu()
+        bound = float(max(shares.abs().max(), own.abs().max())) or 1.0
+        grid, mlp = axes[i, 0], axes[i, 1]
+        shown = grid.imshow(shares.numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
+        title = printable_lines(titles[i] if titles else f"image {i}")
+        grid.set_title(f"{title}\nscore {float(total[i]):.4g}; heads", fontsize=7, loc="left")
+        grid.set_xlabel("head", fontsize=7)
+        grid.set_ylabel("layer", fontsize=7)
+        grid.set_xticks(range(count))
+        grid.set_yticks(range(depth))
+        grid.tick_params(labelsize=6)
+        mlp.imshow(own[:, None].numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
+        mlp.set_title("MLP", fontsize=7)
+        mlp.set_xticks([])
+        mlp.set_yticks([])
+        fig.colorbar(shown, ax=mlp, shrink=0.8).ax.tick_params(labelsize=6)
+        order = shares.flatten().abs().argsort(descending=True)[:top].tolist()
+        for ax, index in zip(axes[i, 2:], order, strict=True):
+            layer, head = divmod(index, count)
+            parts = sources[i, layer, head, layout.num_prefix :].detach().double().cpu().unflatten(-1, layout.grid)
+            up = F.interpolate(parts[None, None], size=size, mode="bilinear", align_corners=False)[0, 0]
+            scale = float(parts.abs().max()) or 1.0
+            _show_image(ax, images[i])
+            ax.imshow(up.numpy(), cmap="RdBu_r", vmin=-scale, vmax=scale, alpha=0.6)
+            ax.set_title(f"layer {layer} head {head}\nshare {float(shares[layer, head]):.3g}", fontsize=7)
+    fig.suptitle("The score decomposed: each head's and MLP's direct share; the top heads' source maps", fontsize=9)
     return fig
 
 

@@ -14,12 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..base.checks import check_choice, check_int, check_probability, check_real_in_range
+from ..base.checks import (
+    check_choice,
+    check_int,
+    check_nonnegative_float,
+    check_positive_float,
+    check_probability,
+    check_real_in_range,
+)
 from ..base.threads import follow_free_cores
 from ..inputs import model_inputs
 from ..network.patch_embed import TokenLayout
@@ -28,6 +36,7 @@ from ..prediction import check_finite_logits
 from .decompose import decompose
 from .gradcam import grad_cam
 from .integrated_gradients import MAX_STEPS, PATH_BASELINES, QUADRATURES, integrated_gradients, patch_sums
+from .lrp import LINEAR_GAMMA, PATCH_GAMMA, STABILIZER, lrp
 from .record import AttentionRecorder
 from .relevance import attention_gradients, relevance_from_gradients
 from .rollout import HEAD_FUSIONS, attention_rollout, class_attention_grid, gradient_rollout, patch_attention_grid
@@ -99,6 +108,26 @@ def _integrated_gradients(
         model, images, target, baseline=baseline, steps=steps, quadrature=quadrature, preprocessed=True
     ).attributions
     return patch_sums(model, attributions)
+
+
+def _lrp(
+    rule: str, model: nn.Module, images: torch.Tensor, target: Any, *, patch_gamma: float, linear_gamma: float,
+    stabilizer: float,
+) -> torch.Tensor:
+    relevance = lrp(
+        model, images, target, rule=rule, patch_gamma=patch_gamma, linear_gamma=linear_gamma, stabilizer=stabilizer,
+        preprocessed=True,
+    )
+    return patch_sums(model, relevance)
+
+
+# The Gamma rule's parameters, as zennit's Gamma and lxt's ViT explanation take them (vit_einops.inspect.lrp).
+LRP_PARAMS = {"patch_gamma": PATCH_GAMMA, "linear_gamma": LINEAR_GAMMA, "stabilizer": STABILIZER}
+LRP_CHECKS = {
+    "patch_gamma": lambda v: check_nonnegative_float("patch_gamma", v),
+    "linear_gamma": lambda v: check_nonnegative_float("linear_gamma", v),
+    "stabilizer": lambda v: check_positive_float("stabilizer", v),
+}
 
 
 def _decomposition(model: nn.Module, images: torch.Tensor, target: Any) -> torch.Tensor:
@@ -178,6 +207,18 @@ METHODS: dict[str, Method] = {
                 "steps": lambda v: check_int("steps", v, 1, MAX_STEPS),
                 "quadrature": lambda v: check_choice("quadrature", v, QUADRATURES),
             },
+        ),
+        Method(
+            "attnlrp", partial(_lrp, "attnlrp"), True,
+            "Achtibat et al. 2024, AttnLRP as lxt 2.1 computes it: identity rule on LayerNorm and GELU, uniform rule "
+            "on attention's matmuls, zennit's Gamma on the patch embedding and the MLP and head Linears; summed per patch",
+            params=LRP_PARAMS, checks=LRP_CHECKS,
+        ),
+        Method(
+            "cp-lrp", partial(_lrp, "cp-lrp"), True,
+            "Ali et al. 2022, CP-LRP as lxt 2.1 explains torchvision's ViT: AttnLRP's rules with q and k held "
+            "constant in attention; summed per patch",
+            params=LRP_PARAMS, checks=LRP_CHECKS,
         ),
         Method(
             "decomposition", _decomposition, True,

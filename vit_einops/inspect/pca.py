@@ -40,7 +40,7 @@ from ..network.patch_embed import TokenLayout
 from ..network.sizes import check_model_forward
 from .figures import MIN_WIDTH_INCHES
 
-PANEL_INCHES = 2.5  # one image or PCA panel
+PCA_PANEL_INCHES = 2.5  # one image or PCA panel
 
 
 class PatchPCA(NamedTuple):
@@ -205,7 +205,7 @@ def plot_patch_pca(result: PatchPCA, images: torch.Tensor | None = None, titles:
     if titles is not None and len(titles) != b:
         raise ValueError(f"titles must be one per image of the result ({b}), got {len(titles)}")
     rows = 1 if images is None else 2
-    fig = new_figure(figsize=(max(MIN_WIDTH_INCHES, b * PANEL_INCHES), rows * PANEL_INCHES + 0.4))
+    fig = new_figure(figsize=(max(MIN_WIDTH_INCHES, b * PCA_PANEL_INCHES), rows * PCA_PANEL_INCHES + 0.4))
     axes = fig.subplots(rows, b, squeeze=False)
     k = result.components.shape[0]
     ratio = ", ".join(f"{100 * r:.0f}%" for r in result.explained_variance_ratio[:3].tolist())

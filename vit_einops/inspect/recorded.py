@@ -20,6 +20,7 @@ from torch import nn
 from ..network.config import ViTConfig
 from ..network.patch_embed import TokenLayout
 from ..network.sizes import forward_bytes
+from .decompose import decompose_memory, decomposition_bytes
 from .record import AttentionRecorder
 from .stats import recording_token_norms
 
@@ -50,31 +51,37 @@ def record_pass(model: nn.Module, images: torch.Tensor) -> RecordedPass:
 
 
 def study_memory(
-    config: ViTConfig,
-    b: int,
-    *,
-    beside_maps: int,
-    explain: bool,
-    classes: int = 0,
-    target: bool = False,
-    after: int = 0,
+    config: ViTConfig, b: int, *, target: bool, beside_maps: int = 0, classes: int = 0, after: int = 0
 ) -> int:
-    """The memory a study of ``b`` images of ``config``'s size works in (``write_report``'s, an explorer pane's),
-    from what it holds, phase by phase, from the sizes alone:
+    """The memory a study of ``b`` images of ``config``'s size works in, from the sizes alone: with the renderer's
+    arguments 0, :func:`~vit_einops.inspect.run_study`'s own, phase by phase from what it holds:
 
     - the explanation methods (:func:`~vit_einops.inspect.explain_all`, run first): the rollout's own recorded
       pass (:func:`~vit_einops.network.sizes.forward_bytes` keeping every layer's float32 maps, l b h n^2, and
-      their copy) with its float64 matrices (three of l b n^2), and where there is something to ``explain`` a
-      gradient method's differentiable pass with its gradients (three float32 copies of the maps);
-    - the recorded pass (:func:`record_pass`), then beside its maps the study's float64 work, ``beside_maps``
-      bytes (the caller's: the rollout's matrices, one layer's copies);
-    - relevance for ``classes`` classes from one differentiable pass and a ``target``'s from another, three
-      copies of the maps per class;
-    - ``after``: what the caller holds once the maps are gone (its written arrays, its figures)."""
+      their copy) with its float64 matrices (three of l b n^2), and where there is something to explain (a
+      classifier, or a ``target``) a gradient method's differentiable pass with its gradients (three float32
+      copies of the maps); a ``target``'s relevance is one such pass, run before the recorded maps exist;
+    - where there is something to explain, the study's decomposition
+      (:func:`~vit_einops.inspect.decompose.decompose_memory`), run before the recorded pass, and its numbers kept
+      beside every later phase (:func:`~vit_einops.inspect.decompose.decomposition_bytes`);
+    - the recorded pass (:func:`record_pass`), then its rollout's float64 matrices beside its maps; DINO's view and
+      the PCA are a few (b, h, gh, gw) and (b, n, D) arrays beside them.
+
+    A renderer adds what it works in beside the study's held maps (``write_report``'s
+    :func:`~vit_einops.inspect.report.report_memory`, the explorer's
+    :func:`~vit_einops.explore.payload.pane_memory`): ``beside_maps`` bytes of its own float64 work (one layer's
+    copies, the heads' mean), relevance for ``classes`` classes from one more differentiable pass (three copies of
+    the maps per class), and ``after``, what it holds once the maps are gone (its written arrays, its figures);
+    so a renderer's estimate is never below the study's own."""
     n, depth = config.num_tokens, config.depth
     maps = depth * b * config.heads * n * n * 4
     record = forward_bytes(config, b, kept=depth) + maps
     grad_pass = maps + forward_bytes(config, b, kept=depth, grad=True)
+    explain = config.has_classifier or target
     phases = [record, record + 3 * depth * b * n * n * 8, maps + beside_maps, after]
-    phases += [grad_pass + 3 * k * maps for k in (classes, int(target), int(explain)) if k]
+    phases += [grad_pass + 3 * maps] * explain
+    phases += [maps + grad_pass + 3 * classes * maps] * bool(classes)
+    if explain:
+        kept = decomposition_bytes(config, b)
+        phases = [decompose_memory(config, b), *(phase + kept for phase in phases)]
     return max(phases)

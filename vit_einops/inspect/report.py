@@ -11,18 +11,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..base.checks import check_index
 from ..base.io import atomic_write_chunks, staged_directory
 from ..base.plot import save_figure
 from ..network.config import ViTConfig
 from ..network.model import ViT
 from ..prediction import check_finite_logits, check_finite_outputs, class_name
-from .dino import DINO_KEEP, dino_view
+from .dino import DINO_KEEP
 from .distance import distance_sums, mean_attention_distance, patch_distances, ratio_or_nan
 from .embeddings import embedding_filter_components, model_position_similarity
 from .figures import (
     plot_attention_distance,
     plot_attention_overlays,
+    plot_decomposition,
     plot_filters,
     plot_methods,
     plot_position_similarity,
@@ -34,12 +34,10 @@ from .methods import METHODS, TARGET_NEEDED, unexplained
 from .pca import plot_patch_pca
 from .record import AttentionRecorder
 from .recorded import study_memory
-from .relevance import attention_gradients, relevance_from_gradients
 from .rollout import class_attention_grid, patch_attention_grid
 from .stats import prefix_token_share
 from .study import run_study
-from .targets import BACKBONE_TARGETS, TARGET_KINDS, PatchTarget, target_name
-from .tokens import CLASS_TOKEN
+from .targets import PatchTarget, check_study_target, target_name
 
 FIGURES = (
     "attention",
@@ -52,8 +50,9 @@ FIGURES = (
     "patch_pca",
 )
 TARGET_FIGURE = "target"  # drawn only for a backbone target
+DECOMPOSITION_FIGURE = "decomposition"  # drawn only where there is a score to decompose (a classifier or a target)
 # Everything write_report puts in its folder: the only names a folder it replaces may hold.
-REPORT_FILES = frozenset((*(f"{name}.png" for name in (*FIGURES, TARGET_FIGURE)), "arrays.npz"))
+REPORT_FILES = frozenset((*(f"{name}.png" for name in (*FIGURES, TARGET_FIGURE, DECOMPOSITION_FIGURE)), "arrays.npz"))
 # What arrays.npz holds, by --arrays: every layer's recorded maps (l, b, h, n, n) are most of a full file (562 MB for
 # one image at 518 px in DINOv2-S), so they are kept only when asked for; the arrays every figure draws are small.
 ARRAYS = {
@@ -75,17 +74,14 @@ def attention_maps_bytes(config: ViTConfig, b: int) -> int:
 
 
 def report_memory(config: ViTConfig, b: int, *, target: bool, arrays: str = "figures") -> int:
-    """The memory :func:`write_report` works in on ``b`` images of ``config``'s size (:func:`study_memory`): beside
-    the recorded maps the rollout's float64 matrices (l b n^2, three of them) and one layer's float64 copies; a
-    target's relevance; the explanation methods, with a gradient one wherever there is a class or target to
-    explain; and at the end ``arrays.npz``'s buffer (with ``arrays="full"`` a copy of the maps, and the rest)
-    beside the figures."""
+    """The memory :func:`write_report` works in on ``b`` images of ``config``'s size: its study's
+    (:func:`study_memory`) with, beside the study's recorded maps, the report's own float64 work (one layer's
+    copies, for the distances and the prefix shares), and at the end ``arrays.npz``'s buffer (with
+    ``arrays="full"`` a copy of the maps, and the rest) beside the figures."""
     n, depth, heads = config.num_tokens, config.depth, config.heads
-    maps = attention_maps_bytes(config, b)
-    beside = 3 * depth * b * n * n * 8 + 4 * b * heads * n * n * 8
-    written = 2 * maps * (arrays == "full") + 2 * depth * b * n * n * 4 + FIGURE_BYTES
-    explain = target or config.has_classifier
-    return study_memory(config, b, beside_maps=beside, target=target, explain=explain, after=written)
+    beside = 4 * b * heads * n * n * 8
+    written = 2 * attention_maps_bytes(config, b) * (arrays == "full") + 2 * depth * b * n * n * 4 + FIGURE_BYTES
+    return study_memory(config, b, target=target, beside_maps=beside, after=written)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -124,8 +120,9 @@ def write_report(
             averages over many, e.g. a test set.
         titles: one label per drawn image (e.g. "label 3"); a classifier's prediction is added below each.
         classes: the class names of the model's outputs, to name the predictions (default: "class 3").
-        layer: the block whose heads' class-token attention is drawn (0 is the first, -1 the last); the figures
-            number layers and heads from 0, as this index does.
+        layer: the block whose heads' class-token attention is drawn, with DINO's view of it (0 is the first, -1
+            the last; the study's ``layer``, :func:`~vit_einops.inspect.run_study`); the figures number layers and
+            heads from 0, as this index does.
         overwrite: replace an earlier report in ``out_dir``; without it, a non-empty ``out_dir`` is refused.
         target: a backbone target (:mod:`vit_einops.inspect.targets`): ``arrays.npz`` then also holds its
             relevance ``target_relevance`` (b, n, n), its score ``target_score`` (b,), and for a patch the
@@ -153,40 +150,50 @@ def write_report(
     ``patch_pca.png`` is DINOv2's PCA picture: the first three components of one PCA over the drawn images' final
     patch tokens as RGB (:func:`~vit_einops.inspect.patch_feature_pca`).
 
+    ``decomposition.png`` draws the score the gradient methods explain split into each head's and MLP's direct
+    share (the L x H grid, the MLPs beside it) and the source maps of the top heads over each image
+    (:func:`~vit_einops.inspect.plot_decomposition`, from the study's :func:`~vit_einops.inspect.decompose`); it
+    is left out, as those methods are, for a model without a classifier and no target.
+
     With a ``target``, ``target.png`` draws its relevance over each image (the class token's row of R, or the mean
     of the patch rows for a model without one) and, for a patch target, the similarity map with the patch outlined
     (:func:`~vit_einops.inspect.plot_target_relevance`).
 
-    The model runs once for everything drawn (:func:`~vit_einops.inspect.record_pass`), again only with gradients
-    for a target's relevance and for ``distance_images`` other than ``images``.
+    Everything drawn but the distances, the position similarity and the filters is one study
+    (:func:`~vit_einops.inspect.run_study`, as the explorer draws it): the model runs once for it
+    (:func:`~vit_einops.inspect.record_pass`), again only with gradients for a target's relevance (and in the
+    explanation methods), and for ``distance_images`` other than ``images``.
 
-    Returns the written paths by name (``target`` too when there is one): attention, methods, attention_distance,
-    position_similarity, embedding_filters, prefix_share, token_norms, patch_pca (each ``<name>.png``, written
+    Returns the written paths by name (``target`` and ``decomposition`` too where drawn): attention, methods,
+    attention_distance, position_similarity, embedding_filters, prefix_share, token_norms, patch_pca (each ``<name>.png``, written
     atomically), arrays (``arrays.npz``, unless ``arrays="none"``: ``attention``, the recorded maps (l, b, h, n, n),
     with ``arrays="full"`` only; the drawn ``class_attention`` (or ``patch_attention``) of layer
     ``class_attention_layer``, rollout, distances, similarities, filters, ``prefix_tokens`` (their names),
     ``prefix_share`` (l, b, h, p), ``token_norms`` (l, b, n), ``dino_attention`` and ``dino_mask`` (b, h, gh, gw):
     DINO's view of the drawn layer, ``patch_pca`` (b, gh, gw, k) and ``patch_pca_components`` (k, D): the PCA's
     projections and components, k = 3 or fewer where D or the patches are fewer; ``method_<name>`` (b, gh, gw) for
-    each method drawn, ``-`` in its name written ``_``, and ``method_labels``, their titles).
+    each method drawn, ``-`` in its name written ``_``, and ``method_labels``, their titles; with a decomposition,
+    ``decomposition_total``, ``_heads`` (b, L, H), ``_mlps`` (b, L), ``_rest`` (b,), ``_sources`` (b, L, H, n),
+    ``_parts`` (k, b) with ``decomposition_part_names`` (k,), and ``logit_lens`` (b, L + 1)).
     """
-    if target is not None and not isinstance(target, BACKBONE_TARGETS):
-        raise TypeError(f"write_report's target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
+    check_study_target("write_report", target)
     if arrays not in ARRAYS:
         raise ValueError(f"write_report's arrays is one of {', '.join(ARRAYS)}, got {arrays!r:.60}")
     cfg = model.config
-    depth = len(model.blocks)
-    layer = check_index("layer", layer, depth, f"a ViT of depth {depth}")
     model.eval()
     out = Path(out_dir)
     method_params = dict(method_params or {})
-    study = run_study(model, images, target, method_params, lambda run: check_finite_logits(images, run.output))
-    method_maps, run, rollout, pca = study  # {name: (b, gh, gw)}, the recorded pass, (b, n, n), the patch PCA
+    # The recorded pass's output is checked first, to name the image and the cause; every array is checked below.
+    study = run_study(
+        model, images, target, method_params, lambda run: check_finite_logits(images, run.output), layer=layer
+    )
+    method_maps, run, rollout, pca, layer = study.methods, study.run, study.rollout, study.pca, study.layer
+    decomposed = study.decomposition
     logits, maps, layout = run.output, run.maps, run.layout  # maps (l, b, h, n, n)
-    has_class = CLASS_TOKEN in layout.prefix
+    has_class = study.dino is not None  # DINO's view is the class token's
     # Without a class token, the attention each patch receives from the patches is the map there is to draw.
     token_map = class_attention_grid if has_class else patch_attention_grid
-    heads = token_map(maps[layer], layout)  # (b, h, gh, gw)
+    heads = study.dino.attention if has_class else patch_attention_grid(maps[layer], layout)  # (b, h, gh, gw)
     rollout_grid = token_map(rollout, layout)
     labels = {name: METHODS[name].label(method_params.get(name), every=True) for name in method_maps}
     unexplained_methods = unexplained(model, target)
@@ -237,19 +244,23 @@ def write_report(
         "patch_pca_components": pca.components,
         **{f"method_{name.replace('-', '_')}": value for name, value in method_maps.items()},
     }
-    if target is not None:
-        _, target_maps, target_grads, scores = attention_gradients(model, images, target)
-        start_layer = METHODS["relevance"].resolve(method_params.get("relevance", {}))["start_layer"]
-        saved["target_relevance"] = relevance_from_gradients(target_maps, target_grads, start_layer)[0]  # (b, n, n)
-        saved["target_score"] = scores[:, 0]
+    if decomposed is not None:
+        d = decomposed.decomposition
+        saved.update(
+            decomposition_total=d.total, decomposition_heads=d.heads, decomposition_mlps=d.mlps,
+            decomposition_rest=d.rest, decomposition_sources=d.by_source,
+            decomposition_parts=torch.stack(list(d.parts.values())), logit_lens=decomposed.lens,
+        )  # fmt: skip
+    if study.target is not None:
+        saved["target_relevance"] = study.target.relevance  # (b, n, n)
+        saved["target_score"] = study.target.scores
         if isinstance(target, PatchTarget):
             saved["target_similarity"] = target.similarity(run.tokens, layout)
     method_titles = titles  # what the gradient methods explain (the predicted class), without DINO's note
     masks = None
     if has_class:  # DINO's view of the drawn layer: its maps outlined where they hold 60% of the mass
-        dino = dino_view(maps, layout, keep=DINO_KEEP, layer=layer)
-        saved.update(dino_attention=dino.attention, dino_mask=dino.mask)
-        masks = dino.mask
+        saved.update(dino_attention=study.dino.attention, dino_mask=study.dino.mask)
+        masks = study.dino.mask
         titles = [f"{title}\noutlined: {100 * DINO_KEEP:.0f}% of the class token's attention" for title in titles]
     # Nothing is written when any array is nan or inf: figures of them would draw nothing, and arrays.npz would
     # hand the NaN on to whoever reads it.
@@ -280,6 +291,11 @@ def write_report(
             similarity=saved.get("target_similarity"),
             patch=(target.row, target.col) if isinstance(target, PatchTarget) else None,
         )
+    if decomposed is not None:
+        d = decomposed.decomposition
+        figures[DECOMPOSITION_FIGURE] = plot_decomposition(
+            shown, d.heads, d.mlps, d.total, d.by_source, d.layout, method_titles
+        )
     if arrays != "full":
         del saved["attention"]  # checked above all the same: maps that overflow are refused whatever is kept
     buf = None if arrays == "none" else io.BytesIO()
@@ -288,6 +304,7 @@ def write_report(
             buf,
             prefix_tokens=np.array(layout.prefix, dtype=str),
             method_labels=np.array(list(labels.values()), dtype=str),
+            **({} if decomposed is None else {"decomposition_part_names": np.array(list(d.parts), dtype=str)}),
             **{k: v.detach().cpu().numpy() for k, v in saved.items()},
         )
     with staged_directory(out, owned=REPORT_FILES, replace=overwrite) as staging:

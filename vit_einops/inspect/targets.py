@@ -153,6 +153,13 @@ class PatchTarget:
 BACKBONE_TARGETS = (EmbeddingTarget, ImageTarget, PatchTarget)
 
 
+def check_study_target(who: str, target: Any) -> None:
+    """Refuse a study's ``target`` that is neither None nor a backbone target (:data:`BACKBONE_TARGETS`): a study
+    explains its classes itself; ``who`` names the function that took it."""
+    if target is not None and not isinstance(target, BACKBONE_TARGETS):
+        raise TypeError(f"{who}'s target is a backbone target ({TARGET_KINDS}), got {target!r:.60}")
+
+
 def target_name(target: EmbeddingTarget | ImageTarget | PatchTarget) -> str:
     """What a target's score is, in words, for figures and the explorer."""
     if isinstance(target, PatchTarget):

@@ -15,7 +15,7 @@ run time (``ViT(attn_impl=...)``, :func:`set_attn_impl`), never part of the arch
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -33,7 +33,7 @@ from ..base.checks import (
     check_probability,
 )
 from .config import ViTConfig, check_config, check_float32, check_qkv_bias
-from .kernels import KERNELS
+from .kernels import KERNELS, check_kernel_runs
 from .probes import HookPoint
 from .rope import RopeTable, apply_rope
 
@@ -176,7 +176,7 @@ class Attend(nn.Module):
         return einsum(self.dropout(attn), v, "b h i j, b h j d -> b h i d")
 
     def extra_repr(self) -> str:
-        chunks = f", chunk_elements={self.chunk_elements}" if self._impl == "chunked" and self.chunk_elements else ""
+        chunks = f", chunk_elements={self.chunk_elements}" if self.chunk_elements else ""
         return f"impl={self._impl!r}, scale={self.scale:.6g}{chunks}"
 
 
@@ -235,6 +235,7 @@ class MultiHeadAttention(nn.Module):
         proj_dropout = check_probability("proj_dropout", proj_dropout)
         check_attn_impl(impl, "impl")
         self.qkv = nn.Linear(self.dim, 3 * self.dim, bias=qkv_bias is True)
+        self.check_kernel(impl)  # on the device and dtype the weights were made in (torch's defaults)
         if qkv_bias == "qv":  # without RoPE a bias on k adds q . b_k to every key of a query: the softmax cancels it
             self.q_bias = nn.Parameter(torch.zeros(self.dim))
             self.v_bias = nn.Parameter(torch.zeros(self.dim))
@@ -271,7 +272,21 @@ class MultiHeadAttention(nn.Module):
 
     @impl.setter
     def impl(self, value: str) -> None:
-        self.attend.impl = value
+        self.attend.impl = self.check_kernel(value)
+
+    def check_kernel(self, impl: Any, move: Callable[[torch.Tensor], torch.Tensor] | None = None) -> str:
+        """``impl`` if it names a kernel that runs on the device and dtype of the layer's weights, or where ``move``
+        (the function torch's ``.to()``, ``.cuda()``, ``.half()`` apply to each tensor) would put them; else a
+        ValueError naming the kernel, the device and dtype, and the kernels that run there."""
+        weight = self.qkv.weight
+        if move is not None:
+            weight = move(weight.new_empty(0))  # where the move puts the weights, found without moving them
+        return check_kernel_runs(check_attn_impl(impl), weight.device.type, str(weight.dtype).removeprefix("torch."))
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> MultiHeadAttention:
+        # torch's one path for every move (.to(), .cuda(), .half(), .to_empty()): refused before a tensor moves
+        self.check_kernel(self.impl, fn)
+        return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, rope: RopeTable | None = None) -> torch.Tensor:
         if x.ndim != 3 or x.shape[-1] != self.dim:
@@ -309,12 +324,24 @@ class MultiHeadAttention(nn.Module):
 
 
 def set_attn_impl(model: nn.Module, impl: str | Sequence[str]) -> nn.Module:
-    """Switch the MultiHeadAttention layers inside ``model`` to ``impl`` ("einsum", "chunked" or "sdpa"), or to one
-    impl per layer in order (a sequence); returns the model. A refused ``impl`` changes no layer."""
+    """Switch the MultiHeadAttention layers inside ``model`` to ``impl`` (a name of
+    :data:`~vit_einops.network.kernels.KERNELS`), or to one impl per layer in order (a sequence); returns the model.
+    A refused ``impl`` (unknown, or not running on a layer's device and dtype) changes no layer."""
     layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    for layer, layer_impl in zip(layers, per_layer_impls(impl, len(layers)), strict=True):
+    impls = per_layer_impls(impl, len(layers))
+    for layer, layer_impl in zip(layers, impls, strict=True):
+        layer.check_kernel(layer_impl)
+    for layer, layer_impl in zip(layers, impls, strict=True):
         layer.impl = layer_impl
     return model
+
+
+def check_kernels_move(model: nn.Module, move: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Refuse ``move`` (torch's ``_apply`` function) before any tensor of ``model`` moves when a layer's kernel
+    would not run where it puts the weights (:meth:`MultiHeadAttention.check_kernel`)."""
+    for layer in model.modules():
+        if isinstance(layer, MultiHeadAttention):
+            layer.check_kernel(layer.impl, move)
 
 
 def attn_impl_of(model: nn.Module) -> str | tuple[str, ...]:

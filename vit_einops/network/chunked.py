@@ -20,7 +20,10 @@ done (chunk_pool.py says why: a thread preempted by another process then holds b
 call). Otherwise (one task's work; dropout, which draws each block's multipliers from one generator in block order;
 another device; a tensor subclass; torch.compile's or the JIT's tracing, the profiler or a dispatch mode, which see
 only the ops of their own thread) the blocks run one after another here, each op split between torch's threads.
-The backward pass always does the latter.
+The backward pass of a call whose forward handed its blocks to the workers hands them the same way (each task
+recomputes its block's A and computes its gradients); blocks of query rows that add into one row's dk and dv form
+one task, so no two workers write the same rows (a call of one image and one head is then one task: its blocks run
+in turn here instead).
 """
 
 from __future__ import annotations
@@ -143,6 +146,73 @@ def _tasked_forward(q_, k_, v_, mask, tasks: BlockPlan, scale):
     return out
 
 
+def _block_grads(attn, keep, q_b, k_b, v_t, grad_out_b, delta_b, grads, grad_attn, scale, beta):
+    """One block's share of dq (written), dk and dv (written with ``beta`` 0, added to with 1) from its A
+    (``attn``), its dropout multipliers (``keep``, None without dropout) and its rows of dO and delta
+    (_ChunkedAttention's docstring has the formulas); ``grad_attn``, a buffer of the block's shape, takes dP."""
+    dq, dk, dv = grads
+    kept = attn if keep is None else attn * keep
+    # dv (+)= einsum(kept, dO, "bh i j, bh i d -> bh j d")
+    torch.baddbmm(dv, kept.transpose(1, 2), grad_out_b, beta=beta, out=dv)
+    # dP = einsum(dO, v, "bh i d, bh j d -> bh i j")
+    torch.bmm(grad_out_b, v_t, out=grad_attn)
+    if keep is not None:
+        grad_attn.mul_(keep)
+    grad_scores = grad_attn.sub_(delta_b).mul_(attn)  # dS, in place on dP
+    # dq = einsum(dS, k, "bh i j, bh j d -> bh i d") * scale, written in place
+    torch.baddbmm(dq, grad_scores, k_b, beta=0.0, alpha=scale, out=dq)
+    # dk (+)= einsum(dS, q, "bh i j, bh i d -> bh j d") * scale
+    torch.baddbmm(dk, grad_scores.transpose(1, 2), q_b, beta=beta, alpha=scale, out=dk)
+
+
+def _grad_blocks(plan: BlockPlan, q_, k_, v_, grad_out, grads, mask) -> zip:
+    """Per block of ``plan``, the views its backward reads and writes: q, k, k^T, v^T, dO, dq, dk, dv (``grads``)
+    and the mask (None without one)."""
+    grad_q, grad_k, grad_v = grads
+    return zip(
+        plan.query_blocks(q_), plan.key_blocks(k_), plan.key_blocks(k_.transpose(1, 2)),
+        plan.key_blocks(v_.transpose(1, 2)), plan.query_blocks(grad_out), plan.query_blocks(grad_q),
+        plan.key_blocks(grad_k), plan.key_blocks(grad_v), _mask_blocks(mask, plan), strict=True,
+    )  # fmt: skip
+
+
+def _tasked_backward(q_, k_, v_, out, grad_out, mask, tasks: BlockPlan, scale):
+    """dq, dk, dv of (b h)-flattened q, k, v from the output and its gradient ``grad_out`` (contiguous), each task
+    run whole by one of chunk_pool.py's workers with single-threaded ops (by the calling thread when torch has one
+    thread): a task is one block of ``tasks``, or, when the blocks are query rows of one (b h) row, all of that
+    row's blocks in turn, since each adds into the row's dk and dv. Each block recomputes its A and its rows of
+    delta. The same blocks and ops whatever the thread count, so the same bits."""
+    m = k_.shape[1]
+    # dq contiguous: its blocks are views of it only then (empty_like would copy a transposed q's strides).
+    grad_q, grad_k, grad_v = q_.new_empty(q_.shape), torch.empty_like(k_), torch.empty_like(v_)
+    blocks = list(zip(_grad_blocks(tasks, q_, k_, v_, grad_out, (grad_q, grad_k, grad_v), mask),
+                      tasks.query_blocks(out), strict=True))  # fmt: skip
+    per_task = 1 if tasks.whole else tasks.per_row
+    buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per worker thread: the scores and dP buffers
+
+    def task(i: int) -> None:
+        buffer = buffers.get(threading.get_ident())
+        if buffer is None:
+            buffer = buffers[threading.get_ident()] = (tasks.scores_buffer(q_, m), tasks.scores_buffer(q_, m))
+        for j in range(i * per_task, (i + 1) * per_task):
+            (q_b, k_b, k_t, v_t, grad_out_b, dq, dk, dv, mask_b), out_b = blocks[j]
+            g, c = q_b.shape[:2]
+            scores, grad_attn = (b[: g * c * m].view(g, c, m) for b in buffer)
+            attn = _softmax_block(q_b, k_t, mask_b, scale, scores)
+            delta_b = (grad_out_b * out_b).sum(dim=-1, keepdim=True)
+            beta = 0.0 if j == i * per_task else 1.0  # a row's first block writes its dk and dv, the rest add
+            _block_grads(attn, None, q_b, k_b, v_t, grad_out_b, delta_b, (dq, dk, dv), grad_attn, scale, beta)
+
+    count = len(blocks) // per_task
+    threads = torch.get_num_threads()
+    if threads == 1:
+        for i in range(count):
+            task(i)
+    else:
+        run_tasks(task, count, threads)
+    return grad_q, grad_k, grad_v
+
+
 class _ChunkedAttention(torch.autograd.Function):
     """Gradients of the chunked path from q, k, v and the output alone, block by block.
 
@@ -168,14 +238,21 @@ class _ChunkedAttention(torch.autograd.Function):
             buffer = plan.scores_buffer(q_, k_.shape[1])
             out = _chunked_forward(q_, k_, v_, mask, plan, scale, dropout_p, seed, buffer)
         ctx.save_for_backward(q_, k_, v_, out, mask, buffer if keep_attention else None)
-        ctx.args = (plan, scale, dropout_p, seed)
+        # The backward hands its blocks to the workers as the forward did; not with one task (a whole plan of one
+        # (b h) row's query blocks), which would run on one worker while the other cores wait.
+        by_pool = tasks is not None and not keep_attention and (tasks.whole or len(tasks.rows) > tasks.per_row)
+        ctx.args = (plan, tasks if by_pool else None, scale, dropout_p, seed)
         return out.view(*q.shape[:3], v.shape[-1])
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
         q_, k_, v_, out, mask, attention = ctx.saved_tensors
-        plan, scale, dropout_p, seed = ctx.args
+        plan, tasks, scale, dropout_p, seed = ctx.args
+        shape = plan.images, plan.heads
+        if tasks is not None and type(grad_out) is torch.Tensor and not _watched():
+            grads = _tasked_backward(q_, k_, v_, out, _flat(grad_out).contiguous(), mask, tasks, scale)
+            return (*(g.view(*shape, *g.shape[1:]) for g in grads), None, None, None, None, None, None)
         m = k_.shape[1]
         generator = torch.Generator(q_.device).manual_seed(seed) if dropout_p else None
         grad_out = _flat(grad_out).contiguous()
@@ -189,37 +266,17 @@ class _ChunkedAttention(torch.autograd.Function):
         buffer = plan.scores_buffer(q_, m) if recompute else attention
         grad_buffer = plan.scores_buffer(q_, m)
         blocks = zip(
-            plan.query_blocks(q_),
-            plan.key_blocks(k_),
-            plan.key_blocks(k_.transpose(1, 2)),
-            plan.key_blocks(v_.transpose(1, 2)),
-            plan.query_blocks(grad_out),
+            _grad_blocks(plan, q_, k_, v_, grad_out, (grad_q, grad_k, grad_v), mask),
             plan.query_blocks(delta),
-            plan.query_blocks(grad_q),
-            plan.key_blocks(grad_k),
-            plan.key_blocks(grad_v),
             plan.score_blocks(buffer, m),
             plan.score_blocks(grad_buffer, m),
-            _mask_blocks(mask, plan),
             strict=True,
         )
         beta = 0.0 if plan.whole else 1.0  # overwrite dk, dv blocks, or add to them (blocks of query rows)
-        for q_b, k_b, k_t, v_t, grad_out_b, delta_b, dq, dk, dv, scores, grad_attn, mask_b in blocks:
+        for (q_b, k_b, k_t, v_t, grad_out_b, dq, dk, dv, mask_b), delta_b, scores, grad_attn in blocks:
             attn = _softmax_block(q_b, k_t, mask_b, scale, scores) if recompute else scores
             keep = _dropout_mask(attn, dropout_p, generator) if dropout_p else None
-            kept = attn if keep is None else attn * keep
-            # dv (+)= einsum(kept, dO, "bh i j, bh i d -> bh j d")
-            torch.baddbmm(dv, kept.transpose(1, 2), grad_out_b, beta=beta, out=dv)
-            # dP = einsum(dO, v, "bh i d, bh j d -> bh i j")
-            torch.bmm(grad_out_b, v_t, out=grad_attn)
-            if keep is not None:
-                grad_attn.mul_(keep)
-            grad_scores = grad_attn.sub_(delta_b).mul_(attn)  # dS, in place on dP
-            # dq = einsum(dS, k, "bh i j, bh j d -> bh i d") * scale, written in place
-            torch.baddbmm(dq, grad_scores, k_b, beta=0.0, alpha=scale, out=dq)
-            # dk (+)= einsum(dS, q, "bh i j, bh i d -> bh j d") * scale
-            torch.baddbmm(dk, grad_scores.transpose(1, 2), q_b, beta=beta, alpha=scale, out=dk)
-        shape = plan.images, plan.heads
+            _block_grads(attn, keep, q_b, k_b, v_t, grad_out_b, delta_b, (dq, dk, dv), grad_attn, scale, beta)
         return (grad_q.view(*shape, *q_.shape[1:]), grad_k.view(*shape, *k_.shape[1:]),
                 grad_v.view(*shape, *v_.shape[1:]), None, None, None, None, None, None)  # fmt: skip
 

@@ -51,6 +51,10 @@ class TokenPool(nn.Module):
             return x[:, :2] if self.distilled else x[:, 0]
         return x[:, self.num_prefix_tokens :].mean(dim=1)
 
+    def probe_sites(self) -> dict[str, HookPoint]:
+        """None: taking or averaging tokens has no activation of its own beside the head's ``hook_pooled``."""
+        return {}
+
     def extra_repr(self) -> str:
         prefix = f", num_prefix_tokens={self.num_prefix_tokens}" if self.num_prefix_tokens != 1 else ""
         return f"mode={self.mode!r}{prefix}" + (", distilled=True" if self.distilled else "")
@@ -62,8 +66,12 @@ class AttentionPool(nn.Module):
     pre-norm MLP is added to the result, as in an encoder block: (b, n, D) -> (b, D).
 
     ``q`` and ``kv`` project the query and the tokens (kv laid out (kv h d), as timm's); ``attend`` is an
-    :class:`~vit_einops.network.attention.Attend`, so the pooling attention (1 query over the n tokens, per head) is
-    recorded like the encoder's; ``proj`` is the output projection, ``norm`` and ``mlp`` the residual MLP.
+    :class:`~vit_einops.network.attention.Attend` (the einsum kernel, which forms the 1 x n matrix A per head);
+    ``proj`` is the output projection, ``norm`` and ``mlp`` the residual MLP.
+
+    Probe sites (the model's ``attn_pool.`` ones, docs/probes.md): ``hook_q`` (b, 1, h, d), the latent query;
+    ``hook_k``, ``hook_v`` (b, n, h, d), the tokens' keys and values; ``attend``'s ``hook_attn_scores`` and
+    ``hook_pattern`` (b, h, 1, n), the pooling attention's logits and A; ``hook_z`` (b, 1, h, d), each head's A v.
     """
 
     def __init__(self, config: ViTConfig) -> None:
@@ -76,21 +84,31 @@ class AttentionPool(nn.Module):
         self.split_q = Rearrange("b n (h d) -> b h n d", h=config.heads)
         self.split_kv = Rearrange("b n (kv h d) -> kv b h n d", kv=2, h=config.heads)
         self.attend = Attend(config.head_dim)
+        self.attend.hook_attn_scores.shape = self.attend.hook_pattern.shape = "(b, h, 1, n)"  # one query
         self.merge_heads = Rearrange("b h n d -> b n (h d)")
         self.proj = nn.Linear(d, d)
         self.norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
         self.mlp = FeedForwardBlock.from_config(config)
+        self.hook_q, self.hook_k, self.hook_v, self.hook_z = (HookPoint(shape, heads_second=True) for shape in (
+            "(b, 1, h, d)", "(b, n, h, d)", "(b, n, h, d)", "(b, 1, h, d)"))  # fmt: skip
 
     @property
     def mode(self) -> str:
         return "map"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = self.split_q(self.q(self.latent.expand(x.shape[0], -1, -1)))
+        q = self.hook_q(self.split_q(self.q(self.latent.expand(x.shape[0], -1, -1))))
         k, v = self.split_kv(self.kv(x))
-        pooled = self.proj(self.merge_heads(self.attend(q, k, v)))
+        z = self.hook_z(self.attend(q, self.hook_k(k), self.hook_v(v)))
+        pooled = self.proj(self.merge_heads(z))
         pooled = pooled + self.mlp(self.norm(pooled))
         return pooled[:, 0]
+
+    def probe_sites(self) -> dict[str, HookPoint]:
+        """The pooling attention's sites, in the order the forward pass reaches them."""
+        sites = {"hook_q": self.hook_q, "hook_k": self.hook_k, "hook_v": self.hook_v}
+        sites |= {"hook_attn_scores": self.attend.hook_attn_scores, "hook_pattern": self.attend.hook_pattern}
+        return sites | {"hook_z": self.hook_z}
 
 
 class ClassificationHead(Sequential):
@@ -110,7 +128,8 @@ class ClassificationHead(Sequential):
 
     Probe sites: ``hook_normalized`` (the model's ``ln_final.hook_normalized``), the output of ``norm``: the
     normed tokens (b, n, D), or with fc_norm the normed pooled features (b, D); ``hook_pooled``, the output of
-    ``pool``: (b, D), or (b, 2, D) for a distilled head, before ``norm`` with fc_norm.
+    ``pool``: (b, D), or (b, 2, D) for a distilled head, before ``norm`` with fc_norm; and an attention pool's
+    (``attn_pool.*``, :class:`AttentionPool`).
 
     Shapes: (b, n, D) -> (b, num_classes), or (b, D or representation_size) when num_classes is 0.
     """
@@ -135,6 +154,7 @@ class ClassificationHead(Sequential):
             stages.append(("fc_dist", nn.Linear(features, k, bias=bias) if k else nn.Identity()))
         super().__init__(OrderedDict(stages))
         self.embedding = config.embedding  # fc projects into an embedding (CLIP's); a new fc is a classifier
+        self.token_norm = not config.fc_norm  # norm acts on every token before the pooling (the paper)
         self.hook_normalized = HookPoint("(b, n, D), or (b, D) with fc_norm")
         self.hook_pooled = HookPoint("(b, D), or (b, 2, D) distilled")
 
@@ -187,31 +207,31 @@ class ClassificationHead(Sequential):
             )
         return k
 
-    @property
-    def token_norm(self) -> bool:
-        """True when ``norm`` acts on every token before the pooling (the paper), False with fc_norm."""
-        return next(iter(self._modules)) == "norm"
-
     def pool_features(self, x: torch.Tensor, *, normed: bool = False) -> torch.Tensor:
-        """Every stage but ``fc``: (b, n, D) tokens -> (b, in_features), the classifier's input.
+        """Every stage before the classifiers: (b, n, D) tokens -> (b, in_features), the classifier's input: Eq. 4's
+        LN, then the pooling (with fc_norm the pooling, then the LN), then ``pre_logits`` where the head has it.
 
         ``normed``: the tokens already went through ``norm`` (``ViT.forward_features`` applies it), so it is
         skipped here when it acts on tokens.
         """
-        for name, stage in self.named_children():
-            if name in ("fc", "fc_dist"):
-                break
-            if name == "norm":
-                x = x if normed and self.token_norm else self.normed(x)
-            elif name == "pool":
-                x = self.hook_pooled(stage(x))
-            else:
-                x = stage(x)
-        return x
+        if self.token_norm:
+            x = self.hook_pooled(self.pool(x if normed else self.normed(x)))
+        else:
+            x = self.normed(self.hook_pooled(self.pool(x)))
+        return self.pre_logits(x) if "pre_logits" in self._modules else x
 
     def normed(self, x: torch.Tensor) -> torch.Tensor:
         """The final LayerNorm (Eq. 4's LN), through the probe site ``hook_normalized``."""
         return self.hook_normalized(self.norm(x))
+
+    def probe_sites(self) -> dict[str, HookPoint]:
+        """The head's probe sites by the model's names, in the order the forward pass reaches them:
+        ``ln_final.hook_normalized``, the pooling attention's ``attn_pool.*`` (pool "map"), ``hook_pooled``; with
+        fc_norm the LayerNorm's last."""
+        normalized = {"ln_final.hook_normalized": self.hook_normalized}
+        pooled = {f"attn_pool.{name}": site for name, site in self.pool.probe_sites().items()}
+        pooled["hook_pooled"] = self.hook_pooled
+        return normalized | pooled if self.token_norm else pooled | normalized
 
     def check_classifier(self, module: Any) -> nn.Module:
         """``module`` if it can serve as ``fc``: an nn.Identity, or an nn.Linear reading in_features."""

@@ -16,7 +16,7 @@ from torch import nn
 from ..base.checks import check_choice, check_dense_tensor, check_index, check_nonnegative_int, check_positive_int
 from ..base.init import trunc_normal_
 from ..base.sequential import Sequential
-from .attention import attn_impl_of, per_layer_impls, set_attn_impl
+from .attention import attn_impl_of, check_kernels_move, per_layer_impls, set_attn_impl
 from .blocks import TransformerEncoder, TransformerEncoderBlock
 from .config import FIELDS, ViTConfig
 from .head import ClassificationHead, head_swap_help
@@ -407,16 +407,17 @@ class ViT(Sequential):
         ``.attn.hook_attn_scores``, ``.attn.hook_pattern``, ``.attn.hook_z``, ``.attn.hook_result``,
         ``.hook_attn_out``, ``.hook_resid_mid``, ``.ln2.hook_normalized``, ``.mlp.hook_pre``, ``.mlp.hook_post``,
         ``.hook_mlp_out``, ``.hook_resid_post``; then
-        ``ln_final.hook_normalized`` (the final LayerNorm's output) and ``hook_pooled`` (the pooling's), in the
-        order the head applies them. Each HookPoint's ``hooks`` are the functions attached now (none outside a
-        :meth:`run_with_hooks` or :meth:`run_with_cache` call)."""
+        ``ln_final.hook_normalized`` (the final LayerNorm's output), with attention pooling (pool "map") its
+        ``attn_pool.hook_q``/``hook_k``/``hook_v``, ``.hook_attn_scores``, ``.hook_pattern`` (b, h, 1, n) and
+        ``.hook_z``, and ``hook_pooled`` (the pooling's output), in the order the head applies them. Each
+        HookPoint's ``hooks`` are the functions attached now (none outside a :meth:`run_with_hooks` or
+        :meth:`run_with_cache` call)."""
         pos = self.patch_embed.pos_embed
         sites = {"hook_image": self.patch_embed.hook_image, "hook_embed": pos.hook_embed}
         sites["hook_pos_embed"] = pos.hook_pos_embed
         for l, block in enumerate(self.blocks):
             sites.update({f"blocks.{l}.{name}": site for name, site in block.probe_sites().items()})
-        head = {"ln_final.hook_normalized": self.head.hook_normalized, "hook_pooled": self.head.hook_pooled}
-        sites.update(head if self.head.token_norm else dict(reversed(head.items())))
+        sites.update(self.head.probe_sites())
         for name, site in sites.items():
             site.name = name
         return sites
@@ -491,6 +492,12 @@ class ViT(Sequential):
         sequence of ``depth`` impls); returns the model. The weights and ``model.config`` are unchanged."""
         set_attn_impl(self, impl)
         return self
+
+    def _apply(self, fn: Any, recurse: bool = True) -> ViT:
+        # torch's one path for .to(), .cuda(), .half(): a kernel that would not run there is refused before any
+        # tensor moves, so a refused move leaves the whole model where it was
+        check_kernels_move(self, fn)
+        return super()._apply(fn, recurse)
 
     # -- safe head swaps ---------------------------------------------------------------------------------
 

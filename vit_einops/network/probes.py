@@ -22,8 +22,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import nn
 
 Hook = Callable[[torch.Tensor, "HookPoint"], "torch.Tensor | None"]
+# torch's forward hook fn(module, inputs, output) -> None | output, and forward pre-hook fn(module, inputs) -> None |
+# inputs (module_hooks).
+ModuleHook = Callable[..., Any]
 
 
 class HookPoint:
@@ -160,3 +164,27 @@ def attached(hooks: Sequence[tuple[HookPoint, Hook]]) -> Iterator[None]:
     finally:
         for site, fn in reversed(hooks):
             site.hooks.remove(fn)
+
+
+@contextmanager
+def module_hooks(
+    forward: Sequence[tuple[nn.Module, ModuleHook]] = (), pre: Sequence[tuple[nn.Module, ModuleHook]] = ()
+) -> Iterator[None]:
+    """Within the block, each (module, fn) of ``forward`` has fn as a torch forward hook (``fn(module, inputs,
+    output)`` returns None to keep the output or a replacement) and each of ``pre`` as a forward pre-hook
+    (``fn(module, inputs)`` returns None or the replaced positional inputs); on leaving, also after an exception,
+    every hook registered here is removed.
+
+    The sites hold one value each. A rule that needs a layer's input and output together, as LRP's rules do
+    (:mod:`vit_einops.inspect.lrp` swaps each layer's output for the same values with another backward pass), hooks
+    the layer's module here: the one place outside the forward pass where a torch hook is registered."""
+    handles = []
+    try:
+        for module, fn in forward:
+            handles.append(module.register_forward_hook(fn))
+        for module, fn in pre:
+            handles.append(module.register_forward_pre_hook(fn))
+        yield
+    finally:
+        for handle in reversed(handles):
+            handle.remove()
