@@ -6,6 +6,7 @@ contacted. Each path can be made to misbehave, as a hostile or broken server wou
 - ``endless``: after the file's bytes, zeros until the client hangs up (whatever Content-Length says);
 - ``length``: the Content-Length sent instead of the file's (None: no Content-Length at all);
 - ``drip``: the body one byte every so many seconds; ``drip_headers``: the status line and headers so;
+- ``paced``: the body one byte per release of the path's semaphore (the test releases it as the client asks);
 - ``status``: a status code and reason phrase (sent as given, control characters included) instead of 200 OK;
 - ``redirects``: a 302 to the given Location, with the path's ``headers`` and its file as the 302's body.
 
@@ -36,6 +37,7 @@ class Site:
     length: dict[str, str | None] = field(default_factory=dict)
     drip: dict[str, float] = field(default_factory=dict)  # path -> seconds between the body's bytes
     drip_headers: dict[str, float] = field(default_factory=dict)  # path -> seconds between the headers' bytes
+    paced: dict[str, threading.Semaphore] = field(default_factory=dict)  # path -> one body byte per release
     status: dict[str, tuple[int, str]] = field(default_factory=dict)
     redirects: dict[str, str] = field(default_factory=dict)  # path -> Location
     half_sent: threading.Event = field(default_factory=threading.Event)
@@ -112,6 +114,13 @@ def serve() -> Iterator[Site]:
             if path in site.drip:
                 for byte in data:
                     if site.closing.wait(site.drip[path]) or not self._write(path, bytes([byte])):
+                        return
+            elif path in site.paced:
+                for byte in data:
+                    while not site.paced[path].acquire(timeout=0.05):  # short: the server's shutdown waits for it
+                        if site.closing.is_set():
+                            return
+                    if not self._write(path, bytes([byte])):
                         return
             elif not self._write(path, data):
                 return

@@ -1,3 +1,4 @@
+import dataclasses
 import os
 from pathlib import Path
 
@@ -59,6 +60,33 @@ def _own_working_directory(tmp_path_factory, monkeypatch):
     # for the thread policy's window (vit_einops.base.threads) before its work; tests/test_threads.py unsets it.
     monkeypatch.setenv("VIT_EINOPS_THREADS", "1")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [SOURCE_ROOT, os.environ.get("PYTHONPATH")])))
+
+
+# Integrated gradients run the model forward and backward once per step, 50 steps by default (captum's n_steps): 50
+# times the cost of any other method, in every report, page and faithfulness run that computes every method. Tests
+# take IG_TEST_STEPS unless they pass steps or ask for the default (``default_ig_steps``); the steps' convergence is
+# tested with explicit steps (tests/test_integrated_gradients.py).
+IG_TEST_STEPS = 2
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _few_integrated_gradients_steps():
+    """For the whole session, so that a module's fixture (a report, a page, maps) and its tests take the same."""
+    from vit_einops.inspect.methods import METHODS
+
+    method = METHODS["integrated-gradients"]
+    few = dataclasses.replace(method, params={**method.params, "steps": IG_TEST_STEPS})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(METHODS, method.name, few)
+        yield method
+
+
+@pytest.fixture
+def default_ig_steps(monkeypatch, _few_integrated_gradients_steps):
+    """METHODS' integrated gradients with their published default steps, for a test that reads them."""
+    from vit_einops.inspect.methods import METHODS
+
+    monkeypatch.setitem(METHODS, _few_integrated_gradients_steps.name, _few_integrated_gradients_steps)
 
 
 @pytest.fixture

@@ -250,7 +250,7 @@ def test_explore_command_errors_are_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("params", [{}, {"rollout": {"head_fusion": "max", "discard_ratio": 0.5}}])
-def test_the_pages_rollout_is_the_reports_for_the_same_model_images_and_params(tmp_path, params):
+def test_the_pages_rollout_is_the_reports_for_the_same_model_images_and_params(tmp_path, params, unrendered):
     """One rollout: the pane stores the report's rollout matrices (arrays.npz), float16 after the same scale."""
     torch.manual_seed(0)
     model = tiny_vit(EXPLORED)

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import http.client
 import io
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -290,39 +293,101 @@ def test_a_drip_ends_at_the_deadline(site, monkeypatch, tmp_path, bodies, route,
     assert written(tmp_path) == [] and len(site.requests) == 1  # no retry once the time is up
 
 
+class FakeClock:
+    """time.monotonic and threading.Timer for vit_einops.base.download on a clock that moves only by advance():
+    the deadline's watchdog fires when the clock reaches it, in the thread that advances it, whatever the load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timers: list[FakeClock.Timer] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> bool:
+        """Move on by ``seconds`` and run each timer that falls due; whether any did."""
+        self.now += seconds
+        due = [t for t in self.timers if t.due <= self.now]
+        for timer in due:
+            self.timers.remove(timer)
+            timer.function()
+        return bool(due)
+
+    def timer(self, interval: float, function) -> FakeClock.Timer:
+        return FakeClock.Timer(self, interval, function)
+
+    class Timer:
+        def __init__(self, clock: FakeClock, interval: float, function) -> None:
+            self.clock, self.interval, self.function, self.due, self.daemon = clock, interval, function, None, False
+
+        def start(self) -> None:
+            self.due = self.clock.now + self.interval
+            self.clock.timers.append(self)
+
+        def cancel(self) -> None:
+            if self in self.clock.timers:
+                self.clock.timers.remove(self)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The download module's clock and watchdog on a FakeClock."""
+    clock = FakeClock()
+    monkeypatch.setattr(_download, "time", SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(_download, "threading", SimpleNamespace(Lock=threading.Lock, Timer=clock.timer))
+    return clock
+
+
+def pace(site: Site, monkeypatch, clock: FakeClock, path: str, seconds: float) -> None:
+    """A drip of ``path``'s body that no load can stretch: the server sends one byte per read of the client, and
+    each read first lets ``seconds`` pass on ``clock``; none once the clock has fired the deadline's watchdog (it
+    has shut the connection). ``del site.paced[path]`` ends it."""
+    site.paced[path] = threading.Semaphore(0)
+    read1 = http.client.HTTPResponse.read1
+
+    def paced_read1(response, *args):
+        if path in site.paced and not clock.advance(seconds):
+            site.paced[path].release()
+        return read1(response, *args)
+
+    monkeypatch.setattr(http.client.HTTPResponse, "read1", paced_read1)
+
+
 @pytest.mark.parametrize("route", ROUTES)
 def test_a_drip_ends_at_the_deadline_the_environment_sets_and_leaves_nothing(site, monkeypatch, tmp_path, bodies,
-                                                                            model, route):
+                                                                            model, clock, route):
     """The reported drip hung: its default deadline grows with the file's size (45 minutes for vit_b_16).
-    $VIT_EINOPS_DOWNLOAD_DEADLINE sets another, here 1 s against a byte every 0.2 s; the temporary goes, and a later
-    download under the same deadline loads."""
+    $VIT_EINOPS_DOWNLOAD_DEADLINE sets another, here 1 s against a byte every 0.2 s (on the test's clock: bytes
+    arrive at 0.2, 0.4, 0.6 and 0.8 s, and the fifth read finds the deadline passed); the temporary goes, and a
+    later download under the same deadline loads."""
     monkeypatch.setenv("VIT_EINOPS_DOWNLOAD_DEADLINE", "1")
     path = publish(site, monkeypatch, route, bodies[route])
-    site.drip[path] = 0.2
-    late = (r".*: not complete within 1\.0 s, the deadline VIT_EINOPS_DOWNLOAD_DEADLINE=1 sets; [1-6] bytes had "
+    pace(site, monkeypatch, clock, path, 0.2)
+    late = (r".*: not complete within 1\.0 s, the deadline VIT_EINOPS_DOWNLOAD_DEADLINE=1 sets; 4 bytes had "
             r"arrived\. Without network")
-    with bounded(3), pytest.raises(DownloadError, match=refused() + late):
+    with bounded(10), pytest.raises(DownloadError, match=refused() + late):  # a guard against hangs: no time passes
         create_vit(NAME, pretrained=True)
+    assert clock.now == pytest.approx(1.0) and clock.timers == []
     assert written(tmp_path) == [] and len(site.requests) == 1
-    del site.drip[path]
+    del site.paced[path]
     assert_loads(model)
 
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_a_drip_under_the_default_deadline_ends_once_it_falls_behind_the_minimum_rate(site, monkeypatch, tmp_path,
-                                                                                    bodies, route):
+                                                                                    bodies, clock, route):
     """The reported drip of a real name's file would have run to its deadline, 45 minutes for vit_b_16. Here the
-    base is 0.5 s and the rate 1 KiB/s, so the file's deadline is minutes away: the drip of a byte every 0.2 s ends
-    once it falls behind, at about 0.5 s."""
+    base is 0.5 s and the rate 1 KiB/s, so the file's deadline is minutes away: the drip of a byte every 0.2 s (on
+    the test's clock) ends once it falls behind, with its third byte at 0.6 s."""
     monkeypatch.setattr(_download, "DEADLINE_BASE_S", 0.5)
     monkeypatch.setattr(_download, "MIN_RATE", 1024)
     path = publish(site, monkeypatch, route, bodies[route])
-    site.drip[path] = 0.2
+    pace(site, monkeypatch, clock, path, 0.2)
     size = len(bodies[route])
-    slow = (rf".*: [1-9] bytes in [\d.]+ s, behind 1 KiB/s after the first 0\.5 s: at that rate it would not be "
+    slow = (rf".*: 3 bytes in 0\.6 s, behind 1 KiB/s after the first 0\.5 s: at that rate it would not be "
             rf"complete within {0.5 + size / 1024:.1f} s, the time allowed for {size:,} bytes "
             r"\(VIT_EINOPS_DOWNLOAD_DEADLINE sets another\)\. Without network")
-    with bounded(3), pytest.raises(DownloadError, match=refused() + slow):
+    with bounded(10), pytest.raises(DownloadError, match=refused() + slow):  # a guard against hangs: no time passes
         create_vit(NAME, pretrained=True)
     assert written(tmp_path) == [] and len(site.requests) == 1
 

@@ -368,7 +368,7 @@ def test_inspect_never_replaces_a_folder_holding_its_model(tmp_path, model_file,
     assert tree(tmp_path) == before
 
 
-def test_inspect_of_a_training_run_still_writes_inside_it(tmp_path, capsys):
+def test_inspect_of_a_training_run_still_writes_inside_it(tmp_path, capsys, unrendered):
     """A run directory's inputs are its model file and checkpoint, so its default report folder stays allowed."""
     run = tmp_path / "run"
     run.mkdir()

@@ -61,10 +61,11 @@ def test_inspect_a_converted_file_with_images_of_several_modes(tmp_path, files, 
     assert np.allclose(arrays["class_attention"], arrays["attention"][0][:, :, 0, 1:].reshape(4, 2, 2, 2), atol=1e-6)
 
 
-def test_default_photos_for_a_register_model_not_trained_on_digits(tmp_path, capsys):
+def test_default_photos_for_a_register_model_not_trained_on_digits(tmp_path, capsys, default_ig_steps):
     """DINOv2's layout (registers, E_pos on the patches only): the report names the prefix tokens, draws the
     class token's attention over the patches alone, and adds the prefix-token, token-norm, DINO and methods
-    figures, each method with the parameters the flags chose (the attention figure's rollout too)."""
+    figures, each method with the parameters the flags chose (the attention figure's rollout too) and every other
+    method with its published defaults."""
     model = inspected_model(register_tokens=3, layer_scale=1e-5, pos_embed_prefix=False)
     model.preprocessing = Preprocessing.timm(crop=16)
     save_vit(model, tmp_path / "m.safetensors")

@@ -42,25 +42,6 @@ def test_summary_table_flags(capsys):
     assert "Total params: 5,680,552" in capsys.readouterr().out
 
 
-def test_summary_vit_h_14_counts_without_allocating_the_weights():
-    """ViT-H's 632,045,800 float32 parameters take 2.5 GB: a process that peaks far below that never built them
-    (the peak resident size includes torch itself, about 0.3 GB). The timeout bounds a hang, it times nothing.
-
-    The peak is the child's own address space's (VmHWM), not getrusage's ru_maxrss: at exec Linux folds the
-    high-water mark of the memory the process ran in before into ru_maxrss, and subprocess's vfork child ran in
-    the parent's, so ru_maxrss reports the pytest worker's peak (1.19 GB after an earlier test in a full run)."""
-    code = (
-        "import sys; from vit_einops.commands.cli import main; rc = main(['summary', 'vit_h_14']); "
-        "print(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:'))); "
-        "sys.exit(rc)"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    *lines, peak_kb = result.stdout.strip().splitlines()
-    assert lines[-1] == "vit_h_14: 632,045,800 parameters"
-    assert "Total params" not in result.stdout  # the table (a real forward) is opt-in at this size
-    assert int(peak_kb) < 1_000_000, f"peak RSS {int(peak_kb) / 1e6:.2f} GB: the weights were allocated"
-
-
 def test_summary_rejects_unknown_preset(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["summary", "vit_q_16"])
@@ -109,29 +90,49 @@ def test_version(capsys):
     assert capsys.readouterr().out == f"vit-einops {__version__}\n"
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [["--help"], ["--version"], []]
-    + [[c, "--help"] for c in ("summary", "bench", "train", "inspect", "convert", "predict", "explore")],
-)
-def test_help_and_version_do_not_import_torch(argv):
+HELP_AND_VERSION = [["--help"], ["--version"], []] + [
+    [c, "--help"] for c in ("summary", "bench", "train", "inspect", "convert", "predict", "explore")
+]
+
+
+def test_help_and_version_do_not_import_torch():
     """--help must not wait for torch: no command module but the one asked for is imported, and those import
-    torch only when they run."""
+    torch only when they run. One process runs each argv in turn (each start would import Python and the package
+    again) and says after each whether torch is imported: the first that imports it is named."""
     code = (
-        f"import sys\nfrom vit_einops.commands.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
-        "print('torch' in sys.modules)"
+        "import sys\nfrom vit_einops.commands.cli import main\n"
+        f"for argv in {HELP_AND_VERSION!r}:\n"
+        "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+        "    print('torch imported' if 'torch' in sys.modules else 'no torch', argv, file=sys.stderr)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert result.stdout.strip().splitlines()[-1] == "False"
+    said = [line for line in result.stderr.splitlines() if line.startswith(("torch imported", "no torch"))]
+    assert said == [f"no torch {argv}" for argv in HELP_AND_VERSION]
 
 
-def test_importing_the_package_does_not_import_torch_until_a_name_is_used():
+def test_importing_the_package_does_not_import_torch_and_a_vit_h_14_summary_allocates_no_weights():
+    """One process (each start imports torch again): importing vit_einops does not import torch until a name is used,
+    and then `summary vit_h_14` counts ViT-H's 632,045,800 float32 parameters (2.5 GB) in a process that peaks far
+    below that, so it never built them (the peak resident size includes torch itself, about 0.3 GB). The timeout
+    bounds a hang, it times nothing.
+
+    The peak is the child's own address space's (VmHWM), not getrusage's ru_maxrss: at exec Linux folds the
+    high-water mark of the memory the process ran in before into ru_maxrss, and subprocess's vfork child ran in
+    the parent's, so ru_maxrss reports the pytest worker's peak (1.19 GB after an earlier test in a full run)."""
     code = (
         "import sys, vit_einops\nprint('torch' in sys.modules)\nvit_einops.ViT\nprint('torch' in sys.modules)\n"
-        "print(sorted(set(vit_einops.__all__) - set(dir(vit_einops))))"
+        "print(sorted(set(vit_einops.__all__) - set(dir(vit_einops))))\n"
+        "from vit_einops.commands.cli import main\nrc = main(['summary', 'vit_h_14'])\n"
+        "print(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:')))\n"
+        "sys.exit(rc)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert result.stdout.split() == ["False", "True", "[]"]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    lines = result.stdout.strip().splitlines()
+    assert lines[:3] == ["False", "True", "[]"]
+    *_, summary, peak_kb = lines
+    assert summary == "vit_h_14: 632,045,800 parameters"
+    assert "Total params" not in result.stdout  # the table (a real forward) is opt-in at this size
+    assert int(peak_kb) < 1_000_000, f"peak RSS {int(peak_kb) / 1e6:.2f} GB: the weights were allocated"
 
 
 @pytest.fixture
