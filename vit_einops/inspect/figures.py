@@ -259,7 +259,7 @@ def plot_decomposition(
         grid, mlp = axes[i, 0], axes[i, 1]
         shown = grid.imshow(shares.numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
         title = printable_lines(titles[i] if titles else f"image {i}")
-        grid.set_title(f"{title}\nscore {float(total[i]):.4g}; heads", fontsize=7, loc="left")
+        grid.set_title(f"{title}\nscore {float(total[i]):.4g}; heads", fontsize=7, loc="left", parse_math=False)
         grid.set_xlabel("head", fontsize=7)
         grid.set_ylabel("layer", fontsize=7)
         grid.set_xticks(range(count))
