@@ -102,8 +102,8 @@ def one_thread():
 @pytest.fixture
 def unrendered(monkeypatch):
     """write_report's arrays without its figures: each plot function is skipped and each PNG is a stub ("png").
-    For tests of the model's calls and the arrays; drawing is most of a report's time, and test_figures.py and
-    test_inspect_cli.py render whole reports, checking each PNG."""
+    For tests of the model's calls and the arrays; drawing is most of a report's time, and test_figures.py draws
+    each figure at its default size, checking it."""
     import vit_einops.inspect.report as report_module
 
     for name in dir(report_module):

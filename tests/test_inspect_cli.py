@@ -38,9 +38,10 @@ def files(tmp_path):
     return [str(tmp_path / n) for n in ("photo.jpg", "rgba.png", "palette.png", "deep.png")]
 
 
-def test_inspect_a_converted_file_with_images_of_several_modes(tmp_path, files, capsys):
+def test_inspect_a_converted_file_with_images_of_several_modes(tmp_path, files, capsys, rendered_only):
     """A torchvision file and a timm file of the same model convert to the same weights (so one inspect covers
     both), then inspect reads images of four modes."""
+    rendered_only("attention", "attention_distance", "position_similarity", "embedding_filters")  # checked below
     model = inspected_model()
     for source, export in (("timm", to_timm), ("torchvision", to_torchvision)):  # the torchvision one is inspected
         save_state_dict_file(export(model), tmp_path / f"{source}.pth")
@@ -61,11 +62,12 @@ def test_inspect_a_converted_file_with_images_of_several_modes(tmp_path, files, 
     assert np.allclose(arrays["class_attention"], arrays["attention"][0][:, :, 0, 1:].reshape(4, 2, 2, 2), atol=1e-6)
 
 
-def test_default_photos_for_a_register_model_not_trained_on_digits(tmp_path, capsys, default_ig_steps):
+def test_default_photos_for_a_register_model_not_trained_on_digits(tmp_path, capsys, default_ig_steps, rendered_only):
     """DINOv2's layout (registers, E_pos on the patches only): the report names the prefix tokens, draws the
     class token's attention over the patches alone, and adds the prefix-token, token-norm, DINO and methods
     figures, each method with the parameters the flags chose (the attention figure's rollout too) and every other
     method with its published defaults."""
+    rendered_only("prefix_share", "token_norms")  # the two PNGs checked below; every other figure is still made
     model = inspected_model(register_tokens=3, layer_scale=1e-5, pos_embed_prefix=False)
     model.preprocessing = Preprocessing.timm(crop=16)
     save_vit(model, tmp_path / "m.safetensors")
@@ -102,7 +104,8 @@ def test_default_photos_for_a_register_model_not_trained_on_digits(tmp_path, cap
     np.testing.assert_allclose(arrays["dino_attention"], last, atol=1e-6)
 
 
-def test_existing_output_layer_range_and_missing_preprocessing(tmp_path, files, capsys):
+def test_existing_output_layer_range_and_missing_preprocessing(tmp_path, files, capsys, rendered_only):
+    rendered_only("attention")  # the one PNG checked below
     save_vit(inspected_model(), tmp_path / "bare.safetensors")
     base = ["inspect", str(tmp_path / "bare.safetensors"), "--image", files[0]]
     assert main(base) == 2
