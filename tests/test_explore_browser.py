@@ -127,22 +127,41 @@ def _read(driver):
 def _hover_patch(driver, token, grid=4, click=False, pane=0, prefix=1):
     """Move the pointer to the centre of patch ``token`` (prefix..prefix + grid^2 - 1 on the grid x grid patches) of
     pane ``pane``, and click there if asked."""
-    from selenium.webdriver.common.action_chains import ActionChains
-
     canvas = driver.find_element("css selector", f"#pane-{pane} .image-canvas")
-    cell = canvas.size["width"] / grid
+    size = canvas.size
+    cell = size["width"] / grid
     p = token - prefix
     # Selenium 4 measures offsets from the element's centre.
-    x = (p % grid + 0.5) * cell - canvas.size["width"] / 2
-    y = (p // grid + 0.5) * cell - canvas.size["height"] / 2
-    actions = ActionChains(driver).move_to_element_with_offset(canvas, int(x), int(y))
+    x = (p % grid + 0.5) * cell - size["width"] / 2
+    y = (p // grid + 0.5) * cell - size["height"] / 2
+    actions = _pointer(driver).move_to_element_with_offset(canvas, int(x), int(y))
     (actions.click() if click else actions).perform()
 
 
-def _select(driver, element_id, value):
-    from selenium.webdriver.support.select import Select
+# The option of a select, whether it is selected and disabled, in one round trip (selenium's Select takes six).
+OPTION = """
+const option = document.getElementById(arguments[0]).querySelector(`option[value="${CSS.escape(arguments[1])}"]`);
+return option && [option, option.selected, option.disabled];
+"""
 
-    Select(driver.find_element("id", element_id)).select_by_value(str(value))
+
+def _select(driver, element_id, value):
+    """Choose ``value`` in the select ``element_id`` as selenium's Select does: a click on its option, where it is
+    not already selected."""
+    found = driver.execute_script(OPTION, element_id, str(value))
+    assert found, f"no option {value!r} in #{element_id}"
+    option, selected, disabled = found
+    assert not disabled, f"option {value!r} of #{element_id} is disabled"
+    if not selected:
+        option.click()
+
+
+def _pointer(driver):
+    """ActionChains whose pointer moves take no time (selenium's default is a 250 ms glide): the page sees the same
+    events at the end of each move."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    return ActionChains(driver, duration=0)
 
 
 # What the page shows, read in one round trip: texts by id, the scale's exact range, and the heat map's colour at
@@ -277,12 +296,10 @@ def test_every_view_after_each_step_of_several_click_sequences(browser, tmp_path
     check_view(browser, recorded, "relevance", image=0, layer=2, head=1, query=6, hover=11)
 
     # 4. The class token as the query, then the second class from the prediction list.
-    from selenium.webdriver.common.action_chains import ActionChains
-
     class_token = browser.find_element("css selector", '#pane-0 .prefix-tokens li[data-name="cls"]')
     class_token.click()
     browser.find_elements("css selector", "#pane-0 .predictions li")[1].click()
-    ActionChains(browser).move_to_element(class_token).perform()
+    _pointer(browser).move_to_element(class_token).perform()
     check_view(browser, recorded, "relevance", image=0, layer=2, head=1, query=0, rank=1, hover=0)
 
     # 5. Second image, back to attention, the class-token head of layer 0: its row has nothing on the patches.
@@ -310,7 +327,7 @@ def test_every_view_after_each_step_of_several_click_sequences(browser, tmp_path
     chart = browser.find_element("css selector", "#pane-0 .chart-entropy")
     left = chart.size["width"] / 2 - 52  # the plot starts 52 px from the chart's left edge (PAD.left)
     column = (chart.size["width"] - 52 - 8) / 3
-    ActionChains(browser).move_to_element_with_offset(chart, int(-left + 2.5 * column), 0).click().perform()
+    _pointer(browser).move_to_element_with_offset(chart, int(-left + 2.5 * column), 0).click().perform()
     assert browser.find_element("id", "layer-select").get_attribute("value") == "2"
     check_view(browser, recorded, "norms", image=1, layer=2, query=9)
     assert _console_errors(browser) == []
