@@ -44,6 +44,19 @@ TINY_FLAGS = [*model_flags(TINY), "--no-progress"]
 TIMEOUT = 120  # seconds: a bound on every subprocess and child; a hang fails the test instead of blocking the suite
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _unrendered_figures():
+    """A run's curves.png and confusion.png are made but not rendered (three quarters of a tiny run's time): each is
+    a stub of PNG bytes, written through the run's own atomic writes, so its files and write points are the real
+    ones; no test here reads a figure (test_train.py and test_hostile_edges.py do). Module-scoped, so that the
+    module's runs (finished_run, uninterrupted) and the forked children are written the same way."""
+    import vit_einops.base.plot as plot
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plot, "figure_png", lambda fig, dpi=None: b"\x89PNG\r\n\x1a\n stub")
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _one_thread(one_thread, monkeypatch):
     """Every test here on one thread (conftest's one_thread), and errors as the user sees them (no traceback)."""
