@@ -130,6 +130,35 @@ def rendered_only(monkeypatch):
     monkeypatch.setattr(report_module, "save_figure", save_named)
     return lambda *chosen: names.update(chosen)
 
+
+# What a training run's figures (curves.png, confusion.png) are written as where a test reads none of them.
+STUB_PNG = b"\x89PNG\r\n\x1a\n stub"
+
+
+def unrender_training_figures(patch):
+    """Make ``patch`` (a pytest MonkeyPatch) stub the rendering of a training run's figures: each is made, then
+    written as STUB_PNG through the run's own atomic writes, so its files and write points are the real ones.
+    base.plot.figure_png is where every PNG is rendered, so a report's PNGs are stubs too."""
+    import vit_einops.base.plot as plot
+
+    patch.setattr(plot, "figure_png", lambda fig, dpi=None: STUB_PNG)
+
+
+@pytest.fixture(scope="session")
+def training_figures_stub():
+    """:func:`unrender_training_figures`, for a module-scoped fixture (test_hostile_train.py's, whose module runs
+    and forked children all write stubs)."""
+    return unrender_training_figures
+
+
+@pytest.fixture
+def unrendered_training(monkeypatch):
+    """A training run's curves.png and confusion.png made but not rendered (three quarters of a tiny run's time),
+    for tests that read neither (test_train.py's test_curves_... and test_hostile_edges.py read them). Every PNG
+    that base.plot renders is a stub then, a report's too: a test that reads a report's PNGs takes rendered_only."""
+    unrender_training_figures(monkeypatch)
+
+
 # The longest files first: pytest-xdist hands whole files (--dist loadfile) to whichever worker is free, so a long
 # file that starts last keeps one worker busy while the other idles; longest first evens out the two workers' ends.
 LONGEST_FILES = (

@@ -45,15 +45,13 @@ TIMEOUT = 120  # seconds: a bound on every subprocess and child; a hang fails th
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _unrendered_figures():
+def _unrendered_figures(training_figures_stub):
     """A run's curves.png and confusion.png are made but not rendered (three quarters of a tiny run's time): each is
     a stub of PNG bytes, written through the run's own atomic writes, so its files and write points are the real
     ones; no test here reads a figure (test_train.py and test_hostile_edges.py do). Module-scoped, so that the
     module's runs (finished_run, uninterrupted) and the forked children are written the same way."""
-    import vit_einops.base.plot as plot
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(plot, "figure_png", lambda fig, dpi=None: b"\x89PNG\r\n\x1a\n stub")
+        training_figures_stub(patch)
         yield
 
 

@@ -216,7 +216,7 @@ def test_one_short_epoch_lowers_the_loss(digits):
     assert loss() < before - 0.15
 
 
-def test_resume_is_bit_identical_to_an_uninterrupted_run(digits, tmp_path):
+def test_resume_is_bit_identical_to_an_uninterrupted_run(digits, tmp_path, unrendered_training):
     whole, whole_result = run_tiny(digits, tmp_path / "whole")
     run_tiny(digits, tmp_path / "split", stop_after=1)
     assert load_checkpoint(tmp_path / "split" / "checkpoint").train_state["epoch"] == 1
@@ -235,7 +235,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(digits, tmp_path):
     assert summary["weights_sha256"] == [recorded]
 
 
-def test_resume_refuses_a_different_recipe(digits, tmp_path):
+def test_resume_refuses_a_different_recipe(digits, tmp_path, unrendered_training):
     run_tiny(digits, tmp_path, stop_after=1)
     with pytest.raises(CheckpointError, match="train_config"):
         run_tiny(digits, tmp_path, resume=True, config={"lr": 1e-2})
@@ -355,7 +355,7 @@ def test_a_tensor_dataset_and_a_dataloader_over_it_train_exactly_as_the_in_memor
     assert same_weights(as_loader, reference) and untimed(got.records) == untimed(ref.records)
 
 
-def test_a_shuffling_dataloader_resumes_exactly(small, tmp_path):
+def test_a_shuffling_dataloader_resumes_exactly(small, tmp_path, unrendered_training):
     # train() reseeds the global RNG before each epoch's iter(loader); RandomSampler draws its order from it.
     tensors, test = TensorDataset(*small[0][:]), small[1]
     whole, _ = train_tiny(DataLoader(tensors, batch_size=32, shuffle=True), test)  # no files: the same weights
@@ -366,7 +366,9 @@ def test_a_shuffling_dataloader_resumes_exactly(small, tmp_path):
     assert not same_weights(in_order, whole)
 
 
-def test_a_dataloader_with_its_own_generator_warns_on_resume_and_does_not_repeat(small, tmp_path):
+def test_a_dataloader_with_its_own_generator_warns_on_resume_and_does_not_repeat(
+    small, tmp_path, unrendered_training
+):
     # Its generator's state after epoch 1 is in no checkpoint: a fresh one replays epoch 1's order in epoch 2.
     tensors, test = TensorDataset(*small[0][:]), small[1]
 
