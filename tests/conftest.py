@@ -170,3 +170,14 @@ LONGEST_FILES = (
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the order within a file is kept
+
+
+def pytest_collection_finish(session):
+    """After collection (every test module, torch, matplotlib and the rest imported), the objects alive then are
+    moved out of the garbage collector's reach: they live until the process ends anyway, and each full collection
+    (Python's own, and the gc.collect the bench runs before each job) would walk all of them again. Garbage made
+    later is collected as before."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
