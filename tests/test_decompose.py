@@ -259,6 +259,34 @@ def test_the_decomposition_method_is_the_heads_source_shares_on_the_grid():
     torch.testing.assert_close(grid.sum((1, 2)) + prefix, d.heads.sum((1, 2)), rtol=0, atol=1e-5)
 
 
+def test_a_study_decomposes_once_and_its_decomposition_methods_map_is_explains(monkeypatch):
+    """run_study's decomposition gives the "decomposition" method's map (one decompose per study, not two), equal
+    to explain's; explain_all takes a given map as it is and refuses a given name that is no method."""
+    import vit_einops.inspect.methods as methods_module
+    import vit_einops.inspect.study as study_module
+    from vit_einops.inspect import explain, explain_all, run_study
+
+    model, x = _model(register_tokens=2), _x()
+    expected = explain(model, x, "decomposition", preprocessed=True)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return decompose(*args, **kwargs)
+
+    monkeypatch.setattr(study_module, "decompose", counted)
+    monkeypatch.setattr(methods_module, "decompose", counted)
+    study = run_study(model, x)
+    assert len(calls) == 1
+    torch.testing.assert_close(study.methods["decomposition"], expected, rtol=0, atol=0)
+    torch.testing.assert_close(study.decomposition.decomposition.source_map(), expected, rtol=0, atol=0)
+    given = torch.zeros(2, 4, 4)
+    maps = explain_all(model, x, preprocessed=True, given={"decomposition": given})
+    assert maps["decomposition"] is given and len(calls) == 1 and list(maps) == list(study.methods)
+    with pytest.raises(ValueError, match=r"unknown method 'gradcam' in given; expected some of 'attention', "):
+        explain_all(model, x, preprocessed=True, given={"gradcam": given})
+
+
 def test_a_model_in_training_mode_is_decomposed_in_eval_mode_and_left_as_it_was():
     """Dropout would break the sum: the parts are read with the model in eval mode, its mode restored."""
     model, x = _model(dropout=0.5, attn_dropout=0.5), _x()

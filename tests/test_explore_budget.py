@@ -87,11 +87,13 @@ def count_forwards(model):
 
 
 def method_passes(model, images, target=None):
-    """The passes of the explanation methods' maps (explain_all) and of the study's decomposition (none for a model
-    with no score to decompose), which a page or report adds to its own."""
+    """The passes of the study's decomposition (none for a model with no score to decompose) and of the other
+    explanation methods' maps (explain_all, the "decomposition" method's map given by the decomposition), which a
+    page or report adds to its own."""
     calls = count_forwards(model)
-    explain_all(model, images, target, preprocessed=True)
-    study_decomposition(model, images, target)
+    decomposition = study_decomposition(model, images, target)
+    given = {} if decomposition is None else {"decomposition": decomposition.decomposition.source_map()}
+    explain_all(model, images, target, preprocessed=True, given=given)
     return len(calls)
 
 

@@ -287,8 +287,9 @@ def test_report_runs_the_model_once_when_distance_images_are_the_drawn_ones(tmp_
     write_report(model, images, tmp_path, distance_images=distance_images, titles=["a", "b", "c"], arrays="full")
     report_calls = list(calls)
     calls.clear()
-    explain_all(model, images, preprocessed=True)  # methods.png's maps: the passes the report adds to its one
-    study_decomposition(model, images, None)  # and the study's decomposition of the same score
+    decomposition = study_decomposition(model, images, None)  # the study's decomposition of the score, and
+    given = {"decomposition": decomposition.decomposition.source_map()}  # methods.png's maps from it and their passes:
+    explain_all(model, images, preprocessed=True, given=given)  # what the report adds to its one pass
     assert report_calls == [3] * (1 + len(calls))
     arrays = np.load(tmp_path / "arrays.npz")
     expected = mean_attention_distance(torch.from_numpy(arrays["attention"]), model.patch_embed.layout(), 2)

@@ -305,25 +305,29 @@ def left_out_clauses(left_out: Mapping[str, str]) -> list[tuple[str, str]]:
 
 def explain_all(
     model: nn.Module, images: Any, target: Any = None, params: Mapping[str, Mapping[str, Any]] | None = None, *,
-    preprocessed: bool | None = None,
+    preprocessed: bool | None = None, given: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every method of :data:`METHODS` that applies, by name -> (b, gh, gw), as :func:`explain` gives them.
 
     ``params`` maps a method's name to its parameters (the others take their defaults); ``target`` is what the
     gradient methods explain. A model without a classifier has nothing for them to explain unless ``target`` is a
     backbone target: they are left out then (:func:`unexplained` names them, :data:`TARGET_NEEDED` says
-    why). Label a map with ``METHODS[name].label(params[name], every=True)``.
+    why). Label a map with ``METHODS[name].label(params[name], every=True)``. ``given`` maps a method's name to its
+    map already computed for these images (a study's decomposition): taken as it is, where the method applies.
     """
-    params = dict(params or {})
-    unknown = sorted(set(params) - set(METHODS))
-    if unknown:
-        known = ", ".join(map(repr, METHODS))
-        raise ValueError(f"unknown method {', '.join(map(repr, unknown))} in params; expected some of {known}")
+    params, given = dict(params or {}), dict(given or {})
+    for what, names in (("params", params), ("given", given)):
+        unknown = sorted(set(names) - set(METHODS))
+        if unknown:
+            known = ", ".join(map(repr, METHODS))
+            raise ValueError(f"unknown method {', '.join(map(repr, unknown))} in {what}; expected some of {known}")
     batch = model_inputs(model, images, preprocessed=preprocessed)
     left_out = unexplained(model, target)
     maps = {}
     for name in METHODS:
-        if name not in left_out:
+        if name in given and name not in left_out:
+            maps[name] = given[name]
+        elif name not in left_out:
             follow_free_cores()  # a command's thread policy, between methods (nothing without one)
             maps[name] = explain(model, batch, name, target, preprocessed=True, **params.get(name, {}))
     return maps

@@ -56,13 +56,14 @@ def study_memory(
     """The memory a study of ``b`` images of ``config``'s size works in, from the sizes alone: with the renderer's
     arguments 0, :func:`~vit_einops.inspect.run_study`'s own, phase by phase from what it holds:
 
-    - the explanation methods (:func:`~vit_einops.inspect.explain_all`, run first): the rollout's own recorded
-      pass (:func:`~vit_einops.network.sizes.forward_bytes` keeping every layer's float32 maps, l b h n^2, and
-      their copy) with its float64 matrices (three of l b n^2), and where there is something to explain (a
-      classifier, or a ``target``) a gradient method's differentiable pass with its gradients (three float32
-      copies of the maps); a ``target``'s relevance is one such pass, run before the recorded maps exist;
+    - the explanation methods (:func:`~vit_einops.inspect.explain_all`, run after the decomposition, whose numbers
+      give the "decomposition" method's map): the rollout's own recorded pass
+      (:func:`~vit_einops.network.sizes.forward_bytes` keeping every layer's float32 maps, l b h n^2, and their
+      copy) with its float64 matrices (three of l b n^2), and where there is something to explain (a classifier,
+      or a ``target``) a gradient method's differentiable pass with its gradients (three float32 copies of the
+      maps); a ``target``'s relevance is one such pass, run before the recorded maps exist;
     - where there is something to explain, the study's decomposition
-      (:func:`~vit_einops.inspect.decompose.decompose_memory`), run before the recorded pass, and its numbers kept
+      (:func:`~vit_einops.inspect.decompose.decompose_memory`), run before every other pass, and its numbers kept
       beside every later phase (:func:`~vit_einops.inspect.decompose.decomposition_bytes`);
     - the recorded pass (:func:`record_pass`), then its rollout's float64 matrices beside its maps; DINO's view and
       the PCA are a few (b, h, gh, gw) and (b, n, D) arrays beside them.

@@ -3,14 +3,14 @@ arrays, the explorer as a page (:func:`~vit_einops.explore.payload.build_payload
 is the study's, computed here once: neither renderer computes a rollout, a DINO view or a target's relevance of
 its own.
 
-A study runs the explanation methods of :data:`~vit_einops.inspect.METHODS` first (:func:`explain_all`: their own
+A study first decomposes the score the gradient methods explain (:func:`study_decomposition`, so that its working
+copies of every layer's pattern are gone before any other pass; its numbers give the "decomposition" method's map),
+then runs the other explanation methods of :data:`~vit_einops.inspect.METHODS` (:func:`explain_all`: their own
 passes never hold their maps beside the recorded pass's), then a backbone target's relevance (its differentiable
-pass, before the recorded maps exist), then it decomposes the score the gradient methods explain
-(:func:`study_decomposition`, so that its working copies of every layer's pattern are gone before the recorded maps
-are held), then the one recorded pass (:func:`record_pass`) that every other array reads: its rollout
-(:func:`recorded_rollout`), DINO's view of its ``layer`` (:func:`dino_view`) and the patch PCA of its final tokens
-(:func:`fit_patch_pca`, jointly over the images). Its memory is :func:`~vit_einops.inspect.recorded.study_memory`
-(a renderer adds its own work there).
+pass, before the recorded maps exist), then the one recorded pass (:func:`record_pass`) that every other array
+reads: its rollout (:func:`recorded_rollout`), DINO's view of its ``layer`` (:func:`dino_view`) and the patch PCA of
+its final tokens (:func:`fit_patch_pca`, jointly over the images). Its memory is
+:func:`~vit_einops.inspect.recorded.study_memory` (a renderer adds its own work there).
 """
 
 from __future__ import annotations
@@ -151,7 +151,10 @@ def run_study(
     method_params = dict(method_params or {})
     check = check or (lambda run: check_finite_pass(images, run))
     try:
-        methods = explain_all(model, images, target, method_params, preprocessed=True)
+        # Decomposed first, so that the "decomposition" method's map is the study's (one decompose, not two).
+        decomposition = study_decomposition(model, images, target)
+        given = {} if decomposition is None else {"decomposition": decomposition.decomposition.source_map()}
+        methods = explain_all(model, images, target, method_params, preprocessed=True, given=given)
         chosen = None
         if target is not None:
             start_layer = METHODS["relevance"].resolve(method_params.get("relevance", {}))["start_layer"]
@@ -159,7 +162,6 @@ def run_study(
     except ValueError:
         check(record_pass(model, images))
         raise
-    decomposition = study_decomposition(model, images, target)
     run = record_pass(model, images)
     check(run)
     rollout = recorded_rollout(run.maps, run.layout, method_params)
