@@ -61,9 +61,12 @@ def test_a_tower_without_a_target_has_no_decomposition_and_says_why_and_with_one
 
 
 
-def test_a_head_with_a_tanh_pre_logits_layer_is_studied_without_the_decomposition_and_both_renderers_say_why(tmp_path):
+def test_a_head_with_a_tanh_pre_logits_layer_is_studied_without_the_decomposition_and_both_renderers_say_why(
+    tmp_path, unrendered
+):
     # decompose refuses such a head (not linear: no exact split); the page and the report still draw every other
-    # method, and name the decomposition with its own reason instead of failing
+    # method, and name the decomposition with its own reason instead of failing (the report's files and arrays are
+    # read, not its figures: unrendered)
     from vit_einops.inspect import write_report
     from vit_einops.inspect.methods import METHODS
 
