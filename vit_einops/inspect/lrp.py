@@ -28,15 +28,15 @@ computes what it always does; each rule swaps a layer's output for the same valu
 - everything else (the residual additions, LayerScale, RoPE, the pooling, the distilled head's mean) is linear and
   passes the plain gradient.
 
-Conservation. With every bias zero (the Linear and LayerNorm biases, E_pos and the prefix tokens, which LRP counts
-as biases too), every rule but AttnLRP's softmax passes on exactly the relevance it receives, at any gamma (the Gamma
-rule's shares of an output add up to its relevance), up to the stabilizers (each denominator z of the Gamma rule is z + stabilizer: a small model's small outputs lose a relative
-1e-3 to zennit's 1e-6): CP-LRP's relevance over the pixels sums to the target's score. AttnLRP's softmax rule keeps
-x_i (R_i - A_i sum_j R_j) of the relevance R reaching A, and what it drops (with AttnLRP's halving, half the
-difference between the relevance at A and at its logits) the softmax absorbs, as a bias would. With biases, each
-absorbs the share of the relevance its part of the output carried. A backbone target's cosine similarity
-is differentiated with the norms held constant, as LayerNorm's (the identity rule), and a patch target's dot
-products by the uniform rule, so that their relevance also starts as the score.
+Conservation. With every bias zero (the Linear and LayerNorm biases, E_pos and the prefix tokens, which LRP counts as
+biases too), every rule but AttnLRP's softmax passes on exactly the relevance it receives, at any gamma (the Gamma
+rule's shares of an output add up to its relevance), up to the stabilizers (each denominator z of the Gamma rule is z +
+stabilizer: a small model's small outputs lose a relative 1e-3 to zennit's 1e-6): CP-LRP's relevance over the pixels
+sums to the target's score. AttnLRP's softmax rule keeps x_i (R_i - A_i sum_j R_j) of the relevance R reaching A, and
+what it drops (with AttnLRP's halving, half the difference between the relevance at A and at its logits) the softmax
+absorbs, as a bias would. With biases, each absorbs the share of the relevance its part of the output carried. A
+backbone target's cosine similarity is differentiated with the norms held constant, as LayerNorm's (the identity rule),
+and a patch target's dot products by the uniform rule, so that their relevance also starts as the score.
 
 Axes: b images, c channels, H W pixels.
 """

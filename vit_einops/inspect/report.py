@@ -165,8 +165,8 @@ def write_report(
     explanation methods), and for ``distance_images`` other than ``images``.
 
     Returns the written paths by name (``target`` and ``decomposition`` too where drawn): attention, methods,
-    attention_distance, position_similarity, embedding_filters, prefix_share, token_norms, patch_pca (each ``<name>.png``, written
-    atomically), arrays (``arrays.npz``, unless ``arrays="none"``: ``attention``, the recorded maps (l, b, h, n, n),
+    attention_distance, position_similarity, embedding_filters, prefix_share, token_norms, patch_pca (each
+    ``<name>.png``, written atomically), arrays (``arrays.npz``, unless ``arrays="none"``: ``attention``, the recorded maps (l, b, h, n, n),
     with ``arrays="full"`` only; the drawn ``class_attention`` (or ``patch_attention``) of layer
     ``class_attention_layer``, rollout, distances, similarities, filters, ``prefix_tokens`` (their names),
     ``prefix_share`` (l, b, h, p), ``token_norms`` (l, b, n), ``dino_attention`` and ``dino_mask`` (b, h, gh, gw):
