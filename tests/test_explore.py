@@ -22,6 +22,7 @@ from vit_einops.inspect import (
     PatchTarget,
     attention_relevance,
     attention_rollout,
+    explain,
     head_statistics,
     record_attention,
     run_study,
@@ -276,8 +277,11 @@ def test_the_report_and_the_page_draw_one_study(tmp_path, unrendered, one_thread
     params = {"relevance": {"start_layer": 1}, "integrated-gradients": {"steps": 2}}  # 2 steps: the test's time
     study = run_study(model, images, target, params)
     assert study.layer == 1 and study.dino.mask.shape == (1, 4, 4, 4) and study.target.relevance.shape == (1, 17, 17)
-    # The relevance method's map is the class token's row of the target's relevance: one rule, one start_layer.
+    # The relevance method's map is the class token's row of the target's relevance: one rule, one start_layer, one
+    # differentiable pass; and it is the map explain gives on its own.
     assert torch.equal(study.methods["relevance"], token_grid(study.target.relevance, study.run.layout))
+    assert torch.equal(study.methods["relevance"], explain(model, images, "relevance", target, preprocessed=True,
+                                                           start_layer=1))  # fmt: skip
     write_report(model, images, tmp_path / "r", target=target, method_params=params)
     with np.load(tmp_path / "r" / "arrays.npz") as arrays:
         written = {name: arrays[name] for name in arrays.files}

@@ -17,11 +17,19 @@ from vit_einops import ViT, max_memory
 from vit_einops.commands.cli import main
 from vit_einops.explore import write_explorer
 from vit_einops.explore.payload import COSINE_BOUND, pane_memory
-from vit_einops.inspect import PatchTarget, explain_all, patch_similarity, record_attention, write_report
+from vit_einops.inspect import (
+    PatchTarget,
+    explain_all,
+    patch_similarity,
+    record_attention,
+    token_grid,
+    write_report,
+)
 from vit_einops.inspect.decompose import decomposition_bytes
+from vit_einops.inspect.methods import METHODS
 from vit_einops.inspect.recorded import study_memory
 from vit_einops.inspect.report import report_memory
-from vit_einops.inspect.study import study_decomposition
+from vit_einops.inspect.study import study_decomposition, target_relevance
 from vit_einops.modelfile import save_vit
 from vit_einops.network.config import ViTConfig
 from vit_einops.network.sizes import forward_bytes
@@ -87,12 +95,16 @@ def count_forwards(model):
 
 
 def method_passes(model, images, target=None):
-    """The passes of the study's decomposition (none for a model with no score to decompose) and of the other
-    explanation methods' maps (explain_all, the "decomposition" method's map given by the decomposition), which a
-    page or report adds to its own."""
+    """The passes of the study's decomposition (none for a model with no score to decompose), of a target's
+    relevance (its one differentiable pass, which gives the "relevance" method's map) and of the other explanation
+    methods' maps (explain_all, the "decomposition" method's map given by the decomposition), which a page or report
+    adds to its own."""
     calls = count_forwards(model)
     decomposition = study_decomposition(model, images, target)
     given = {} if decomposition is None else {"decomposition": decomposition.decomposition.source_map()}
+    if target is not None:
+        relevance = target_relevance(model, images, target, METHODS["relevance"].params["start_layer"]).relevance
+        given["relevance"] = token_grid(relevance, model.patch_embed.layout(images.shape[-2:]))
     explain_all(model, images, target, preprocessed=True, given=given)
     return len(calls)
 
@@ -117,14 +129,14 @@ def test_one_recorded_pass_serves_every_view_of_the_explorer(tmp_path):
 
 def test_inspect_draws_a_backbone_targets_relevance_and_similarity_from_one_recorded_pass(tmp_path, rendered_only):
     """The report's figures and arrays read one recorded pass (the PCA, token norms and similarity map included);
-    the target's relevance adds its differentiable pass."""
+    the target's relevance is one differentiable pass, which gives the relevance method its map (in methods)."""
     rendered_only("target")  # every figure is made from the pass; the target's is the one read here
     tower = ViT(image_size=16, patch_size=4, dim=32, depth=2, heads=2, mlp_dim=64, num_classes=0).eval()
     images = torch.rand(2, 3, 16, 16)
     methods = method_passes(tower, images, PatchTarget(1, 2))
     calls = count_forwards(tower)
     paths = write_report(tower, images, tmp_path / "r", target=PatchTarget(1, 2))
-    assert len(calls) == 2 + methods
+    assert len(calls) == 1 + methods
     assert paths["target"] == tmp_path / "r" / "target.png" and paths["target"].read_bytes()[:4] == b"\x89PNG"
     arrays = np.load(paths["arrays"])
     images = torch.from_numpy(arrays["images"])
@@ -166,10 +178,10 @@ def test_a_run_over_max_memory_is_refused_with_one_line_before_any_work(tmp_path
 def test_the_report_and_the_pane_estimate_one_study_the_same_where_it_holds_the_same():
     """One estimate: where a target's differentiable pass is the peak (ViT-B/16 on 4 images), the report and the
     pane both hold its gradients beside the maps, and estimate it alike: the pass with four copies of the maps, beside
-    the study's decomposition (its numbers)."""
+    the study's decomposition (its numbers) and the target's relevance (float32, b n n)."""
     config = ViTConfig(image_size=224, patch_size=16, num_classes=1000, dim=768, depth=12, heads=12, mlp_dim=3072)
     maps = 12 * 4 * 12 * 197**2 * 4
-    peak = forward_bytes(config, 4, kept=12, grad=True) + 4 * maps + decomposition_bytes(config, 4)
+    peak = forward_bytes(config, 4, kept=12, grad=True) + 4 * maps + decomposition_bytes(config, 4) + 4 * 197**2 * 4
     assert report_memory(config, 4, target=True) == peak
     assert pane_memory(config, 4, classes=0, target=True, budget=24_000_000)[0] == peak
     # The pane's relevance for 5 classes, from one pass, holds three copies of the maps per class, and runs beside

@@ -210,3 +210,19 @@ def test_refusals_name_the_value_and_what_is_expected():
         # Two classes per image as nested lists reach the method itself, which explains one: refused, not the first.
         with pytest.raises(ValueError, match=f"^{who} explains one class per image: an int or \\(b,\\), got 2$"):
             explain(model, images, name, [[0, 1], [1, 2]], preprocessed=True)
+
+
+def test_a_given_map_is_refused_as_explain_refuses_a_map_that_is_not_finite():
+    # explain_all takes a study's maps as they are (given=), but through the same check every computed map passes
+    from vit_einops.inspect import explain_all
+
+    torch.manual_seed(0)
+    model = tiny_vit(TINY_DIGITS).eval()
+    images = torch.rand(2, 1, 8, 8)
+    given = torch.zeros(2, 4, 4)
+    given[1, 2, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"^the maps of method 'decomposition' hold 1 non-finite values \(nan or inf\) "
+                                         r"of 32: in image 1"):  # fmt: skip
+        explain_all(model, images, preprocessed=True, given={"decomposition": given})
+    maps = explain_all(model, images, preprocessed=True, given={"decomposition": given.nan_to_num()})
+    assert torch.equal(maps["decomposition"], given.nan_to_num())

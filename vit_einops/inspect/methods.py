@@ -313,7 +313,8 @@ def explain_all(
     gradient methods explain. A model without a classifier has nothing for them to explain unless ``target`` is a
     backbone target: they are left out then (:func:`unexplained` names them, :data:`TARGET_NEEDED` says
     why). Label a map with ``METHODS[name].label(params[name], every=True)``. ``given`` maps a method's name to its
-    map already computed for these images (a study's decomposition): taken as it is, where the method applies.
+    map already computed for these images with its parameters (a study's decomposition, a target's relevance): taken
+    as it is where the method applies, refused as :func:`explain` refuses a map that is not finite.
     """
     params, given = dict(params or {}), dict(given or {})
     for what, names in (("params", params), ("given", given)):
@@ -326,6 +327,7 @@ def explain_all(
     maps = {}
     for name in METHODS:
         if name in given and name not in left_out:
+            check_finite_logits(batch, given[name], f"maps of method {name!r}")
             maps[name] = given[name]
         elif name not in left_out:
             follow_free_cores()  # a command's thread policy, between methods (nothing without one)

@@ -61,7 +61,8 @@ def study_memory(
       (:func:`~vit_einops.network.sizes.forward_bytes` keeping every layer's float32 maps, l b h n^2, and their
       copy) with its float64 matrices (three of l b n^2), and where there is something to explain (a classifier,
       or a ``target``) a gradient method's differentiable pass with its gradients (three float32 copies of the
-      maps); a ``target``'s relevance is one such pass, run before the recorded maps exist;
+      maps); a ``target``'s relevance is one such pass, run before the other methods (it gives the "relevance"
+      method's map), its float32 (b, n, n) kept beside every later phase;
     - where there is something to explain, the study's decomposition
       (:func:`~vit_einops.inspect.decompose.decompose_memory`), run before every other pass, and its numbers kept
       beside every later phase (:func:`~vit_einops.inspect.decompose.decomposition_bytes`);
@@ -83,6 +84,6 @@ def study_memory(
     phases += [grad_pass + 3 * maps] * explain
     phases += [maps + grad_pass + 3 * classes * maps] * bool(classes)
     if explain:
-        kept = decomposition_bytes(config, b)
+        kept = decomposition_bytes(config, b) + b * n * n * 4 * bool(target)
         phases = [decompose_memory(config, b), *(phase + kept for phase in phases)]
     return max(phases)

@@ -5,9 +5,9 @@ its own.
 
 A study first decomposes the score the gradient methods explain (:func:`study_decomposition`, so that its working
 copies of every layer's pattern are gone before any other pass; its numbers give the "decomposition" method's map),
-then runs the other explanation methods of :data:`~vit_einops.inspect.METHODS` (:func:`explain_all`: their own
-passes never hold their maps beside the recorded pass's), then a backbone target's relevance (its differentiable
-pass, before the recorded maps exist), then the one recorded pass (:func:`record_pass`) that every other array
+then takes a backbone target's relevance (its differentiable pass; it gives the "relevance" method's map), then runs
+the other explanation methods of :data:`~vit_einops.inspect.METHODS` (:func:`explain_all`: their own passes never
+hold their maps beside the recorded pass's), then the one recorded pass (:func:`record_pass`) that every other array
 reads: its rollout (:func:`recorded_rollout`), DINO's view of its ``layer`` (:func:`dino_view`) and the patch PCA of
 its final tokens (:func:`fit_patch_pca`, jointly over the images). Its memory is
 :func:`~vit_einops.inspect.recorded.study_memory` (a renderer adds its own work there).
@@ -26,7 +26,7 @@ from ..inputs import model_inputs
 from ..prediction import check_finite_logits, check_finite_outputs
 from .decompose import Decomposition, decompose, logit_lens
 from .dino import DinoView, dino_view
-from .methods import METHODS, explain_all, recorded_rollout, unexplained
+from .methods import METHODS, explain_all, recorded_rollout, token_grid, unexplained
 from .pca import PatchPCA, fit_patch_pca
 from .recorded import RecordedPass, record_pass
 from .relevance import attention_gradients, relevance_from_gradients
@@ -151,14 +151,16 @@ def run_study(
     method_params = dict(method_params or {})
     check = check or (lambda run: check_finite_pass(images, run))
     try:
-        # Decomposed first, so that the "decomposition" method's map is the study's (one decompose, not two).
+        # Decomposed and the target's relevance taken first, so that the "decomposition" and "relevance" methods'
+        # maps are the study's: one decompose and one differentiable pass for the target, not two of each.
         decomposition = study_decomposition(model, images, target)
         given = {} if decomposition is None else {"decomposition": decomposition.decomposition.source_map()}
-        methods = explain_all(model, images, target, method_params, preprocessed=True, given=given)
         chosen = None
         if target is not None:
             start_layer = METHODS["relevance"].resolve(method_params.get("relevance", {}))["start_layer"]
             chosen = target_relevance(model, images, target, start_layer)
+            given["relevance"] = token_grid(chosen.relevance, model.patch_embed.layout(images.shape[-2:]))
+        methods = explain_all(model, images, target, method_params, preprocessed=True, given=given)
     except ValueError:
         check(record_pass(model, images))
         raise
