@@ -29,6 +29,8 @@ in turn here instead).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -110,6 +112,31 @@ def _tasks(q: torch.Tensor, m: int, max_elements: int, dropout_p: float) -> Bloc
     return task_plan(q, m, max_elements)
 
 
+def _each_task(task: Callable[[int], None], count: int) -> None:
+    """``task(i)`` for each i in range(count): on chunk_pool.py's workers at torch's thread count, in turn on the
+    calling thread when torch has one thread (the same tasks and ops either way, so the same bits)."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        for i in range(count):
+            task(i)
+    else:
+        run_tasks(task, count, threads)
+
+
+def _thread_buffers(make: Callable[[], Any]) -> Callable[[], Any]:
+    """A function giving each worker thread its own ``make()``, made on its first call there and reused by every
+    block the thread takes after it."""
+    buffers: dict[int, Any] = {}
+
+    def mine() -> Any:
+        buffer = buffers.get(threading.get_ident())
+        if buffer is None:
+            buffer = buffers[threading.get_ident()] = make()
+        return buffer
+
+    return mine
+
+
 def _tasked_forward(q_, k_, v_, mask, tasks: BlockPlan, scale):
     """Eqs. 6-7 on (b h)-flattened q, k, v, each block of ``tasks`` computed whole by one of chunk_pool.py's workers
     with single-threaded ops (by the calling thread when torch has one thread: the same blocks and ops, so the same
@@ -126,23 +153,15 @@ def _tasked_forward(q_, k_, v_, mask, tasks: BlockPlan, scale):
             strict=True,
         )
     )
-    buffers: dict[int, torch.Tensor] = {}  # per worker thread: one scores buffer, reused by the blocks it takes
+    buffer = _thread_buffers(lambda: tasks.scores_buffer(q_, m))  # one scores buffer per worker thread
 
     def task(i: int) -> None:
         q_block, k_t_block, v_block, out_block, mask_block = blocks[i]
-        buffer = buffers.get(threading.get_ident())
-        if buffer is None:
-            buffer = buffers[threading.get_ident()] = tasks.scores_buffer(q_, m)
         g, c = q_block.shape[:2]
-        attn = _softmax_block(q_block, k_t_block, mask_block, scale, buffer[: g * c * m].view(g, c, m))
+        attn = _softmax_block(q_block, k_t_block, mask_block, scale, buffer()[: g * c * m].view(g, c, m))
         torch.bmm(attn, v_block, out=out_block)  # einsum(attn, v, "bh i j, bh j d -> bh i d"), in place
 
-    threads = torch.get_num_threads()
-    if threads == 1:
-        for i in range(len(blocks)):
-            task(i)
-    else:
-        run_tasks(task, len(blocks), threads)
+    _each_task(task, len(blocks))
     return out
 
 
@@ -188,12 +207,10 @@ def _tasked_backward(q_, k_, v_, out, grad_out, mask, tasks: BlockPlan, scale):
     blocks = list(zip(_grad_blocks(tasks, q_, k_, v_, grad_out, (grad_q, grad_k, grad_v), mask),
                       tasks.query_blocks(out), strict=True))  # fmt: skip
     per_task = 1 if tasks.whole else tasks.per_row
-    buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per worker thread: the scores and dP buffers
+    buffers = _thread_buffers(lambda: (tasks.scores_buffer(q_, m), tasks.scores_buffer(q_, m)))  # scores, dP
 
     def task(i: int) -> None:
-        buffer = buffers.get(threading.get_ident())
-        if buffer is None:
-            buffer = buffers[threading.get_ident()] = (tasks.scores_buffer(q_, m), tasks.scores_buffer(q_, m))
+        buffer = buffers()
         for j in range(i * per_task, (i + 1) * per_task):
             (q_b, k_b, k_t, v_t, grad_out_b, dq, dk, dv, mask_b), out_b = blocks[j]
             g, c = q_b.shape[:2]
@@ -203,13 +220,7 @@ def _tasked_backward(q_, k_, v_, out, grad_out, mask, tasks: BlockPlan, scale):
             beta = 0.0 if j == i * per_task else 1.0  # a row's first block writes its dk and dv, the rest add
             _block_grads(attn, None, q_b, k_b, v_t, grad_out_b, delta_b, (dq, dk, dv), grad_attn, scale, beta)
 
-    count = len(blocks) // per_task
-    threads = torch.get_num_threads()
-    if threads == 1:
-        for i in range(count):
-            task(i)
-    else:
-        run_tasks(task, count, threads)
+    _each_task(task, len(blocks) // per_task)
     return grad_q, grad_k, grad_v
 
 
