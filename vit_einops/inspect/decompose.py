@@ -181,17 +181,28 @@ class _Score:
         return self.target.scores(head(z))
 
 
-def _prepare(model: nn.Module, images: Any, target: Any, preprocessed: bool | None, who: str):
-    """(the model's batch, what is scored: the resolved target, or the class per image)."""
+def _batch(model: nn.Module, images: Any, target: Any, preprocessed: bool | None, who: str) -> tuple[torch.Tensor, Any]:
+    """(the model's batch, the resolved target), each checked before any forward pass."""
     if not hasattr(model, "run_with_cache"):
         raise TypeError(f"{who} reads a vit_einops ViT's probe sites, got {type(model).__name__}")
     x = model_inputs(model, images, preprocessed=preprocessed)
     check_model_forward(model, x, grad=False)
-    target = resolve_target(model, target, len(x))
+    return x, resolve_target(model, target, len(x))
+
+
+def _scored(model: nn.Module, x: torch.Tensor, target: Any, who: str, logits: torch.Tensor | None = None) -> _Score:
+    """What is scored on batch ``x``: a backbone target, or the class per image, read from ``logits`` (the model's
+    output on ``x`` where a caller's own pass gave it, else from a pass of its own)."""
     classes = None
     if not isinstance(target, BACKBONE_TARGETS):
-        classes = one_class_each(class_targets(target, model(x)), who)
-    return x, _Score(target, classes, model.patch_embed.layout(x.shape[-2:]))
+        classes = one_class_each(class_targets(target, model(x) if logits is None else logits), who)
+    return _Score(target, classes, model.patch_embed.layout(x.shape[-2:]))
+
+
+def _prepare(model: nn.Module, images: Any, target: Any, preprocessed: bool | None, who: str):
+    """(the model's batch, what is scored: the resolved target, or the class per image)."""
+    x, target = _batch(model, images, target, preprocessed, who)
+    return x, _scored(model, x, target, who)
 
 
 # -- the reader r: score = sum_i r_i . z_L[i] + constants --------------------------------------------------
@@ -324,8 +335,9 @@ def decompose(
             a classifier a backbone target (:class:`EmbeddingTarget`, :class:`ImageTarget`, :class:`PatchTarget`).
         by_source: also split every head's share over its source tokens (``Decomposition.by_source``).
     """
-    x, score = _prepare(model, images, target, preprocessed, "decompose")
+    x, target = _batch(model, images, target, preprocessed, "decompose")
     logits, cache = model.run_with_cache(x, _sites(model, ("hook_pattern", "hook_v")))
+    score = _scored(model, x, target, "decompose", logits)  # the class from this pass's logits: no pass of its own
     z = cache["resid_post", -1]
     total = logits.gather(1, score.classes[:, None])[:, 0] if score.classes is not None else score(model, z)
     reader, parts = _reader(model, cache, score)
@@ -383,10 +395,11 @@ def decomposition_bytes(config: Any, b: int) -> int:
 def logit_lens(model: nn.Module, images: Any, target: Any = None, *, preprocessed: bool | None = None) -> torch.Tensor:
     """(b, L + 1): the score each layer's residual stream would give if the model stopped there, the final norm and
     head applied to it: index 0 the embeddings z_0, index l the output of block l - 1, index L the model's score."""
-    x, score = _prepare(model, images, target, preprocessed, "the logit lens")
+    x, target = _batch(model, images, target, preprocessed, "the logit lens")
     depth = len(model.blocks)
     names = ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.hook_resid_post" for l in range(depth)]
-    _, cache = model.run_with_cache(x, names)
+    output, cache = model.run_with_cache(x, names)
+    score = _scored(model, x, target, "the logit lens", output)  # the class from this pass's logits
     return torch.stack([score(model, cache[name]) for name in names], dim=1)
 
 
